@@ -1,0 +1,81 @@
+"""Shared pieces of the advantage estimators: the plug-point Protocol, reward normalisation, statistics."""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+import torch
+from torch import Tensor
+
+NORMALIZE_MODES = ("none", "mean", "mean_std")
+
+
+class AdvantageEstimator(Protocol):
+    """Turns a scored batch into per-token advantages.
+
+    ``batch`` holds ``mask [B, T]`` and, as the method needs, ``behaviour_logprobs [B, T]``, ``reward [B]``
+    (NaN when unscored), ``teacher_logprobs [B, T]`` (all-NaN rows without teacher signal),
+    ``has_reward [B]`` and ``has_teacher [B]``. Returns advantages ``[B, T]`` (0 where ``mask == 0``)
+    and detached scalar metrics.
+    """
+
+    def __call__(self, batch: dict[str, Tensor]) -> tuple[Tensor, dict[str, Tensor]]: ...
+
+
+def check_normalize(mode: str) -> str:
+    """Return ``mode`` if it is a known normalisation, else raise ValueError listing the valid ones."""
+    if mode not in NORMALIZE_MODES:
+        raise ValueError(f"unknown normalize {mode!r}; valid modes: {', '.join(NORMALIZE_MODES)}")
+    return mode
+
+
+def normalize_rewards(reward: Tensor, mode: str, eps: float) -> Tensor:
+    """Normalise rewards ``[N]`` across the batch (GRPO-like, one group = the batch).
+
+    ``"none"``: unchanged; ``"mean"``: r − mean(r); ``"mean_std"``: (r − mean(r)) / (std(r) + eps), with the
+    population std so a batch of one is defined (gives 0).
+    """
+    check_normalize(mode)
+    if mode == "none" or reward.numel() == 0:
+        return reward
+    centred = reward - reward.mean()
+    if mode == "mean":
+        return centred
+    return centred / (reward.std(correction=0) + eps)
+
+
+def require(batch: dict[str, Tensor], *keys: str) -> None:
+    """Raise KeyError naming the batch keys an estimator needs but did not get."""
+    missing = [k for k in keys if k not in batch]
+    if missing:
+        raise KeyError(f"batch is missing {missing}; it has {sorted(batch)}")
+
+
+def teacher_advantage(batch: dict[str, Tensor], rows: Tensor) -> Tensor:
+    """teacher − student log-probs ``[B, T]`` on masked tokens of ``rows``, 0 elsewhere.
+
+    The student is the sampler (``behaviour_logprobs``), as in OpenClaw-RL's OPD. Raises ValueError if a
+    selected row has NaN teacher log-probs on a masked token.
+    """
+    on = (batch["mask"] > 0) & rows[:, None]
+    teacher = batch["teacher_logprobs"]
+    bad = (on & torch.isnan(teacher)).any(dim=-1)
+    if bool(bad.any()):
+        raise ValueError(f"teacher_logprobs are NaN on response tokens of samples {bad.nonzero().flatten().tolist()}")
+    diff = teacher - batch["behaviour_logprobs"]
+    return torch.where(on, diff, torch.zeros_like(diff))
+
+
+@torch.no_grad()
+def advantage_stats(advantages: Tensor, mask: Tensor) -> dict[str, Tensor]:
+    """Mean/std/min/max of the advantages over masked tokens (zeros when the mask is empty)."""
+    values = advantages[mask > 0]
+    if values.numel() == 0:
+        zero = advantages.new_zeros(())
+        return {"adv_mean": zero, "adv_std": zero, "adv_min": zero, "adv_max": zero}
+    return {
+        "adv_mean": values.mean(),
+        "adv_std": values.std(correction=0),
+        "adv_min": values.min(),
+        "adv_max": values.max(),
+    }

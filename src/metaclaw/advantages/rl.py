@@ -1,0 +1,34 @@
+"""RL advantage: the judge's scalar reward broadcast over the response tokens."""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from metaclaw.advantages.base import advantage_stats, check_normalize, normalize_rewards, require
+
+
+class RLAdvantage:
+    """A_{b,t} = norm(r)_b on masked tokens, 0 elsewhere; ``reward [B]`` → advantages ``[B, T]``.
+
+    Args:
+        normalize: ``"none"``, ``"mean"`` (r − mean) or ``"mean_std"`` ((r − mean)/(std + eps)), across the batch.
+        eps: Added to the std in ``"mean_std"``.
+
+    Raises ValueError if a sample has no reward (NaN or ``has_reward`` false): the scorer must drop it.
+    """
+
+    def __init__(self, normalize: str = "none", eps: float = 1e-6) -> None:
+        self.normalize = check_normalize(normalize)
+        self.eps = eps
+
+    def __call__(self, batch: dict[str, Tensor]) -> tuple[Tensor, dict[str, Tensor]]:
+        require(batch, "mask", "reward")
+        mask, reward = batch["mask"], batch["reward"]
+        has_reward = batch.get("has_reward", ~torch.isnan(reward)) & ~torch.isnan(reward)
+        if not bool(has_reward.all()):
+            raise ValueError(f"samples {(~has_reward).nonzero().flatten().tolist()} have no reward")
+        scaled = normalize_rewards(reward, self.normalize, self.eps)
+        advantages = torch.where(mask > 0, scaled[:, None].expand_as(mask), torch.zeros_like(mask))
+        metrics = {"reward_mean": reward.mean().detach(), **advantage_stats(advantages, mask)}
+        return advantages, metrics

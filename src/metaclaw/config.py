@@ -1,0 +1,73 @@
+"""Config helpers: OmegaConf resolvers used by `conf/`, and the checks that tie several fields together."""
+
+from __future__ import annotations
+
+import netrc
+import os
+from pathlib import Path
+
+from omegaconf import DictConfig, OmegaConf
+
+DATA_DIR = Path(__file__).parent / "data"
+
+
+class ConfigError(ValueError):
+    """A combination of config fields that cannot work; the message names the fields."""
+
+
+def _wandb_offline() -> bool:
+    """W&B stays offline unless the user configured a key (env or `wandb login`'s netrc entry)."""
+    if os.environ.get("WANDB_API_KEY"):
+        return False
+    try:
+        return netrc.netrc().authenticators("api.wandb.ai") is None
+    except (OSError, netrc.NetrcParseError):
+        return True
+
+
+def register_resolvers() -> None:
+    """Idempotently register `${metaclaw_data:NAME}` and `${metaclaw_wandb_offline:}`."""
+    if not OmegaConf.has_resolver("metaclaw_data"):
+        OmegaConf.register_new_resolver("metaclaw_data", lambda name: str(DATA_DIR / name))
+    if not OmegaConf.has_resolver("metaclaw_wandb_offline"):
+        OmegaConf.register_new_resolver("metaclaw_wandb_offline", _wandb_offline)
+
+
+def validate_train_config(cfg: DictConfig) -> None:
+    """Fail early, naming the fields, on combinations `train()` cannot run."""
+    method = cfg.method
+    if method.get("needs_teacher") and not (cfg.get("teacher") and cfg.teacher.get("source")):
+        raise ConfigError(f"method={method.name} needs a teacher, but teacher.source is not set")
+    if cfg.trainer.get("accumulate_grad_batches", 1) != 1:
+        raise ConfigError("trainer.accumulate_grad_batches must be 1: each claimed batch is one optimizer step")
+    procs = len(cfg.devices.train) or cfg.devices.cpu_processes
+    if cfg.data.batch_size < procs:
+        raise ConfigError(
+            f"data.batch_size ({cfg.data.batch_size}) must be >= the training processes ({procs}, "
+            "from devices.train / devices.cpu_processes)"
+        )
+    if (
+        cfg.data.max_tokens is not None
+        and cfg.data.max_sample_tokens is not None
+        and cfg.data.max_tokens < cfg.data.max_sample_tokens
+    ):
+        raise ConfigError(
+            f"data.max_tokens ({cfg.data.max_tokens}) is below data.max_sample_tokens "
+            f"({cfg.data.max_sample_tokens}): a long sample could never be batched"
+        )
+    if cfg.devices.train and cfg.devices.cpu_processes != 1:
+        raise ConfigError("devices.cpu_processes applies only when devices.train is empty (CPU training)")
+
+
+def trainer_device_kwargs(devices: DictConfig) -> dict:
+    """Accelerator/devices/strategy for `lightning.Trainer` from `devices.train` (GPU ids) or CPU processes."""
+    if devices.train:
+        ids = list(devices.train)
+        return {
+            "accelerator": "gpu",
+            "devices": ids,
+            "strategy": "ddp" if len(ids) > 1 else "auto",
+            "precision": devices.precision,
+        }
+    n = devices.cpu_processes
+    return {"accelerator": "cpu", "devices": n, "strategy": "ddp" if n > 1 else "auto", "precision": devices.precision}

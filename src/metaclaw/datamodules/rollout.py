@@ -1,0 +1,173 @@
+"""Streaming `LightningDataModule`: ready samples from the store, batched by a token budget, one batch a step."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import lightning as L
+import torch
+from torch import Tensor
+from torch.utils.data import DataLoader, IterableDataset
+
+from metaclaw.datamodules.store import Sample, SampleStore
+
+log = logging.getLogger(__name__)
+
+
+def collate_samples(samples: list[Sample], pad_id: int) -> dict[str, Tensor]:
+    """Pack samples into right-padded `[B, T]` tensors with Tinker's shift: inputs = seq[:-1], targets = seq[1:].
+
+    `mask` is 1 exactly on the positions whose target is a response token, so `behaviour_logprobs[b, t]` is the
+    sampler's logprob of `target_ids[b, t]`. Rows without a teacher have NaN `teacher_logprobs`; samples without
+    a reward have NaN `reward`.
+    """
+    lengths = [s.num_tokens - 1 for s in samples]
+    B, T = len(samples), max(lengths)
+    input_ids = torch.full((B, T), pad_id, dtype=torch.long)
+    target_ids = torch.full((B, T), pad_id, dtype=torch.long)
+    attention_mask = torch.zeros(B, T, dtype=torch.long)
+    mask = torch.zeros(B, T)
+    behaviour = torch.zeros(B, T)
+    teacher = torch.full((B, T), float("nan"))
+    for b, s in enumerate(samples):
+        seq = torch.tensor(s.prompt_ids + s.response_ids, dtype=torch.long)
+        n, p, r = lengths[b], len(s.prompt_ids), len(s.response_ids)
+        input_ids[b, :n] = seq[:-1]
+        target_ids[b, :n] = seq[1:]
+        attention_mask[b, :n] = 1
+        mask[b, p - 1 : p - 1 + r] = 1.0
+        behaviour[b, p - 1 : p - 1 + r] = torch.tensor(s.behaviour_logprobs)
+        if s.teacher_logprobs is not None:
+            teacher[b, p - 1 : p - 1 + r] = torch.tensor(s.teacher_logprobs)
+    return {
+        "input_ids": input_ids,
+        "target_ids": target_ids,
+        "attention_mask": attention_mask,
+        "mask": mask,
+        "behaviour_logprobs": behaviour,
+        "teacher_logprobs": teacher,
+        "reward": torch.tensor([float("nan") if s.reward is None else s.reward for s in samples]),
+        "has_reward": torch.tensor([s.reward is not None for s in samples]),
+        "has_teacher": torch.tensor([s.teacher_logprobs is not None for s in samples]),
+        "temperature": torch.tensor([s.temperature for s in samples]),
+        "adapter_version": torch.tensor([s.adapter_version for s in samples]),
+        "sample_ids": torch.tensor([s.id for s in samples]),
+    }
+
+
+class StreamingSampleDataset(IterableDataset):
+    """Yields one collated batch per optimizer step, claimed from the store under that step's number.
+
+    Every rank claims the same global batch (claims are idempotent per step) and keeps its slice, so no sample
+    is trained twice and ranks stay in lock-step. Waiting for samples blocks on the store, never spins.
+    """
+
+    def __init__(
+        self,
+        store_path: str | Path,
+        first_step: Callable[[], int],
+        pad_id: int,
+        batch_size: int,
+        max_tokens: int | None,
+        max_sample_tokens: int | None,
+        wait_timeout_s: float,
+        rank: int = 0,
+        world_size: int = 1,
+        min_adapter_version: Callable[[], int | None] = lambda: None,
+    ) -> None:
+        if batch_size < world_size:
+            raise ValueError(f"data.batch_size ({batch_size}) must be >= the number of processes ({world_size})")
+        self.store_path, self.first_step, self.pad_id = store_path, first_step, pad_id
+        self.batch_size, self.max_tokens, self.max_sample_tokens = batch_size, max_tokens, max_sample_tokens
+        self.wait_timeout_s, self.rank, self.world_size = wait_timeout_s, rank, world_size
+        self.min_adapter_version = min_adapter_version
+
+    def __iter__(self) -> Iterator[dict[str, Tensor]]:
+        store = SampleStore(self.store_path)
+        step = self.first_step()
+        try:
+            while True:
+                batch = self._claim(store, step)
+                if batch is None:
+                    log.info("No ready samples for %.0fs: the stream ends", self.wait_timeout_s)
+                    return
+                yield collate_samples(batch[self.rank :: self.world_size], self.pad_id)
+                step += 1
+        finally:
+            store.close()
+
+    def _claim(self, store: SampleStore, step: int) -> list[Sample] | None:
+        deadline = time.monotonic() + self.wait_timeout_s
+        while True:
+            batch = store.claim_batch(
+                step,
+                self.batch_size,
+                self.max_tokens,
+                self.max_sample_tokens,
+                self.min_adapter_version(),
+                min_samples=self.world_size,
+            )
+            if batch:
+                return batch
+            left = deadline - time.monotonic()
+            if left <= 0 or not store.wait_for_ready(left):
+                return None
+            if store.count("ready") < self.world_size:  # some are ready, but not one per rank yet
+                time.sleep(min(left, 0.2))
+
+
+class RolloutDataModule(L.LightningDataModule):
+    """Feeds `OnlineRLModule` from a `SampleStore`, whatever fills it (a shipped store, the live proxy, replay).
+
+    Args:
+        store_path: the SQLite sample store.
+        batch_size: most samples per optimizer step (global, across ranks).
+        max_tokens: token budget per step (prompt + response, global); None for no budget.
+        max_sample_tokens: samples longer than this are dropped (the model's context).
+        wait_timeout_s: how long to wait for new samples before the stream (and so `fit`) ends.
+        max_staleness: drop samples from adapters more than this many versions old; None keeps them
+            (the importance ratio against their behaviour logprobs corrects for the lag).
+        pad_id: padding token id.
+    """
+
+    def __init__(
+        self,
+        store_path: str,
+        batch_size: int = 4,
+        max_tokens: int | None = 8192,
+        max_sample_tokens: int | None = None,
+        wait_timeout_s: float = 5.0,
+        max_staleness: int | None = None,
+        pad_id: int = 0,
+    ) -> None:
+        super().__init__()
+        self.store_path = store_path
+        self.batch_size, self.max_tokens, self.max_sample_tokens = batch_size, max_tokens, max_sample_tokens
+        self.wait_timeout_s, self.max_staleness, self.pad_id = wait_timeout_s, max_staleness, pad_id
+        self.adapter_version = 0  # raised by the adapter publisher after each published step
+
+    def _min_adapter_version(self) -> int | None:
+        return None if self.max_staleness is None else self.adapter_version - self.max_staleness
+
+    def train_dataloader(self) -> DataLoader:
+        trainer = self.trainer
+        # Called after a checkpoint is restored and before any rank claims (Lightning barriers right after).
+        if trainer.is_global_zero:
+            outcome = SampleStore(self.store_path).reconcile(trainer.global_step)
+            log.info("Sample store %s at step %d: %s", self.store_path, trainer.global_step, outcome)
+        dataset = StreamingSampleDataset(
+            self.store_path,
+            lambda: trainer.global_step,
+            self.pad_id,
+            self.batch_size,
+            self.max_tokens,
+            self.max_sample_tokens,
+            self.wait_timeout_s,
+            trainer.global_rank,
+            trainer.world_size,
+            self._min_adapter_version,
+        )
+        return DataLoader(dataset, batch_size=None, num_workers=0)

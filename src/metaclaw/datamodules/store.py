@@ -1,0 +1,383 @@
+"""The durable sample store: SQLite in WAL mode with `synchronous=FULL`, one row per captured main turn.
+
+Life of a sample: `pending` (captured, waiting for its next state and score) → `ready` (scored, trainable)
+→ `claimed` (in the batch of optimizer step `claimed_step`) → `consumed` (a checkpoint covering that step
+exists). `dropped` samples are kept for inspection but never trained on. After a crash, `reconcile(step)`
+releases claims the restored checkpoint does not cover, so unconsumed samples are trained on and none twice.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sqlite3
+import threading
+import time
+from array import array
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+STATUSES = ("pending", "ready", "claimed", "consumed", "dropped")
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS samples (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    agent_id TEXT NOT NULL,
+    session_id TEXT NOT NULL,
+    turn_index INTEGER NOT NULL,
+    prompt_ids BLOB NOT NULL,
+    response_ids BLOB NOT NULL,
+    behaviour_logprobs BLOB NOT NULL,
+    teacher_logprobs BLOB,
+    reward REAL,
+    adapter_version INTEGER NOT NULL,
+    temperature REAL NOT NULL,
+    status TEXT NOT NULL,
+    claimed_step INTEGER,
+    next_state TEXT,
+    messages TEXT,
+    response_text TEXT,
+    meta TEXT NOT NULL,
+    created_at REAL NOT NULL,
+    updated_at REAL NOT NULL
+);
+CREATE INDEX IF NOT EXISTS samples_status ON samples(status, id);
+CREATE INDEX IF NOT EXISTS samples_session ON samples(agent_id, session_id, turn_index);
+"""
+
+
+class SampleValidationError(ValueError):
+    """A sample that cannot be trained on; the message names the offending fields."""
+
+
+@dataclass
+class Sample:
+    """One main turn: the prompt as the server rendered it, the sampled response, and its training signal.
+
+    Token and logprob lists are aligned: `behaviour_logprobs[i]` (and `teacher_logprobs[i]`) is the logprob of
+    `response_ids[i]`. `temperature` is the sampler's, so the trainer recomputes logprobs over the same
+    distribution.
+    """
+
+    prompt_ids: list[int]
+    response_ids: list[int]
+    behaviour_logprobs: list[float]
+    agent_id: str = "default"
+    session_id: str = "default"
+    turn_index: int = 0
+    adapter_version: int = 0
+    temperature: float = 1.0
+    reward: float | None = None
+    teacher_logprobs: list[float] | None = None
+    status: str = "pending"
+    next_state: str | None = None
+    messages: list[dict[str, Any]] | None = None
+    response_text: str | None = None
+    meta: dict[str, Any] = field(default_factory=dict)
+    claimed_step: int | None = None
+    id: int | None = None
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.prompt_ids) + len(self.response_ids)
+
+    def validate(self) -> None:
+        """Raise `SampleValidationError` naming the fields that make this sample unusable."""
+        n = len(self.response_ids)
+        if not self.prompt_ids:
+            raise SampleValidationError("prompt_ids is empty")
+        if n == 0:
+            raise SampleValidationError("response_ids is empty")
+        if len(self.behaviour_logprobs) != n:
+            raise SampleValidationError(
+                f"behaviour_logprobs has {len(self.behaviour_logprobs)} entries but response_ids has {n}"
+            )
+        if self.teacher_logprobs is not None and len(self.teacher_logprobs) != n:
+            raise SampleValidationError(
+                f"teacher_logprobs has {len(self.teacher_logprobs)} entries but response_ids has {n}"
+            )
+        for name in ("prompt_ids", "response_ids"):
+            ids = getattr(self, name)
+            if not all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in ids):
+                raise SampleValidationError(f"{name} must be non-negative integers")
+        for name in ("behaviour_logprobs", "teacher_logprobs"):
+            values = getattr(self, name)
+            if values is not None and not all(isinstance(v, int | float) and math.isfinite(v) for v in values):
+                raise SampleValidationError(f"{name} must be finite numbers")
+        if self.reward is not None and not math.isfinite(self.reward):
+            raise SampleValidationError("reward must be finite")
+        if not self.temperature > 0:
+            raise SampleValidationError("temperature must be > 0")
+        if self.status not in STATUSES:
+            raise SampleValidationError(f"status must be one of {STATUSES}, got {self.status!r}")
+
+
+def _ints(values: Sequence[int]) -> bytes:
+    return array("i", values).tobytes()
+
+
+def _floats(values: Sequence[float] | None) -> bytes | None:
+    return None if values is None else array("d", values).tobytes()
+
+
+def _unpack(blob: bytes | None, code: str) -> list | None:
+    if blob is None:
+        return None
+    out = array(code)
+    out.frombytes(blob)
+    return out.tolist()
+
+
+class SampleStore:
+    """Thread-safe access to the sample database; several processes may open the same file.
+
+    Args:
+        path: the SQLite file (created with its parent directory if missing).
+        busy_timeout_s: how long a writer waits for another process's lock.
+    """
+
+    def __init__(self, path: str | Path, busy_timeout_s: float = 30.0) -> None:
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._lock = threading.RLock()
+        self._ready = threading.Condition(self._lock)
+        self._conn = sqlite3.connect(self.path, timeout=busy_timeout_s, isolation_level=None, check_same_thread=False)
+        self._conn.row_factory = sqlite3.Row
+        self._conn.execute("PRAGMA journal_mode=WAL")
+        self._conn.execute("PRAGMA synchronous=FULL")
+        self._conn.executescript(_SCHEMA)
+
+    def close(self) -> None:
+        with self._lock:
+            self._conn.close()
+
+    @contextmanager
+    def _tx(self) -> Iterator[sqlite3.Connection]:
+        """One write transaction; `BEGIN IMMEDIATE` takes the write lock up front so claims never race."""
+        with self._lock:
+            self._conn.execute("BEGIN IMMEDIATE")
+            try:
+                yield self._conn
+            except BaseException:
+                self._conn.execute("ROLLBACK")
+                raise
+            self._conn.execute("COMMIT")
+
+    # ---- writes -------------------------------------------------------------------------------------------
+    def insert(self, sample: Sample) -> int:
+        """Validate and durably store a sample; returns its id."""
+        sample.validate()
+        now = time.time()
+        with self._tx() as c:
+            cur = c.execute(
+                "INSERT INTO samples (agent_id, session_id, turn_index, prompt_ids, response_ids, behaviour_logprobs,"
+                " teacher_logprobs, reward, adapter_version, temperature, status, next_state, messages,"
+                " response_text, meta, created_at, updated_at) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
+                (
+                    sample.agent_id,
+                    sample.session_id,
+                    sample.turn_index,
+                    _ints(sample.prompt_ids),
+                    _ints(sample.response_ids),
+                    _floats(sample.behaviour_logprobs),
+                    _floats(sample.teacher_logprobs),
+                    sample.reward,
+                    sample.adapter_version,
+                    sample.temperature,
+                    sample.status,
+                    sample.next_state,
+                    None if sample.messages is None else json.dumps(sample.messages),
+                    sample.response_text,
+                    json.dumps(sample.meta),
+                    now,
+                    now,
+                ),
+            )
+            sample.id = cur.lastrowid
+            if sample.status == "ready":
+                self._ready.notify_all()
+        return sample.id
+
+    def set_next_state(self, sample_id: int, next_state: str) -> None:
+        with self._tx() as c:
+            c.execute("UPDATE samples SET next_state=?, updated_at=? WHERE id=?", (next_state, time.time(), sample_id))
+
+    def set_score(
+        self,
+        sample_id: int,
+        *,
+        reward: float | None = None,
+        teacher_logprobs: Sequence[float] | None = None,
+        status: str = "ready",
+        meta: dict[str, Any] | None = None,
+    ) -> None:
+        """Record a scorer's verdict and move the sample to `ready` (or `dropped`)."""
+        if status not in ("ready", "dropped"):
+            raise ValueError(f"status must be 'ready' or 'dropped', got {status!r}")
+        with self._tx() as c:
+            row = c.execute("SELECT response_ids, meta FROM samples WHERE id=?", (sample_id,)).fetchone()
+            if row is None:
+                raise KeyError(f"no sample with id {sample_id}")
+            n = len(_unpack(row["response_ids"], "i"))
+            if teacher_logprobs is not None and len(teacher_logprobs) != n:
+                raise SampleValidationError(
+                    f"teacher_logprobs has {len(teacher_logprobs)} entries but response_ids has {n}"
+                )
+            merged = {**json.loads(row["meta"]), **(meta or {})}
+            c.execute(
+                "UPDATE samples SET reward=COALESCE(?, reward), teacher_logprobs=COALESCE(?, teacher_logprobs),"
+                " status=?, meta=?, updated_at=? WHERE id=?",
+                (reward, _floats(teacher_logprobs), status, json.dumps(merged), time.time(), sample_id),
+            )
+            if status == "ready":
+                self._ready.notify_all()
+
+    # ---- training-side --------------------------------------------------------------------------------------
+    def claim_batch(
+        self,
+        step: int,
+        max_samples: int,
+        max_tokens: int | None = None,
+        max_sample_tokens: int | None = None,
+        min_adapter_version: int | None = None,
+        min_samples: int = 1,
+    ) -> list[Sample]:
+        """The samples of optimizer step `step`; idempotent, so every DDP rank gets the same batch.
+
+        The first caller for a step claims ready samples in id order until `max_samples` or `max_tokens`
+        (prompt + response) would be exceeded; later callers get the same rows. Samples longer than
+        `max_sample_tokens`, or produced by an adapter older than `min_adapter_version` (stale), are dropped.
+        Nothing is claimed while fewer than `min_samples` would be (e.g. one per DDP rank).
+        """
+        with self._tx() as c:
+            rows = c.execute("SELECT * FROM samples WHERE status='claimed' AND claimed_step=? ORDER BY id", (step,))
+            claimed = [self._row(r) for r in rows.fetchall()]
+            if claimed:
+                return claimed
+            batch: list[Sample] = []
+            tokens = 0
+            for row in c.execute("SELECT * FROM samples WHERE status='ready' ORDER BY id").fetchall():
+                s = self._row(row)
+                reason = None
+                if max_sample_tokens is not None and s.num_tokens > max_sample_tokens:
+                    reason = f"too_long:{s.num_tokens}>{max_sample_tokens}"
+                elif min_adapter_version is not None and s.adapter_version < min_adapter_version:
+                    reason = f"stale:v{s.adapter_version}<v{min_adapter_version}"
+                if reason:
+                    c.execute(
+                        "UPDATE samples SET status='dropped', meta=json_set(meta, '$.dropped', ?) WHERE id=?",
+                        (reason, s.id),
+                    )
+                    continue
+                if batch and max_tokens is not None and tokens + s.num_tokens > max_tokens:
+                    break
+                batch.append(s)
+                tokens += s.num_tokens
+                if len(batch) >= max_samples:
+                    break
+            if len(batch) < min_samples:
+                return []
+            now = time.time()
+            c.executemany(
+                "UPDATE samples SET status='claimed', claimed_step=?, updated_at=? WHERE id=?",
+                [(step, now, s.id) for s in batch],
+            )
+            for s in batch:
+                s.status, s.claimed_step = "claimed", step
+            return batch
+
+    def mark_consumed(self, below_step: int) -> int:
+        """A checkpoint after `below_step` optimizer steps exists: claims of earlier steps are consumed."""
+        with self._tx() as c:
+            cur = c.execute(
+                "UPDATE samples SET status='consumed', updated_at=? WHERE status='claimed' AND claimed_step<?",
+                (time.time(), below_step),
+            )
+            return cur.rowcount
+
+    def reconcile(self, global_step: int) -> dict[str, int]:
+        """On (re)start from a checkpoint at `global_step`: consume what it covers, release the rest."""
+        consumed = self.mark_consumed(global_step)
+        with self._tx() as c:
+            released = c.execute(
+                "UPDATE samples SET status='ready', claimed_step=NULL, updated_at=? "
+                "WHERE status='claimed' AND claimed_step>=?",
+                (time.time(), global_step),
+            ).rowcount
+            if released:
+                self._ready.notify_all()
+        return {"consumed": consumed, "released": released}
+
+    def wait_for_ready(self, timeout: float, poll_s: float = 0.05) -> bool:
+        """Block until a ready sample exists or `timeout` passes (woken at once by inserts in this process)."""
+        deadline = time.monotonic() + timeout
+        with self._lock:
+            while True:
+                if self.count("ready"):
+                    return True
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                # Other processes cannot notify us; re-check at a modest interval.
+                self._ready.wait(min(left, poll_s * 10))
+
+    # ---- reads ----------------------------------------------------------------------------------------------
+    def get(self, sample_id: int) -> Sample:
+        with self._lock:
+            row = self._conn.execute("SELECT * FROM samples WHERE id=?", (sample_id,)).fetchone()
+        if row is None:
+            raise KeyError(f"no sample with id {sample_id}")
+        return self._row(row)
+
+    def select(self, status: str | None = None, limit: int | None = None, **where: Any) -> list[Sample]:
+        """Samples filtered by status and equality on columns (e.g. `session_id=...`), in id order."""
+        clauses, args = [], []
+        if status is not None:
+            clauses.append("status=?")
+            args.append(status)
+        for col, value in where.items():
+            if col not in ("agent_id", "session_id", "turn_index", "adapter_version", "claimed_step"):
+                raise ValueError(f"cannot filter samples on {col!r}")
+            clauses.append(f"{col}=?")
+            args.append(value)
+        sql = "SELECT * FROM samples" + (" WHERE " + " AND ".join(clauses) if clauses else "") + " ORDER BY id"
+        if limit is not None:
+            sql += f" LIMIT {int(limit)}"
+        with self._lock:
+            return [self._row(r) for r in self._conn.execute(sql, args).fetchall()]
+
+    def count(self, status: str | None = None) -> int:
+        with self._lock:
+            if status is None:
+                return self._conn.execute("SELECT COUNT(*) FROM samples").fetchone()[0]
+            return self._conn.execute("SELECT COUNT(*) FROM samples WHERE status=?", (status,)).fetchone()[0]
+
+    def counts(self) -> dict[str, int]:
+        with self._lock:
+            rows = self._conn.execute("SELECT status, COUNT(*) FROM samples GROUP BY status").fetchall()
+        return {s: 0 for s in STATUSES} | {r[0]: r[1] for r in rows}
+
+    @staticmethod
+    def _row(r: sqlite3.Row) -> Sample:
+        return Sample(
+            id=r["id"],
+            agent_id=r["agent_id"],
+            session_id=r["session_id"],
+            turn_index=r["turn_index"],
+            prompt_ids=_unpack(r["prompt_ids"], "i"),
+            response_ids=_unpack(r["response_ids"], "i"),
+            behaviour_logprobs=_unpack(r["behaviour_logprobs"], "d"),
+            teacher_logprobs=_unpack(r["teacher_logprobs"], "d"),
+            reward=r["reward"],
+            adapter_version=r["adapter_version"],
+            temperature=r["temperature"],
+            status=r["status"],
+            claimed_step=r["claimed_step"],
+            next_state=r["next_state"],
+            messages=None if r["messages"] is None else json.loads(r["messages"]),
+            response_text=r["response_text"],
+            meta=json.loads(r["meta"]),
+        )

@@ -1,0 +1,82 @@
+"""`train(cfg)`: build policy, data, module, callbacks, loggers and trainer from the config, then fit."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+import lightning as L
+from hydra.utils import instantiate
+from omegaconf import DictConfig
+
+from metaclaw.config import trainer_device_kwargs, validate_train_config
+from metaclaw.datamodules.seed import seed_store
+from metaclaw.datamodules.store import SampleStore
+from metaclaw.modules.online_rl import OnlineRLModule
+
+log = logging.getLogger(__name__)
+
+
+def build_loggers(cfg: DictConfig) -> list:
+    if not cfg.get("logger") or not cfg.logger.get("_target_"):
+        return []
+    return [instantiate(cfg.logger)]
+
+
+def prepare_store(cfg: DictConfig, tokenizer, policy) -> SampleStore:
+    """Open the run's store; fill it from `rollout.seed_file` when it is empty (first run, not a resume)."""
+    store = SampleStore(cfg.store_path)
+    seed_file = cfg.rollout.get("seed_file")
+    if seed_file and store.count() == 0:
+        seed_store(store, seed_file, tokenizer, policy, cfg.method.needs_reward, cfg.method.needs_teacher)
+    return store
+
+
+def train(cfg: DictConfig) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Train the adapter; returns `(metrics, objects)` so tests can inspect what was built."""
+    validate_train_config(cfg)
+    L.seed_everything(cfg.seed, workers=True)
+    run_dir = Path(cfg.run_dir)
+    spec = instantiate(cfg.model)
+    tokenizer = spec.load_tokenizer()
+    policy = instantiate(cfg.policy, model=spec.load_model())
+    trainable, total = policy.num_parameters()
+    log.info("Policy %s: %.2fM trainable / %.2fM parameters", spec.name, trainable / 1e6, total / 1e6)
+    store = prepare_store(cfg, tokenizer, policy)
+    log.info("Sample store %s: %s", store.path, store.counts())
+
+    datamodule = instantiate(cfg.data, pad_id=tokenizer.pad_token_id)
+    module = OnlineRLModule(
+        policy=policy,
+        loss=instantiate(cfg.loss),
+        advantage=instantiate(cfg.method.advantage),
+        optimizer=instantiate(cfg.optimizer),
+        kl=instantiate(cfg.kl),
+    )
+    publisher = instantiate(cfg.publish)
+    trainer = L.Trainer(
+        **cfg.trainer,
+        **trainer_device_kwargs(cfg.devices),
+        default_root_dir=str(run_dir),
+        logger=build_loggers(cfg),
+        callbacks=[publisher],
+    )
+    ckpt = publisher.checkpoint_path if publisher.checkpoint_path.exists() else None
+    if ckpt:
+        log.info("Resuming from %s", ckpt)
+    trainer.fit(module, datamodule=datamodule, ckpt_path=ckpt)
+    for lg in trainer.loggers:  # one W&B run per multirun job
+        if hasattr(lg, "experiment") and type(lg).__name__ == "WandbLogger":
+            lg.experiment.finish()
+    metrics = {k: float(v) for k, v in trainer.callback_metrics.items()}
+    metrics["train/global_step"] = trainer.global_step
+    return metrics, {
+        "trainer": trainer,
+        "module": module,
+        "datamodule": datamodule,
+        "store": store,
+        "publisher": publisher,
+        "tokenizer": tokenizer,
+        "spec": spec,
+    }
