@@ -1,0 +1,122 @@
+"""What every HTTP surface owes the user: bearer-key auth, payload limits, and paths confined to a root.
+
+Both middlewares are plain ASGI, so they sit in front of LitServe, FastAPI or Starlette apps alike and
+answer with an OpenAI-style JSON error body.
+"""
+
+from __future__ import annotations
+
+import hmac
+import json
+import os
+from collections.abc import Iterable
+from pathlib import Path
+
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+
+def error_body(message: str, type_: str = "invalid_request_error", code: int | str | None = None) -> bytes:
+    return json.dumps({"error": {"message": message, "type": type_, "code": code}}).encode()
+
+
+async def send_json_error(send: Send, status: int, message: str, type_: str) -> None:
+    body = error_body(message, type_, status)
+    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+    if status == 401:
+        headers.append((b"www-authenticate", b"Bearer"))
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": body})
+
+
+def bearer_matches(authorization: str | None, api_key: str) -> bool:
+    """Constant-time check of an `Authorization: Bearer <key>` header (also accepts `x-api-key: <key>`)."""
+    if not authorization:
+        return False
+    token = authorization[7:] if authorization[:7].lower() == "bearer " else authorization
+    return hmac.compare_digest(token.strip().encode(), api_key.encode())
+
+
+class BearerAuthMiddleware:
+    """401 with a JSON body unless the request carries the key; `open_paths` (e.g. `/health`) stay open.
+
+    Args:
+        app: the ASGI app to protect.
+        api_key: the key; empty or None disables the check.
+        open_paths: exact paths that need no key.
+    """
+
+    def __init__(self, app: ASGIApp, api_key: str | None, open_paths: Iterable[str] = ("/health",)) -> None:
+        self.app, self.api_key, self.open_paths = app, api_key or "", frozenset(open_paths)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or not self.api_key or scope["path"] in self.open_paths:
+            return await self.app(scope, receive, send)
+        headers = dict(scope.get("headers") or [])
+        auth = headers.get(b"authorization") or headers.get(b"x-api-key")
+        if not bearer_matches(auth.decode("latin-1") if auth else None, self.api_key):
+            return await send_json_error(send, 401, "missing or invalid API key", "authentication_error")
+        return await self.app(scope, receive, send)
+
+
+class BodySizeLimitMiddleware:
+    """413 for request bodies over `max_bytes` (checked on Content-Length and while streaming in)."""
+
+    def __init__(self, app: ASGIApp, max_bytes: int) -> None:
+        self.app, self.max_bytes = app, max_bytes
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        headers = dict(scope.get("headers") or [])
+        declared = headers.get(b"content-length")
+        too_big = f"request body exceeds the {self.max_bytes}-byte limit"
+        if declared is not None and declared.isdigit() and int(declared) > self.max_bytes:
+            return await send_json_error(send, 413, too_big, "invalid_request_error")
+        seen = 0
+        started = False
+
+        async def limited_receive():
+            nonlocal seen
+            message = await receive()
+            if message["type"] == "http.request":
+                seen += len(message.get("body", b""))
+                if seen > self.max_bytes:
+                    raise _TooLarge
+            return message
+
+        async def tracking_send(message):
+            nonlocal started
+            if message["type"] == "http.response.start":
+                started = True
+            await send(message)
+
+        try:
+            await self.app(scope, limited_receive, tracking_send)
+        except _TooLarge:
+            if not started:
+                await send_json_error(send, 413, too_big, "invalid_request_error")
+
+
+class _TooLarge(Exception):
+    pass
+
+
+def confine_path(root: str | os.PathLike, user_path: str | os.PathLike, field: str = "path") -> Path:
+    """Resolve `user_path` (relative to `root`, or absolute) and refuse anything outside `root`.
+
+    Raises:
+        ValueError: naming `field`, when the path escapes the root (`..`, absolute elsewhere, symlinks).
+    """
+    base = Path(root).resolve()
+    candidate = Path(user_path)
+    if not str(user_path) or "\x00" in str(user_path):
+        raise ValueError(f"{field} must be a non-empty path")
+    resolved = (candidate if candidate.is_absolute() else base / candidate).resolve()
+    if resolved != base and base not in resolved.parents:
+        raise ValueError(f"{field} {str(user_path)!r} is outside the allowed directory {str(base)!r}")
+    return resolved
+
+
+def resolve_api_key(configured: str | None, env_var: str = "METACLAW_API_KEY") -> str | None:
+    """The key from the environment, else the config; None when neither sets one."""
+    return os.environ.get(env_var) or configured or None
