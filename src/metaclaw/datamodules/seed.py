@@ -45,6 +45,7 @@ def seed_store(
 ) -> int:
     """Insert the file's turns; each is `ready` when it carries the signal the method needs, else `dropped`."""
     n = 0
+    was_training = policy.training
     policy.eval()
     for line in Path(path).read_text().splitlines():
         if not line.strip():
@@ -77,6 +78,6 @@ def seed_store(
             )
         )
         n += 1
-    policy.train()
+    policy.train(was_training)
     log.info("Seeded %s with %d example turns from %s (%s)", store.path, n, path, store.counts())
     return n

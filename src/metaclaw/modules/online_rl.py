@@ -44,6 +44,7 @@ class OnlineRLModule(L.LightningModule):
             optimizer,
             kl,
         )
+        self.policy.train()  # from_pretrained leaves modules in eval mode
         self.strict_loading = False  # checkpoints hold only the trainable (adapter) weights
         self.reward_mean, self.adv_mean = MeanMetric(), MeanMetric()
         self.adv_min, self.adv_max = MinMetric(), MaxMetric()

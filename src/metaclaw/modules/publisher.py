@@ -15,6 +15,7 @@ from typing import Any
 
 import httpx
 import lightning as L
+import torch
 
 from metaclaw.datamodules.store import SampleStore
 
@@ -66,19 +67,24 @@ class AdapterPublisher(L.Callback):
         last = self.published[-1].name if self.published else None
         if trainer.global_step > 0 and last != adapter_name(trainer.global_step):
             self.publish(trainer, pl_module)
+        if trainer.is_global_zero:  # the prefetched next batch was never trained on: hand it back
+            SampleStore(self.store_path).reconcile(trainer.global_step)
 
     def publish(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         step = trainer.global_step
         target = self.run_dir / "adapters" / adapter_name(step)
         if trainer.is_global_zero:
             pl_module.policy.save_adapter(target)
+        fingerprints = self._rank_fingerprints(trainer, pl_module)
         tmp = self.checkpoint_path.with_suffix(".ckpt.tmp")
-        trainer.save_checkpoint(tmp)  # collective: every rank calls it, rank 0 writes
+        trainer.save_checkpoint(tmp, weights_only=False)  # collective: every rank calls it, rank 0 writes
         if trainer.is_global_zero:
             os.replace(tmp, self.checkpoint_path)
             SampleStore(self.store_path).mark_consumed(step)
             (self.run_dir / "adapters" / "latest.json").write_text(
-                json.dumps({"version": step, "path": str(target), "name": self.lora_name})
+                json.dumps(
+                    {"version": step, "path": str(target), "name": self.lora_name, "rank_fingerprints": fingerprints}
+                )
             )
             log.info("Published adapter v%d at %s", step, target)
             self._hot_load(target)
@@ -87,6 +93,14 @@ class AdapterPublisher(L.Callback):
         if datamodule is not None and hasattr(datamodule, "adapter_version"):
             datamodule.adapter_version = step
         trainer.strategy.barrier("adapter_publisher")
+
+    @staticmethod
+    def _rank_fingerprints(trainer: L.Trainer, pl_module: L.LightningModule) -> list[list[float]]:
+        """(sum, sum of squares) of the adapter on every rank: DDP replicas must be identical."""
+        weights = [p.detach().double() for p in pl_module.parameters() if p.requires_grad]
+        mine = torch.stack([sum(w.sum() for w in weights), sum((w * w).sum() for w in weights)])
+        gathered = trainer.strategy.all_gather(mine.to(pl_module.device))
+        return gathered.reshape(-1, 2).tolist()
 
     def _hot_load(self, path: Path) -> None:
         if not self.server_url:

@@ -1,0 +1,265 @@
+"""Skill evolution: ask an LLM to turn a session's failed turns into new or edited skills.
+
+The proxy decides when (session end, every N main turns) and calls `SkillEvolver.evolve`. Every proposal,
+accepted or not, is logged in the agent's JSONL history; every accepted change bumps the agent's generation.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from metaclaw.skills.library import DEFAULT_AGENT_ID, SkillLibrary, default_root
+from metaclaw.skills.proposals import ProposalError, parse_reply, validate_proposal
+from metaclaw.skills.query import content_text
+from metaclaw.skills.ranking import BM25Ranker, SkillRanker
+from metaclaw.skills.skill import Skill
+
+logger = logging.getLogger(__name__)
+
+SYSTEM_PROMPT = """You improve the skill library of an AI assistant. A skill is a short Markdown instruction \
+that is injected into the system prompt when it is relevant. You get turns where the assistant did badly \
+(reward <= 0) and the list of existing skills. Find the general lesson behind the failures and propose at most \
+{max_proposals} skills: "add" a new one, or "edit" an existing one (same name) when it should have prevented the \
+failure. Skills must be general and reusable, not about one conversation. Do not duplicate existing skills.
+
+Reply with JSON only, in this shape:
+{{"skills": [{{"action": "add" | "edit", "name": "lowercase-slug", "description": "one line: when to apply it", \
+"category": "lowercase-slug", "body": "Markdown bullet points, under {max_body_chars} characters"}}]}}
+Reply {{"skills": []}} if no skill would help."""
+
+
+@dataclass(frozen=True)
+class FailedTurn:
+    """One turn that scored badly.
+
+    Attributes:
+        sample_id: id of the stored sample (logged as the source of any change).
+        prompt: the conversation as OpenAI messages, or already-rendered prompt text.
+        response: the assistant's reply.
+        reward: the judge's score (≤ 0 for a failure).
+    """
+
+    sample_id: str
+    prompt: str | Sequence[Mapping[str, Any]]
+    response: str
+    reward: float = 0.0
+
+    @classmethod
+    def coerce(cls, turn: FailedTurn | Mapping[str, Any]) -> FailedTurn:
+        """Accept a `FailedTurn` or a dict with `sample_id`, `messages`/`prompt`, `response`, `reward`."""
+        if isinstance(turn, FailedTurn):
+            return turn
+        prompt = turn.get("messages", turn.get("prompt", turn.get("prompt_text", "")))
+        response = turn.get("response", turn.get("response_text", ""))
+        try:
+            reward = float(turn.get("reward") or 0.0)
+        except (TypeError, ValueError):
+            reward = 0.0
+        return cls(str(turn.get("sample_id", "")), prompt or "", str(response or ""), reward)
+
+    def render(self, max_chars: int) -> str:
+        """The turn as text for the LLM, keeping the tail of a long prompt (where the failing ask is)."""
+        if isinstance(self.prompt, str):
+            prompt = self.prompt
+        else:
+            prompt = "\n".join(f"[{m.get('role', '?')}] {content_text(m.get('content'))}" for m in self.prompt)
+        half = max_chars // 2
+        if len(prompt) > half:
+            prompt = "…" + prompt[-half:]
+        head = f"### sample {self.sample_id} (reward {self.reward:g})"
+        return f"{head}\n{prompt}\n[assistant reply] {self.response[:half]}"
+
+
+@dataclass
+class EvolutionResult:
+    """What one `evolve` call did.
+
+    Attributes:
+        accepted: history entries of accepted changes.
+        rejected: history entries of refused proposals (or of a refused reply).
+        generation: the agent's generation after the call.
+        error: why no proposal could be considered (request failed, invalid JSON), else None.
+    """
+
+    accepted: list[dict[str, Any]] = field(default_factory=list)
+    rejected: list[dict[str, Any]] = field(default_factory=list)
+    generation: int = 0
+    error: str | None = None
+
+    @property
+    def accepted_names(self) -> list[str]:
+        """Names of the skills that were added or edited."""
+        return [e["name"] for e in self.accepted]
+
+
+class SkillEvolver:
+    """Proposes skills from failed turns via any OpenAI-compatible chat endpoint, then validates and writes them.
+
+    Args:
+        library_root: skills root (see `SkillLibrary`); None means `default_root()`.
+        base_url: endpoint base, e.g. `http://127.0.0.1:8000/v1` (POSTs to `{base_url}/chat/completions`).
+        model: model name sent in the request.
+        api_key: bearer token; None reads `$METACLAW_EVOLVER_API_KEY`, and no header is sent if both are empty.
+        ranker: similarity used for duplicate detection; defaults to `BM25Ranker()`.
+        similarity_threshold: duplicate cut-off; None uses the ranker's `duplicate_threshold`.
+        timeout_s: per-request timeout.
+        max_retries: retries after the first attempt on transport errors, 429 and 5xx.
+        max_proposals: proposals considered per call (extra ones are refused).
+        max_turns: failed turns sent per call (the most recent are kept).
+        max_turn_chars: characters per rendered turn.
+        max_description_chars: limit on a proposal's description.
+        max_body_chars: limit on a proposal's body.
+        temperature: sampling temperature of the request.
+        seed_bank: seed `_shared/` from the starter bank on first use.
+    """
+
+    def __init__(
+        self,
+        library_root: str | os.PathLike[str] | None = None,
+        base_url: str = "http://127.0.0.1:8000/v1",
+        model: str = "gpt-4o-mini",
+        api_key: str | None = None,
+        ranker: SkillRanker | None = None,
+        similarity_threshold: float | None = None,
+        timeout_s: float = 60.0,
+        max_retries: int = 2,
+        max_proposals: int = 3,
+        max_turns: int = 8,
+        max_turn_chars: int = 3000,
+        max_description_chars: int = 300,
+        max_body_chars: int = 4000,
+        temperature: float = 0.2,
+        seed_bank: bool = True,
+    ) -> None:
+        self.root = Path(library_root) if library_root is not None else default_root()
+        self.base_url, self.model = base_url.rstrip("/"), model
+        self.api_key = api_key if api_key is not None else os.environ.get("METACLAW_EVOLVER_API_KEY", "")
+        self.ranker: SkillRanker = ranker if ranker is not None else BM25Ranker()
+        self.threshold = similarity_threshold if similarity_threshold is not None else self.ranker.duplicate_threshold
+        self.timeout_s, self.max_retries, self.temperature = timeout_s, max_retries, temperature
+        self.max_proposals, self.max_turns, self.max_turn_chars = max_proposals, max_turns, max_turn_chars
+        self.max_description_chars, self.max_body_chars = max_description_chars, max_body_chars
+        self.seed_bank = seed_bank
+
+    # ------------------------------------------------------------------ LLM call
+    def build_messages(self, library: SkillLibrary, turns: Sequence[FailedTurn]) -> list[dict[str, str]]:
+        """The chat request: instructions, existing skills (name + description) and the failed turns."""
+        system = SYSTEM_PROMPT.format(max_proposals=self.max_proposals, max_body_chars=self.max_body_chars)
+        existing = "\n".join(f"- {s.name}: {s.description}" for s in library.skills()) or "(none)"
+        failures = "\n\n".join(t.render(self.max_turn_chars) for t in turns)
+        user = f"## Existing skills\n{existing}\n\n## Failed turns\n{failures}"
+        return [{"role": "system", "content": system}, {"role": "user", "content": user}]
+
+    def complete(self, messages: list[dict[str, str]]) -> str:
+        """POST to `{base_url}/chat/completions` with bounded retries; return the reply text.
+
+        Raises:
+            RuntimeError: when every attempt failed or the response has no message content.
+        """
+        headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
+        payload = {"model": self.model, "messages": messages, "temperature": self.temperature}
+        last = "no attempt made"
+        with httpx.Client(timeout=self.timeout_s) as client:
+            for attempt in range(self.max_retries + 1):
+                if attempt:
+                    time.sleep(min(8.0, 0.5 * 2 ** (attempt - 1)))
+                try:
+                    resp = client.post(f"{self.base_url}/chat/completions", json=payload, headers=headers)
+                except httpx.HTTPError as exc:
+                    last = f"{type(exc).__name__}: {exc}"
+                    continue
+                if resp.status_code == 429 or resp.status_code >= 500:
+                    last = f"HTTP {resp.status_code}: {resp.text[:200]}"
+                    continue
+                if resp.status_code >= 400:
+                    raise RuntimeError(f"HTTP {resp.status_code}: {resp.text[:200]}")
+                try:
+                    content = resp.json()["choices"][0]["message"]["content"]
+                except (ValueError, KeyError, IndexError, TypeError) as exc:
+                    raise RuntimeError(f"unexpected response shape: {exc!r}") from exc
+                return content_text(content)
+        raise RuntimeError(f"request failed after {self.max_retries + 1} attempts: {last}")
+
+    # ------------------------------------------------------------------ evolve
+    def evolve(
+        self, agent_id: str = DEFAULT_AGENT_ID, failed_turns: Sequence[FailedTurn | Mapping[str, Any]] = ()
+    ) -> EvolutionResult:
+        """Propose, validate and apply skill changes for `agent_id` from its failed turns; never raises on bad output.
+
+        Raises:
+            ValueError: only for an invalid `agent_id`.
+        """
+        library = SkillLibrary(self.root, agent_id, seed_bank=self.seed_bank)
+        turns = [t for t in map(FailedTurn.coerce, failed_turns) if t.reward <= 0][-self.max_turns :]
+        result = EvolutionResult(generation=library.generation)
+        if not turns:
+            return result
+        sources = [t.sample_id for t in turns]
+
+        def log(action: str, name: str | None, accepted: bool, reason: str) -> dict[str, Any]:
+            entry = {"action": action, "name": name, "source_sample_ids": sources, "accepted": accepted,
+                     "reason": reason}
+            if accepted:
+                entry["generation"] = library.generation
+            library.append_history(entry)
+            (result.accepted if accepted else result.rejected).append(entry)
+            return entry
+
+        try:
+            raw = parse_reply(self.complete(self.build_messages(library, turns)))
+        except (RuntimeError, ProposalError) as exc:
+            result.error = str(exc)
+            logger.warning("skill evolution for agent %r refused the reply: %s", agent_id, exc)
+            log("request" if isinstance(exc, RuntimeError) else "parse", None, False, str(exc))
+            return result
+
+        seen: set[str] = set()
+        for i, item in enumerate(raw):
+            action = item.get("action", "?") if isinstance(item, dict) else "?"
+            name = item.get("name") if isinstance(item, dict) else None
+            if i >= self.max_proposals:
+                log(str(action), name, False, f"over the limit of {self.max_proposals} proposals per call")
+                continue
+            try:
+                prop = validate_proposal(item, self.max_description_chars, self.max_body_chars)
+                if prop.skill.name in seen:
+                    raise ProposalError(f"duplicate name {prop.skill.name!r} within the reply")
+                self._check_duplicates(library, prop.action, prop.skill)
+                if prop.action == "add":
+                    library.add(prop.skill)
+                else:
+                    library.edit(prop.skill)
+            except (ProposalError, ValueError, KeyError, OSError) as exc:
+                reason = exc.args[0] if isinstance(exc, KeyError) and exc.args else str(exc)
+                log(str(action), name, False, reason)
+                continue
+            seen.add(prop.skill.name)
+            log(prop.action, prop.skill.name, True, "ok")
+        result.generation = library.generation
+        return result
+
+    def _check_duplicates(self, library: SkillLibrary, action: str, skill: Skill) -> None:
+        """Refuse an add of a known name, an edit of an unknown one, or text too similar to another skill."""
+        existing = library.get(skill.name)
+        if action == "add" and existing is not None:
+            raise ProposalError(f"duplicate: a skill named {skill.name!r} already exists")
+        if action == "edit" and existing is None:
+            raise ProposalError(f"edit of unknown skill {skill.name!r}")
+        others = [s for s in library.skills() if s.name != skill.name]
+        if not others:
+            return
+        sims = self.ranker.similarity(skill.search_text, others)
+        best = max(range(len(others)), key=lambda j: sims[j])
+        if sims[best] >= self.threshold:
+            raise ProposalError(
+                f"duplicate: too similar to existing skill {others[best].name!r} "
+                f"(similarity {sims[best]:.2f} >= {self.threshold:.2f})"
+            )

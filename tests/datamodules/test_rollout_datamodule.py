@@ -1,0 +1,80 @@
+"""Collation alignment and the streaming dataset's step-keyed, rank-sliced claims."""
+
+from __future__ import annotations
+
+import torch
+
+from metaclaw.datamodules.rollout import StreamingSampleDataset, collate_samples
+from metaclaw.datamodules.store import Sample, SampleStore
+
+
+def test_collate_aligns_targets_and_logprobs():
+    a = Sample(prompt_ids=[1, 2, 3], response_ids=[7, 8], behaviour_logprobs=[-0.7, -0.8], reward=1.0, id=1)
+    b = Sample(
+        prompt_ids=[4],
+        response_ids=[9, 10, 11],
+        behaviour_logprobs=[-0.9, -1.0, -1.1],
+        teacher_logprobs=[-0.1, -0.2, -0.3],
+        id=2,
+    )
+    batch = collate_samples([a, b], pad_id=0)
+    assert batch["input_ids"].tolist() == [[1, 2, 3, 7], [4, 9, 10, 0]]
+    assert batch["target_ids"].tolist() == [[2, 3, 7, 8], [9, 10, 11, 0]]
+    assert batch["mask"].tolist() == [[0, 0, 1, 1], [1, 1, 1, 0]]
+    # behaviour logprob t belongs to target t: a's response tokens 7,8 sit at target positions 2,3
+    assert torch.allclose(batch["behaviour_logprobs"][0], torch.tensor([0, 0, -0.7, -0.8]))
+    assert torch.allclose(batch["teacher_logprobs"][1, :3], torch.tensor([-0.1, -0.2, -0.3]))
+    assert torch.isnan(batch["teacher_logprobs"][0]).all() and torch.isnan(batch["reward"][1])
+    assert batch["has_reward"].tolist() == [True, False] and batch["has_teacher"].tolist() == [False, True]
+    assert batch["attention_mask"].tolist() == [[1, 1, 1, 1], [1, 1, 1, 0]]
+
+
+def _fill(path, n):
+    store = SampleStore(path)
+    for i in range(n):
+        store.insert(
+            Sample(
+                prompt_ids=[1, 2],
+                response_ids=[3, 4],
+                behaviour_logprobs=[-1.0, -1.0],
+                reward=float(i % 2),
+                status="ready",
+            )
+        )
+    return store
+
+
+def test_ranks_split_each_step_without_overlap(tmp_path):
+    path = tmp_path / "s.sqlite"
+    store = _fill(path, 8)
+
+    def stream(rank):
+        ds = StreamingSampleDataset(
+            path,
+            lambda: 0,
+            pad_id=0,
+            batch_size=4,
+            max_tokens=None,
+            max_sample_tokens=None,
+            wait_timeout_s=0.2,
+            rank=rank,
+            world_size=2,
+        )
+        return [b["sample_ids"].tolist() for b in ds]
+
+    r0, r1 = stream(0), stream(1)
+    assert len(r0) == len(r1) == 2  # two steps of 4 samples, two per rank
+    seen = [i for batch in r0 + r1 for i in batch]
+    assert sorted(seen) == list(range(1, 9))  # every sample once
+    assert {s.claimed_step for s in store.select("claimed")} == {0, 1}
+
+
+def test_stream_resumes_at_the_trainer_step_and_ends_when_idle(tmp_path):
+    path = tmp_path / "s.sqlite"
+    _fill(path, 3)
+    ds = StreamingSampleDataset(
+        path, lambda: 5, pad_id=0, batch_size=2, max_tokens=None, max_sample_tokens=None, wait_timeout_s=0.3
+    )
+    batches = list(ds)
+    assert [len(b["sample_ids"]) for b in batches] == [2, 1]
+    assert sorted({s.claimed_step for s in SampleStore(path).select("claimed")}) == [5, 6]

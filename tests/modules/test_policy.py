@@ -1,0 +1,85 @@
+"""LoRA policy: logprobs over the sampler's distribution, adapter round trip, reference = adapter disabled."""
+
+from __future__ import annotations
+
+import torch
+
+from metaclaw.modules.policy import LoraPolicy, token_logprobs
+from metaclaw.serving.sampling import SamplingParams, generate
+
+
+def _perturb_adapter(policy: LoraPolicy, scale: float = 0.2) -> None:
+    torch.manual_seed(1)
+    for name, p in policy.named_parameters():
+        if "lora_B" in name:
+            p.data.normal_(0, scale)
+
+
+def test_token_logprobs_matches_log_softmax_by_hand():
+    logits = torch.tensor([[[1.0, 2.0, 3.0], [0.0, 0.0, 0.0]]])  # [B=1, T=2, V=3]
+    targets = torch.tensor([[2, 0]])
+    lp = token_logprobs(logits, targets, temperature=0.5)
+    # T=0.5 → logits [2,4,6]: log(e^6/(e^2+e^4+e^6)); uniform row → log(1/3)
+    expected0 = 6 - torch.logsumexp(torch.tensor([2.0, 4.0, 6.0]), 0)
+    assert torch.allclose(lp, torch.stack([expected0, torch.log(torch.tensor(1 / 3))]).unsqueeze(0), atol=1e-6)
+
+
+def test_on_policy_ratio_is_one_at_temperature_0_7(tiny_policy, tiny_tokenizer):
+    _perturb_adapter(tiny_policy)
+    tiny_policy.eval()
+    prompt = tiny_tokenizer.apply_chat_template(
+        [{"role": "user", "content": "Hello, how are you?"}], add_generation_prompt=True, return_dict=False
+    )
+    outs = generate(
+        tiny_policy.model, tiny_tokenizer, prompt, SamplingParams(max_tokens=48, temperature=0.7, n=2, seed=3)
+    )
+    for out in outs:
+        seq = torch.tensor([list(prompt) + out.token_ids])
+        lp = tiny_policy.logprobs(seq[:, :-1], seq[:, 1:], torch.ones_like(seq[:, :-1]), temperature=0.7)
+        ratio = torch.exp(lp[0, len(prompt) - 1 :] - torch.tensor(out.logprobs))
+        assert torch.allclose(ratio, torch.ones_like(ratio), atol=1e-5), ratio
+
+
+def test_reference_is_base_model(tiny_spec, tiny_policy):
+    base = tiny_spec.load_model()
+    ids = torch.tensor([[1, 5, 9, 12, 40]])
+    mask = torch.ones_like(ids)
+    _perturb_adapter(tiny_policy)
+    with torch.no_grad():
+        expected = base(input_ids=ids, attention_mask=mask).logits
+        with tiny_policy.reference():
+            ref = tiny_policy(ids, mask)
+        adapted = tiny_policy(ids, mask)
+    assert torch.allclose(ref, expected, atol=1e-6)
+    assert not torch.allclose(adapted, expected, atol=1e-4)
+
+
+def test_only_lora_weights_are_trainable(tiny_policy):
+    names = [n for n, p in tiny_policy.named_parameters() if p.requires_grad]
+    assert names and all("lora_" in n for n in names)
+    targets = {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"}
+    assert {n.split(".lora_")[0].rsplit(".", 1)[-1] for n in names} == targets
+
+
+def test_saved_adapter_reproduces_logits(tmp_path, tiny_spec, tiny_policy):
+    _perturb_adapter(tiny_policy)
+    out_dir = tiny_policy.save_adapter(tmp_path / "adapters" / "step-000001")
+    assert (out_dir / "adapter_model.safetensors").exists() and (out_dir / "adapter_config.json").exists()
+    assert not list((tmp_path / "adapters").glob(".step-*"))  # no temp dir left behind
+    fresh = LoraPolicy(tiny_spec.load_model(), rank=4, alpha=8)
+    fresh.load_adapter(out_dir)
+    ids = torch.tensor([[3, 4, 5, 6, 7, 8]])
+    with torch.no_grad():
+        assert torch.allclose(fresh(ids, torch.ones_like(ids)), tiny_policy(ids, torch.ones_like(ids)), atol=1e-6)
+
+
+def test_gradient_checkpointing_trains_lora_only(tiny_spec):
+    policy = LoraPolicy(tiny_spec.load_model(), rank=4, alpha=8, gradient_checkpointing=True)
+    policy.train()
+    ids = torch.tensor([[3, 4, 5, 6, 7, 8]])
+    lp = policy.logprobs(ids[:, :-1], ids[:, 1:], torch.ones_like(ids[:, :-1]))
+    lp.sum().backward()
+    grads = {n: p.grad for n, p in policy.named_parameters() if p.requires_grad}
+    assert any(g is not None and g.abs().sum() > 0 for n, g in grads.items() if "lora_B" in n)
+    embed = policy.model.get_input_embeddings().weight
+    assert not embed.requires_grad and embed.grad is None

@@ -1,0 +1,118 @@
+"""SkillEvolver against a scripted local OpenAI-compatible endpoint."""
+
+from __future__ import annotations
+
+import json
+
+from metaclaw.skills import FailedTurn, SkillEvolver, SkillInjector, SkillLibrary
+
+NEW_SKILL = {
+    "action": "add",
+    "name": "pin-dependency-versions",
+    "description": "When adding a Python or npm dependency, pin a version range and update the lock file.",
+    "category": "dependencies",
+    "body": "- Add the dependency with a version constraint (e.g. ~=2.3).\n- Regenerate and commit the lock file.",
+}
+DUPLICATE = {
+    "action": "add",
+    "name": "confirm-work-before-reporting",
+    "description": "Before telling the user a task is finished or a bug is fixed, run the tests or build that "
+    "prove it.",
+    "category": "verification",
+    "body": "- Run the relevant test, build or command after every change.\n- Report what you observed, e.g. the "
+    "number of passing tests, not what you expect.\n- If you cannot run the check, say so and tell the user what "
+    "to run.\n- Re-read the request and make sure every part was done.",
+}
+TURNS = [
+    {"sample_id": "s-1", "messages": [{"role": "user", "content": "add requests to the project"}],
+     "response": "Added `requests` to requirements.txt.", "reward": -1.0},
+    FailedTurn("s-2", "user: install numpy\nassistant: done", "pip install numpy", 0.0),
+    {"sample_id": "s-ok", "prompt": "fine", "response": "fine", "reward": 1.0},  # not a failure: ignored
+]
+
+
+def fenced(*skills: dict) -> str:
+    return "Here you go:\n```json\n" + json.dumps({"skills": list(skills)}) + "\n```"
+
+
+def make(root, llm, **kw) -> SkillEvolver:
+    return SkillEvolver(root, base_url=llm.base_url, model="judge", api_key="k", timeout_s=5, **kw)
+
+
+def test_accepted_skill_written_logged_and_generation_bumped(root, llm):
+    llm.replies.append(fenced(NEW_SKILL))
+    result = make(root, llm).evolve("alice", TURNS)
+    assert result.error is None and result.accepted_names == ["pin-dependency-versions"]
+    assert result.generation == 1
+    lib = SkillLibrary(root, "alice")
+    skill = lib.get("pin-dependency-versions")
+    assert skill.source == "agent" and skill.category == "dependencies"
+    assert (root / "alice" / "pin-dependency-versions" / "SKILL.md").is_file()
+    (entry,) = lib.history()
+    assert entry["accepted"] and entry["action"] == "add" and entry["source_sample_ids"] == ["s-1", "s-2"]
+    assert "ts" in entry and entry["generation"] == 1
+    assert SkillInjector(root).generation("alice") == 1 and SkillLibrary(root, "bob").get(skill.name) is None
+    req = llm.requests[0]
+    assert req["path"] == "/v1/chat/completions" and req["auth"] == "Bearer k" and req["json"]["model"] == "judge"
+    prompt = req["json"]["messages"][1]["content"]
+    assert "add requests to the project" in prompt and "s-ok" not in prompt and "safe-shell-commands" in prompt
+
+
+def test_invalid_json_refused_and_logged(root, llm):
+    llm.replies.append("I think you should add a skill about dependencies {not json")
+    result = make(root, llm).evolve("alice", TURNS)
+    assert result.accepted == [] and result.error and "JSON" in result.error
+    (entry,) = SkillLibrary(root, "alice").history()
+    assert entry["action"] == "parse" and not entry["accepted"] and entry["source_sample_ids"] == ["s-1", "s-2"]
+    assert SkillLibrary(root, "alice").generation == 0
+
+
+def test_duplicates_refused_by_name_and_similarity(root, llm, embedding_ranker):
+    same_name = dict(NEW_SKILL, name="safe-shell-commands")
+    llm.replies.append(fenced(same_name, DUPLICATE, NEW_SKILL, NEW_SKILL))
+    result = make(root, llm, max_proposals=4).evolve("alice", TURNS[:1])
+    assert result.accepted_names == ["pin-dependency-versions"]
+    reasons = [e["reason"] for e in result.rejected]
+    assert "already exists" in reasons[0]
+    assert "too similar to existing skill 'verify-before-claiming-done'" in reasons[1]
+    assert "within the reply" in reasons[2]
+    assert len(SkillLibrary(root, "alice").history()) == 4
+    # the embedding ranker finds the same near-duplicate
+    llm.replies.append(fenced(DUPLICATE))
+    result = make(root, llm, ranker=embedding_ranker).evolve("bob", TURNS[:1])
+    assert result.accepted == [] and "verify-before-claiming-done" in result.rejected[0]["reason"]
+
+
+def test_schema_violations_and_edit(root, llm):
+    bad = [
+        dict(NEW_SKILL, action="delete"),
+        dict(NEW_SKILL, name="../etc/passwd"),
+        dict(NEW_SKILL, description=""),
+        dict(NEW_SKILL, body="x" * 5000),
+        dict(NEW_SKILL, action="edit", name="no-such-skill"),
+        "not an object",
+    ]
+    edit = {"action": "edit", "name": "safe-shell-commands", "description": "Run shell commands safely.",
+            "category": "safety", "body": "- Confirm before rm -rf.\n- Prefer --dry-run first."}
+    llm.replies.append(json.dumps({"skills": [*bad, edit]}))
+    result = make(root, llm, max_proposals=10).evolve("alice", TURNS)
+    assert result.accepted_names == ["safe-shell-commands"] and len(result.rejected) == len(bad)
+    assert SkillLibrary(root, "alice").get("safe-shell-commands").body.startswith("- Confirm")
+    assert "dry-run first" not in SkillLibrary(root, "bob").get("safe-shell-commands").body
+
+
+def test_retries_then_succeeds_and_request_failure_is_logged(root, llm):
+    llm.replies.extend([503, fenced(NEW_SKILL)])
+    result = make(root, llm, max_retries=1).evolve("alice", TURNS)
+    assert result.accepted_names == ["pin-dependency-versions"] and len(llm.requests) == 2
+    llm.replies.extend([500, 500])
+    result = make(root, llm, max_retries=1).evolve("alice", TURNS)
+    assert result.error and "500" in result.error
+    assert SkillLibrary(root, "alice").history()[-1]["action"] == "request"
+    dead = SkillEvolver(root, base_url="http://127.0.0.1:9/v1", model="m", timeout_s=1, max_retries=0)
+    assert dead.evolve("alice", TURNS).error
+
+
+def test_no_failed_turns_no_request(root, llm):
+    result = make(root, llm).evolve("alice", [TURNS[2]])
+    assert result.accepted == [] and result.rejected == [] and llm.requests == []
