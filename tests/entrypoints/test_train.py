@@ -140,3 +140,11 @@ def test_multirun_one_wandb_run_per_job(tmp_path):
         runs = list((tmp_path / job / "wandb").glob("offline-run-*"))
         assert len(runs) == 1, f"job {job}: {runs}"
         assert (tmp_path / job / "adapters" / "step-000001" / "adapter_model.safetensors").exists()
+
+
+def test_fit_ends_when_the_stream_goes_idle(tmp_path):
+    from metaclaw.training import train
+
+    metrics, objs = train(compose_train(tmp_path, "trainer.max_steps=100", "data.wait_timeout_s=0.5"))
+    assert metrics["train/global_step"] == 4  # 16 shipped samples, 4 per step, then no more arrive
+    assert objs["store"].counts()["consumed"] == 16

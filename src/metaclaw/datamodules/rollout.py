@@ -73,7 +73,7 @@ class StreamingSampleDataset(IterableDataset):
         batch_size: int,
         max_tokens: int | None,
         max_sample_tokens: int | None,
-        wait_timeout_s: float,
+        wait_timeout_s: float | None,
         rank: int = 0,
         world_size: int = 1,
         min_adapter_version: Callable[[], int | None] = lambda: None,
@@ -100,7 +100,7 @@ class StreamingSampleDataset(IterableDataset):
             store.close()
 
     def _claim(self, store: SampleStore, step: int) -> list[Sample] | None:
-        deadline = time.monotonic() + self.wait_timeout_s
+        deadline = time.monotonic() + (self.wait_timeout_s if self.wait_timeout_s is not None else float("inf"))
         while True:
             batch = store.claim_batch(
                 step,
@@ -113,8 +113,10 @@ class StreamingSampleDataset(IterableDataset):
             if batch:
                 return batch
             left = deadline - time.monotonic()
-            if left <= 0 or not store.wait_for_ready(left):
+            if left <= 0:
                 return None
+            if not store.wait_for_ready(min(left, 3600.0)):
+                continue  # timed out: the deadline check above decides whether the stream ends
             if store.count("ready") < self.world_size:  # some are ready, but not one per rank yet
                 time.sleep(min(left, 0.2))
 
@@ -127,7 +129,7 @@ class RolloutDataModule(L.LightningDataModule):
         batch_size: most samples per optimizer step (global, across ranks).
         max_tokens: token budget per step (prompt + response, global); None for no budget.
         max_sample_tokens: samples longer than this are dropped (the model's context).
-        wait_timeout_s: how long to wait for new samples before the stream (and so `fit`) ends.
+        wait_timeout_s: how long to wait for new samples before the stream (and so `fit`) ends; None: forever.
         max_staleness: drop samples from adapters more than this many versions old; None keeps them
             (the importance ratio against their behaviour logprobs corrects for the lag).
         pad_id: padding token id.
@@ -139,7 +141,7 @@ class RolloutDataModule(L.LightningDataModule):
         batch_size: int = 4,
         max_tokens: int | None = 8192,
         max_sample_tokens: int | None = None,
-        wait_timeout_s: float = 5.0,
+        wait_timeout_s: float | None = 5.0,
         max_staleness: int | None = None,
         pad_id: int = 0,
     ) -> None:

@@ -205,6 +205,10 @@ class ModelSpec:
                 log.info("De-quantising %s into %s (once)", gguf_dir / self.gguf_file, target)
                 tok = AutoTokenizer.from_pretrained(gguf_dir, gguf_file=self.gguf_file)
                 model = AutoModelForCausalLM.from_pretrained(gguf_dir, gguf_file=self.gguf_file, dtype=torch.float32)
+                # The weights are already de-quantised; drop the GGUF marker so they save as plain safetensors.
+                model.hf_quantizer = None
+                if hasattr(model.config, "quantization_config"):
+                    del model.config.quantization_config
                 tok.save_pretrained(out)
                 model.save_pretrained(out)
 

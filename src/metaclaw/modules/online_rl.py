@@ -110,6 +110,10 @@ class OnlineRLModule(L.LightningModule):
             "train/adapter_version_lag", (self.global_step - batch["adapter_version"].float()).mean(), batch_size=n
         )
 
+    def on_train_epoch_end(self) -> None:
+        # An epoch is one stream of samples; it ends only when none arrived for `data.wait_timeout_s`.
+        self.trainer.should_stop = True
+
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         trainable = {f"policy.{k}" for k in self.policy.trainable_state_dict()}
         checkpoint["state_dict"] = {k: v for k, v in checkpoint["state_dict"].items() if k in trainable}
