@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +38,7 @@ class AdapterPublisher(L.Callback):
         lora_name: the name the adapter is served under (the OpenAI `model` field).
         api_key: bearer key for the server.
         timeout_s: how long a load request may take.
+        keep_last: keep only the newest this many adapter directories (None keeps all).
     """
 
     def __init__(
@@ -48,11 +50,15 @@ class AdapterPublisher(L.Callback):
         lora_name: str = "policy",
         api_key: str | None = None,
         timeout_s: float = 30.0,
+        keep_last: int | None = None,
     ) -> None:
         if every_n_steps < 1:
             raise ValueError(f"publish.every_n_steps must be >= 1, got {every_n_steps}")
+        if keep_last is not None and keep_last < 1:
+            raise ValueError(f"publish.keep_last must be >= 1 or null, got {keep_last}")
         self.run_dir, self.store_path, self.every_n_steps = Path(run_dir), store_path, every_n_steps
         self.server_url, self.lora_name, self.api_key, self.timeout_s = server_url, lora_name, api_key, timeout_s
+        self.keep_last = keep_last
         self.published: list[Path] = []
 
     @property
@@ -88,11 +94,18 @@ class AdapterPublisher(L.Callback):
             )
             log.info("Published adapter v%d at %s", step, target)
             self._hot_load(target)
+            self._prune()
         self.published.append(target)
         datamodule = trainer.datamodule
         if datamodule is not None and hasattr(datamodule, "adapter_version"):
             datamodule.adapter_version = step
         trainer.strategy.barrier("adapter_publisher")
+
+    def _prune(self) -> None:
+        if self.keep_last is None:
+            return
+        for old in sorted((self.run_dir / "adapters").glob("step-*"))[: -self.keep_last]:
+            shutil.rmtree(old, ignore_errors=True)
 
     @staticmethod
     def _rank_fingerprints(trainer: L.Trainer, pl_module: L.LightningModule) -> list[list[float]]:

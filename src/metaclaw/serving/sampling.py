@@ -8,11 +8,14 @@ is applied when sampling but not folded into the reported logprobs (as with vLLM
 from __future__ import annotations
 
 import queue
+import threading
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import torch
 from torch import nn
+from transformers.generation.logits_process import LogitsProcessor, LogitsProcessorList
+from transformers.generation.stopping_criteria import StoppingCriteria, StoppingCriteriaList
 from transformers.generation.streamers import BaseStreamer
 
 
@@ -47,6 +50,7 @@ class SequenceOutput:
     token_ids: list[int]
     logprobs: list[float]
     finish_reason: str  # "stop" (eos or stop string) | "length"
+    adapter_version: int | None = None  # set by engines: which adapter version sampled it (None: base)
 
 
 class TokenQueueStreamer(BaseStreamer):
@@ -62,6 +66,53 @@ class TokenQueueStreamer(BaseStreamer):
             return
         for tok in value.reshape(-1).tolist()[:1]:
             self.queue.put(int(tok))
+
+    def end(self) -> None:
+        self.queue.put(None)
+
+
+class _ScoreRecorder(LogitsProcessor):
+    """Keeps the latest next-token scores of row 0 (custom processors run before the temperature warper)."""
+
+    def __init__(self) -> None:
+        self.latest: torch.Tensor | None = None
+
+    def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
+        self.latest = scores[0].detach()
+        return scores
+
+
+class _Cancelled(StoppingCriteria):
+    def __init__(self, event: threading.Event) -> None:
+        self.event = event
+
+    def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor, **kwargs) -> torch.BoolTensor:
+        return torch.full((input_ids.shape[0],), self.event.is_set(), dtype=torch.bool, device=input_ids.device)
+
+
+class TokenLogprobStreamer(BaseStreamer):
+    """Streams `(token_id, logprob)` of the first sequence as it is sampled; `None` marks the end.
+
+    The logprob is `log softmax(logits / temperature)` of the sampled token (the same value `generate` reports
+    afterwards). Setting `cancelled` stops generation at the next step (a client that went away).
+    """
+
+    def __init__(self, temperature: float) -> None:
+        self.queue: queue.Queue[tuple[int, float] | None] = queue.Queue()
+        self.scale = temperature if temperature > 0 else 1.0
+        self.recorder = _ScoreRecorder()
+        self.cancelled = threading.Event()
+        self.stopper = _Cancelled(self.cancelled)
+        self._prompt_seen = False
+
+    def put(self, value: torch.Tensor) -> None:
+        if not self._prompt_seen:  # generate() first sends the prompt
+            self._prompt_seen = True
+            return
+        tok = int(value.reshape(-1)[0])
+        scores = self.recorder.latest
+        lp = float("nan") if scores is None else float(torch.log_softmax(scores.float() / self.scale, -1)[tok])
+        self.queue.put((tok, lp))
 
     def end(self) -> None:
         self.queue.put(None)
@@ -114,6 +165,11 @@ def generate(
         kwargs.update(temperature=None, top_p=None, top_k=None)
     if params.stop:
         kwargs.update(stop_strings=list(params.stop), tokenizer=tokenizer)
+    if isinstance(streamer, TokenLogprobStreamer):
+        kwargs.update(
+            logits_processor=LogitsProcessorList([streamer.recorder]),
+            stopping_criteria=StoppingCriteriaList([streamer.stopper]),
+        )
     out = model.generate(input_ids, **kwargs)
     scale = 1.0 if greedy else params.temperature
     new = out.sequences[:, input_ids.shape[1] :]

@@ -1,0 +1,73 @@
+"""`python serve.py` (app=policy_server): the LitServe policy server.
+
+Builds `PolicyAPI` (engine in LitServe's inference worker) behind our middlewares (bearer key on every route but
+`/health`, a body-size limit), logs what it loads and where it listens, and serves until interrupted.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import logging
+from pathlib import Path
+
+import litserve as ls
+import litserve.server
+from hydra.utils import instantiate
+from omegaconf import DictConfig, OmegaConf
+
+from metaclaw.serving.engines import EngineFactory
+from metaclaw.serving.litapi import PolicyAPI
+from metaclaw.serving.security import BearerAuthMiddleware, BodySizeLimitMiddleware, resolve_api_key
+
+log = logging.getLogger(__name__)
+
+
+def build_server(cfg: DictConfig) -> tuple[ls.LitServer, dict]:
+    """The configured `LitServer` (not started) and a summary of what it serves."""
+    spec = instantiate(cfg.model)
+    backend = OmegaConf.to_container(cfg.backend, resolve=True)
+    factory = EngineFactory(model=spec, backend=backend, infer_devices=list(cfg.devices.infer))
+    serve = cfg.serve
+    adapter_root = Path(serve.adapter_root).expanduser().resolve()
+    adapter_root.mkdir(parents=True, exist_ok=True)
+    api_key = resolve_api_key(serve.api_key)
+    api = PolicyAPI(
+        engine_factory=factory,
+        adapter_root=str(adapter_root),
+        default_max_tokens=serve.default_max_tokens,
+        model_root=spec.name,
+        request_timeout_s=serve.request_timeout_s,
+        max_concurrency=serve.max_concurrency,
+    )
+    server = ls.LitServer(
+        api,
+        accelerator="cpu",  # the engine places the model itself (devices.infer)
+        timeout=serve.request_timeout_s,
+        middlewares=[
+            (BodySizeLimitMiddleware, {"max_bytes": serve.max_body_bytes}),
+            (BearerAuthMiddleware, {"api_key": api_key, "open_paths": ("/health",)}),
+        ],
+        disable_openapi_url=True,
+    )
+    summary = {
+        "model": spec.name,
+        "backend": backend["name"],
+        "device": factory.device(),
+        "adapter_root": str(adapter_root),
+        "auth": "bearer key" if api_key else "none (set METACLAW_API_KEY)",
+    }
+    return server, summary
+
+
+def run(cfg: DictConfig) -> None:
+    """Serve until interrupted."""
+    server, summary = build_server(cfg)
+    if importlib.util.find_spec("fastmcp") is None:  # LitServe's MCP bridge breaks with `mcp` but no `fastmcp`
+        litserve.server._MCP_AVAILABLE = False
+    host, port = cfg.serve.host, int(cfg.serve.port)
+    log.info(
+        "Policy server: model %s (backend %s, %s), adapters under %s, auth: %s",
+        summary["model"], summary["backend"], summary["device"], summary["adapter_root"], summary["auth"],
+    )  # fmt: skip
+    log.info("Listening on http://%s:%d (OpenAI API at /v1, health at /health)", host, port)
+    server.run(host=host, port=port, generate_client_file=False, num_api_servers=1, log_level="warning")

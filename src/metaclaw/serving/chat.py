@@ -1,0 +1,187 @@
+"""`/v1/chat/completions` on top of an `Engine`: render the prompt, sample, and shape OpenAI (+vLLM) responses.
+
+Events are plain dicts so they cross the LitServe process boundary: a `head` (`status`, `headers`, and either a
+JSON `body` or `stream: true`), then, when streaming, one `{"chunk": ...}` per SSE data line.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+from metaclaw.serving.engines.base import Engine, SequenceOutput, TokenDelta
+from metaclaw.serving.parsing import StreamParser, parse_completion
+from metaclaw.serving.protocol import ChatRequest, RequestError
+
+VERSION_HEADER = "x-metaclaw-adapter-version"
+_END_TOKENS = ("<|im_end|>", "<|endoftext|>", "<|eot_id|>", "<|end_of_text|>", "</s>")
+
+
+def end_token_ids(tokenizer: Any) -> set[int]:
+    """Ids that end a turn: their text never goes into `content` (the ids still go into `token_ids`)."""
+    ids = {tokenizer.eos_token_id, tokenizer.pad_token_id}
+    vocab = tokenizer.get_vocab()
+    ids.update(vocab[t] for t in _END_TOKENS if t in vocab)
+    return {i for i in ids if i is not None}
+
+
+def version_headers(version: int | None) -> dict[str, str]:
+    return {} if version is None else {VERSION_HEADER: str(version)}
+
+
+class TextDecoder:
+    """Token ids → text, without end-of-turn tokens, cut before the first stop string."""
+
+    def __init__(self, tokenizer: Any, stop: list[str]) -> None:
+        self.tokenizer, self.stop = tokenizer, stop
+        self.end_ids = end_token_ids(tokenizer)
+
+    def text(self, token_ids: list[int]) -> str:
+        ids = [t for t in token_ids if t not in self.end_ids]
+        text = self.tokenizer.decode(ids, skip_special_tokens=False)
+        cuts = [text.find(s) for s in self.stop if s in text]
+        return text[: min(cuts)] if cuts else text
+
+    def token_text(self, token_id: int) -> str:
+        return self.tokenizer.decode([token_id], skip_special_tokens=False)
+
+    def logprob_entry(self, token_id: int, logprob: float) -> dict[str, Any]:
+        """OpenAI's `choices[i].logprobs.content[j]`."""
+        token = self.token_text(token_id)
+        return {"token": token, "logprob": logprob, "bytes": list(token.encode("utf-8")), "top_logprobs": []}
+
+    def safe_prefix_len(self, text: str, final: bool) -> int:
+        """How much of `text` can be sent now: hold back a trailing partial UTF-8 char or stop-string prefix."""
+        if final:
+            return len(text)
+        end = len(text.rstrip("\ufffd"))
+        for s in self.stop:
+            for k in range(min(len(s) - 1, end), 0, -1):
+                if text[:end].endswith(s[:k]):
+                    return end - k
+        return end
+
+
+def render_prompt(engine: Engine, req: ChatRequest) -> list[int]:
+    """The chat template applied to the messages (and tools) → prompt token ids; too long → 400."""
+    try:
+        ids = engine.tokenizer.apply_chat_template(
+            req.messages, tools=req.tools, add_generation_prompt=True, tokenize=True, **req.template_kwargs
+        )
+    except Exception as exc:  # noqa: BLE001 - a template that rejects the conversation is the request's fault
+        raise RequestError(f"cannot render the conversation with the chat template: {exc}", param="messages") from exc
+    if isinstance(ids, dict) or hasattr(ids, "keys"):
+        ids = ids["input_ids"]
+    ids = list(ids)
+    if len(ids) >= engine.max_seq_len:
+        raise RequestError(
+            f"the prompt is {len(ids)} tokens; this model's context (model.max_seq_len) is {engine.max_seq_len}",
+            code="context_length_exceeded", param="messages",
+        )  # fmt: skip
+    return ids
+
+
+def _usage(prompt: int, completion: int) -> dict[str, int]:
+    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+
+
+def chat_choice(index: int, out: SequenceOutput, req: ChatRequest, decoder: TextDecoder) -> dict[str, Any]:
+    parsed = parse_completion(decoder.text(out.token_ids), parse_tools=req.parse_tools)
+    message: dict[str, Any] = {"role": "assistant", "content": parsed.content}
+    if parsed.reasoning_content is not None:
+        message["reasoning_content"] = parsed.reasoning_content
+    if parsed.tool_calls:
+        message["tool_calls"] = parsed.tool_calls
+    finish = "tool_calls" if parsed.tool_calls and out.finish_reason == "stop" else out.finish_reason
+    choice: dict[str, Any] = {"index": index, "message": message, "logprobs": None, "finish_reason": finish}
+    if req.logprobs:
+        entries = [decoder.logprob_entry(t, lp) for t, lp in zip(out.token_ids, out.logprobs, strict=True)]
+        choice["logprobs"] = {"content": entries}
+    if req.return_token_ids:
+        choice["token_ids"] = list(out.token_ids)
+    return choice
+
+
+def chat_completion(engine: Engine, req: ChatRequest, adapter: str | None) -> Iterator[dict[str, Any]]:
+    """Non-streaming: one `head` event carrying the whole response body."""
+    prompt_ids = render_prompt(engine, req)
+    outputs = engine.generate(prompt_ids, req.params, adapter)
+    decoder = TextDecoder(engine.tokenizer, req.params.stop)
+    version = outputs[0].adapter_version if outputs else None
+    body: dict[str, Any] = {
+        "id": f"chatcmpl-{uuid.uuid4().hex}",
+        "object": "chat.completion",
+        "created": int(time.time()),
+        "model": req.model,
+        "choices": [chat_choice(i, out, req, decoder) for i, out in enumerate(outputs)],
+        "usage": _usage(len(prompt_ids), sum(len(o.token_ids) for o in outputs)),
+        "adapter_version": version,
+    }
+    if req.return_token_ids:
+        body["prompt_token_ids"] = prompt_ids
+    yield {"status": 200, "headers": version_headers(version), "body": body}
+
+
+def chat_completion_stream(engine: Engine, req: ChatRequest, adapter: str | None) -> Iterator[dict[str, Any]]:
+    """Streaming: a `head` event (status, version header), then one chunk per sampled token, then the finish."""
+    prompt_ids = render_prompt(engine, req)
+    stream = engine.stream(prompt_ids, req.params, adapter)
+    decoder = TextDecoder(engine.tokenizer, req.params.stop)
+    parser = StreamParser(parse_tools=req.parse_tools)
+    base = {"id": f"chatcmpl-{uuid.uuid4().hex}", "object": "chat.completion.chunk", "created": int(time.time()),
+            "model": req.model, "adapter_version": stream.adapter_version}  # fmt: skip
+    yield {"status": 200, "headers": version_headers(stream.adapter_version), "stream": True}
+    first: dict[str, Any] = {**base, "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""},
+                                                  "logprobs": None, "finish_reason": None}]}  # fmt: skip
+    if req.return_token_ids:
+        first["prompt_token_ids"] = prompt_ids
+    yield {"chunk": first}
+    ids: list[int] = []
+    sent = 0
+    n_calls = 0
+    try:
+        for delta in stream:
+            ids.append(delta.token_id)
+            text = decoder.text(ids)
+            cut = decoder.safe_prefix_len(text, final=False)
+            events = parser.feed(text[sent:cut]) if cut > sent else []
+            sent = max(sent, cut)
+            chunk, n_calls = _delta_chunk(base, events, n_calls, req, decoder, delta)
+            yield {"chunk": chunk}
+    finally:
+        stream.close()
+    text = decoder.text(ids)
+    events = (parser.feed(text[sent:]) if len(text) > sent else []) + parser.finish()
+    finish = stream.finish_reason or "stop"
+    if parser.saw_tool_call and finish == "stop":
+        finish = "tool_calls"
+    chunk, n_calls = _delta_chunk(base, events, n_calls, req, decoder, None)
+    chunk["choices"][0]["finish_reason"] = finish
+    yield {"chunk": chunk}
+    if req.include_usage:
+        yield {"chunk": {**base, "choices": [], "usage": _usage(len(prompt_ids), len(ids))}}
+
+
+def _delta_chunk(
+    base: dict[str, Any], events: list[tuple[str, Any]], n_calls: int, req: ChatRequest, decoder: TextDecoder,
+    token: TokenDelta | None,
+) -> tuple[dict[str, Any], int]:  # fmt: skip
+    delta: dict[str, Any] = {}
+    for kind, value in events:
+        if kind == "tool_call":
+            delta.setdefault("tool_calls", []).append({"index": n_calls, **value})
+            n_calls += 1
+        else:
+            key = "content" if kind == "content" else "reasoning_content"
+            delta[key] = delta.get(key, "") + value
+    choice: dict[str, Any] = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": None}
+    if token is not None:
+        if req.logprobs:
+            choice["logprobs"] = {"content": [decoder.logprob_entry(token.token_id, token.logprob)]}
+        if req.return_token_ids:
+            choice["token_ids"] = [token.token_id]
+    elif req.return_token_ids:
+        choice["token_ids"] = []
+    return {**base, "choices": [choice]}, n_calls

@@ -1,0 +1,107 @@
+"""Adapter names → versioned internal adapters, re-pointed atomically and freed when no request uses them.
+
+Both engines keep weights under an internal name per version (`policy@42`); the public name is a pointer.
+A request `acquire`s the slot the name points to when it starts and `release`s it when done, so a swap never
+changes the weights under a running request, and the old weights are deleted by whoever drops the last reference.
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+
+from metaclaw.serving.engines.base import UnknownAdapterError
+
+_STEP = re.compile(r"step[-_]?(\d+)$")
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:/-]{0,127}$")
+
+
+def step_from_path(path: str | Path) -> int | None:
+    """`42` for `.../step-000042` (the trainer's publish layout), else None."""
+    match = _STEP.search(Path(path).name)
+    return int(match.group(1)) if match else None
+
+
+def check_adapter_name(name: object) -> str:
+    """Adapter names are short printable identifiers (they travel in the OpenAI `model` field)."""
+    if not isinstance(name, str) or not _NAME.match(name):
+        raise ValueError(f"lora_name must match {_NAME.pattern}, got {name!r}")
+    return name
+
+
+@dataclass
+class AdapterSlot:
+    """One loaded version of a named adapter."""
+
+    name: str
+    internal: str
+    version: int
+    path: str
+    refs: int = 0
+    retired: bool = False
+
+
+class AdapterRegistry:
+    """Thread-safe name → slot mapping with reference counts (no model access: engines free the weights)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._slots: dict[str, AdapterSlot] = {}
+        self._versions: dict[str, int] = {}  # last version per name, kept after unload so versions only grow
+
+    def next_version(self, name: str, path: str | Path) -> int:
+        """The step number when `path` ends in `step-NNNNNN` and it is newer, else the previous version + 1."""
+        with self._lock:
+            previous = self._versions.get(name, 0)
+        step = step_from_path(path)
+        return step if step is not None and step > previous else previous + 1
+
+    def publish(self, slot: AdapterSlot) -> AdapterSlot | None:
+        """Point `slot.name` at `slot`; returns the replaced slot if nothing uses it any more (free it now)."""
+        with self._lock:
+            old = self._slots.get(slot.name)
+            self._slots[slot.name] = slot
+            self._versions[slot.name] = max(slot.version, self._versions.get(slot.name, 0))
+            return self._retire(old)
+
+    def remove(self, name: str) -> AdapterSlot | None:
+        """Drop `name`; returns its slot if it can be freed now (else the last request frees it)."""
+        with self._lock:
+            if name not in self._slots:
+                raise UnknownAdapterError(name)
+            return self._retire(self._slots.pop(name))
+
+    def acquire(self, name: str) -> AdapterSlot:
+        """The slot `name` points to now, pinned until `release`."""
+        with self._lock:
+            slot = self._slots.get(name)
+            if slot is None:
+                raise UnknownAdapterError(name)
+            slot.refs += 1
+            return slot
+
+    def release(self, slot: AdapterSlot) -> AdapterSlot | None:
+        """Unpin; returns the slot when it was retired and this was the last user (free it now)."""
+        with self._lock:
+            slot.refs -= 1
+            return slot if slot.retired and slot.refs == 0 else None
+
+    def current(self, name: str) -> AdapterSlot:
+        with self._lock:
+            slot = self._slots.get(name)
+        if slot is None:
+            raise UnknownAdapterError(name)
+        return slot
+
+    def versions(self) -> dict[str, int]:
+        with self._lock:
+            return {name: slot.version for name, slot in self._slots.items()}
+
+    @staticmethod
+    def _retire(old: AdapterSlot | None) -> AdapterSlot | None:
+        if old is None:
+            return None
+        old.retired = True
+        return old if old.refs == 0 else None

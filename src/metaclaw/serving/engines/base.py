@@ -1,0 +1,148 @@
+"""The engine interface shared by the policy server and the remote training server.
+
+An engine owns one base model and any number of named LoRA adapters. Every method is synchronous and
+thread-safe: callers (the LitServe worker, the training server) run it in a worker thread. Adapter names are
+re-pointable: `load_adapter("policy", ".../step-000042")` swaps the weights behind `policy` atomically; a request
+keeps the version it resolved when it started, so nothing fails and nothing mixes versions during a swap.
+
+Behaviour logprobs are `log softmax(logits / temperature)` of each sampled token (temperature 0 counts as 1),
+the distribution `metaclaw.modules.policy.token_logprobs` recomputes at training time.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol, runtime_checkable
+
+from metaclaw.serving.sampling import SamplingParams, SequenceOutput
+
+__all__ = [
+    "AdapterError",
+    "Engine",
+    "SamplingParams",
+    "SequenceOutput",
+    "TokenDelta",
+    "TokenScore",
+    "TokenStream",
+    "UnknownAdapterError",
+]
+
+
+class UnknownAdapterError(KeyError):
+    """The requested adapter name is not loaded (the API answers 404 `model_not_found`)."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__(name)
+        self.name = name
+
+    def __str__(self) -> str:
+        return f"the model {self.name!r} does not exist"
+
+
+class AdapterError(ValueError):
+    """An adapter directory that cannot be loaded (missing files, pickle-only weights, incompatible shapes)."""
+
+
+@dataclass(frozen=True)
+class TokenDelta:
+    """One sampled token and its behaviour logprob."""
+
+    token_id: int
+    logprob: float
+
+
+@dataclass(frozen=True)
+class TokenScore:
+    """The logprob of a given token and its rank (1 = most likely) in the next-token distribution."""
+
+    logprob: float
+    rank: int
+
+
+class TokenStream(Iterator[TokenDelta]):
+    """Iterator over the tokens of one sequence as they are sampled.
+
+    Attributes:
+        adapter_version: the adapter version serving this stream (None for the base model); known before the
+            first token, so it can go into response headers.
+        finish_reason: `stop` | `length`, set once the iterator is exhausted.
+        output: the full `SequenceOutput` once exhausted (its token ids equal the streamed ones).
+    """
+
+    adapter_version: int | None = None
+    finish_reason: str | None = None
+    output: SequenceOutput | None = None
+
+    def close(self) -> None:  # pragma: no cover - overridden where cancellation is possible
+        """Stop generating early (the client went away); safe to call twice."""
+
+
+@runtime_checkable
+class Engine(Protocol):
+    """What the HTTP layers need from an inference engine (HF `generate` or vLLM).
+
+    Attributes:
+        model_name: the base model id served (the OpenAI `model` value that selects the base).
+        tokenizer: the Hugging Face tokenizer (chat template, decoding).
+        max_seq_len: longest prompt + completion accepted.
+    """
+
+    model_name: str
+    tokenizer: Any
+    max_seq_len: int
+
+    def generate(
+        self, prompt_ids: Sequence[int], params: SamplingParams, adapter: str | None = None
+    ) -> list[SequenceOutput]:
+        """Sample `params.n` continuations; each output carries `adapter_version`.
+
+        Raises:
+            UnknownAdapterError: `adapter` is not loaded.
+            ValueError: invalid params or a prompt that does not fit `max_seq_len`.
+        """
+        ...
+
+    def stream(self, prompt_ids: Sequence[int], params: SamplingParams, adapter: str | None = None) -> TokenStream:
+        """Sample one continuation (`params.n` must be 1), yielding tokens as they are produced."""
+        ...
+
+    def score_tokens(
+        self,
+        prompt_ids: Sequence[int],
+        target_ids: Sequence[int],
+        adapter: str | None = None,
+        temperature: float = 1.0,
+    ) -> list[TokenScore]:
+        """Logprob and rank of each `target_ids[t]` after `prompt_ids + target_ids[:t]` (teacher-forced)."""
+        ...
+
+    def prompt_logprobs(
+        self,
+        prompt_ids: Sequence[int],
+        target_ids: Sequence[int],
+        adapter: str | None = None,
+        temperature: float = 1.0,
+    ) -> list[float]:
+        """`[len(target_ids)]` logprobs of the target tokens (teacher logprobs); see `score_tokens`."""
+        ...
+
+    def load_adapter(self, name: str, path: str) -> int:
+        """Load (or re-point) `name` to the PEFT adapter in `path` (safetensors only); returns its new version."""
+        ...
+
+    def unload_adapter(self, name: str) -> None:
+        """Forget `name`; requests already running on it finish first. Raises UnknownAdapterError."""
+        ...
+
+    def adapters(self) -> dict[str, int]:
+        """Loaded adapter names and their current versions."""
+        ...
+
+    def adapter_version(self, name: str | None) -> int | None:
+        """The current version of `name` (None for the base). Raises UnknownAdapterError."""
+        ...
+
+    def close(self) -> None:
+        """Release the model and worker threads."""
+        ...

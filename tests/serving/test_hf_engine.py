@@ -1,0 +1,134 @@
+"""HF engine: behaviour logprobs = training logprobs, streaming = generate, scoring, multi-LoRA hot swap."""
+
+from __future__ import annotations
+
+import shutil
+
+import pytest
+import torch
+
+from metaclaw.modules.policy import LoraPolicy
+from metaclaw.serving.engines import AdapterError, Engine, SamplingParams, UnknownAdapterError
+from metaclaw.serving.engines.hf import HFEngine
+
+from .conftest import FIXED_ANSWER, chat_ids
+
+
+@pytest.fixture
+def fresh_engine(tiny_spec):
+    return HFEngine.from_spec(tiny_spec)
+
+
+@pytest.fixture(scope="module")
+def policy(tiny_spec, fixed_adapter):
+    pol = LoraPolicy(tiny_spec.load_model(), rank=8, alpha=16)
+    pol.load_adapter(fixed_adapter)
+    return pol.eval()
+
+
+def recompute(policy, prompt, completion, temperature, reference=False):
+    ids = torch.tensor([prompt + completion])
+    x, y = ids[:, :-1], ids[:, 1:]
+    with torch.no_grad():
+        if reference:
+            with policy.reference():
+                lp = policy.logprobs(x, y, torch.ones_like(x), temperature=temperature)
+        else:
+            lp = policy.logprobs(x, y, torch.ones_like(x), temperature=temperature)
+    return lp[0, len(prompt) - 1 :]
+
+
+def test_engine_satisfies_protocol(engine):
+    assert isinstance(engine, Engine)
+
+
+def test_behaviour_logprobs_match_training_logprobs(engine, policy, fixed_adapter):
+    engine.load_adapter("fixed", str(fixed_adapter))
+    prompt = chat_ids(engine.tokenizer, "Tell me something")
+    outs = engine.generate(prompt, SamplingParams(max_tokens=24, temperature=0.7, n=2, seed=5), "fixed")
+    for out in outs:
+        assert out.adapter_version == 7
+        mine = torch.tensor(out.logprobs)
+        theirs = recompute(policy, prompt, out.token_ids, 0.7)
+        assert (mine - theirs).abs().max().item() <= 1e-4
+    base = engine.generate(prompt, SamplingParams(max_tokens=16, temperature=0.7, seed=5))[0]
+    ref = recompute(policy, prompt, base.token_ids, 0.7, reference=True)
+    assert (torch.tensor(base.logprobs) - ref).abs().max().item() <= 1e-4
+
+
+def test_stream_equals_generate(engine, fixed_adapter):
+    engine.load_adapter("fixed", str(fixed_adapter))
+    prompt = chat_ids(engine.tokenizer, "hi")
+    params = SamplingParams(max_tokens=16, temperature=0.9, seed=11)
+    whole = engine.generate(prompt, params, "fixed")[0]
+    stream = engine.stream(prompt, params, "fixed")
+    deltas = list(stream)
+    assert [d.token_id for d in deltas] == whole.token_ids
+    assert torch.allclose(torch.tensor([d.logprob for d in deltas]), torch.tensor(whole.logprobs), atol=1e-5)
+    assert stream.finish_reason == whole.finish_reason
+    assert stream.adapter_version == engine.adapters()["fixed"]
+
+
+def test_prompt_logprobs_match_policy(engine, policy, fixed_adapter):
+    engine.load_adapter("fixed", str(fixed_adapter))
+    prompt = chat_ids(engine.tokenizer, "What is the capital of France?")
+    target = engine.tokenizer(FIXED_ANSWER)["input_ids"]
+    got = torch.tensor(engine.prompt_logprobs(prompt, target, "fixed"))
+    assert (got - recompute(policy, prompt, target, 1.0)).abs().max().item() <= 1e-4
+    base = torch.tensor(engine.prompt_logprobs(prompt, target))
+    assert (base - recompute(policy, prompt, target, 1.0, reference=True)).abs().max().item() <= 1e-4
+    scores = engine.score_tokens(prompt, target, "fixed")
+    assert [s.rank for s in scores] == [1] * len(target)  # the adapter's answer is its greedy answer
+    assert [s.rank for s in engine.score_tokens(prompt, target)] != [1] * len(target)
+
+
+def test_repoint_keeps_in_flight_version_and_frees_old(fresh_engine, fixed_adapter, tmp_path):
+    second = tmp_path / "step-000009"
+    shutil.copytree(fixed_adapter, second)
+    assert fresh_engine.load_adapter("policy", str(fixed_adapter)) == 7
+    prompt = chat_ids(fresh_engine.tokenizer, "hi")
+    stream = fresh_engine.stream(prompt, SamplingParams(max_tokens=8, temperature=0), "policy")  # pins v7
+    assert fresh_engine.load_adapter("policy", str(second)) == 9
+    assert fresh_engine.adapters() == {"policy": 9}
+    list(stream)
+    assert stream.adapter_version == 7
+    assert len(fresh_engine._peft.peft_config) == 1  # v7 freed by its last user
+    assert fresh_engine.generate(prompt, SamplingParams(max_tokens=4), "policy")[0].adapter_version == 9
+    assert fresh_engine.load_adapter("policy", str(second)) == 10  # same step again: still increases
+    fresh_engine.unload_adapter("policy")
+    assert fresh_engine.adapters() == {}
+    with pytest.raises(UnknownAdapterError):
+        fresh_engine.generate(prompt, SamplingParams(max_tokens=2), "policy")
+    assert fresh_engine.generate(prompt, SamplingParams(max_tokens=2))[0].adapter_version is None
+
+
+def test_bad_adapters_refused(fresh_engine, tmp_path, fixed_adapter):
+    pickled = tmp_path / "pickled"
+    pickled.mkdir()
+    shutil.copy(fixed_adapter / "adapter_config.json", pickled)
+    (pickled / "adapter_model.bin").write_bytes(b"not loaded")
+    with pytest.raises(AdapterError, match="safetensors"):
+        fresh_engine.load_adapter("x", str(pickled))
+    with pytest.raises(AdapterError):
+        fresh_engine.load_adapter("x", str(tmp_path / "missing"))
+    with pytest.raises(ValueError):
+        fresh_engine.load_adapter("bad name!", str(fixed_adapter))
+    assert fresh_engine.adapters() == {}
+
+
+def test_prompt_longer_than_context_refused(fresh_engine):
+    with pytest.raises(ValueError, match="max_seq_len"):
+        fresh_engine.generate([5] * fresh_engine.max_seq_len, SamplingParams(max_tokens=1))
+
+
+def test_wraps_an_already_loaded_peft_model(tiny_spec, fixed_adapter):
+    pol = LoraPolicy(tiny_spec.load_model(), rank=8, alpha=16)
+    pol.load_adapter(fixed_adapter)
+    tok = tiny_spec.load_tokenizer()
+    engine = HFEngine(pol.model.eval(), tok, model_name="tiny", max_seq_len=1024)
+    assert engine.adapters() == {"default": 0}
+    prompt = chat_ids(tok, "hi")
+    out = engine.generate(prompt, SamplingParams(max_tokens=12, temperature=0), "default")[0]
+    assert tok.decode(out.token_ids).startswith(FIXED_ANSWER)
+    base = engine.generate(prompt, SamplingParams(max_tokens=12, temperature=0))[0]
+    assert not tok.decode(base.token_ids).startswith(FIXED_ANSWER)

@@ -1,0 +1,208 @@
+"""The real server (`python serve.py model=tiny`) through the real `openai` client and raw HTTP."""
+
+from __future__ import annotations
+
+import shutil
+import threading
+
+import httpx
+import openai
+import pytest
+
+from metaclaw.serving.client import teacher_logprobs
+
+from .conftest import FIXED_ANSWER
+
+USER = [{"role": "user", "content": "What is the capital of France?"}]
+TOOLS = [{"type": "function", "function": {"name": "get_weather", "description": "Weather for a city",
+          "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}]  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def client(server) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{server.url}/v1", api_key=server.api_key, max_retries=0, timeout=60)
+
+
+def post(server, path: str, body=None, content=None, headers=None) -> httpx.Response:
+    headers = headers or server.headers()
+    return httpx.post(f"{server.url}{path}", json=body, content=content, headers=headers, timeout=60)
+
+
+def load(server, name: str, path: str) -> httpx.Response:
+    return post(server, "/v1/load_lora_adapter", {"lora_name": name, "lora_path": path})
+
+
+def test_health_is_open_and_everything_else_needs_the_key(server):
+    assert httpx.get(f"{server.url}/health").status_code == 200
+    for headers in ({}, {"Authorization": "Bearer wrong"}):
+        r = httpx.get(f"{server.url}/v1/models", headers=headers)
+        assert r.status_code == 401
+        assert r.json()["error"]["type"] == "authentication_error"
+    r = post(server, "/v1/chat/completions", {"model": "tiny", "messages": USER}, headers={"Authorization": "Bearer x"})
+    assert r.status_code == 401
+
+
+def test_models_lists_the_base(server):
+    data = httpx.get(f"{server.url}/v1/models", headers=server.headers()).json()["data"]
+    assert data[0]["id"] == "tiny" and data[0]["object"] == "model" and data[0]["parent"] is None
+
+
+def test_chat_plain_with_logprobs_and_token_ids(client):
+    resp = client.chat.completions.create(
+        model="tiny", messages=USER, max_tokens=6, temperature=0.7, seed=1, logprobs=True,
+        extra_body={"return_token_ids": True},
+    )  # fmt: skip
+    choice = resp.choices[0]
+    extra = resp.model_dump()
+    token_ids = extra["choices"][0]["token_ids"]
+    assert len(token_ids) == len(choice.logprobs.content) == resp.usage.completion_tokens
+    assert choice.finish_reason in ("length", "stop")
+    assert all(entry.logprob <= 0 and entry.top_logprobs == [] for entry in choice.logprobs.content)
+    assert len(extra["prompt_token_ids"]) == resp.usage.prompt_tokens
+
+
+def test_streaming_matches_non_streaming(client):
+    kwargs = dict(model="tiny", messages=USER, max_tokens=8, temperature=0, extra_body={"return_token_ids": True})
+    whole = client.chat.completions.create(**kwargs).model_dump()
+    chunks = list(client.chat.completions.create(
+        **kwargs, stream=True, logprobs=True, stream_options={"include_usage": True}
+    ))  # fmt: skip
+    dumped = [c.model_dump() for c in chunks]
+    assert dumped[0]["prompt_token_ids"] == whole["prompt_token_ids"]
+    streamed_ids = [t for c in dumped for ch in c["choices"] for t in (ch.get("token_ids") or [])]
+    assert streamed_ids == whole["choices"][0]["token_ids"]
+    text = "".join(ch.delta.content or "" for c in chunks for ch in c.choices)
+    assert text == whole["choices"][0]["message"]["content"]
+    finishes = [ch.finish_reason for c in chunks for ch in c.choices if ch.finish_reason]
+    assert finishes == [whole["choices"][0]["finish_reason"]]
+    n_logprobs = sum(len(ch.logprobs.content) for c in chunks for ch in c.choices if ch.logprobs)
+    assert n_logprobs == len(streamed_ids)
+    assert chunks[-1].usage.completion_tokens == len(streamed_ids)
+
+
+def test_sse_ends_with_done(server):
+    body = {"model": "tiny", "messages": USER, "max_tokens": 3, "stream": True}
+    with httpx.stream("POST", f"{server.url}/v1/chat/completions", json=body, headers=server.headers()) as r:
+        lines = [line for line in r.iter_lines() if line]
+    assert r.status_code == 200 and lines[-1] == "data: [DONE]"
+
+
+def test_tool_round_trip_renders_and_answers(server, client, tiny_spec):
+    messages = [
+        {"role": "system", "content": "You are helpful."},
+        {"role": "user", "content": [{"type": "text", "text": "Weather in Berlin?"}]},
+        {"role": "assistant", "content": None, "tool_calls": [{"id": "call_1", "type": "function",
+         "function": {"name": "get_weather", "arguments": '{"city": "Berlin"}'}}]},
+        {"role": "tool", "tool_call_id": "call_1", "content": "sunny, 21C"},
+    ]  # fmt: skip
+    resp = client.chat.completions.create(
+        model="tiny", messages=messages, tools=TOOLS, max_tokens=4, extra_body={"return_token_ids": True}
+    )
+    prompt = tiny_spec.load_tokenizer().decode(resp.model_dump()["prompt_token_ids"])
+    assert '"name": "get_weather"' in prompt and "<tools>" in prompt
+    assert '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Berlin"}}\n</tool_call>' in prompt
+    assert "<tool_response>\nsunny, 21C\n</tool_response>" in prompt
+    assert prompt.endswith("<|im_start|>assistant\n")
+    assert resp.choices[0].message.role == "assistant"
+    assert resp.choices[0].finish_reason in ("length", "stop", "tool_calls")
+
+
+def test_hot_reload_changes_adapter_answers_not_base(server, client, fixed_adapter):
+    def greedy(model: str) -> str:
+        r = client.chat.completions.create(model=model, messages=USER, max_tokens=12, temperature=0)
+        return r.choices[0].message.content
+
+    base_before = greedy("tiny")
+    with pytest.raises(openai.NotFoundError):
+        greedy("policy")
+    r = load(server, "policy", "step-000007")  # relative to serve.adapter_root
+    assert r.status_code == 200, r.text
+    assert r.headers["x-metaclaw-adapter-version"] == "7" and r.json()["adapter_version"] == 7
+    assert greedy("policy") == FIXED_ANSWER
+    assert greedy("tiny") == base_before != FIXED_ANSWER
+    raw = post(server, "/v1/chat/completions", {"model": "policy", "messages": USER, "max_tokens": 2})
+    assert raw.headers["x-metaclaw-adapter-version"] == "7" and raw.json()["adapter_version"] == 7
+    models = {m["id"]: m for m in httpx.get(f"{server.url}/v1/models", headers=server.headers()).json()["data"]}
+    assert models["policy"]["parent"] == "tiny" and models["policy"]["root"] == str(fixed_adapter)
+    assert post(server, "/v1/unload_lora_adapter", {"lora_name": "policy"}).status_code == 200
+    with pytest.raises(openai.NotFoundError):
+        greedy("policy")
+
+
+def test_teacher_logprobs_helper(server, engine, fixed_adapter):
+    assert load(server, "teacher", str(fixed_adapter)).status_code == 200
+    engine.load_adapter("teacher", str(fixed_adapter))
+    tok = engine.tokenizer
+    prompt = tok.apply_chat_template(USER, add_generation_prompt=True)["input_ids"]
+    target = tok(FIXED_ANSWER)["input_ids"]
+    for model, adapter in (("teacher", "teacher"), ("tiny", None)):
+        got = teacher_logprobs(server.url, model, prompt, target, api_key=server.api_key)
+        want = engine.prompt_logprobs(prompt, target, adapter)
+        assert len(got) == len(target) and max(abs(a - b) for a, b in zip(got, want, strict=True)) <= 1e-4
+    body = {"model": "teacher", "prompt": prompt + target, "max_tokens": 0, "echo": True, "logprobs": 0,
+            "prompt_logprobs": 0}  # fmt: skip
+    choice = post(server, "/v1/completions", body).json()["choices"][0]
+    assert choice["prompt_logprobs"][0] is None and len(choice["prompt_logprobs"]) == len(prompt + target)
+    entry = choice["prompt_logprobs"][-1][str(target[-1])]
+    assert set(entry) == {"logprob", "rank", "decoded_token"} and entry["rank"] == 1
+    assert choice["logprobs"]["token_logprobs"][0] is None
+
+
+@pytest.mark.parametrize(
+    "body,status,code",
+    [({"model": "nope", "messages": USER}, 404, "model_not_found"),
+     ({"model": "tiny", "messages": USER, "max_tokens": -3}, 400, 400),
+     ({"model": "tiny", "messages": "hi"}, 400, 400),
+     ({"model": "tiny", "messages": USER, "temperature": "warm"}, 400, 400),
+     ({"model": "tiny", "messages": [{"role": "user", "content": "word " * 3000}]}, 400, "context_length_exceeded"),
+     ([1, 2, 3], 400, 400)],
+)  # fmt: skip
+def test_bad_requests_are_4xx(server, body, status, code):
+    r = post(server, "/v1/chat/completions", body)
+    assert r.status_code == status, r.text
+    assert r.json()["error"]["code"] == code and r.json()["error"]["message"]
+
+
+def test_invalid_json_and_bad_adapter_paths(server, fixed_adapter):
+    r = post(server, "/v1/chat/completions", content=b"{not json", headers={**server.headers(),
+             "content-type": "application/json"})  # fmt: skip
+    assert r.status_code == 400 and "JSON" in r.json()["error"]["message"]
+    for path in ("/etc", "../outside", str(fixed_adapter.parent.parent)):
+        r = load(server, "evil", path)
+        assert r.status_code == 400 and "outside" in r.json()["error"]["message"]
+    assert load(server, "evil", "does-not-exist").status_code == 400
+    assert post(server, "/v1/unload_lora_adapter", {"lora_name": "never-loaded"}).status_code == 404
+    assert post(server, "/v1/load_lora_adapter", {"lora_name": 5}).status_code == 400
+    assert httpx.get(f"{server.url}/health").status_code == 200  # still serving
+
+
+def test_concurrent_requests_during_swaps_all_succeed(server, fixed_adapter):
+    for step in (11, 12, 13, 14):
+        shutil.copytree(fixed_adapter, server.adapter_root / f"step-{step:06d}", dirs_exist_ok=True)
+    assert load(server, "swap", "step-000011").status_code == 200
+    results: list[tuple[int, int | None]] = []
+    stop = threading.Event()
+
+    def hammer(model: str, stream: bool) -> None:
+        with httpx.Client(headers=server.headers(), timeout=60) as http:
+            while not stop.is_set():
+                body = {"model": model, "messages": USER, "max_tokens": 4, "stream": stream}
+                r = http.post(f"{server.url}/v1/chat/completions", json=body)
+                version = r.headers.get("x-metaclaw-adapter-version")
+                results.append((r.status_code, int(version) if version else None))
+
+    threads = [threading.Thread(target=hammer, args=(m, s)) for m in ("swap", "tiny") for s in (False, True)]
+    for t in threads:
+        t.start()
+    try:
+        for step in (12, 13, 14):
+            r = load(server, "swap", f"step-{step:06d}")
+            assert r.status_code == 200 and r.json()["adapter_version"] == step
+    finally:
+        stop.set()
+        for t in threads:
+            t.join()
+    assert results and all(status == 200 for status, _ in results), results
+    assert {v for _, v in results} <= {None, 11, 12, 13, 14}
+    after = post(server, "/v1/chat/completions", {"model": "swap", "messages": USER, "max_tokens": 2})
+    assert after.headers["x-metaclaw-adapter-version"] == "14"
