@@ -40,8 +40,11 @@ def main() -> None:
         for name, ranker in (("bm25", BM25Ranker()), ("embedding", embedding)):
             runs = [evaluate_ranker(ranker, skills, cases, args.k) for _ in range(args.repeats)]
             first = runs[0]
-            entry = {key: round(val, 4) if isinstance(val, float) else val for key, val in first.items()
-                     if key not in ("per_query", "queries", "median_latency_ms")}
+            entry = {
+                key: round(val, 4) if isinstance(val, float) else val
+                for key, val in first.items()
+                if key not in ("per_query", "queries", "median_latency_ms")
+            }
             entry["median_latency_ms"] = round(statistics.median(r["median_latency_ms"] for r in runs), 3)
             if args.per_query:
                 entry["per_query"] = first["per_query"]

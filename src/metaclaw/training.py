@@ -14,6 +14,7 @@ from metaclaw.config import trainer_device_kwargs, validate_train_config
 from metaclaw.datamodules.seed import seed_store
 from metaclaw.datamodules.store import SampleStore
 from metaclaw.modules.online_rl import OnlineRLModule
+from metaclaw.rollout.live import live_loop, run_skills_only
 
 log = logging.getLogger(__name__)
 
@@ -36,6 +37,8 @@ def prepare_store(cfg: DictConfig, tokenizer, policy) -> SampleStore:
 def train(cfg: DictConfig) -> tuple[dict[str, Any], dict[str, Any]]:
     """Train the adapter; returns `(metrics, objects)` so tests can inspect what was built."""
     validate_train_config(cfg)
+    if not cfg.mode.train:  # mode=skills_only: proxy + skills, no policy, no training
+        return run_skills_only(cfg)
     L.seed_everything(cfg.seed, workers=True)
     run_dir = Path(cfg.run_dir)
     spec = instantiate(cfg.model)
@@ -55,17 +58,21 @@ def train(cfg: DictConfig) -> tuple[dict[str, Any], dict[str, Any]]:
         kl=instantiate(cfg.kl),
     )
     publisher = instantiate(cfg.publish)
+    scheduler = [instantiate(cfg.mode.scheduler)] if cfg.mode.get("scheduler") else []
     trainer = L.Trainer(
         **cfg.trainer,
         **trainer_device_kwargs(cfg.devices),
         default_root_dir=str(run_dir),
         logger=build_loggers(cfg),
-        callbacks=[publisher],
+        callbacks=[publisher, *scheduler],
     )
     ckpt = publisher.checkpoint_path if publisher.checkpoint_path.exists() else None
     if ckpt:
         log.info("Resuming from %s", ckpt)
-    trainer.fit(module, datamodule=datamodule, ckpt_path=ckpt)
+    with live_loop(cfg, store, tokenizer) as live:  # rollout=proxy|replay: server, proxy, scorer, replay
+        if live.server_url:
+            publisher.server_url = live.server_url
+        trainer.fit(module, datamodule=datamodule, ckpt_path=ckpt, weights_only=True)
     for lg in trainer.loggers:  # one W&B run per multirun job
         if hasattr(lg, "experiment") and type(lg).__name__ == "WandbLogger":
             lg.experiment.finish()
@@ -79,4 +86,5 @@ def train(cfg: DictConfig) -> tuple[dict[str, Any], dict[str, Any]]:
         "publisher": publisher,
         "tokenizer": tokenizer,
         "spec": spec,
+        "live": live,
     }

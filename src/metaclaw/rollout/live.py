@@ -1,0 +1,143 @@
+"""The live loop around `trainer.fit`: policy server, rollout proxy, scoring worker and (optionally) replay.
+
+`training.train` enters `live_loop(cfg, store, tokenizer)`; for `rollout=store` it does nothing. Otherwise it
+starts (or connects to) the policy server, serves the proxy on `rollout.proxy.port`, scores in the background,
+and with `rollout=replay` drives the proxy with the shipped example conversations.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+from hydra.utils import instantiate
+from omegaconf import DictConfig
+
+from metaclaw.datamodules.store import SampleStore
+from metaclaw.rollout.app import create_app
+from metaclaw.rollout.policy_server import PolicyServerProcess
+from metaclaw.rollout.proxy import RolloutProxy
+from metaclaw.rollout.replay import ReplayDriver
+from metaclaw.rollout.server import ThreadedServer
+from metaclaw.scoring.teacher import TeacherClient, hinted_prompt_ids
+from metaclaw.scoring.worker import ScoringWorker
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Live:
+    """What the live loop started (all None for `rollout=store`)."""
+
+    server_url: str | None = None
+    proxy_url: str | None = None
+    proxy: RolloutProxy | None = None
+    worker: ScoringWorker | None = None
+    driver: ReplayDriver | None = None
+    extras: dict[str, Any] = field(default_factory=dict)
+
+
+def build_skills(cfg: DictConfig) -> tuple[Any, Any]:
+    """The skill injector and evolver when `skills.enabled`, else (None, None)."""
+    skills = cfg.get("skills")
+    if not skills or not skills.get("enabled"):
+        return None, None
+    injector = instantiate(skills.injector) if skills.get("injector") else None
+    evolver = instantiate(skills.evolver) if skills.get("evolver") else None
+    return injector, evolver
+
+
+def build_worker(cfg: DictConfig, store: SampleStore, tokenizer: Any, server_url: str | None, evolver: Any = None):
+    """The scoring worker for `cfg.method`, judge from `cfg.judge`, teacher from `cfg.teacher`."""
+    judge = instantiate(cfg.judge)
+    if hasattr(judge, "bind") and server_url:
+        judge.bind(server_url)
+    teacher = None
+    if cfg.method.needs_teacher:
+        t = cfg.teacher
+        url = t.get("url") or server_url
+        if not url:
+            raise ValueError("method needs teacher logprobs: set teacher.url or run with a policy server")
+        teacher = TeacherClient(url, t.model, t.get("api_key"), t.timeout_s)
+    return ScoringWorker(
+        store,
+        judge,
+        needs_reward=cfg.method.needs_reward,
+        needs_teacher=cfg.method.needs_teacher,
+        teacher=teacher,
+        render_teacher_prompt=lambda sample, hint: hinted_prompt_ids(tokenizer, sample, hint),
+        evolver=evolver,
+        **cfg.rollout.scoring,
+    )
+
+
+@contextmanager
+def live_loop(cfg: DictConfig, store: SampleStore, tokenizer: Any) -> Iterator[Live]:
+    """Start the online loop's services for the duration of the block; everything is stopped on exit."""
+    rollout = cfg.rollout
+    if not rollout.get("proxy"):
+        yield Live()
+        return
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per proxied request drowns the progress
+    with ExitStack() as stack:
+        live = Live()
+        serving = cfg.serving
+        if serving.get("url"):
+            live.server_url = serving.url.rstrip("/")
+        elif not cfg.mode.train:
+            raise ValueError("mode=skills_only forwards to serving.url: set it to an OpenAI-compatible base URL")
+        else:
+            server = PolicyServerProcess(**serving.process, run_dir=cfg.run_dir)
+            live.server_url = stack.enter_context(server).url
+        injector, evolver = build_skills(cfg)
+        p = rollout.proxy
+        live.proxy = RolloutProxy(
+            store,
+            live.server_url,
+            upstream_api_key=serving.get("api_key"),
+            policy_model=p.policy_model,
+            base_model=p.base_model,
+            default_temperature=p.default_temperature,
+            default_agent_id=p.default_agent_id,
+            request_timeout_s=p.request_timeout_s,
+            capture=bool(cfg.mode.train),
+            skills=injector,
+        )
+        app = create_app(live.proxy, p.get("api_key"), p.max_body_bytes, p.served_model)
+        proxy_srv = stack.enter_context(ThreadedServer(app, host=p.host, port=p.port))
+        live.proxy_url = proxy_srv.url
+        log.info(
+            "Rollout proxy ready: point your agent at base_url=%s/v1 (policy server %s)",
+            live.proxy_url,
+            live.server_url,
+        )
+        if not cfg.mode.train:  # skills_only: forward and inject, nothing to score or train
+            yield live
+            return
+        live.worker = build_worker(cfg, store, tokenizer, live.server_url, evolver).start()
+        stack.callback(live.worker.stop)
+        if rollout.get("replay"):
+            r = rollout.replay
+            live.driver = ReplayDriver(f"{live.proxy_url}/v1", api_key=p.get("api_key"), **r).start()
+            stack.callback(live.driver.stop)
+            log.info("Replaying %s against the proxy", r.file)
+        yield live
+
+
+def run_skills_only(cfg: DictConfig, report_every_s: float = 30.0) -> tuple[dict[str, Any], dict[str, Any]]:
+    """`mode=skills_only`: serve the proxy (skills injected, nothing trained) until interrupted."""
+    if not cfg.rollout.get("proxy"):
+        raise ValueError("mode=skills_only needs a proxy: use rollout=proxy")
+    store = SampleStore(cfg.store_path)
+    with live_loop(cfg, store, tokenizer=None) as live:
+        try:
+            while True:
+                time.sleep(report_every_s)
+                log.info("Proxy: %s", live.proxy.stats)
+        except KeyboardInterrupt:
+            log.info("Stopping")
+    return {}, {"store": store, "live": live}

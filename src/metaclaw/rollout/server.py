@@ -1,0 +1,64 @@
+"""Run an ASGI app with uvicorn on a background thread (the proxy inside `train.py`, tests, the bench)."""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+
+import uvicorn
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+class ThreadedServer:
+    """`with ThreadedServer(app, port=...) as srv:` serves `app` on `srv.url` until the block ends.
+
+    Args:
+        app: the ASGI app.
+        host: bind address (127.0.0.1 by default, as every metaclaw surface).
+        port: 0 picks a free port.
+        startup_timeout_s: how long to wait for the server to accept connections.
+    """
+
+    def __init__(self, app, host: str = "127.0.0.1", port: int = 0, startup_timeout_s: float = 30.0) -> None:
+        self.host, self.port = host, port or free_port(host)
+        config = uvicorn.Config(
+            app,
+            host=self.host,
+            port=self.port,
+            log_level="warning",
+            lifespan="on",
+            access_log=False,
+            timeout_keep_alive=30,
+        )
+        self.server = uvicorn.Server(config)
+        self.thread = threading.Thread(target=self.server.run, name=f"uvicorn:{self.port}", daemon=True)
+        self.startup_timeout_s = startup_timeout_s
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    def start(self) -> ThreadedServer:
+        self.thread.start()
+        deadline = time.monotonic() + self.startup_timeout_s
+        while not self.server.started:
+            if not self.thread.is_alive() or time.monotonic() > deadline:
+                raise RuntimeError(f"server on {self.url} did not start")
+            time.sleep(0.02)
+        return self
+
+    def stop(self) -> None:
+        self.server.should_exit = True
+        self.thread.join(timeout=10)
+
+    def __enter__(self) -> ThreadedServer:
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()

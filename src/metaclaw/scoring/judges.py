@@ -1,0 +1,202 @@
+"""Judges: score a turn from its next state (PRM reward) and extract a hindsight hint (OPD).
+
+`RuleJudge` is deterministic (regex patterns from config): tests and `model=tiny` use it so every method
+completes on a random model. `LLMJudge` asks any OpenAI-compatible endpoint (by default our policy server's
+base model) with m concurrent votes, `\\boxed{1|-1|0}` parsed, majority, tie → 0 (seed 002).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import re
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import httpx
+
+from metaclaw.datamodules.store import Sample
+from metaclaw.rollout.normalize import content_text
+
+log = logging.getLogger(__name__)
+
+BOXED = re.compile(r"\\boxed\{\s*([+-]?[01])\s*\}")
+HINT = re.compile(r"<hint>(.*?)</hint>", re.S)
+
+
+@dataclass
+class Verdict:
+    """A judge's reward for one turn and how it got there (votes, errors) for the sample's meta."""
+
+    reward: float
+    detail: dict[str, Any] = field(default_factory=dict)
+
+
+class Judge(Protocol):
+    """What the scoring worker needs from a judge; both calls may raise or hang (the worker bounds them)."""
+
+    async def reward(self, sample: Sample) -> Verdict: ...
+
+    async def hint(self, sample: Sample) -> str | None: ...
+
+
+def majority(votes: list[int | None]) -> float:
+    """Majority of the valid votes; a tie for the top count, or no valid vote, gives 0."""
+    counts = Counter(v for v in votes if v is not None).most_common()
+    if not counts or (len(counts) > 1 and counts[0][1] == counts[1][1]):
+        return 0.0
+    return float(counts[0][0])
+
+
+def parse_boxed(text: str) -> int | None:
+    """The last `\\boxed{1|-1|0}` in a judge's reply, or None."""
+    found = BOXED.findall(text or "")
+    return int(found[-1]) if found else None
+
+
+class RuleJudge:
+    """Deterministic judge: regexes over the next state.
+
+    Args:
+        negative: next state matching this (case-insensitive) → -1 (checked first).
+        positive: next state matching this → +1; anything else → 0.
+        no_next_state_reward: reward of a turn that has no next state (the last turn of a session).
+        hint_min_chars: a hint shorter than this is no hint.
+    """
+
+    def __init__(
+        self,
+        negative: str = r"wrong|not what|doesn't work|does not work|incorrect|error|failed",
+        positive: str = r"thanks|thank you|works|perfect|great|correct",
+        no_next_state_reward: float = 0.0,
+        hint_min_chars: int = 4,
+    ) -> None:
+        self.negative, self.positive = re.compile(negative, re.I), re.compile(positive, re.I)
+        self.no_next_state_reward, self.hint_min_chars = no_next_state_reward, hint_min_chars
+
+    async def reward(self, sample: Sample) -> Verdict:
+        text = sample.next_state
+        if text is None:
+            return Verdict(self.no_next_state_reward, {"rule": "no_next_state"})
+        if self.negative.search(text):
+            return Verdict(-1.0, {"rule": "negative"})
+        if self.positive.search(text):
+            return Verdict(1.0, {"rule": "positive"})
+        return Verdict(0.0, {"rule": "neutral"})
+
+    async def hint(self, sample: Sample) -> str | None:
+        """The sentences after the first one that signals a correction (or that sentence's remainder)."""
+        text = sample.next_state or ""
+        sentences = [s.strip() for s in re.split(r"(?<=[.!?])\s+|\n+", text) if s.strip()]
+        for i, sentence in enumerate(sentences):
+            m = self.negative.search(sentence)
+            if m:
+                after = " ".join(sentences[i + 1 :]) or sentence[m.end() :].strip(" ,.;:-")
+                return after if len(after) >= self.hint_min_chars else None
+        return None
+
+
+PRM_SYSTEM = (
+    "You are a process reward model. Judge whether the assistant's last response was good, using the next "
+    "state (the user's reply or the tool output that followed it) as evidence. Think briefly, then answer "
+    "\\boxed{1} (good), \\boxed{-1} (bad) or \\boxed{0} (unclear)."
+)
+HINT_SYSTEM = (
+    "You extract hindsight hints. Given an assistant response and what happened next, write one short, concrete "
+    "hint that would have let the assistant answer better, inside <hint></hint>. If the next state holds no "
+    "useful correction, answer <hint>NONE</hint>."
+)
+
+
+def _transcript(sample: Sample) -> str:
+    last_user = next(
+        (content_text(m.get("content")) for m in reversed(sample.messages or []) if m.get("role") in ("user", "tool")),
+        "",
+    )
+    nxt = sample.next_state if sample.next_state is not None else "(the session ended without a reply)"
+    return f"## Request\n{last_user}\n\n## Assistant response\n{sample.response_text or ''}\n\n## Next state\n{nxt}"
+
+
+class LLMJudge:
+    """PRM votes and hint extraction through an OpenAI-compatible chat endpoint.
+
+    Args:
+        base_url: e.g. `http://127.0.0.1:8000` (`/v1/chat/completions` is appended); None: the policy server,
+            bound later by the live loop (`bind`).
+        model: the model asked (the server's base model name, so the adapter is not judging itself).
+        api_key: bearer key.
+        votes: m, PRM samples per turn, sent concurrently.
+        temperature: sampling temperature of the votes.
+        max_tokens: per judge reply.
+        timeout_s: per request.
+        max_retries: retries on transport errors / 5xx.
+    """
+
+    def __init__(
+        self,
+        base_url: str | None,
+        model: str,
+        api_key: str | None = None,
+        votes: int = 3,
+        temperature: float = 0.6,
+        max_tokens: int = 512,
+        timeout_s: float = 60.0,
+        max_retries: int = 2,
+    ) -> None:
+        if votes < 1:
+            raise ValueError(f"judge.votes must be >= 1, got {votes}")
+        self.base_url, self.model, self.api_key = (base_url or "").rstrip("/") or None, model, api_key
+        self.votes, self.temperature, self.max_tokens = votes, temperature, max_tokens
+        self.timeout_s, self.max_retries = timeout_s, max_retries
+
+    def bind(self, server_url: str) -> None:
+        """Point a judge configured with `base_url: null` at the policy server."""
+        if self.base_url is None:
+            self.base_url = server_url.rstrip("/")
+
+    async def _ask(self, system: str, user: str, temperature: float) -> str:
+        headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
+        body = {
+            "model": self.model,
+            "messages": [{"role": "system", "content": system}, {"role": "user", "content": user}],
+            "temperature": temperature,
+            "max_tokens": self.max_tokens,
+        }
+        last: Exception | None = None
+        async with httpx.AsyncClient(timeout=self.timeout_s, headers=headers) as client:
+            for attempt in range(self.max_retries + 1):
+                if attempt:
+                    await asyncio.sleep(min(4.0, 0.5 * 2**attempt))
+                try:
+                    r = await client.post(f"{self.base_url}/v1/chat/completions", json=body)
+                    if r.status_code < 500:
+                        r.raise_for_status()
+                        return r.json()["choices"][0]["message"].get("content") or ""
+                    last = httpx.HTTPStatusError(f"HTTP {r.status_code}", request=r.request, response=r)
+                except httpx.TransportError as e:
+                    last = e
+        raise RuntimeError(f"judge request failed after {self.max_retries + 1} attempts: {last}")
+
+    async def reward(self, sample: Sample) -> Verdict:
+        user = _transcript(sample)
+        replies = await asyncio.gather(
+            *(self._ask(PRM_SYSTEM, user, self.temperature) for _ in range(self.votes)), return_exceptions=True
+        )
+        votes = [None if isinstance(r, BaseException) else parse_boxed(r) for r in replies]
+        errors = [repr(r) for r in replies if isinstance(r, BaseException)]
+        if errors and len(errors) == len(replies):
+            raise RuntimeError(f"every judge vote failed: {errors[0]}")
+        return Verdict(majority(votes), {"votes": votes, "errors": len(errors)})
+
+    async def hint(self, sample: Sample) -> str | None:
+        if not sample.next_state:
+            return None
+        found = HINT.findall(await self._ask(HINT_SYSTEM, _transcript(sample), 0.0))
+        hint = found[-1].strip() if found else ""
+        return None if not hint or hint.upper() == "NONE" else hint
+
+
+def select_judge(model: str, rule_for_models: list[str], rule: Judge, llm: Judge) -> Judge:
+    """`judge=auto`: the rule judge for the listed (random test) models, the LLM judge for every other model."""
+    return rule if model in rule_for_models else llm

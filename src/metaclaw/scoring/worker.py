@@ -1,0 +1,209 @@
+"""`ScoringWorker`: the background loop that turns pending samples into `ready` (or `dropped`) ones.
+
+A pending sample is scored once its next state is known or its session is finished (marked done, or idle for
+`session_idle_s`). What is computed follows the method (seed 002):
+- `rl`: PRM reward; with `at_least_one`, a session's rewards are settled together when it finishes, and if
+  every turn scored ≤ 0 the best one gets +1.
+- `opd`: hint from the next state, then teacher logprobs of the response under prompt + hint; no hint → dropped.
+- `combine`: both; a sample is ready with either signal (the advantage dispatches three ways).
+Judges run under a timeout with bounded attempts, so a hanging judge never stalls training.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from metaclaw.datamodules.store import Sample, SampleStore
+from metaclaw.rollout.sessions import SessionLog
+from metaclaw.rollout.skills_hook import SkillEvolverLike
+from metaclaw.scoring.judges import Judge
+from metaclaw.scoring.teacher import TeacherClient
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class TurnScore:
+    reward: float | None = None
+    hint: str | None = None
+    teacher: list[float] | None = None
+    meta: dict[str, Any] = field(default_factory=dict)
+
+
+class ScoringWorker:
+    """Polls the store and scores pending samples; run it with `start()`/`stop()` (a thread) or `await run_once()`.
+
+    Args:
+        store: the sample store (the worker opens its own connection to the same file).
+        judge: reward and hint judge.
+        needs_reward / needs_teacher: what the training method consumes (`cfg.method`).
+        teacher: teacher-logprob client (required when `needs_teacher`).
+        render_teacher_prompt: `(sample, hint) -> prompt ids` (the chat template with the hint).
+        poll_s: pause between passes.
+        session_idle_s: a session with no new turn for this long counts as finished.
+        at_least_one: seed 002's guarantee (RL): if every turn of a finished session scored ≤ 0, the best gets +1.
+        timeout_s: per judge/teacher call.
+        max_attempts: a turn whose scoring failed this many times is settled neutrally (reward 0, no hint).
+        concurrency: turns scored at once.
+        evolver: optional skill evolver, given a finished session's turns with reward ≤ 0.
+    """
+
+    def __init__(
+        self,
+        store: SampleStore,
+        judge: Judge,
+        needs_reward: bool = True,
+        needs_teacher: bool = False,
+        teacher: TeacherClient | None = None,
+        render_teacher_prompt: Callable[[Sample, str], list[int]] | None = None,
+        poll_s: float = 0.5,
+        session_idle_s: float = 300.0,
+        at_least_one: bool = True,
+        timeout_s: float = 60.0,
+        max_attempts: int = 3,
+        concurrency: int = 4,
+        evolver: SkillEvolverLike | None = None,
+    ) -> None:
+        if needs_teacher and (teacher is None or render_teacher_prompt is None):
+            raise ValueError("a method that needs teacher logprobs needs a teacher client and a prompt renderer")
+        self.store, self.judge, self.teacher, self.render = store, judge, teacher, render_teacher_prompt
+        self.needs_reward, self.needs_teacher = needs_reward, needs_teacher
+        self.poll_s, self.session_idle_s, self.at_least_one = poll_s, session_idle_s, at_least_one
+        self.timeout_s, self.max_attempts, self.evolver = timeout_s, max_attempts, evolver
+        self.sessions = SessionLog(store.path)
+        self.concurrency = concurrency
+        self._scores: dict[int, TurnScore] = {}
+        self._attempts: dict[int, int] = {}
+        self._last_change: dict[tuple[str, str], tuple[int, float]] = {}
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.stats = {"scored": 0, "ready": 0, "dropped": 0, "errors": 0}
+
+    # ---- one pass -----------------------------------------------------------------------------------------
+    async def run_once(self) -> int:
+        """Score what can be scored now and settle what can be settled; returns how many samples were settled."""
+        pending = await asyncio.to_thread(self.store.select, "pending")
+        done = await asyncio.to_thread(self.sessions.done_sessions)
+        groups: dict[tuple[str, str], list[Sample]] = {}
+        for s in pending:
+            groups.setdefault((s.agent_id, s.session_id), []).append(s)
+        now = time.monotonic()
+        finished: dict[tuple[str, str], bool] = {}
+        todo: list[Sample] = []
+        for key, samples in groups.items():
+            newest = max(s.id for s in samples)
+            if self._last_change.get(key, (None,))[0] != newest:
+                self._last_change[key] = (newest, now)
+            finished[key] = key in done or now - self._last_change[key][1] >= self.session_idle_s
+            todo += [s for s in samples if s.id not in self._scores and (s.next_state is not None or finished[key])]
+        sem = asyncio.Semaphore(self.concurrency)
+
+        async def guarded(s: Sample) -> None:
+            async with sem:
+                await self._score(s)
+
+        await asyncio.gather(*(guarded(s) for s in todo))
+        settled = 0
+        for key, samples in groups.items():
+            settled += await asyncio.to_thread(self._settle, key, samples, finished[key])
+        return settled
+
+    async def _score(self, s: Sample) -> None:
+        try:
+            score = TurnScore()
+            if self.needs_reward:
+                verdict = await asyncio.wait_for(self.judge.reward(s), self.timeout_s)
+                score.reward, score.meta["judge"] = verdict.reward, verdict.detail
+            if self.needs_teacher and s.next_state:
+                score.hint = await asyncio.wait_for(self.judge.hint(s), self.timeout_s)
+                if score.hint:
+                    prompt = await asyncio.to_thread(self.render, s, score.hint)
+                    score.teacher = await asyncio.wait_for(
+                        self.teacher.logprobs(prompt, s.response_ids), self.timeout_s
+                    )
+            self._scores[s.id] = score
+            self.stats["scored"] += 1
+        except Exception as e:  # noqa: BLE001 - a judge may fail in any way; bounded retries below
+            n = self._attempts[s.id] = self._attempts.get(s.id, 0) + 1
+            self.stats["errors"] += 1
+            log.warning("Scoring sample %d failed (attempt %d/%d): %r", s.id, n, self.max_attempts, e)
+            if n >= self.max_attempts:
+                reward = 0.0 if self.needs_reward else None
+                self._scores[s.id] = TurnScore(reward=reward, meta={"judge_error": repr(e)[:300]})
+
+    # ---- settling -----------------------------------------------------------------------------------------
+    def _settle(self, key: tuple[str, str], samples: list[Sample], finished: bool) -> int:
+        scored = [s for s in samples if s.id in self._scores]
+        hold = self.needs_reward and self.at_least_one
+        if hold:
+            if not finished or len(scored) < len(samples):
+                return 0
+            rewards = [self._scores[s.id].reward for s in scored]
+            if scored and all(r is not None and r <= 0 for r in rewards):
+                best = max(range(len(scored)), key=lambda i: (rewards[i], scored[i].turn_index))
+                sc = self._scores[scored[best].id]
+                sc.meta["at_least_one"] = {"from": sc.reward}
+                sc.reward = 1.0
+        for s in scored:
+            self._finalize(s, self._scores.pop(s.id))
+        if finished and self.evolver is not None:
+            self._evolve(key, samples)
+        return len(scored)
+
+    def _finalize(self, s: Sample, score: TurnScore) -> None:
+        reward = score.reward if self.needs_reward else None
+        teacher = score.teacher if self.needs_teacher else None
+        meta = dict(score.meta)
+        if score.hint:
+            meta["hint"] = score.hint
+        usable = reward is not None or teacher is not None
+        if not usable:
+            meta["dropped"] = "no_hint" if self.needs_teacher else "no_reward"
+        self.store.set_score(
+            s.id, reward=reward, teacher_logprobs=teacher, status="ready" if usable else "dropped", meta=meta
+        )
+        s.reward = reward
+        self.stats["ready" if usable else "dropped"] += 1
+
+    def _evolve(self, key: tuple[str, str], samples: Sequence[Sample]) -> None:
+        failed = [
+            {"sample_id": s.id, "messages": s.messages, "response": s.response_text, "reward": s.reward}
+            for s in samples
+            if s.reward is not None and s.reward <= 0
+        ]
+        if not failed:
+            return
+        try:
+            self.evolver.evolve(key[0], failed)
+        except Exception as e:  # noqa: BLE001 - skill evolution is best effort, never blocks scoring
+            log.warning("Skill evolution for agent %s failed: %r", key[0], e)
+
+    # ---- background thread --------------------------------------------------------------------------------
+    def _loop(self) -> None:
+        async def main() -> None:
+            while not self._stop.is_set():
+                try:
+                    n = await self.run_once()
+                    if n:
+                        log.info("Scored %d samples; store: %s", n, await asyncio.to_thread(self.store.counts))
+                except Exception:  # noqa: BLE001 - keep scoring whatever one pass hit
+                    log.exception("Scoring pass failed")
+                await asyncio.sleep(self.poll_s)
+
+        asyncio.run(main())
+
+    def start(self) -> ScoringWorker:
+        self._thread = threading.Thread(target=self._loop, name="scoring-worker", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self, timeout: float = 10.0) -> None:
+        self._stop.set()
+        if self._thread:
+            self._thread.join(timeout)

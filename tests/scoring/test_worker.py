@@ -1,0 +1,143 @@
+"""The scoring worker: per-method settling, the at-least-one guarantee, OPD teacher logprobs, hanging judges."""
+
+from __future__ import annotations
+
+import asyncio
+
+from metaclaw.datamodules.store import Sample, SampleStore
+from metaclaw.rollout.server import ThreadedServer
+from metaclaw.rollout.sessions import SessionLog
+from metaclaw.rollout.testing import scripted_upstream
+from metaclaw.scoring.judges import RuleJudge, Verdict
+from metaclaw.scoring.teacher import TeacherClient
+from metaclaw.scoring.worker import ScoringWorker
+
+
+def add_session(store: SampleStore, session: str, next_states: list[str | None]) -> list[int]:
+    ids = []
+    for i, ns in enumerate(next_states):
+        msgs = [{"role": "user", "content": f"q{i}"}]
+        s = Sample(
+            [1, 2, 3],
+            [4, 5],
+            [-0.5, -0.5],
+            session_id=session,
+            turn_index=i,
+            messages=msgs,
+            response_text="r",
+            next_state=ns,
+        )
+        ids.append(store.insert(s))
+    return ids
+
+
+def done(store: SampleStore, session: str) -> None:
+    SessionLog(store.path).touch("default", session, done=True)
+
+
+def test_rl_waits_for_the_session_then_applies_at_least_one(tmp_path):
+    store = SampleStore(tmp_path / "s.sqlite")
+    add_session(store, "bad", ["that's wrong", "still wrong", None])
+    worker = ScoringWorker(store, RuleJudge(), needs_reward=True, session_idle_s=1e9)
+    assert asyncio.run(worker.run_once()) == 0  # not finished: rewards held back
+    done(store, "bad")
+    assert asyncio.run(worker.run_once()) == 3
+    rewards = [s.reward for s in store.select()]
+    assert rewards == [-1.0, -1.0, 1.0]  # the best (last, 0) turn was lifted to +1
+    assert store.select()[2].meta["at_least_one"] == {"from": 0.0}
+    assert store.counts()["ready"] == 3
+
+
+def test_rl_without_guarantee_scores_as_soon_as_next_state_is_known(tmp_path):
+    store = SampleStore(tmp_path / "s.sqlite")
+    add_session(store, "s", ["thanks, works", None])
+    worker = ScoringWorker(store, RuleJudge(), needs_reward=True, at_least_one=False, session_idle_s=1e9)
+    assert asyncio.run(worker.run_once()) == 1
+    first, second = store.select()
+    assert (first.status, first.reward, second.status) == ("ready", 1.0, "pending")
+
+
+def test_idle_sessions_count_as_finished(tmp_path):
+    store = SampleStore(tmp_path / "s.sqlite")
+    add_session(store, "s", ["great", None])
+    worker = ScoringWorker(store, RuleJudge(), needs_reward=True, session_idle_s=0.0)
+    assert asyncio.run(worker.run_once()) == 2
+
+
+def test_opd_uses_teacher_logprobs_and_drops_turns_without_hint(tmp_path, tiny_tokenizer):
+    store = SampleStore(tmp_path / "s.sqlite")
+    add_session(store, "s", ["No, that's wrong. Use Berlin.", "thanks", None])
+    done(store, "s")
+    with ThreadedServer(scripted_upstream()) as up:
+        worker = ScoringWorker(
+            store,
+            RuleJudge(),
+            needs_reward=False,
+            needs_teacher=True,
+            teacher=TeacherClient(up.url, "tiny"),
+            render_teacher_prompt=lambda s, hint: [1, 2, 3, 9],
+        )
+        asyncio.run(worker.run_once())
+    first, second, third = store.select()
+    assert first.status == "ready" and first.teacher_logprobs == [-0.5, -0.5] and first.meta["hint"] == "Use Berlin."
+    assert first.reward is None
+    assert (second.status, second.meta["dropped"], third.status) == ("dropped", "no_hint", "dropped")
+
+
+def test_combine_dispatch(tmp_path):
+    store = SampleStore(tmp_path / "s.sqlite")
+    add_session(store, "s", ["wrong. Use Berlin.", "thanks", None])
+    done(store, "s")
+    with ThreadedServer(scripted_upstream()) as up:
+        worker = ScoringWorker(
+            store,
+            RuleJudge(),
+            needs_reward=True,
+            needs_teacher=True,
+            teacher=TeacherClient(up.url, "tiny"),
+            render_teacher_prompt=lambda s, hint: [1, 2, 3],
+        )
+        asyncio.run(worker.run_once())
+    a, b, c = store.select()
+    assert a.reward == -1.0 and a.teacher_logprobs is not None  # OPD + RL
+    assert b.reward == 1.0 and b.teacher_logprobs is None  # RL only
+    assert all(s.status == "ready" for s in (a, b, c))
+
+
+class HangingJudge:
+    async def reward(self, sample):
+        await asyncio.sleep(3600)
+        return Verdict(1.0)
+
+    async def hint(self, sample):
+        await asyncio.sleep(3600)
+
+
+def test_a_hanging_judge_never_stalls_scoring(tmp_path):
+    store = SampleStore(tmp_path / "s.sqlite")
+    add_session(store, "s", ["great", None])
+    done(store, "s")
+    worker = ScoringWorker(store, HangingJudge(), needs_reward=True, timeout_s=0.05, max_attempts=2)
+    asyncio.run(worker.run_once())
+    assert store.counts()["pending"] == 2 and worker.stats["errors"] == 2
+    asyncio.run(worker.run_once())  # second attempt: settled neutrally, then at-least-one lifts the last turn
+    assert store.counts()["ready"] == 2
+    assert all("judge_error" in s.meta for s in store.select())
+
+
+class RecordingEvolver:
+    def __init__(self):
+        self.calls = []
+
+    def evolve(self, agent_id, failed_turns):
+        self.calls.append((agent_id, failed_turns))
+
+
+def test_failed_turns_go_to_the_skill_evolver(tmp_path):
+    store = SampleStore(tmp_path / "s.sqlite")
+    add_session(store, "s", ["wrong", "thanks", None])
+    done(store, "s")
+    evolver = RecordingEvolver()
+    asyncio.run(ScoringWorker(store, RuleJudge(), needs_reward=True, evolver=evolver).run_once())
+    [(agent, failed)] = evolver.calls
+    assert agent == "default" and [f["reward"] for f in failed] == [-1.0, 0.0]
