@@ -43,6 +43,10 @@ def _options():
 
 @pytest.mark.parametrize(("config_name", "group", "option"), list(_options()))
 def test_every_option_composes_and_instantiates(config_name, group, option, tmp_path):
+    if group == "experiment":  # experiments are opt-in (`+experiment=NAME`) and rewrite the whole config
+        cfg = _compose(config_name, [f"+experiment={option}"], tmp_path)
+        validate_train_config(cfg)
+        return
     cfg = _compose(config_name, [f"{group}={option}"], tmp_path)
     node = cfg.get(group)
     assert node is not None, f"{group}={option} composed to nothing"
