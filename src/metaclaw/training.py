@@ -3,18 +3,20 @@
 from __future__ import annotations
 
 import logging
+from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
 
 import lightning as L
 from hydra.utils import instantiate
+from lightning.pytorch.utilities import rank_zero_only
 from omegaconf import DictConfig
 
 from metaclaw.config import trainer_device_kwargs, validate_train_config
 from metaclaw.datamodules.seed import seed_store
 from metaclaw.datamodules.store import SampleStore
 from metaclaw.modules.online_rl import OnlineRLModule
-from metaclaw.rollout.live import live_loop, run_skills_only
+from metaclaw.rollout.live import Live, live_loop, run_skills_only
 
 log = logging.getLogger(__name__)
 
@@ -69,7 +71,9 @@ def train(cfg: DictConfig) -> tuple[dict[str, Any], dict[str, Any]]:
     ckpt = publisher.checkpoint_path if publisher.checkpoint_path.exists() else None
     if ckpt:
         log.info("Resuming from %s", ckpt)
-    with live_loop(cfg, store, tokenizer) as live:  # rollout=proxy|replay: server, proxy, scorer, replay
+    # rollout=proxy|replay: server, proxy, scorer, replay. DDP workers re-run this script: only rank 0 serves.
+    services = live_loop(cfg, store, tokenizer) if rank_zero_only.rank == 0 else nullcontext(Live())
+    with services as live:
         if live.server_url:
             publisher.server_url = live.server_url
         trainer.fit(module, datamodule=datamodule, ckpt_path=ckpt, weights_only=True)
