@@ -8,6 +8,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import httpx
@@ -29,8 +30,8 @@ def stop_group(proc: subprocess.Popen) -> None:
             proc.wait()
 
 
-@pytest.fixture
-def policy_server(tmp_path) -> Iterator[tuple[str, Path]]:
+@contextmanager
+def running_policy_server(tmp_path: Path) -> Iterator[tuple[str, Path]]:
     """`(url, run_dir)`: serve.py on a free port, adapters confined to `<run_dir>/adapters`."""
     run_dir = tmp_path / "run"
     (run_dir / "adapters").mkdir(parents=True)
@@ -67,3 +68,10 @@ def policy_server(tmp_path) -> Iterator[tuple[str, Path]]:
     finally:
         stop_group(proc)
         log.close()
+
+
+@pytest.fixture
+def policy_server(tmp_path) -> Iterator[tuple[str, Path]]:
+    """`(url, run_dir)`: serve.py on a free port, adapters confined to `<run_dir>/adapters`."""
+    with running_policy_server(tmp_path) as server:
+        yield server

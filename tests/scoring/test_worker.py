@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import threading
 
 from metaclaw.datamodules.store import Sample, SampleStore
 from metaclaw.rollout.server import ThreadedServer
@@ -138,6 +139,61 @@ def test_failed_turns_go_to_the_skill_evolver(tmp_path):
     add_session(store, "s", ["wrong", "thanks", None])
     done(store, "s")
     evolver = RecordingEvolver()
-    asyncio.run(ScoringWorker(store, RuleJudge(), needs_reward=True, evolver=evolver).run_once())
+    worker = ScoringWorker(store, RuleJudge(), needs_reward=True, evolver=evolver)
+    asyncio.run(worker.run_once())
+    assert worker.drain_evolution(10)  # the evolver runs on its own thread, off the scoring loop
     [(agent, failed)] = evolver.calls
     assert agent == "default" and [f["reward"] for f in failed] == [-1.0, 0.0]
+
+
+def test_idle_sessions_go_to_the_skill_evolver(tmp_path):
+    store = SampleStore(tmp_path / "s.sqlite")
+    ids = add_session(store, "s", ["wrong", None])  # never marked done
+    evolver = RecordingEvolver()
+    worker = ScoringWorker(store, RuleJudge(), needs_reward=True, session_idle_s=0.0, evolver=evolver)
+    asyncio.run(worker.run_once())
+    assert worker.drain_evolution(10)
+    [(_, failed)] = evolver.calls
+    assert [f["sample_id"] for f in failed] == ids and failed[0]["next_state"] == "wrong"
+
+
+def test_every_n_turns_evolves_before_the_session_ends(tmp_path):
+    store = SampleStore(tmp_path / "s.sqlite")
+    ids = add_session(store, "s", ["wrong", "thanks", "wrong", None])
+    evolver = RecordingEvolver()
+    worker = ScoringWorker(
+        store, RuleJudge(), needs_reward=True, session_idle_s=1e9, evolver=evolver, evolve_every_n_turns=2
+    )
+    asyncio.run(worker.run_once())  # three turns have a next state; rewards are held for at-least-one
+    assert worker.drain_evolution(10) and store.counts()["pending"] == 4
+    assert [[f["sample_id"] for f in failed] for _, failed in evolver.calls] == [[ids[0]]]
+    done(store, "s")
+    asyncio.run(worker.run_once())  # the 4th turn completes the next pair; the session end finds nothing left
+    assert worker.drain_evolution(10)
+    assert [[f["sample_id"] for f in failed] for _, failed in evolver.calls] == [[ids[0]], [ids[2], ids[3]]]
+
+
+class BlockingEvolver:
+    def __init__(self, fail: bool = False):
+        self.release, self.fail, self.calls = threading.Event(), fail, 0
+
+    def evolve(self, agent_id, failed_turns):
+        self.release.wait(30)
+        self.calls += 1
+        if self.fail:
+            raise RuntimeError("evolver endpoint exploded")
+
+
+def test_evolution_runs_off_the_scoring_loop_and_its_failures_are_logged(tmp_path, caplog):
+    store = SampleStore(tmp_path / "s.sqlite")
+    add_session(store, "s", ["wrong", None])
+    done(store, "s")
+    evolver = BlockingEvolver(fail=True)
+    worker = ScoringWorker(store, RuleJudge(), needs_reward=True, evolver=evolver)
+    assert asyncio.run(worker.run_once()) == 2  # settled while the evolver is still blocked
+    assert store.counts()["ready"] == 2 and evolver.calls == 0
+    evolver.release.set()
+    assert worker.drain_evolution(10)
+    assert evolver.calls == 1 and worker.evolution.stats["errors"] == 1
+    assert "evolver endpoint exploded" in caplog.text
+    worker.stop()

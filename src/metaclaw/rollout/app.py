@@ -10,13 +10,29 @@ from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
+from starlette.types import Send
 
 from metaclaw.rollout.anthropic import AnthropicStream, to_anthropic_response, to_openai_request
 from metaclaw.rollout.normalize import RequestError
-from metaclaw.rollout.proxy import RolloutProxy, UpstreamError
+from metaclaw.rollout.proxy import SSE_DONE, RolloutProxy, UpstreamError
 from metaclaw.serving.security import BearerAuthMiddleware, BodySizeLimitMiddleware, error_body
 
 SSE_HEADERS = {"cache-control": "no-cache", "x-accel-buffering": "no"}
+
+
+class SSEResponse(StreamingResponse):
+    """Server-sent events whose `[DONE]` chunk also ends the HTTP body: one socket write less per stream."""
+
+    async def stream_response(self, send: Send) -> None:
+        await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})
+        ended = False
+        async for chunk in self.body_iterator:
+            if ended:  # nothing follows [DONE]; iterate on only so the iterator's cleanup runs now
+                continue
+            ended = chunk.endswith(SSE_DONE)
+            await send({"type": "http.response.body", "body": chunk, "more_body": not ended})
+        if not ended:
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
 
 
 def _error(status: int, message: str, type_: str = "invalid_request_error") -> JSONResponse:
@@ -73,18 +89,12 @@ def create_app(
         turn = await proxy.prepare(await _json(request), _headers(request))
         try:
             if not turn.stream:
-                body, headers = await proxy.complete(turn)
-                return JSONResponse(body, headers=headers)
-            chunks, headers = await proxy.open_stream(turn)
+                body, headers = await proxy.complete_bytes(turn)
+                return Response(body, media_type="application/json", headers=headers)
+            sse, headers = await proxy.open_sse(turn)  # ends with [DONE], sent only once the turn is stored
         except UpstreamError as e:
             return _upstream_error(e)
-
-        async def sse() -> AsyncIterator[bytes]:
-            async for chunk in chunks:
-                yield b"data: " + json.dumps(chunk).encode() + b"\n\n"
-            yield b"data: [DONE]\n\n"  # only after the turn is stored (the iterator's finally ran)
-
-        return StreamingResponse(sse(), media_type="text/event-stream", headers={**SSE_HEADERS, **headers})
+        return SSEResponse(sse, media_type="text/event-stream", headers={**SSE_HEADERS, **headers})
 
     @app.post("/v1/messages")
     async def messages(request: Request) -> Response:

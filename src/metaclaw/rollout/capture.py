@@ -125,6 +125,25 @@ class TurnCapture:
         )
 
 
+def split_sse(buffer: bytes) -> tuple[list[bytes], bytes]:
+    """The complete server-sent events in `buffer` (without their blank-line terminator) and the unfinished rest.
+
+    CRLF line ends become LF; a CR split from its LF across reads waits in the rest and is joined next time.
+    """
+    if b"\r" in buffer:
+        buffer = buffer.replace(b"\r\n", b"\n")
+    *events, rest = buffer.split(b"\n\n")
+    return events, rest
+
+
+def sse_data(event: bytes) -> bytes | None:
+    """The `data:` payload of one event (multi-line data joined by LF); None for comments and data-less events."""
+    if event.startswith(b"data:") and b"\n" not in event:  # the usual one-line event
+        return event[5:]
+    lines = [line[5:] for line in event.split(b"\n") if line.startswith(b"data:")]
+    return b"\n".join(lines) if lines else None
+
+
 def strip_extras(body: dict[str, Any], keep_logprobs: bool, keep_token_ids: bool) -> dict[str, Any]:
     """Remove the fields the proxy asked for on its own behalf from what the client sees (in place)."""
     if not keep_token_ids:

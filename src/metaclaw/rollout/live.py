@@ -23,6 +23,7 @@ from metaclaw.rollout.policy_server import PolicyServerProcess
 from metaclaw.rollout.proxy import RolloutProxy
 from metaclaw.rollout.replay import ReplayDriver
 from metaclaw.rollout.server import ThreadedServer
+from metaclaw.rollout.skills_hook import FailSafeInjector
 from metaclaw.scoring.teacher import TeacherClient, hinted_prompt_ids
 from metaclaw.scoring.worker import ScoringWorker
 
@@ -41,18 +42,42 @@ class Live:
     extras: dict[str, Any] = field(default_factory=dict)
 
 
-def build_skills(cfg: DictConfig) -> tuple[Any, Any]:
-    """The skill injector and evolver when `skills.enabled`, else (None, None)."""
+def build_injector(cfg: DictConfig) -> FailSafeInjector | None:
+    """The proxy's skill injector when `skills.enabled` (wrapped so a skills failure never fails a request)."""
     skills = cfg.get("skills")
-    if not skills or not skills.get("enabled"):
-        return None, None
-    injector = instantiate(skills.injector) if skills.get("injector") else None
-    evolver = instantiate(skills.evolver) if skills.get("evolver") else None
-    return injector, evolver
+    if not skills or not skills.enabled or not skills.get("injector"):
+        return None
+    injector = instantiate(skills.injector)
+    log.info("Skills: injecting from %s (_shared/ + one folder per X-Agent-Id)", getattr(injector, "root", "?"))
+    return FailSafeInjector(injector)
 
 
-def build_worker(cfg: DictConfig, store: SampleStore, tokenizer: Any, server_url: str | None, evolver: Any = None):
-    """The scoring worker for `cfg.method`, judge from `cfg.judge`, teacher from `cfg.teacher`."""
+def build_evolver(cfg: DictConfig, server_url: str | None) -> Any:
+    """The skill evolver when `skills.enabled` and `skills.evolver` are set; `base_url: null` means our server."""
+    skills = cfg.get("skills")
+    if not skills or not skills.enabled or not skills.get("evolver"):
+        return None
+    ev = skills.evolver
+    overrides: dict[str, Any] = {}
+    if ev.get("base_url") is None:
+        if not server_url:
+            raise ValueError("skills.evolver.base_url is null and there is no policy server: set the base URL")
+        overrides["base_url"] = f"{server_url.rstrip('/')}/v1"
+        if ev.get("api_key") is None:
+            overrides["api_key"] = cfg.serving.get("api_key")
+    evolver = instantiate(ev, **overrides)
+    every = skills.get("evolve_every_n_turns")
+    log.info(
+        "Skills: evolving with %s at %s when a session ends%s",
+        getattr(evolver, "model", "?"),
+        getattr(evolver, "base_url", "?"),
+        f" and every {every} main turns of an agent" if every else "",
+    )
+    return evolver
+
+
+def build_worker(cfg: DictConfig, store: SampleStore, tokenizer: Any, server_url: str | None) -> ScoringWorker:
+    """The scoring worker for `cfg.method`, judge from `cfg.judge`, teacher from `cfg.teacher`, skill evolver."""
     judge = instantiate(cfg.judge)
     if hasattr(judge, "bind") and server_url:
         judge.bind(server_url)
@@ -70,7 +95,8 @@ def build_worker(cfg: DictConfig, store: SampleStore, tokenizer: Any, server_url
         needs_teacher=cfg.method.needs_teacher,
         teacher=teacher,
         render_teacher_prompt=lambda sample, hint: hinted_prompt_ids(tokenizer, sample, hint),
-        evolver=evolver,
+        evolver=build_evolver(cfg, server_url),
+        evolve_every_n_turns=cfg.skills.evolve_every_n_turns if cfg.get("skills") else None,
         **cfg.rollout.scoring,
     )
 
@@ -93,7 +119,6 @@ def live_loop(cfg: DictConfig, store: SampleStore, tokenizer: Any) -> Iterator[L
         else:
             server = PolicyServerProcess(**serving.process, run_dir=cfg.run_dir)
             live.server_url = stack.enter_context(server).url
-        injector, evolver = build_skills(cfg)
         p = rollout.proxy
         live.proxy = RolloutProxy(
             store,
@@ -105,7 +130,7 @@ def live_loop(cfg: DictConfig, store: SampleStore, tokenizer: Any) -> Iterator[L
             default_agent_id=p.default_agent_id,
             request_timeout_s=p.request_timeout_s,
             capture=bool(cfg.mode.train),
-            skills=injector,
+            skills=build_injector(cfg),
         )
         app = create_app(live.proxy, p.get("api_key"), p.max_body_bytes, p.served_model)
         proxy_srv = stack.enter_context(ThreadedServer(app, host=p.host, port=p.port))
@@ -115,10 +140,10 @@ def live_loop(cfg: DictConfig, store: SampleStore, tokenizer: Any) -> Iterator[L
             live.proxy_url,
             live.server_url,
         )
-        if not cfg.mode.train:  # skills_only: forward and inject, nothing to score or train
+        if not cfg.mode.train:  # skills_only: forward and inject, nothing to score, train or evolve
             yield live
             return
-        live.worker = build_worker(cfg, store, tokenizer, live.server_url, evolver).start()
+        live.worker = build_worker(cfg, store, tokenizer, live.server_url).start()
         stack.callback(live.worker.stop)
         if rollout.get("replay"):
             r = rollout.replay

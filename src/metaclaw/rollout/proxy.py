@@ -1,24 +1,32 @@
 """`RolloutProxy`: forwards chat turns to the policy server and captures every main turn in the `SampleStore`.
 
 Per request: normalise messages, resolve session/turn (headers or derived), inject skills, ask upstream for
-`logprobs` and `return_token_ids`, pass the stream through chunk by chunk, and write the sample (in a thread)
-before the final chunk / JSON goes out. The previous main turn of the session gets its `next_state`.
+`logprobs` and `return_token_ids`, pass the stream through as it arrives, and write the sample before the final
+`[DONE]` / JSON goes out. The previous main turn of the session gets its `next_state`.
+
+The hot path is kept lean: one shared keep-alive HTTP client; each SSE event parsed once (for the capture) and
+re-serialised only when the proxy's own extras must be stripped; side turns pass upstream bytes through
+untouched; writes go to a `GroupCommitWriter`, so concurrent turns share one fsync instead of queueing.
 """
 
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import logging
 import time
 from collections.abc import AsyncIterator
+from concurrent.futures import Future
+from contextlib import aclosing
 from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
 
-from metaclaw.datamodules.store import SampleStore
-from metaclaw.rollout.capture import TurnCapture, strip_extras
+from metaclaw.datamodules.store import Sample, SampleStore
+from metaclaw.datamodules.writer import GroupCommitWriter
+from metaclaw.rollout.capture import TurnCapture, split_sse, sse_data, strip_extras
 from metaclaw.rollout.normalize import RequestError, next_state_text, normalize_messages, normalize_tools
 from metaclaw.rollout.sessions import (
     SessionLog,
@@ -33,6 +41,12 @@ log = logging.getLogger(__name__)
 
 ADAPTER_HEADER = "x-metaclaw-adapter-version"
 TRUE = ("1", "true", "yes", "on")
+SSE_DONE = b"data: [DONE]\n\n"
+# httpcore scans every pooled connection (quadratically) on each request and response close; at 32 concurrent
+# streams that cost ~2 ms CPU per request in one pool, so requests are spread round-robin over small pools.
+POOL_SHARDS = 16
+MAX_UPSTREAM_CONNECTIONS = 512
+dumps = json.JSONEncoder(ensure_ascii=False, separators=(",", ":")).encode
 
 
 class UpstreamError(Exception):
@@ -60,9 +74,14 @@ class Turn:
     meta: dict[str, Any] = field(default_factory=dict)
     state: SessionState | None = None
     turn_index: int = -1
-    next_state_task: asyncio.Task | None = None
+    next_state_write: Future | None = None
     capture: TurnCapture = field(default_factory=TurnCapture)
     sample_id: int | None = None
+
+    @property
+    def strips(self) -> bool:
+        """Whether the client must not see some of what upstream returns (extras the proxy asked for itself)."""
+        return self.main and not (self.keep_logprobs and self.keep_token_ids)
 
 
 class RolloutProxy:
@@ -101,27 +120,40 @@ class RolloutProxy:
         self.capture, self.default_temperature, self.default_agent_id = capture, default_temperature, default_agent_id
         self.request_timeout_s, self.model_refresh_s, self.skills = request_timeout_s, model_refresh_s, skills
         self.sessions = SessionTracker(store, SessionLog(store.path))
-        self.client: httpx.AsyncClient | None = None
+        self.client: httpx.AsyncClient | None = None  # the first pool: model refreshes
+        self._clients: list[httpx.AsyncClient] = []
+        self._next_client = iter(())
+        self.writer: GroupCommitWriter | None = None
         self.upstream_models: set[str] = set()
         self.stats = {"turns": 0, "captured": 0, "capture_errors": 0, "upstream_errors": 0}
         self._refresher: asyncio.Task | None = None
 
     # ---- lifecycle ----------------------------------------------------------------------------------------
     async def start(self) -> None:
+        """Open the shared upstream clients (keep-alive pools) and the store's group-commit writer."""
         headers = {"Authorization": f"Bearer {self.upstream_api_key}"} if self.upstream_api_key else {}
-        limits = httpx.Limits(max_connections=512, max_keepalive_connections=512)
-        self.client = httpx.AsyncClient(
-            base_url=self.upstream_url, headers=headers, timeout=self.request_timeout_s, limits=limits
-        )
+        per_pool = MAX_UPSTREAM_CONNECTIONS // POOL_SHARDS
+        limits = httpx.Limits(max_connections=per_pool, max_keepalive_connections=per_pool)
+        kw = dict(base_url=self.upstream_url, headers=headers, timeout=self.request_timeout_s, limits=limits)
+        self._clients = [httpx.AsyncClient(**kw) for _ in range(POOL_SHARDS)]
+        self.client, self._next_client = self._clients[0], itertools.cycle(self._clients)
+        self._chat_url = httpx.URL(f"{self.upstream_url}/v1/chat/completions")  # absolute: no per-request merge
+        if self.capture:
+            self.writer = GroupCommitWriter(self.store)
         if self.policy_model and self.model_refresh_s > 0:
             await self.refresh_models()
             self._refresher = asyncio.create_task(self._refresh_loop())
 
     async def stop(self) -> None:
+        """Close the upstream client and flush the writer (every accepted turn is committed)."""
         if self._refresher:
             self._refresher.cancel()
-        if self.client:
-            await self.client.aclose()
+        for client in self._clients:
+            await client.aclose()
+        self._clients, self.client = [], None
+        if self.writer:
+            await asyncio.to_thread(self.writer.close)
+            self.writer = None
 
     async def refresh_models(self) -> None:
         try:
@@ -161,7 +193,7 @@ class RolloutProxy:
         meta: dict[str, Any] = {"finish_reason": None}
         if has_image:
             meta["has_image"] = True
-        if main and self.skills is not None:
+        if turn_type == "main" and self.skills is not None:  # also in skills_only (capture off)
             messages, names = await asyncio.to_thread(self.skills.inject, messages, agent_id)
             meta["skills"] = names
             meta["skill_generation"] = self.skills.generation(agent_id)
@@ -190,18 +222,17 @@ class RolloutProxy:
             turn.state = self.sessions.state(agent_id, session_id)
             turn.turn_index, prev_id = self.sessions.begin_turn(turn.state)
             new = new_messages_since_last_assistant(messages)
-            if prev_id is not None and new:
-                turn.next_state_task = asyncio.create_task(
-                    asyncio.to_thread(self.store.set_next_state, prev_id, next_state_text(new))
-                )
+            if prev_id is not None and new:  # committed with the next group; awaited before this turn replies
+                turn.next_state_write = self.writer.submit_next_state(prev_id, next_state_text(new))
         return turn
 
     # ---- forwarding ---------------------------------------------------------------------------------------
     async def _send(self, turn: Turn) -> httpx.Response:
         self.stats["turns"] += 1
-        req = self.client.build_request("POST", "/v1/chat/completions", json=turn.upstream_body)
+        client = next(self._next_client)
+        req = client.build_request("POST", self._chat_url, json=turn.upstream_body)
         try:
-            resp = await self.client.send(req, stream=turn.stream)
+            resp = await client.send(req, stream=turn.stream)
         except httpx.HTTPError as e:
             self.stats["upstream_errors"] += 1
             await self.finish(turn, ok=False)
@@ -220,33 +251,109 @@ class RolloutProxy:
     async def complete(self, turn: Turn) -> tuple[dict[str, Any], dict[str, str]]:
         """Non-streaming: the client's JSON body (captured and stored first) and headers to pass on."""
         resp = await self._send(turn)
-        body = resp.json()
+        body = json.loads(resp.content)
         turn.capture.feed_response(body)
         await self.finish(turn)
         return strip_extras(body, turn.keep_logprobs, turn.keep_token_ids), self._headers(turn)
 
+    async def complete_bytes(self, turn: Turn) -> tuple[bytes, dict[str, str]]:
+        """`complete` as the JSON bytes the client gets; upstream's own bytes when nothing is captured."""
+        if not turn.main:
+            resp = await self._send(turn)
+            await self.finish(turn)
+            return resp.content, self._headers(turn)
+        body, headers = await self.complete(turn)
+        return dumps(body).encode(), headers
+
+    async def open_sse(self, turn: Turn) -> tuple[AsyncIterator[bytes], dict[str, str]]:
+        """Streaming, as the client's SSE bytes: events as they arrive, `[DONE]` only once the turn is stored.
+
+        Events that arrive together are forwarded in one write; an event is re-serialised only when the proxy
+        must strip its own extras from it, and a side turn's bytes are not even parsed.
+        """
+        resp = await self._send(turn)
+        if not turn.main:
+            return self._passthrough(turn, resp), self._headers(turn)
+
+        async def sse() -> AsyncIterator[bytes]:
+            completed, tail = False, b""
+            try:
+                async with aclosing(self._events(resp)) as stream:
+                    async for events, done in stream:
+                        out = b"".join([self._client_event(turn, event, data) for event, data in events])
+                        if done:  # what came with [DONE] goes out with it, after the commit
+                            tail = out
+                        elif out:
+                            yield out
+                completed = True
+            finally:
+                await resp.aclose()
+                await self.finish(turn, ok=completed)
+            yield tail + SSE_DONE
+
+        return sse(), self._headers(turn)
+
     async def open_stream(self, turn: Turn) -> tuple[AsyncIterator[dict[str, Any]], dict[str, str]]:
-        """Streaming: chunks as they arrive (stripped for the client); stored before the iterator ends."""
+        """Streaming, as chunk dicts (stripped for the client); the turn is stored before the iterator ends."""
         resp = await self._send(turn)
 
         async def chunks() -> AsyncIterator[dict[str, Any]]:
             completed = False
             try:
-                async for line in resp.aiter_lines():
-                    if not line.startswith("data:"):
-                        continue
-                    data = line[5:].strip()
-                    if data == "[DONE]":
-                        break
-                    chunk = json.loads(data)
-                    turn.capture.feed_chunk(chunk)
-                    yield strip_extras(chunk, turn.keep_logprobs, turn.keep_token_ids)
+                async with aclosing(self._events(resp)) as stream:
+                    async for events, _ in stream:
+                        for _, data in events:
+                            chunk = json.loads(data)
+                            turn.capture.feed_chunk(chunk)
+                            yield strip_extras(chunk, turn.keep_logprobs, turn.keep_token_ids)
                 completed = True
             finally:
                 await resp.aclose()
                 await self.finish(turn, ok=completed)
 
         return chunks(), self._headers(turn)
+
+    @staticmethod
+    async def _events(resp: httpx.Response) -> AsyncIterator[tuple[list[tuple[bytes, bytes]], bool]]:
+        """Upstream SSE data events `(event, data)`, one list per network read, and whether `[DONE]` ended it."""
+        rest = b""
+        body = resp.aiter_bytes()
+        async for raw in body:
+            events, rest = split_sse(rest + raw)
+            batch = []
+            for event in events:
+                data = sse_data(event)
+                if data is None:
+                    continue
+                if len(data) < 16 and data.strip() == b"[DONE]":
+                    yield batch, True
+                    async for _ in body:  # read to the end, so the connection goes back to the keep-alive pool
+                        pass
+                    return
+                batch.append((event, data))
+            if batch:
+                yield batch, False
+        data = sse_data(rest.strip())  # a last event without its blank line
+        if data is not None and data.strip() != b"[DONE]":
+            yield [(rest.strip(), data)], False
+
+    @staticmethod
+    def _client_event(turn: Turn, event: bytes, data: bytes) -> bytes:
+        """Capture one upstream event; what the client gets of it (upstream's bytes unless extras are stripped)."""
+        chunk = json.loads(data)
+        turn.capture.feed_chunk(chunk)
+        if not turn.strips:
+            return event + b"\n\n"
+        return b"data: " + dumps(strip_extras(chunk, turn.keep_logprobs, turn.keep_token_ids)).encode() + b"\n\n"
+
+    async def _passthrough(self, turn: Turn, resp: httpx.Response) -> AsyncIterator[bytes]:
+        """A side turn's stream: upstream bytes verbatim, `[DONE]` included."""
+        try:
+            async for raw in resp.aiter_bytes():
+                yield raw
+        finally:
+            await resp.aclose()
+            await self.finish(turn)
 
     def _headers(self, turn: Turn) -> dict[str, str]:
         v = turn.capture.adapter_version
@@ -255,55 +362,68 @@ class RolloutProxy:
     # ---- capture ------------------------------------------------------------------------------------------
     async def finish(self, turn: Turn, ok: bool = True) -> None:
         """Make the turn durable (sample insert, previous turn's next state, session done) before replying."""
-        if turn.next_state_task is not None:
-            await turn.next_state_task
-            turn.next_state_task = None
+        if turn.next_state_write is not None:
+            write, turn.next_state_write = turn.next_state_write, None
+            await asyncio.shield(asyncio.wrap_future(write))
         if not turn.main or turn.state is None:
             return
-        if turn.sample_id is None and ok:
-            await asyncio.to_thread(self._write, turn)
+        state, turn.state = turn.state, None
+        sample = self._sample(turn) if ok else None
+        write = None
+        if sample is not None:
+            try:
+                write = self.writer.submit(sample)
+            except ValueError as e:
+                self._not_captured(turn, str(e))
+        if write is None:
+            self.sessions.end_turn(state, turn.turn_index, None)
         else:
-            self.sessions.end_turn(turn.state, turn.turn_index, None)
-        turn.state = None
+            # Session bookkeeping runs on commit even if this request is cancelled meanwhile.
+            write.add_done_callback(lambda w: self._stored(state, turn.turn_index, w))
+            turn.sample_id = await asyncio.shield(asyncio.wrap_future(write))
+            log.debug(
+                "Captured %s turn %d (agent %s): %d prompt + %d response tokens, adapter v%d",
+                turn.session_id,
+                turn.turn_index,
+                turn.agent_id,
+                len(sample.prompt_ids),
+                len(sample.response_ids),
+                sample.adapter_version,
+            )
+        if ok and turn.done:
+            await asyncio.to_thread(self.sessions.log.touch, turn.agent_id, turn.session_id, True)
 
-    def _write(self, turn: Turn) -> None:
+    def _sample(self, turn: Turn) -> Sample | None:
+        """The turn as a sample, or None (logged and counted) when the server's reply cannot be trained on."""
         cap = turn.capture
         problem = cap.problems()
-        sample_id = None
-        if problem is None:
-            meta = {**turn.meta, "finish_reason": cap.finish_reason, "captured_at": time.time()}
-            status = "pending"
-            if turn.meta.get("has_image"):
-                status, meta["dropped"] = "dropped", "image"
-            sample = cap.to_sample(
-                agent_id=turn.agent_id,
-                session_id=turn.session_id,
-                turn_index=turn.turn_index,
-                temperature=turn.temperature,
-                messages=turn.messages,
-                status=status,
-                meta=meta,
-            )
-            try:
-                sample_id = self.store.insert(sample)
-                self.stats["captured"] += 1
-                log.info(
-                    "Captured %s turn %d (agent %s): %d prompt + %d response tokens, adapter v%d",
-                    turn.session_id,
-                    turn.turn_index,
-                    turn.agent_id,
-                    len(cap.prompt_ids),
-                    len(cap.response_ids),
-                    sample.adapter_version,
-                )
-            except ValueError as e:
-                problem = str(e)
         if problem is not None:
-            self.stats["capture_errors"] += 1
-            log.warning("Turn %s/%d not captured: %s", turn.session_id, turn.turn_index, problem)
-        self.sessions.end_turn(turn.state, turn.turn_index, sample_id)
-        if turn.done:
-            self.sessions.log.touch(turn.agent_id, turn.session_id, done=True)
+            self._not_captured(turn, problem)
+            return None
+        meta = {**turn.meta, "finish_reason": cap.finish_reason, "captured_at": time.time()}
+        status = "pending"
+        if turn.meta.get("has_image"):
+            status, meta["dropped"] = "dropped", "image"
+        return cap.to_sample(
+            agent_id=turn.agent_id,
+            session_id=turn.session_id,
+            turn_index=turn.turn_index,
+            temperature=turn.temperature,
+            messages=turn.messages,
+            status=status,
+            meta=meta,
+        )
+
+    def _not_captured(self, turn: Turn, problem: str) -> None:
+        self.stats["capture_errors"] += 1
+        log.warning("Turn %s/%d not captured: %s", turn.session_id, turn.turn_index, problem)
+
+    def _stored(self, state: SessionState, turn_index: int, write: Future) -> None:
+        """On the writer thread, once the sample's commit returned (or failed)."""
+        sample_id = None if write.cancelled() or write.exception() is not None else write.result()
+        if sample_id is not None:
+            self.stats["captured"] += 1
+        self.sessions.end_turn(state, turn_index, sample_id)
 
     async def mark_done(self, agent_id: str, session_id: str) -> bool:
         """Mark a session finished (its last turn is then scored); False when the session is unknown."""

@@ -7,6 +7,8 @@ A pending sample is scored once its next state is known or its session is finish
 - `opd`: hint from the next state, then teacher logprobs of the response under prompt + hint; no hint → dropped.
 - `combine`: both; a sample is ready with either signal (the advantage dispatches three ways).
 Judges run under a timeout with bounded attempts, so a hanging judge never stalls training.
+With an evolver, every scored turn is noted and an agent's turns with judge reward ≤ 0 go to it when one of its
+sessions finishes and every `evolve_every_n_turns` turns (`EvolutionScheduler`: its own thread, one at a time).
 """
 
 from __future__ import annotations
@@ -15,13 +17,13 @@ import asyncio
 import logging
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from metaclaw.datamodules.store import Sample, SampleStore
 from metaclaw.rollout.sessions import SessionLog
-from metaclaw.rollout.skills_hook import SkillEvolverLike
+from metaclaw.rollout.skills_hook import EvolutionScheduler, SkillEvolverLike
 from metaclaw.scoring.judges import Judge
 from metaclaw.scoring.teacher import TeacherClient
 
@@ -51,7 +53,9 @@ class ScoringWorker:
         timeout_s: per judge/teacher call.
         max_attempts: a turn whose scoring failed this many times is settled neutrally (reward 0, no hint).
         concurrency: turns scored at once.
-        evolver: optional skill evolver, given a finished session's turns with reward ≤ 0.
+        evolver: optional skill evolver, given an agent's turns with judge reward ≤ 0 (before at-least-one).
+        evolve_every_n_turns: besides at session end, evolve after this many scored main turns of an agent
+            (None or 0: only at session end).
     """
 
     def __init__(
@@ -69,13 +73,15 @@ class ScoringWorker:
         max_attempts: int = 3,
         concurrency: int = 4,
         evolver: SkillEvolverLike | None = None,
+        evolve_every_n_turns: int | None = None,
     ) -> None:
         if needs_teacher and (teacher is None or render_teacher_prompt is None):
             raise ValueError("a method that needs teacher logprobs needs a teacher client and a prompt renderer")
         self.store, self.judge, self.teacher, self.render = store, judge, teacher, render_teacher_prompt
         self.needs_reward, self.needs_teacher = needs_reward, needs_teacher
         self.poll_s, self.session_idle_s, self.at_least_one = poll_s, session_idle_s, at_least_one
-        self.timeout_s, self.max_attempts, self.evolver = timeout_s, max_attempts, evolver
+        self.timeout_s, self.max_attempts = timeout_s, max_attempts
+        self.evolution = EvolutionScheduler(evolver, evolve_every_n_turns) if evolver is not None else None
         self.sessions = SessionLog(store.path)
         self.concurrency = concurrency
         self._scores: dict[int, TurnScore] = {}
@@ -129,6 +135,8 @@ class ScoringWorker:
                     )
             self._scores[s.id] = score
             self.stats["scored"] += 1
+            if self.evolution is not None:
+                self.evolution.note(s.agent_id, s.id, score.reward, s.messages, s.response_text, s.next_state)
         except Exception as e:  # noqa: BLE001 - a judge may fail in any way; bounded retries below
             n = self._attempts[s.id] = self._attempts.get(s.id, 0) + 1
             self.stats["errors"] += 1
@@ -136,13 +144,16 @@ class ScoringWorker:
             if n >= self.max_attempts:
                 reward = 0.0 if self.needs_reward else None
                 self._scores[s.id] = TurnScore(reward=reward, meta={"judge_error": repr(e)[:300]})
+                if self.evolution is not None:  # counted as a turn, but no verdict to learn from
+                    self.evolution.note(s.agent_id, s.id, None)
 
     # ---- settling -----------------------------------------------------------------------------------------
     def _settle(self, key: tuple[str, str], samples: list[Sample], finished: bool) -> int:
         scored = [s for s in samples if s.id in self._scores]
+        complete = finished and len(scored) == len(samples)
         hold = self.needs_reward and self.at_least_one
         if hold:
-            if not finished or len(scored) < len(samples):
+            if not complete:
                 return 0
             rewards = [self._scores[s.id].reward for s in scored]
             if scored and all(r is not None and r <= 0 for r in rewards):
@@ -152,8 +163,10 @@ class ScoringWorker:
                 sc.reward = 1.0
         for s in scored:
             self._finalize(s, self._scores.pop(s.id))
-        if finished and self.evolver is not None:
-            self._evolve(key, samples)
+        if complete:
+            self._last_change.pop(key, None)
+            if self.evolution is not None:
+                self.evolution.session_finished(*key)
         return len(scored)
 
     def _finalize(self, s: Sample, score: TurnScore) -> None:
@@ -170,19 +183,6 @@ class ScoringWorker:
         )
         s.reward = reward
         self.stats["ready" if usable else "dropped"] += 1
-
-    def _evolve(self, key: tuple[str, str], samples: Sequence[Sample]) -> None:
-        failed = [
-            {"sample_id": s.id, "messages": s.messages, "response": s.response_text, "reward": s.reward}
-            for s in samples
-            if s.reward is not None and s.reward <= 0
-        ]
-        if not failed:
-            return
-        try:
-            self.evolver.evolve(key[0], failed)
-        except Exception as e:  # noqa: BLE001 - skill evolution is best effort, never blocks scoring
-            log.warning("Skill evolution for agent %s failed: %r", key[0], e)
 
     # ---- background thread --------------------------------------------------------------------------------
     def _loop(self) -> None:
@@ -203,7 +203,13 @@ class ScoringWorker:
         self._thread.start()
         return self
 
+    def drain_evolution(self, timeout_s: float | None = 30.0) -> bool:
+        """Wait for the skill evolutions started so far (tests, shutdown); True when none is left running."""
+        return self.evolution is None or self.evolution.drain(timeout_s)
+
     def stop(self, timeout: float = 10.0) -> None:
         self._stop.set()
         if self._thread:
             self._thread.join(timeout)
+        if self.evolution is not None:
+            self.evolution.close(timeout)

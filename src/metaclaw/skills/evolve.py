@@ -1,6 +1,7 @@
 """Skill evolution: ask an LLM to turn a session's failed turns into new or edited skills.
 
-The proxy decides when (session end, every N main turns) and calls `SkillEvolver.evolve`. Every proposal,
+The live loop decides when (session end, every N main turns: `metaclaw.rollout.skills_hook.EvolutionScheduler`,
+driven by the scoring worker) and calls `SkillEvolver.evolve`. Every proposal,
 accepted or not, is logged in the agent's JSONL history; every accepted change bumps the agent's generation.
 """
 
@@ -41,20 +42,23 @@ class FailedTurn:
     """One turn that scored badly.
 
     Attributes:
-        sample_id: id of the stored sample (logged as the source of any change).
+        sample_id: id of the stored sample (logged as the source of any change; the store's ids are ints).
         prompt: the conversation as OpenAI messages, or already-rendered prompt text.
         response: the assistant's reply.
         reward: the judge's score (≤ 0 for a failure).
+        feedback: what came next (the user's reply or tool output the judge read), if known.
     """
 
-    sample_id: str
+    sample_id: str | int
     prompt: str | Sequence[Mapping[str, Any]]
     response: str
     reward: float = 0.0
+    feedback: str | None = None
 
     @classmethod
     def coerce(cls, turn: FailedTurn | Mapping[str, Any]) -> FailedTurn:
-        """Accept a `FailedTurn` or a dict with `sample_id`, `messages`/`prompt`, `response`, `reward`."""
+        """Accept a `FailedTurn` or a dict with `sample_id`, `messages`/`prompt`, `response`, `reward` and
+        optionally `next_state`/`feedback`."""
         if isinstance(turn, FailedTurn):
             return turn
         prompt = turn.get("messages", turn.get("prompt", turn.get("prompt_text", "")))
@@ -63,7 +67,11 @@ class FailedTurn:
             reward = float(turn.get("reward") or 0.0)
         except (TypeError, ValueError):
             reward = 0.0
-        return cls(str(turn.get("sample_id", "")), prompt or "", str(response or ""), reward)
+        feedback = turn.get("next_state", turn.get("feedback"))
+        feedback = content_text(feedback) if feedback is not None else None
+        sample_id = turn.get("sample_id", "")
+        sample_id = sample_id if isinstance(sample_id, int) and not isinstance(sample_id, bool) else str(sample_id)
+        return cls(sample_id, prompt or "", str(response or ""), reward, feedback or None)
 
     def render(self, max_chars: int) -> str:
         """The turn as text for the LLM, keeping the tail of a long prompt (where the failing ask is)."""
@@ -75,7 +83,10 @@ class FailedTurn:
         if len(prompt) > half:
             prompt = "…" + prompt[-half:]
         head = f"### sample {self.sample_id} (reward {self.reward:g})"
-        return f"{head}\n{prompt}\n[assistant reply] {self.response[:half]}"
+        text = f"{head}\n{prompt}\n[assistant reply] {self.response[:half]}"
+        if self.feedback:
+            text += f"\n[what came next] {self.feedback[: max_chars // 4]}"
+        return text
 
 
 @dataclass
@@ -118,6 +129,7 @@ class SkillEvolver:
         max_description_chars: limit on a proposal's description.
         max_body_chars: limit on a proposal's body.
         temperature: sampling temperature of the request.
+        max_tokens: cap on the reply's length (bounds the time the endpoint spends); None sends no cap.
         seed_bank: seed `_shared/` from the starter bank on first use.
     """
 
@@ -137,14 +149,16 @@ class SkillEvolver:
         max_description_chars: int = 300,
         max_body_chars: int = 4000,
         temperature: float = 0.2,
+        max_tokens: int | None = 2048,
         seed_bank: bool = True,
     ) -> None:
-        self.root = Path(library_root) if library_root is not None else default_root()
+        self.root = Path(library_root).expanduser() if library_root is not None else default_root()
         self.base_url, self.model = base_url.rstrip("/"), model
         self.api_key = api_key if api_key is not None else os.environ.get("METACLAW_EVOLVER_API_KEY", "")
         self.ranker: SkillRanker = ranker if ranker is not None else BM25Ranker()
         self.threshold = similarity_threshold if similarity_threshold is not None else self.ranker.duplicate_threshold
         self.timeout_s, self.max_retries, self.temperature = timeout_s, max_retries, temperature
+        self.max_tokens = max_tokens
         self.max_proposals, self.max_turns, self.max_turn_chars = max_proposals, max_turns, max_turn_chars
         self.max_description_chars, self.max_body_chars = max_description_chars, max_body_chars
         self.seed_bank = seed_bank
@@ -165,7 +179,9 @@ class SkillEvolver:
             RuntimeError: when every attempt failed or the response has no message content.
         """
         headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
-        payload = {"model": self.model, "messages": messages, "temperature": self.temperature}
+        payload: dict[str, Any] = {"model": self.model, "messages": messages, "temperature": self.temperature}
+        if self.max_tokens is not None:
+            payload["max_tokens"] = self.max_tokens
         last = "no attempt made"
         with httpx.Client(timeout=self.timeout_s) as client:
             for attempt in range(self.max_retries + 1):

@@ -103,7 +103,7 @@ class SkillInjector:
             raise ValueError(f"top_k must be >= 0 (got {top_k})")
         if max_chars < 64:
             raise ValueError(f"max_chars must be >= 64 (got {max_chars})")
-        self.root = Path(library_root) if library_root is not None else default_root()
+        self.root = Path(library_root).expanduser() if library_root is not None else default_root()
         self.ranker: SkillRanker = ranker if ranker is not None else BM25Ranker()
         self.top_k, self.max_chars, self.seed_bank = top_k, max_chars, seed_bank
         self.strip_patterns = None if strip_patterns is None else tuple(strip_patterns)
