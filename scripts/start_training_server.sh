@@ -31,7 +31,7 @@ while [[ $# -gt 0 ]]; do
     --checkpoint-dir) export METACLAW_CHECKPOINT_DIR="$2"; shift 2 ;;
     --training-devices) export METACLAW_TRAINING_DEVICES="$2"; shift 2 ;;
     --inference-devices) export METACLAW_INFERENCE_DEVICES="$2"; shift 2 ;;
-    --inference-backend) export METACLAW_INFERENCE_BACKEND="$2"; shift 2 ;;
+    --inference-backend) export METACLAW_INFERENCE_BACKEND="$2"; overrides+=("backend=$2"); shift 2 ;;  # + its options
     --log-level) overrides+=("app.log_level=$2"); shift 2 ;;
     --model) overrides+=("model=$2"); shift 2 ;;
     --*) echo "unknown flag: $arg (see --help)" >&2; exit 2 ;;

@@ -1,0 +1,167 @@
+"""The FastAPI app: seed 000's endpoints, path for path; bearer auth on all but `/v1/health`."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+import torch
+from fastapi import FastAPI
+from fastapi.responses import StreamingResponse
+
+from metaclaw.serving.sampling import SamplingParams
+from metaclaw.serving.security import BearerAuthMiddleware, BodySizeLimitMiddleware
+from metaclaw.serving.training_server import VERSION, chat
+from metaclaw.serving.training_server import schemas as s
+from metaclaw.serving.training_server.engine import TrainingEngine
+from metaclaw.serving.training_server.errors import bad_request, install_error_handlers
+from metaclaw.serving.training_server.sessions import Session
+from metaclaw.serving.training_server.vllm_sampler import EngineSampler
+from metaclaw.serving.training_server.worker import ModelOwner
+
+OPEN_PATHS = ("/v1/health", "/health")
+
+
+def _sampling_params(n: int, max_n: int, stop: object, **kwargs: object) -> SamplingParams:
+    if n > max_n:
+        raise bad_request(f"num_samples must be at most {max_n}, got {n}", "num_samples")
+    stops = [stop] if isinstance(stop, str) else list(stop or [])
+    params = SamplingParams(
+        n=n,
+        stop=[x for x in stops if isinstance(x, str)],
+        stop_token_ids=[x for x in stops if isinstance(x, int)],
+        **kwargs,
+    )
+    if params.top_k == 0:
+        params.top_k = -1
+    try:
+        params.validate()
+    except ValueError as exc:
+        raise bad_request(str(exc)) from exc
+    return params
+
+
+def create_app(engine: TrainingEngine, vllm: EngineSampler | None = None) -> FastAPI:
+    """Wire the engine into HTTP routes; model work runs on one owner thread, vLLM work on another."""
+    settings = engine.settings
+    owner = ModelOwner("metaclaw-model")
+    infer = ModelOwner("metaclaw-infer") if vllm is not None else owner
+    max_n = int(engine.cfg.sampling.max_samples)
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        yield
+        owner.shutdown()
+        infer.shutdown()
+
+    app = FastAPI(title="MetaClaw training server", version=VERSION, lifespan=lifespan)
+    install_error_handlers(app)
+    app.add_middleware(BearerAuthMiddleware, api_key=settings.api_key, open_paths=OPEN_PATHS)
+    app.add_middleware(BodySizeLimitMiddleware, max_bytes=settings.max_body_bytes)
+
+    async def sample(
+        session: Session | None, tokens: list[int], params: SamplingParams, prompt_logprobs: bool
+    ) -> tuple[list, list | None]:
+        if vllm is not None:
+            checked = engine.check_prompt(tokens, params)  # vocabulary and context limits of the base model
+            return await infer.run(vllm.sample, session, tokens, checked, prompt_logprobs)
+        return await owner.run(engine.sample, session, tokens, params, prompt_logprobs)
+
+    @app.get("/v1/health", response_model=s.HealthResponse)
+    @app.get("/health", response_model=s.HealthResponse, include_in_schema=False)
+    async def health() -> s.HealthResponse:
+        latest = engine.latest
+        return s.HealthResponse(
+            status="healthy",
+            gpu_count=torch.cuda.device_count() if torch.cuda.is_available() else 0,
+            model=latest.base_model if latest is not None else "",
+            step=latest.step if latest is not None else 0,
+            inference_backend=settings.inference_backend,
+            version=VERSION,
+        )
+
+    @app.post("/v1/lora/create", response_model=s.LoraCreateResponse)
+    async def lora_create(req: s.LoraCreateRequest) -> s.LoraCreateResponse:
+        session, trainable = await owner.run(engine.create_session, req.base_model, req.rank)
+        return s.LoraCreateResponse(
+            session_id=session.session_id,
+            status="ready",
+            model=session.base_model,
+            rank=session.rank,
+            trainable_params=trainable,
+        )
+
+    @app.post("/v1/train/forward_backward", response_model=s.ForwardBackwardResponse)
+    async def forward_backward(req: s.ForwardBackwardRequest) -> dict:
+        return await owner.run(engine.forward_backward, engine.get(req.session_id), req)
+
+    @app.post("/v1/train/optim_step", response_model=s.OptimStepResponse)
+    async def optim_step(req: s.OptimStepRequest) -> dict:
+        return await owner.run(engine.optim_step, engine.get(req.session_id), req)
+
+    @app.post("/v1/weights/save", response_model=s.WeightsSaveResponse)
+    async def weights_save(req: s.SaveRequest) -> dict:
+        session = engine.get(req.session_id)
+        result = await owner.run(engine.save_weights, session, req.name)
+        if vllm is not None:
+            await infer.run(vllm.publish, session)
+        return result
+
+    @app.post("/v1/checkpoint/save", response_model=s.CheckpointSaveResponse)
+    async def checkpoint_save(req: s.SaveRequest) -> dict:
+        return await owner.run(engine.save_checkpoint, engine.get(req.session_id), req.name)
+
+    @app.post("/v1/checkpoint/load", response_model=s.CheckpointLoadResponse)
+    async def checkpoint_load(req: s.CheckpointLoadRequest) -> dict:
+        return await owner.run(engine.load_checkpoint, engine.get(req.session_id), req.path)
+
+    @app.post("/v1/sample")
+    async def sample_tokens(req: s.SampleRequest) -> dict:
+        session = engine.get(req.session_id)
+        if req.base_model or not req.use_adapter:
+            session = None
+        params = _sampling_params(
+            req.num_samples,
+            max_n,
+            req.stop,
+            max_tokens=req.max_tokens,
+            temperature=req.temperature,
+            top_p=req.top_p,
+            top_k=req.top_k,
+            seed=req.seed,
+        )
+        want_prompt = req.prompt_logprobs or req.include_prompt_logprobs
+        outputs, prompt = await sample(session, req.tokens, params, want_prompt)
+        body: dict = {
+            "sequences": [
+                {"tokens": o.token_ids, "logprobs": o.logprobs, "stop_reason": o.finish_reason} for o in outputs
+            ]
+        }
+        if want_prompt:
+            body["prompt_logprobs"] = prompt
+        return body
+
+    @app.post("/v1/chat/completions", response_model=None)
+    async def chat_completions(req: s.ChatCompletionRequest) -> dict | StreamingResponse:
+        session_id = req.session_id or (req.model if req.model in engine.sessions else None)
+        session = engine.get(session_id) if req.use_adapter and req.model != "base" else None
+        ids = chat.prompt_ids(engine.tokenizer, req)
+        max_tokens = req.max_completion_tokens or req.max_tokens or int(engine.cfg.sampling.chat_max_tokens)
+        params = _sampling_params(
+            req.n,
+            max_n,
+            req.stop,
+            max_tokens=max_tokens,
+            temperature=req.temperature,
+            top_p=req.top_p,
+            top_k=req.top_k,
+            seed=req.seed,
+        )
+        outputs, _ = await sample(session, ids, params, False)
+        model = req.model or (session.base_model if session is not None else engine.spec.name)
+        body = chat.completion(engine.tokenizer, model, len(ids), outputs, req.logprobs)
+        if req.stream:
+            return StreamingResponse(chat.stream_chunks(body), media_type="text/event-stream")
+        return body
+
+    return app

@@ -1,0 +1,106 @@
+"""The training server's settings, read once from the composed Hydra config (`conf/app/training_server.yaml`).
+
+The seed's environment variables are resolved by the YAML (`${oc.env:...}`); this module only parses their
+string forms (`"0,1"` device lists, ports) and checks the fields that tie together, naming them on error.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
+
+from metaclaw.config import ConfigError
+from metaclaw.modules.loading import ModelSpec
+from metaclaw.serving.security import resolve_api_key
+
+INFERENCE_BACKENDS = ("hf", "vllm")
+
+
+def parse_devices(value: Any, fallback: Any, name: str) -> list[int]:
+    """`"0,1"` / `[0, 1]` / `null` (→ `fallback`) → `[0, 1]`; `""` or `"cpu"` → `[]` (CPU)."""
+    if value is None:
+        value = fallback
+    if value is None:
+        return []
+    if isinstance(value, str):
+        text = value.strip()
+        if text.lower() in ("", "cpu", "none", "[]"):
+            return []
+        value = [part for part in text.strip("[]").split(",") if part.strip()]
+    try:
+        return [int(v) for v in value]
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(f"{name} must be comma-separated GPU ids (e.g. 0,1), got {value!r}") from exc
+
+
+@dataclass
+class ServerSettings:
+    """Everything `run()` and the engine need, already parsed.
+
+    Attributes:
+        model: the base model served and trained (one in memory).
+        host: interface to bind (127.0.0.1 by default).
+        port: TCP port.
+        api_key: bearer key; None disables auth (health stays open either way).
+        checkpoint_dir: root of `adapters/` and `checkpoints/`; request paths are confined to it.
+        training_devices: GPU ids for training (the first one is used); empty: CPU.
+        inference_devices: GPU ids for the vLLM engine.
+        inference_backend: `hf` (sample from the training model) or `vllm` (hot-swapped adapters).
+        precision: Lightning Fabric precision for training (`32-true`, `bf16-mixed`, ...).
+        app: the raw `app` config (losses, optimizer, lora, sampling) for Hydra instantiation.
+        backend: the raw `backend` config (vLLM engine options).
+    """
+
+    model: ModelSpec
+    host: str
+    port: int
+    api_key: str | None
+    checkpoint_dir: Path
+    training_devices: list[int]
+    inference_devices: list[int]
+    inference_backend: str
+    precision: str
+    log_level: str = "INFO"
+    max_body_bytes: int = 64 * 1024 * 1024
+    app: DictConfig = field(default_factory=lambda: OmegaConf.create({}))
+    backend: DictConfig = field(default_factory=lambda: OmegaConf.create({}))
+
+    @classmethod
+    def from_config(cls, cfg: DictConfig) -> ServerSettings:
+        """Build from the composed `serve.yaml` + `app=training_server` config."""
+        from hydra.utils import instantiate
+
+        app = cfg.app
+        backend = str(app.inference_backend).strip().lower()
+        if backend not in INFERENCE_BACKENDS:
+            raise ConfigError(
+                f"app.inference_backend / METACLAW_INFERENCE_BACKEND must be one of {INFERENCE_BACKENDS}, "
+                f"got {backend!r}"
+            )
+        try:
+            port = int(app.port)
+        except ValueError as exc:
+            raise ConfigError(f"app.port / METACLAW_PORT must be an integer, got {app.port!r}") from exc
+        model = instantiate(cfg.model)
+        return cls(
+            model=model,
+            host=str(app.host),
+            port=port,
+            api_key=resolve_api_key(app.api_key),
+            checkpoint_dir=Path(str(app.checkpoint_dir)).expanduser(),
+            training_devices=parse_devices(
+                app.training_devices, cfg.devices.train, "app.training_devices / METACLAW_TRAINING_DEVICES"
+            ),
+            inference_devices=parse_devices(
+                app.inference_devices, cfg.devices.infer, "app.inference_devices / METACLAW_INFERENCE_DEVICES"
+            ),
+            inference_backend=backend,
+            precision=str(cfg.devices.precision),
+            log_level=str(app.log_level).upper(),
+            max_body_bytes=int(app.max_body_bytes),
+            app=app,
+            backend=cfg.backend,
+        )
