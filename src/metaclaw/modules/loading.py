@@ -13,12 +13,12 @@ import importlib.util
 import json
 import logging
 import os
-import shutil
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
+
+from metaclaw.atomic import write_dir_atomically
 
 log = logging.getLogger(__name__)
 
@@ -77,21 +77,10 @@ def cache_root() -> Path:
 
 
 def _materialise(target: Path, build) -> Path:
-    """Build a model directory once, atomically: write to a temp dir beside `target`, then rename."""
+    """Build a model directory once, atomically; a concurrent builder's identical copy is kept if it won."""
     if (target / "config.json").exists():
         return target
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))
-    try:
-        build(tmp)
-        try:
-            os.rename(tmp, target)
-        except OSError:  # another process won the race; its copy is identical
-            shutil.rmtree(tmp, ignore_errors=True)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    return target
+    return write_dir_atomically(target, build, replace=False)
 
 
 @dataclass

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import logging
 import os
-import shutil
-import tempfile
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
@@ -14,6 +12,8 @@ import torch
 from peft import LoraConfig, get_peft_model, set_peft_model_state_dict
 from safetensors.torch import load_file
 from torch import Tensor, nn
+
+from metaclaw.atomic import write_dir_atomically
 
 log = logging.getLogger(__name__)
 
@@ -104,25 +104,9 @@ class LoraPolicy(nn.Module):
 
     def save_adapter(self, directory: str | os.PathLike) -> Path:
         """Write the adapter (safetensors + adapter_config.json) atomically: temp dir, then rename."""
-        target = Path(directory)
-        target.parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))
-        try:
-            self.model.save_pretrained(tmp, safe_serialization=True)
-            for f in tmp.iterdir():
-                with open(f, "rb") as fh:
-                    os.fsync(fh.fileno())
-            if target.exists():
-                old = target.with_name(f".{target.name}.old")
-                os.rename(target, old)
-                os.rename(tmp, target)
-                shutil.rmtree(old, ignore_errors=True)
-            else:
-                os.rename(tmp, target)
-        except BaseException:
-            shutil.rmtree(tmp, ignore_errors=True)
-            raise
-        return target
+        return write_dir_atomically(
+            Path(directory), lambda tmp: self.model.save_pretrained(tmp, safe_serialization=True)
+        )
 
     def load_adapter(self, directory: str | os.PathLike) -> None:
         """Load adapter weights written by `save_adapter` (safetensors only: nothing is unpickled)."""

@@ -12,15 +12,14 @@ The directory is written beside its target and renamed into place, so a crash ne
 from __future__ import annotations
 
 import json
-import os
-import shutil
-import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import torch
 from safetensors.torch import load_file, save_file
+
+from metaclaw.atomic import write_dir_atomically
 
 FORMAT_VERSION = 1
 STATE_FILE = "state.json"
@@ -53,30 +52,6 @@ def optimizer_from_flat(tensors: dict[str, torch.Tensor], meta: dict[str, Any]) 
     return {"state": state, "param_groups": meta["param_groups"]}
 
 
-def write_atomically(target: Path, fill: Callable[[Path], None]) -> Path:
-    """Call `fill(tmp_dir)`, fsync its files, then rename `tmp_dir` to `target` (replacing an old one)."""
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))
-    try:
-        fill(tmp)
-        for f in tmp.rglob("*"):
-            if f.is_file():
-                with open(f, "rb") as fh:
-                    os.fsync(fh.fileno())
-        if target.exists():
-            old = target.with_name(f".{target.name}.old")
-            shutil.rmtree(old, ignore_errors=True)
-            os.rename(target, old)
-            os.rename(tmp, target)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            os.rename(tmp, target)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    return target
-
-
 def save_training_state(
     target: Path,
     save_adapter: Callable[[Path], Any],
@@ -92,7 +67,7 @@ def save_training_state(
         payload = {"format_version": FORMAT_VERSION, **info, "optimizer": meta}
         (tmp / STATE_FILE).write_text(json.dumps(payload, indent=2))
 
-    return write_atomically(target, fill)
+    return write_dir_atomically(target, fill)
 
 
 def read_training_state(directory: Path) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
