@@ -3,31 +3,17 @@
 from __future__ import annotations
 
 import os
-import signal
-import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-import httpx
 import pytest
 
-from metaclaw.rollout.server import free_port
+from tests.procs import free_port, serving
 
 REPO = Path(__file__).resolve().parents[2]
 ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "WANDB_MODE": "offline", "TOKENIZERS_PARALLELISM": "false"}
-
-
-def stop_group(proc: subprocess.Popen) -> None:
-    if proc.poll() is None:
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
 
 
 @contextmanager
@@ -36,38 +22,11 @@ def running_policy_server(tmp_path: Path) -> Iterator[tuple[str, Path]]:
     run_dir = tmp_path / "run"
     (run_dir / "adapters").mkdir(parents=True)
     port = free_port()
-    log = open(tmp_path / "server.log", "wb")  # noqa: SIM115
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "serve.py",
-            "model=tiny",
-            f"serve.port={port}",
-            f"serve.adapter_root={run_dir / 'adapters'}",
-            f"hydra.run.dir={tmp_path / 'server'}",
-        ],
-        cwd=REPO,
-        env=ENV,
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
-    )
+    cmd = [sys.executable, "serve.py", "model=tiny", f"serve.port={port}",
+           f"serve.adapter_root={run_dir / 'adapters'}", f"hydra.run.dir={tmp_path / 'server'}"]  # fmt: skip
     url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 180
-        while True:
-            assert proc.poll() is None, (tmp_path / "server.log").read_text()[-3000:]
-            try:
-                if httpx.get(f"{url}/health", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            assert time.monotonic() < deadline, "serve.py did not become healthy"
-            time.sleep(0.3)
+    with serving(cmd, f"{url}/health", tmp_path / "server.log"):
         yield url, run_dir
-    finally:
-        stop_group(proc)
-        log.close()
 
 
 @pytest.fixture

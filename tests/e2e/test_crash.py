@@ -11,7 +11,8 @@ import time
 from collections import Counter
 
 from metaclaw.datamodules.store import SampleStore
-from tests.e2e.conftest import ENV, REPO, stop_group
+from tests.e2e.conftest import ENV, REPO
+from tests.procs import stop_group
 
 
 def launch(run_dir, *overrides: str) -> subprocess.Popen:

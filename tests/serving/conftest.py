@@ -3,18 +3,16 @@
 from __future__ import annotations
 
 import os
-import signal
-import socket
-import subprocess
 import sys
-import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-import httpx
 import pytest
 import torch
+
+from tests.procs import free_port, serving
 
 os.environ["HF_HUB_OFFLINE"] = "1"
 os.environ["TRANSFORMERS_OFFLINE"] = "1"
@@ -83,12 +81,6 @@ def fixed_adapter(tiny_spec, adapter_root) -> Path:
     return train_fixed_answer_adapter(tiny_spec, adapter_root / "step-000007")
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @dataclass
 class LiveServer:
     url: str
@@ -100,37 +92,20 @@ class LiveServer:
         return {"Authorization": f"Bearer {self.api_key}"}
 
 
+@contextmanager
+def running_server(run_dir: Path, adapter_root: Path, *overrides: str, python: str = sys.executable):
+    """`python serve.py model=tiny` on a free port with an API key, adapters under `adapter_root`."""
+    port = free_port()
+    log = run_dir / "server.log"
+    cmd = [python, "serve.py", "model=tiny", f"serve.port={port}", f"hydra.run.dir={run_dir}",
+           f"serve.adapter_root={adapter_root}", "serve.request_timeout_s=120", *overrides]  # fmt: skip
+    url = f"http://127.0.0.1:{port}"
+    with serving(cmd, f"{url}/health", log, env={"METACLAW_API_KEY": API_KEY}):
+        yield LiveServer(url=url, api_key=API_KEY, adapter_root=adapter_root, log=log)
+
+
 @pytest.fixture(scope="session")
 def server(tmp_path_factory, adapter_root) -> Iterator[LiveServer]:
-    """`python serve.py model=tiny` on a free port with an API key; killed (process group) at the end."""
-    port = free_port()
-    run_dir = tmp_path_factory.mktemp("serve-run")
-    log = run_dir / "server.log"
-    env = {**os.environ, "METACLAW_API_KEY": API_KEY}
-    cmd = [sys.executable, "serve.py", "model=tiny", f"serve.port={port}", f"hydra.run.dir={run_dir}",
-           f"serve.adapter_root={adapter_root}", "serve.request_timeout_s=120"]  # fmt: skip
-    with open(log, "wb") as out:
-        proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 120
-        while True:
-            if proc.poll() is not None:
-                raise RuntimeError(f"server exited early:\n{log.read_text()[-3000:]}")
-            try:
-                if httpx.get(f"{url}/health", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"server did not become healthy:\n{log.read_text()[-3000:]}")
-            time.sleep(0.5)
-        yield LiveServer(url=url, api_key=API_KEY, adapter_root=adapter_root, log=log)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGTERM)
-            try:
-                proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
+    """The policy server on the tiny model, shared by the session; its process group is killed at the end."""
+    with running_server(tmp_path_factory.mktemp("serve-run"), adapter_root) as live:
+        yield live

@@ -4,11 +4,7 @@ from __future__ import annotations
 
 import json
 import os
-import signal
-import socket
-import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -16,14 +12,10 @@ from pathlib import Path
 import httpx
 import pytest
 
+from tests.procs import free_port, serving
+
 REPO = Path(__file__).resolve().parents[2]
 API_KEY = "test-secret-key"
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @dataclass
@@ -49,7 +41,7 @@ class Server:
 @pytest.fixture(scope="package")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     root = tmp_path_factory.mktemp("training_server")
-    port = _free_port()
+    port = free_port()
     env = {
         **os.environ,
         "HF_HUB_OFFLINE": "1",
@@ -70,39 +62,11 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
         f"hydra.run.dir={root / 'hydra'}",
     ]  # fmt: skip
     log = root / "server.log"
-    with open(log, "wb") as out:
-        proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
     url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 120
-        while True:
-            if proc.poll() is not None:
-                pytest.fail(f"server exited with {proc.returncode}:\n{log.read_text()[-3000:]}")
-            try:
-                if httpx.get(f"{url}/v1/health", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            if time.monotonic() > deadline:
-                pytest.fail(f"server did not come up:\n{log.read_text()[-3000:]}")
-            time.sleep(0.25)
+    with serving(cmd, f"{url}/v1/health", log, env=env, timeout_s=120):
         headers = {"Authorization": f"Bearer {API_KEY}"}
         with httpx.Client(base_url=url, headers=headers, timeout=120) as client:
             yield Server(url=url, checkpoint_dir=root / "ckpt", client=client, log=log)
-    finally:
-        _stop(proc)
-
-
-def _stop(proc: subprocess.Popen) -> None:
-    """Terminate the server's whole process group (it was started in its own session)."""
-    try:
-        os.killpg(proc.pid, signal.SIGTERM)
-        proc.wait(timeout=15)
-    except ProcessLookupError:
-        return
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait(timeout=5)
 
 
 @pytest.fixture(scope="package")
