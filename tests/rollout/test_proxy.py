@@ -215,3 +215,50 @@ def test_skills_are_injected_on_main_turns_and_recorded(tmp_path, upstream):
         assert first["messages"][0]["content"].startswith("## Active skills") and len(second["messages"]) == 1
         [s] = h.store.select()
         assert s.meta["skills"] == ["be-brief"] and s.meta["skill_generation"] == 7
+
+
+def test_concurrent_turns_are_all_stored_before_they_end(harness):
+    from concurrent.futures import ThreadPoolExecutor
+
+    def turn(i: int) -> int:
+        body = {"model": "m", "messages": [{"role": "user", "content": f"q{i}"}], "stream": i % 2 == 0}
+        with httpx.stream(
+            "POST", f"{harness.url}/v1/chat/completions", json=body, headers={"X-Session-Id": f"c{i}"}, timeout=60
+        ) as r:
+            assert r.status_code == 200
+            raw = r.read()
+        if body["stream"]:
+            assert raw.endswith(b"data: [DONE]\n\n")
+        return i
+
+    with ThreadPoolExecutor(16) as pool:
+        assert sorted(pool.map(turn, range(32))) == list(range(32))
+    samples = harness.store.select()
+    assert sorted(s.session_id for s in samples) == sorted(f"c{i}" for i in range(32))
+    assert all(len(s.response_ids) == len(s.behaviour_logprobs) > 0 for s in samples)
+    writer = harness.proxy.writer.stats
+    assert writer["writes"] == 32 and writer["commits"] <= 32 and harness.proxy.stats["captured"] == 32
+
+
+def test_side_turn_stream_is_passed_through_untouched(harness):
+    body = {"model": "m", "messages": [{"role": "user", "content": "title?"}], "stream": True}
+    with httpx.stream(
+        "POST", f"{harness.url}/v1/chat/completions", json=body, headers={"X-Turn-Type": "side"}, timeout=30
+    ) as r:
+        raw = r.read()
+    events = [e for e in raw.split(b"\n\n") if e]
+    assert events[-1] == b"data: [DONE]" and len(events) > 2
+    chunks = [json.loads(e[6:]) for e in events[:-1]]
+    assert "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks) == "Sure, here is the answer."
+    assert harness.store.count() == 0 and "logprobs" not in harness.upstream_state["requests"][-1]
+
+
+def test_client_that_keeps_extras_gets_upstream_events_verbatim(harness):
+    body = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "stream": True}
+    body |= {"logprobs": True, "return_token_ids": True}
+    with httpx.stream("POST", f"{harness.url}/v1/chat/completions", json=body, timeout=30) as r:
+        lines = [line for line in r.iter_lines() if line.startswith("data: {")]
+    chunks = [json.loads(line[6:]) for line in lines]
+    assert chunks[0]["prompt_token_ids"] and all(c["choices"][0]["token_ids"] for c in chunks)
+    [s] = harness.store.select()
+    assert s.response_ids == [t for c in chunks for t in c["choices"][0]["token_ids"]]

@@ -4,6 +4,10 @@ Life of a sample: `pending` (captured, waiting for its next state and score) →
 → `claimed` (in the batch of optimizer step `claimed_step`) → `consumed` (a checkpoint covering that step
 exists). `dropped` samples are kept for inspection but never trained on. After a crash, `reconcile(step)`
 releases claims the restored checkpoint does not cover, so unconsumed samples are trained on and none twice.
+
+Writes go through one connection (one transaction each; `write_batch` groups many into one fsync, which is how
+`GroupCommitWriter` serves concurrent proxy turns); reads use a second connection, so in WAL mode they never
+wait behind a writer's fsync.
 """
 
 from __future__ import annotations
@@ -100,12 +104,11 @@ class Sample:
                 f"teacher_logprobs has {len(self.teacher_logprobs)} entries but response_ids has {n}"
             )
         for name in ("prompt_ids", "response_ids"):
-            ids = getattr(self, name)
-            if not all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in ids):
+            if not _token_ids_ok(getattr(self, name)):
                 raise SampleValidationError(f"{name} must be non-negative integers")
         for name in ("behaviour_logprobs", "teacher_logprobs"):
             values = getattr(self, name)
-            if values is not None and not all(isinstance(v, int | float) and math.isfinite(v) for v in values):
+            if values is not None and not _finite_ok(values):
                 raise SampleValidationError(f"{name} must be finite numbers")
         if self.reward is not None and not math.isfinite(self.reward):
             raise SampleValidationError("reward must be finite")
@@ -113,6 +116,48 @@ class Sample:
             raise SampleValidationError("temperature must be > 0")
         if self.status not in STATUSES:
             raise SampleValidationError(f"status must be one of {STATUSES}, got {self.status!r}")
+
+
+def _token_ids_ok(ids: Sequence[Any]) -> bool:
+    """All non-negative ints (bools refused); C-speed for the usual plain-`int` lists of long prompts."""
+    if set(map(type, ids)) <= {int}:
+        return not ids or min(ids) >= 0
+    return all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in ids)
+
+
+def _finite_ok(values: Sequence[Any]) -> bool:
+    if set(map(type, values)) <= {float, int}:
+        return all(map(math.isfinite, values))
+    return all(isinstance(v, int | float) and math.isfinite(v) for v in values)
+
+
+_INSERT = (
+    "INSERT INTO samples (agent_id, session_id, turn_index, prompt_ids, response_ids, behaviour_logprobs,"
+    " teacher_logprobs, reward, adapter_version, temperature, status, next_state, messages,"
+    " response_text, meta, created_at, updated_at) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)"
+)
+
+
+def _insert_row(sample: Sample, now: float) -> tuple:
+    return (
+        sample.agent_id,
+        sample.session_id,
+        sample.turn_index,
+        _ints(sample.prompt_ids),
+        _ints(sample.response_ids),
+        _floats(sample.behaviour_logprobs),
+        _floats(sample.teacher_logprobs),
+        sample.reward,
+        sample.adapter_version,
+        sample.temperature,
+        sample.status,
+        sample.next_state,
+        None if sample.messages is None else json.dumps(sample.messages),
+        sample.response_text,
+        json.dumps(sample.meta),
+        now,
+        now,
+    )
 
 
 def _ints(values: Sequence[int]) -> bytes:
@@ -144,15 +189,33 @@ class SampleStore:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._lock = threading.RLock()
         self._ready = threading.Condition(self._lock)
-        self._conn = sqlite3.connect(self.path, timeout=busy_timeout_s, isolation_level=None, check_same_thread=False)
-        self._conn.row_factory = sqlite3.Row
+        self._conn = self._connect(busy_timeout_s)
         self._conn.execute("PRAGMA journal_mode=WAL")
-        self._conn.execute("PRAGMA synchronous=FULL")
         self._conn.executescript(_SCHEMA)
+        # Reads get their own connection (opened on first read): a WAL reader sees the last commit and never
+        # waits for the writer's fsync.
+        self._busy_timeout_s = busy_timeout_s
+        self._read_lock = threading.Lock()
+        self._reader_conn: sqlite3.Connection | None = None
+
+    def _connect(self, busy_timeout_s: float) -> sqlite3.Connection:
+        conn = sqlite3.connect(self.path, timeout=busy_timeout_s, isolation_level=None, check_same_thread=False)
+        conn.row_factory = sqlite3.Row
+        conn.execute("PRAGMA synchronous=FULL")
+        return conn
 
     def close(self) -> None:
-        with self._lock:
+        with self._lock, self._read_lock:
             self._conn.close()
+            if self._reader_conn is not None:
+                self._reader_conn.close()
+
+    @property
+    def _reader(self) -> sqlite3.Connection:
+        """The read connection; call with `_read_lock` held."""
+        if self._reader_conn is None:
+            self._reader_conn = self._connect(self._busy_timeout_s)
+        return self._reader_conn
 
     @contextmanager
     def _tx(self) -> Iterator[sqlite3.Connection]:
@@ -169,37 +232,44 @@ class SampleStore:
     # ---- writes -------------------------------------------------------------------------------------------
     def insert(self, sample: Sample) -> int:
         """Validate and durably store a sample; returns its id."""
-        sample.validate()
+        return self.write_batch([sample])[0]
+
+    def insert_many(self, samples: Sequence[Sample]) -> list[int]:
+        """Validate every sample first, then store them all in one durable transaction (all or nothing).
+
+        Returns their ids in order (also set on each sample). One `SampleValidationError` refuses the lot.
+        """
+        return self.write_batch(samples)
+
+    def write_batch(
+        self,
+        samples: Sequence[Sample] = (),
+        next_states: Sequence[tuple[int, str]] = (),
+        validate: bool = True,
+    ) -> list[int]:
+        """New samples and `(sample_id, next_state)` updates in one transaction, i.e. one fsync: a group commit.
+
+        `validate=False` is for callers that validated each sample already (`GroupCommitWriter` does, on the
+        submitting thread). Ids are set on the samples only once the COMMIT has returned.
+        """
+        if validate:
+            for sample in samples:
+                sample.validate()
         now = time.time()
+        rows = [_insert_row(s, now) for s in samples]  # serialise before taking the write lock
         with self._tx() as c:
-            cur = c.execute(
-                "INSERT INTO samples (agent_id, session_id, turn_index, prompt_ids, response_ids, behaviour_logprobs,"
-                " teacher_logprobs, reward, adapter_version, temperature, status, next_state, messages,"
-                " response_text, meta, created_at, updated_at) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
-                (
-                    sample.agent_id,
-                    sample.session_id,
-                    sample.turn_index,
-                    _ints(sample.prompt_ids),
-                    _ints(sample.response_ids),
-                    _floats(sample.behaviour_logprobs),
-                    _floats(sample.teacher_logprobs),
-                    sample.reward,
-                    sample.adapter_version,
-                    sample.temperature,
-                    sample.status,
-                    sample.next_state,
-                    None if sample.messages is None else json.dumps(sample.messages),
-                    sample.response_text,
-                    json.dumps(sample.meta),
-                    now,
-                    now,
-                ),
-            )
-            sample.id = cur.lastrowid
-            if sample.status == "ready":
+            ids = [c.execute(_INSERT, row).lastrowid for row in rows]
+            if next_states:
+                c.executemany(
+                    "UPDATE samples SET next_state=?, updated_at=? WHERE id=?",
+                    [(text, now, sample_id) for sample_id, text in next_states],
+                )
+        for sample, sample_id in zip(samples, ids, strict=True):
+            sample.id = sample_id
+        if any(s.status == "ready" for s in samples):
+            with self._lock:
                 self._ready.notify_all()
-        return sample.id
+        return ids
 
     def set_next_state(self, sample_id: int, next_state: str) -> None:
         with self._tx() as c:
@@ -326,8 +396,8 @@ class SampleStore:
 
     # ---- reads ----------------------------------------------------------------------------------------------
     def get(self, sample_id: int) -> Sample:
-        with self._lock:
-            row = self._conn.execute("SELECT * FROM samples WHERE id=?", (sample_id,)).fetchone()
+        with self._read_lock:
+            row = self._reader.execute("SELECT * FROM samples WHERE id=?", (sample_id,)).fetchone()
         if row is None:
             raise KeyError(f"no sample with id {sample_id}")
         return self._row(row)
@@ -346,18 +416,19 @@ class SampleStore:
         sql = "SELECT * FROM samples" + (" WHERE " + " AND ".join(clauses) if clauses else "") + " ORDER BY id"
         if limit is not None:
             sql += f" LIMIT {int(limit)}"
-        with self._lock:
-            return [self._row(r) for r in self._conn.execute(sql, args).fetchall()]
+        with self._read_lock:
+            rows = self._reader.execute(sql, args).fetchall()
+        return [self._row(r) for r in rows]
 
     def count(self, status: str | None = None) -> int:
-        with self._lock:
+        with self._read_lock:
             if status is None:
-                return self._conn.execute("SELECT COUNT(*) FROM samples").fetchone()[0]
-            return self._conn.execute("SELECT COUNT(*) FROM samples WHERE status=?", (status,)).fetchone()[0]
+                return self._reader.execute("SELECT COUNT(*) FROM samples").fetchone()[0]
+            return self._reader.execute("SELECT COUNT(*) FROM samples WHERE status=?", (status,)).fetchone()[0]
 
     def counts(self) -> dict[str, int]:
-        with self._lock:
-            rows = self._conn.execute("SELECT status, COUNT(*) FROM samples GROUP BY status").fetchall()
+        with self._read_lock:
+            rows = self._reader.execute("SELECT status, COUNT(*) FROM samples GROUP BY status").fetchall()
         return {s: 0 for s in STATUSES} | {r[0]: r[1] for r in rows}
 
     @staticmethod

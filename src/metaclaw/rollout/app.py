@@ -3,6 +3,7 @@ and `/v1/sessions/done`; wrapped in the shared auth and body-limit middlewares."
 
 from __future__ import annotations
 
+import gc
 import json
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -67,6 +68,9 @@ def create_app(
     @asynccontextmanager
     async def lifespan(app: FastAPI):
         await proxy.start()
+        # What exists at startup (torch, transformers: ~400k objects) lives for good; frozen, a full collection
+        # no longer rescans it, which otherwise stalls every in-flight request ~200 ms (the proxy's p99).
+        gc.freeze()
         yield
         await proxy.stop()
 

@@ -123,6 +123,7 @@ class RolloutProxy:
         self.client: httpx.AsyncClient | None = None  # the first pool: model refreshes
         self._clients: list[httpx.AsyncClient] = []
         self._next_client = iter(())
+        self._chat_url = httpx.URL(f"{self.upstream_url}/v1/chat/completions")  # absolute: no per-request merge
         self.writer: GroupCommitWriter | None = None
         self.upstream_models: set[str] = set()
         self.stats = {"turns": 0, "captured": 0, "capture_errors": 0, "upstream_errors": 0}
@@ -137,7 +138,6 @@ class RolloutProxy:
         kw = dict(base_url=self.upstream_url, headers=headers, timeout=self.request_timeout_s, limits=limits)
         self._clients = [httpx.AsyncClient(**kw) for _ in range(POOL_SHARDS)]
         self.client, self._next_client = self._clients[0], itertools.cycle(self._clients)
-        self._chat_url = httpx.URL(f"{self.upstream_url}/v1/chat/completions")  # absolute: no per-request merge
         if self.capture:
             self.writer = GroupCommitWriter(self.store)
         if self.policy_model and self.model_refresh_s > 0:
@@ -145,7 +145,7 @@ class RolloutProxy:
             self._refresher = asyncio.create_task(self._refresh_loop())
 
     async def stop(self) -> None:
-        """Close the upstream client and flush the writer (every accepted turn is committed)."""
+        """Close the upstream clients and flush the writer (every accepted turn is committed)."""
         if self._refresher:
             self._refresher.cancel()
         for client in self._clients:
