@@ -1,13 +1,17 @@
-"""The durable sample store and the streaming DataModule that trains from it."""
+"""The durable sample store and the streaming DataModule that trains from it.
 
-from metaclaw.datamodules.rollout import RolloutDataModule, StreamingSampleDataset, collate_samples
+The DataModule (Lightning, torch) is imported lazily, so the proxy can use the store without loading them.
+"""
+
 from metaclaw.datamodules.store import Sample, SampleStore, SampleValidationError
 
-__all__ = [
-    "RolloutDataModule",
-    "Sample",
-    "SampleStore",
-    "SampleValidationError",
-    "StreamingSampleDataset",
-    "collate_samples",
-]
+__all__ = ["RolloutDataModule", "Sample", "SampleStore", "SampleValidationError", "StreamingSampleDataset",
+           "collate_samples"]
+
+
+def __getattr__(name: str):
+    if name in ("RolloutDataModule", "StreamingSampleDataset", "collate_samples"):
+        from metaclaw.datamodules import rollout
+
+        return getattr(rollout, name)
+    raise AttributeError(f"module 'metaclaw.datamodules' has no attribute {name!r}")
