@@ -47,7 +47,9 @@ def test_sigkill_mid_run_loses_nothing_and_trains_nothing_twice(tmp_path):
         stop_group(proc)
     store = SampleStore(run_dir / "samples.sqlite")
     before = {s.id for s in store.select()}
-    assert before and store.counts()["consumed"] >= 3
+    # step-000003 exists, so step 2's checkpoint and consumption are done; step 3's may not be (that is the
+    # crash window `SampleStore.reconcile` repairs at restart)
+    assert before and store.counts()["consumed"] >= 2
 
     proc = launch(run_dir, *overrides)
     try:
