@@ -108,7 +108,8 @@ def live_loop(cfg: DictConfig, store: SampleStore, tokenizer: Any) -> Iterator[L
     if not rollout.get("proxy"):
         yield Live()
         return
-    logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per proxied request drowns the progress
+    for name in ("httpx", "httpx2"):  # one line per proxied request drowns the progress
+        logging.getLogger(name).setLevel(logging.WARNING)
     with ExitStack() as stack:
         live = Live()
         serving = cfg.serving

@@ -198,5 +198,5 @@ class LLMJudge:
 
 
 def select_judge(model: str, rule_for_models: list[str], rule: Judge, llm: Judge) -> Judge:
-    """`judge=auto`: the rule judge for the listed (random test) models, the LLM judge for every other model."""
+    """`judge=auto`: the rule judge for the listed models (too small to judge), the LLM judge for every other."""
     return rule if model in rule_for_models else llm
