@@ -11,30 +11,13 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from metaclaw.messages import content_text
+
 IMAGE_PARTS = ("image", "image_url", "input_image")
 
 
 class RequestError(ValueError):
     """A request the proxy refuses with a 400; the message says which field is wrong."""
-
-
-def content_text(content: Any) -> str:
-    """The text of a message's content: a string, or the concatenated text parts of a list."""
-    if content is None:
-        return ""
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        out = []
-        for part in content:
-            if isinstance(part, str):
-                out.append(part)
-            elif isinstance(part, dict) and part.get("type") in ("text", "input_text", "output_text"):
-                out.append(str(part.get("text", "")))
-            elif isinstance(part, dict) and part.get("type") in ("toolResult", "tool_result"):
-                out.append(content_text(part.get("content", part.get("text"))))
-        return "".join(out)
-    return str(content)
 
 
 def _arguments(value: Any) -> str:

@@ -9,10 +9,10 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+from metaclaw.messages import TEXT_PART_TYPES
 from metaclaw.serving.sampling import SamplingParams
 
 ROLES = ("system", "developer", "user", "assistant", "tool")
-TEXT_PART_TYPES = ("text", "input_text", "output_text")
 
 
 class RequestError(Exception):

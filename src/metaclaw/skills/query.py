@@ -12,6 +12,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from functools import lru_cache
 from typing import Any
 
+from metaclaw.messages import content_text as _content_text
+
 _DAY = r"(?:Mon|Tue|Wed|Thu|Fri|Sat|Sun)[a-z]*"
 _DATE = r"\d{4}-\d{2}-\d{2}"
 _TIME = r"\d{1,2}:\d{2}(?::\d{2})?(?:\.\d+)?"
@@ -45,20 +47,8 @@ def _compile(patterns: tuple[str, ...]) -> tuple[re.Pattern[str], ...]:
 
 
 def content_text(content: Any) -> str:
-    """Text of an OpenAI message `content`: a string, or a list of parts whose `text` parts are joined."""
-    if content is None:
-        return ""
-    if isinstance(content, str):
-        return content
-    if isinstance(content, Sequence):
-        texts = []
-        for part in content:
-            if isinstance(part, str):
-                texts.append(part)
-            elif isinstance(part, Mapping) and isinstance(part.get("text"), str):
-                texts.append(part["text"])
-        return "\n".join(texts)
-    return str(content)
+    """Text of an OpenAI message `content`; separate parts stay separate lines for the query."""
+    return _content_text(content, sep="\n")
 
 
 def strip_boilerplate(text: str, patterns: Iterable[str] | None = None) -> str:
