@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import re
 import threading
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -105,3 +106,30 @@ class AdapterRegistry:
             return None
         old.retired = True
         return old if old.refs == 0 else None
+
+
+class ServedAdapters:
+    """What every engine does alike with its named adapters; engines set `model_name` and `_registry`."""
+
+    model_name: str
+    _registry: AdapterRegistry
+
+    def adapters(self) -> dict[str, int]:
+        return self._registry.versions()
+
+    def adapter_version(self, name: str | None) -> int | None:
+        return None if self._is_base(name) else self._registry.current(name).version
+
+    def _is_base(self, adapter: str | None) -> bool:
+        return adapter is None or adapter == self.model_name
+
+    def _check_new_name(self, name: str) -> None:
+        check_adapter_name(name)
+        if name == self.model_name:
+            raise ValueError(f"lora_name {name!r} is the base model's name")
+
+    def prompt_logprobs(
+        self, prompt_ids: Sequence[int], target_ids: Sequence[int], adapter: str | None = None, temperature: float = 1.0
+    ) -> list[float]:
+        """`[len(target_ids)]` teacher logprobs: `score_tokens` without the ranks."""
+        return [s.logprob for s in self.score_tokens(prompt_ids, target_ids, adapter, temperature)]

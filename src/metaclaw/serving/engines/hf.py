@@ -23,7 +23,7 @@ from safetensors.torch import load_file
 from torch import nn
 
 from metaclaw.serving import sampling
-from metaclaw.serving.engines.adapters import AdapterRegistry, AdapterSlot, check_adapter_name
+from metaclaw.serving.engines.adapters import AdapterRegistry, AdapterSlot, ServedAdapters
 from metaclaw.serving.engines.base import (
     AdapterError,
     SamplingParams,
@@ -57,7 +57,7 @@ def read_adapter(path: str | Path, device: torch.device | str = "cpu") -> tuple[
     return config, state
 
 
-class HFEngine:
+class HFEngine(ServedAdapters):
     """Serve a transformers causal LM (optionally already a `PeftModel`, e.g. the one being trained).
 
     Args:
@@ -92,17 +92,9 @@ class HFEngine:
 
     # ---------------------------------------------------------------- adapters
 
-    def adapters(self) -> dict[str, int]:
-        return self._registry.versions()
-
-    def adapter_version(self, name: str | None) -> int | None:
-        return None if self._is_base(name) else self._registry.current(name).version
-
     def load_adapter(self, name: str, path: str) -> int:
         """Load the adapter under a fresh internal name, then re-point `name` to it atomically."""
-        check_adapter_name(name)
-        if name == self.model_name:
-            raise ValueError(f"lora_name {name!r} is the base model's name")
+        self._check_new_name(name)
         started = time.perf_counter()
         config, state = read_adapter(path, self.device)  # the slow part, outside the model lock
         version = self._registry.next_version(name, path)
@@ -143,9 +135,6 @@ class HFEngine:
                 self._peft.delete_adapter(slot.internal)
 
     # ---------------------------------------------------------------- model access
-
-    def _is_base(self, adapter: str | None) -> bool:
-        return adapter is None or adapter == self.model_name
 
     @contextmanager
     def _pinned(self, adapter: str | None) -> Iterator[AdapterSlot | None]:
@@ -233,15 +222,6 @@ class HFEngine:
         logprobs = (picked[:, 0] - torch.logsumexp(logits, -1)).tolist()
         ranks = ((logits > picked).sum(-1) + 1).tolist()
         return [TokenScore(lp, rank) for lp, rank in zip(logprobs, ranks, strict=True)]
-
-    def prompt_logprobs(
-        self,
-        prompt_ids: Sequence[int],
-        target_ids: Sequence[int],
-        adapter: str | None = None,
-        temperature: float = 1.0,
-    ) -> list[float]:
-        return [s.logprob for s in self.score_tokens(prompt_ids, target_ids, adapter, temperature)]
 
     def close(self) -> None:
         """Nothing to stop: the engine owns no threads between requests."""

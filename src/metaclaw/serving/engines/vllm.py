@@ -23,7 +23,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from metaclaw.serving.engines.adapters import AdapterRegistry, AdapterSlot, check_adapter_name
+from metaclaw.serving.engines.adapters import AdapterRegistry, AdapterSlot, ServedAdapters
 from metaclaw.serving.engines.base import (
     AdapterError,
     SamplingParams,
@@ -45,7 +45,7 @@ def _check_adapter_dir(path: str | Path) -> None:
         raise AdapterError(f"adapter_model.safetensors is missing in {str(directory)!r} (only safetensors load)")
 
 
-class VLLMEngine:
+class VLLMEngine(ServedAdapters):
     """Serve a base model with vLLM and hot-swappable LoRA adapters.
 
     Args:
@@ -94,16 +94,8 @@ class VLLMEngine:
 
     # ---------------------------------------------------------------- adapters
 
-    def adapters(self) -> dict[str, int]:
-        return self._registry.versions()
-
-    def adapter_version(self, name: str | None) -> int | None:
-        return None if self._is_base(name) else self._registry.current(name).version
-
     def load_adapter(self, name: str, path: str) -> int:
-        check_adapter_name(name)
-        if name == self.model_name:
-            raise ValueError(f"lora_name {name!r} is the base model's name")
+        self._check_new_name(name)
         _check_adapter_dir(path)
         started = time.perf_counter()
         version = self._registry.next_version(name, path)
@@ -130,9 +122,6 @@ class VLLMEngine:
         request = self._lora_requests.pop(slot.internal, None)
         if request is not None:
             self._call(self._engine.remove_lora(request.lora_int_id))
-
-    def _is_base(self, adapter: str | None) -> bool:
-        return adapter is None or adapter == self.model_name
 
     @contextmanager
     def _pinned(self, adapter: str | None):
@@ -225,15 +214,6 @@ class VLLMEngine:
             result = self._call(self._final(ids, sampling, lora))
         entries = result.prompt_logprobs[len(prompt_ids) :]
         return [TokenScore(e[t].logprob, int(e[t].rank or 1)) for e, t in zip(entries, target_ids, strict=True)]
-
-    def prompt_logprobs(
-        self,
-        prompt_ids: Sequence[int],
-        target_ids: Sequence[int],
-        adapter: str | None = None,
-        temperature: float = 1.0,
-    ) -> list[float]:
-        return [s.logprob for s in self.score_tokens(prompt_ids, target_ids, adapter, temperature)]
 
     def close(self) -> None:
         shutdown = getattr(self._engine, "shutdown", None)
