@@ -9,19 +9,7 @@ import time
 import pytest
 
 from metaclaw.datamodules.store import Sample, SampleStore, SampleValidationError
-
-
-def make(n_resp: int = 3, **kw) -> Sample:
-    return Sample(
-        prompt_ids=[1, 2, 3], response_ids=list(range(10, 10 + n_resp)), behaviour_logprobs=[-0.5] * n_resp, **kw
-    )
-
-
-@pytest.fixture
-def store(tmp_path):
-    s = SampleStore(tmp_path / "samples.sqlite")
-    yield s
-    s.close()
+from tests.datamodules.conftest import make
 
 
 def test_wal_and_full_sync(store):

@@ -9,19 +9,7 @@ import pytest
 
 from metaclaw.datamodules.store import Sample, SampleStore, SampleValidationError
 from metaclaw.datamodules.writer import GroupCommitWriter
-
-
-def make(n_resp: int = 3, **kw) -> Sample:
-    return Sample(
-        prompt_ids=[1, 2, 3], response_ids=list(range(10, 10 + n_resp)), behaviour_logprobs=[-0.5] * n_resp, **kw
-    )
-
-
-@pytest.fixture
-def store(tmp_path):
-    s = SampleStore(tmp_path / "samples.sqlite")
-    yield s
-    s.close()
+from tests.datamodules.conftest import make
 
 
 def test_insert_many_is_one_all_or_nothing_transaction(store):
