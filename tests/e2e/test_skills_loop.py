@@ -73,9 +73,7 @@ class SkillsLoop:
 
     def ask(self, messages: list[dict[str, Any]], **headers: str) -> str:
         hdr = {k.replace("_", "-"): v for k, v in headers.items()}
-        r = self.client().chat.completions.create(
-            model="metaclaw", messages=messages, max_tokens=6, extra_headers=hdr
-        )
+        r = self.client().chat.completions.create(model="metaclaw", messages=messages, max_tokens=6, extra_headers=hdr)
         return r.choices[0].message.content or ""
 
     def samples(self, agent_id: str, session_id: str) -> list[Sample]:
@@ -144,12 +142,13 @@ def test_failed_session_evolves_a_skill_that_later_turns_of_that_agent_only_get(
     followup = [*question, {"role": "assistant", "content": answer}, {"role": "user", "content": correction}]
     loop.ask(followup, X_Agent_Id="bea", X_Session_Id="b1", X_Session_Done="true")
 
-    skill_file = loop.root / "bea" / NEW_SKILL / "SKILL.md"
-    wait_until(skill_file.is_file, "the evolver to write the new skill")
+    library = SkillLibrary(loop.root, "bea", seed_bank=False)
+    # the skill directory lands first, then its history entry: wait for the entry (it names the generation)
+    wait_until(lambda: any(e["accepted"] for e in library.history()), "the evolver to write and log the new skill")
+    assert (loop.root / "bea" / NEW_SKILL / "SKILL.md").is_file()
     first, last = loop.samples("bea", "b1")
     assert first.reward == -1.0 and first.meta["judge"]["rule"] == "negative"  # the rule judge read "wrong"
     assert first.meta["skill_generation"] == last.meta["skill_generation"] == 0
-    library = SkillLibrary(loop.root, "bea", seed_bank=False)
     [entry] = [e for e in library.history() if e["accepted"]]
     assert entry["name"] == NEW_SKILL and entry["action"] == "add" and first.id in entry["source_sample_ids"]
     assert library.generation == entry["generation"] == 1
