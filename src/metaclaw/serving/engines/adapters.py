@@ -7,13 +7,17 @@ changes the weights under a running request, and the old weights are deleted by 
 
 from __future__ import annotations
 
+import logging
 import re
 import threading
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from metaclaw.serving.engines.base import UnknownAdapterError
+
+log = logging.getLogger(__name__)
 
 _STEP = re.compile(r"step[-_]?(\d+)$")
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:/-]{0,127}$")
@@ -109,10 +113,12 @@ class AdapterRegistry:
 
 
 class ServedAdapters:
-    """What every engine does alike with its named adapters; engines set `model_name` and `_registry`."""
+    """What every engine does alike with its named adapters; engines set `model_name` and `_registry` and
+    define `_free(slot)`, which releases one version's weights."""
 
     model_name: str
     _registry: AdapterRegistry
+    _free: Callable[[AdapterSlot], None]
 
     def adapters(self) -> dict[str, int]:
         return self._registry.versions()
@@ -127,6 +133,20 @@ class ServedAdapters:
         check_adapter_name(name)
         if name == self.model_name:
             raise ValueError(f"lora_name {name!r} is the base model's name")
+
+    def unload_adapter(self, name: str) -> None:
+        slot = self._registry.remove(name)
+        if slot is not None:
+            self._free(slot)
+        log.info("Unloaded adapter %s", name)
+
+    def _publish(self, name: str, internal: str, version: int, path: str, started: float) -> int:
+        """Re-point `name` at the loaded `internal` weights; the old version is freed once no request uses it."""
+        old = self._registry.publish(AdapterSlot(name=name, internal=internal, version=version, path=str(path)))
+        if old is not None:
+            self._free(old)
+        log.info("Loaded adapter %s v%d from %s in %.0f ms", name, version, path, 1e3 * (time.perf_counter() - started))
+        return version
 
     def prompt_logprobs(
         self, prompt_ids: Sequence[int], target_ids: Sequence[int], adapter: str | None = None, temperature: float = 1.0

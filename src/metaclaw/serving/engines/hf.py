@@ -101,17 +101,7 @@ class HFEngine(ServedAdapters):
         internal = f"adapter{next(self._ids)}"
         with self._lock:
             self._add_weights(internal, config, state, path)
-        old = self._registry.publish(AdapterSlot(name=name, internal=internal, version=version, path=str(path)))
-        if old is not None:
-            self._free(old)
-        log.info("Loaded adapter %s v%d from %s in %.0f ms", name, version, path, 1e3 * (time.perf_counter() - started))
-        return version
-
-    def unload_adapter(self, name: str) -> None:
-        slot = self._registry.remove(name)
-        if slot is not None:
-            self._free(slot)
-        log.info("Unloaded adapter %s", name)
+        return self._publish(name, internal, version, path, started)
 
     def _add_weights(self, internal: str, config: LoraConfig, state: dict[str, torch.Tensor], path: str) -> None:
         if self._peft is None:

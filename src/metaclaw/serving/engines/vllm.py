@@ -107,16 +107,7 @@ class VLLMEngine(ServedAdapters):
         except Exception as exc:  # noqa: BLE001 - vLLM's message says what does not fit
             raise AdapterError(f"vLLM cannot load the adapter in {path!r}: {exc}") from exc
         self._lora_requests[internal] = request
-        old = self._registry.publish(AdapterSlot(name=name, internal=internal, version=version, path=str(path)))
-        if old is not None:
-            self._free(old)
-        log.info("Loaded adapter %s v%d from %s in %.0f ms", name, version, path, 1e3 * (time.perf_counter() - started))
-        return version
-
-    def unload_adapter(self, name: str) -> None:
-        slot = self._registry.remove(name)
-        if slot is not None:
-            self._free(slot)
+        return self._publish(name, internal, version, path, started)
 
     def _free(self, slot: AdapterSlot) -> None:
         request = self._lora_requests.pop(slot.internal, None)
