@@ -59,6 +59,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
         "--log-level", "WARNING",
         "--model", "tiny",
         "devices=cpu",
+        "app.limits.max_sessions=64",  # the package's tests share this server
         f"hydra.run.dir={root / 'hydra'}",
     ]  # fmt: skip
     log = root / "server.log"

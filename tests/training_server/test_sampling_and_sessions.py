@@ -64,15 +64,15 @@ def test_two_sessions_have_independent_adapters(server) -> None:
     assert again["prompt_logprobs"] == base["prompt_logprobs"]
 
 
-def test_sample_defaults_to_the_most_recent_session(server) -> None:
-    sid = server.ok("/v1/lora/create", {"base_model": "tiny", "rank": 4})["session_id"]
-    step(server, sid)
-    server.ok("/v1/weights/save", {"session_id": sid, "name": "latest"})
-    body = {"tokens": PROMPT + [1, 2], "max_tokens": 1, "prompt_logprobs": True}
-    assert (
-        server.ok("/v1/sample", body)["prompt_logprobs"]
-        == server.ok("/v1/sample", {**body, "session_id": sid})["prompt_logprobs"]
-    )
+def test_sample_without_session_id_is_ambiguous_with_several_sessions(server) -> None:
+    server.ok("/v1/lora/create", {"base_model": "tiny", "rank": 4})
+    server.ok("/v1/lora/create", {"base_model": "tiny", "rank": 4})
+    r = server.post("/v1/sample", {"tokens": PROMPT, "max_tokens": 1})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "session_id", r.text
+    r = server.post("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 1})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "session_id", r.text
+    # the base model needs no session
+    assert server.ok("/v1/sample", {"tokens": PROMPT, "max_tokens": 1, "base_model": True})["sequences"]
 
 
 def test_chat_completions(server, session_id) -> None:
@@ -88,6 +88,7 @@ def test_chat_completions(server, session_id) -> None:
 
 def test_chat_completions_stream(server, session_id) -> None:
     body = {
+        "session_id": session_id,
         "messages": [{"role": "user", "content": [{"type": "text", "text": "Hi"}]}],
         "max_tokens": 4,
         "stream": True,

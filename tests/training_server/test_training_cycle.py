@@ -29,7 +29,7 @@ def test_full_cycle_train_save_sample_checkpoint_resume(server) -> None:
     saved = server.ok("/v1/weights/save", {"session_id": sid, "name": "cycle_step_0001"})
     assert saved == {
         "status": "ok",
-        "adapter_path": str(server.checkpoint_dir / "adapters" / "cycle_step_0001"),
+        "adapter_path": str(server.checkpoint_dir.resolve() / "adapters" / sid / "cycle_step_0001"),
         "step": 1,
     }
     assert (Path(saved["adapter_path"]) / "adapter_model.safetensors").is_file()
@@ -44,7 +44,7 @@ def test_full_cycle_train_save_sample_checkpoint_resume(server) -> None:
     )
 
     ckpt = server.ok("/v1/checkpoint/save", {"session_id": sid, "name": "cycle_ckpt"})
-    assert ckpt == {"status": "ok", "path": str(server.checkpoint_dir / "checkpoints" / "cycle_ckpt")}
+    assert ckpt == {"status": "ok", "path": str(server.checkpoint_dir.resolve() / "checkpoints" / sid / "cycle_ckpt")}
 
     assert step(server, sid)["step"] == 2
     straight = adapter(server.ok("/v1/weights/save", {"session_id": sid, "name": "cycle_straight"})["adapter_path"])

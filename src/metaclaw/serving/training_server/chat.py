@@ -28,7 +28,7 @@ def prompt_ids(tokenizer: Any, req: ChatCompletionRequest) -> list[int]:
     messages = []
     for m in req.messages:
         message = m.model_dump(exclude_none=True)
-        message["content"] = _text(m.content)
+        message["content"] = _text(message.get("content"))
         messages.append(message)
     try:
         text = tokenizer.apply_chat_template(messages, tools=req.tools, tokenize=False, add_generation_prompt=True)

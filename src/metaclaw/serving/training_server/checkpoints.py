@@ -14,9 +14,10 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any, Literal
 
 import torch
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 from safetensors.torch import load_file, save_file
 
 from metaclaw.atomic import write_dir_atomically
@@ -70,12 +71,72 @@ def save_training_state(
     return write_dir_atomically(target, fill)
 
 
+Scalar = bool | int | float | None
+
+
+def _plain(values: dict[str, Any]) -> dict[str, Any]:
+    """Only plain JSON scalars under ordinary keys: a file's `_target_` or `${...}` string is refused, never run."""
+    for key, value in values.items():
+        if key.startswith("_") or not (value is None or isinstance(value, bool | int | float)):
+            raise ValueError(f"unexpected entry {key[:40]!r} (only numbers and booleans belong here)")
+    return values
+
+
+class _ParamGroup(BaseModel):
+    model_config = ConfigDict(extra="allow", strict=True)
+
+    params: list[Annotated[int, Field(ge=0)]]
+    lr: float
+    betas: tuple[float, float]
+    eps: float
+    weight_decay: float
+
+    @model_validator(mode="after")
+    def _plain_extras(self) -> _ParamGroup:
+        _plain(dict(self.model_extra or {}))
+        return self
+
+
+class _OptimizerMeta(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    param_groups: list[_ParamGroup]
+    scalars: dict[str, dict[str, Scalar]] = {}
+
+    @field_validator("scalars")
+    @classmethod
+    def _plain_scalars(cls, value: dict[str, dict[str, Scalar]]) -> dict[str, dict[str, Scalar]]:
+        for entry in value.values():
+            _plain(entry)
+        return value
+
+
+class StateFile(BaseModel):
+    """`state.json`, validated: a checkpoint directory is data, whoever wrote it."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    format_version: Literal[1]
+    step: Annotated[int, Field(ge=0)]
+    rank: Annotated[int, Field(ge=1)]
+    base_model: str
+    param_names: list[str]
+    optimizer: _OptimizerMeta
+
+
 def read_training_state(directory: Path) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
     """(`state.json` contents, optimizer tensors) of a checkpoint; raises FileNotFoundError/ValueError."""
     state_file = directory / STATE_FILE
     if not state_file.is_file():
-        raise FileNotFoundError(f"{directory} is not a checkpoint (no {STATE_FILE})")
-    info = json.loads(state_file.read_text())
-    if info.get("format_version") != FORMAT_VERSION:
-        raise ValueError(f"checkpoint format {info.get('format_version')!r} is not {FORMAT_VERSION}")
+        raise FileNotFoundError(f"not a checkpoint (no {STATE_FILE})")
+    try:
+        state = StateFile.model_validate_json(state_file.read_bytes())
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        where = ".".join(str(p) for p in err.get("loc", ()))
+        raise ValueError(f"{STATE_FILE} is invalid at {where or 'top level'}: {err.get('msg')}") from None
+    info = state.model_dump()
+    info["optimizer"]["param_groups"] = [
+        {**g.model_dump(), "betas": tuple(g.betas)} for g in state.optimizer.param_groups
+    ]
     return info, load_file(str(directory / OPTIMIZER_FILE))

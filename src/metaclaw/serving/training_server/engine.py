@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import logging
 import math
+import time
 import uuid
-from collections.abc import Sequence
-from pathlib import Path
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from typing import Any
 
 import lightning as L
@@ -21,14 +22,15 @@ from hydra.utils import instantiate
 from metaclaw.modules.loading import ModelSpec
 from metaclaw.modules.policy import LoraPolicy, token_logprobs
 from metaclaw.serving.sampling import SamplingParams, SequenceOutput, generate
-from metaclaw.serving.security import confine_path
 from metaclaw.serving.training_server import checkpoints
 from metaclaw.serving.training_server.batching import check_tokens, collate
+from metaclaw.serving.training_server.distribution import Dist, SampleMemory, processed_logprobs
 from metaclaw.serving.training_server.errors import ApiError, bad_request
 from metaclaw.serving.training_server.loss_registry import LossRegistry
-from metaclaw.serving.training_server.schemas import ForwardBackwardRequest, OptimStepRequest
+from metaclaw.serving.training_server.schemas import Datum, ForwardBackwardRequest, OptimStepRequest
 from metaclaw.serving.training_server.sessions import AdapterSlot, Session
 from metaclaw.serving.training_server.settings import ServerSettings
+from metaclaw.serving.training_server.storage import Area
 
 log = logging.getLogger(__name__)
 
@@ -64,8 +66,11 @@ class TrainingEngine:
         self.base_model: Any = None
         self.tokenizer: Any = None
         self.created = 0
-        self.adapter_root = settings.checkpoint_dir / "adapters"
-        self.checkpoint_root = settings.checkpoint_dir / "checkpoints"
+        self.limits = settings.limits
+        self.adapters = Area(settings.checkpoint_dir / "adapters", self.limits.adapter_quota_bytes, "adapters")
+        self.checkpoints = Area(
+            settings.checkpoint_dir / "checkpoints", self.limits.checkpoint_quota_bytes, "checkpoints"
+        )
 
     # ---- model ---------------------------------------------------------------------------------------------
     def load_base(self, spec: ModelSpec | None = None) -> None:
@@ -116,13 +121,32 @@ class TrainingEngine:
             self.slot = AdapterSlot(self.policy)
 
     # ---- sessions ------------------------------------------------------------------------------------------
+    def _new_id(self) -> str:
+        """A fresh id that names no live session and no directory left by an earlier run."""
+        while True:
+            session_id = uuid.uuid4().hex[:8]
+            if session_id not in self.sessions and not any(
+                (area.root / session_id).exists() for area in (self.adapters, self.checkpoints)
+            ):
+                return session_id
+
     def create_session(self, base_model: str, rank: int) -> tuple[Session, str]:
         """A new session with a freshly initialised adapter; returns it and the "trainable / total" string."""
+        self.expire_idle()
+        if len(self.sessions) >= self.limits.max_sessions:
+            raise ApiError(
+                429,
+                f"the server holds {len(self.sessions)} sessions, its limit (app.limits.max_sessions); delete one "
+                f"with DELETE /v1/lora/<session_id> or wait for idle ones to expire "
+                f"(after {self.limits.session_idle_s:g} s)",
+                "session_id",
+            )
         self._ensure_policy(base_model, rank)
-        session_id = uuid.uuid4().hex[:8]
+        session_id = self._new_id()
         session = self.slot.new_session(
             session_id, base_model or self.spec.path, self.cfg.seed + self.created, self.optimizer_factory
         )
+        session.samples = SampleMemory(self.limits.sample_memory)
         self.created += 1
         self.sessions[session_id] = session
         self.latest = session
@@ -130,26 +154,91 @@ class TrainingEngine:
         log.info("session %s: %s rank %d, %d trainable parameters", session_id, session.base_model, rank, trainable)
         return session, f"{trainable / 1e6:.2f}M / {total / 1e6:.2f}M"
 
-    def get(self, session_id: str | None) -> Session | None:
-        """The named session (404 when unknown), or the most recent one when `session_id` is None."""
-        if session_id is None:
-            return self.latest
+    def get(self, session_id: str) -> Session:
+        """The named session (404 when unknown); marks it used."""
         session = self.sessions.get(session_id)
         if session is None:
             raise ApiError(404, f"unknown session_id {session_id!r}; create one with /v1/lora/create", "session_id")
+        session.touch()
         return session
 
+    def resolve(self, session_id: str | None) -> Session | None:
+        """The named session; without a name: the only session, None (base model) when there is none.
+
+        With several sessions a request without `session_id` is ambiguous: 400 naming the field.
+        """
+        if session_id is not None:
+            return self.get(session_id)
+        if not self.sessions:
+            return None
+        if len(self.sessions) > 1:
+            raise bad_request(
+                f"session_id is required: {len(self.sessions)} sessions are live, so a request without one is "
+                "ambiguous",
+                "session_id",
+            )
+        session = next(iter(self.sessions.values()))
+        session.touch()
+        return session
+
+    def delete_session(self, session: Session) -> dict[str, Any]:
+        """Forget the session: adapter tensors, gradients, AdamW state; its saved files stay on disk."""
+        if self.sessions.pop(session.session_id, None) is None:
+            return {"status": "ok", "session_id": session.session_id, "deleted": False}
+        if self.slot is not None:
+            self.slot.release(session)
+        session.optimizer.state.clear()
+        session.weights, session.published, session.grads = {}, {}, {}
+        if self.latest is session:
+            self.latest = max(self.sessions.values(), key=lambda x: x.created_at, default=None)
+        log.info("session %s deleted (%d live)", session.session_id, len(self.sessions))
+        return {"status": "ok", "session_id": session.session_id, "deleted": True}
+
+    def expire_idle(self, now: float | None = None) -> list[str]:
+        """Delete the sessions untouched for `app.limits.session_idle_s` (0: never)."""
+        idle = self.limits.session_idle_s
+        if not idle:
+            return []
+        now = time.monotonic() if now is None else now
+        expired = [s for s in self.sessions.values() if now - s.last_used >= idle]
+        for session in expired:
+            log.info("session %s idle for %.0f s: expired", session.session_id, now - session.last_used)
+            self.delete_session(session)
+        return [s.session_id for s in expired]
+
     # ---- training ------------------------------------------------------------------------------------------
+    def datum_dists(self, session: Session, req: ForwardBackwardRequest) -> tuple[list[Dist], int]:
+        """The distribution each datum's logprobs were computed under (see docs: the distribution rule).
+
+        An explicit `temperature` (and optional `top_p`/`top_k`) applies to every datum. Otherwise each datum
+        that is a sequence this session sampled gets the distribution that sampled it; the others get the
+        session's latest sampling distribution, or T=1 untruncated when it never sampled. Returns the dists and
+        how many datums matched a remembered sample.
+        """
+        if req.temperature is not None or req.top_p is not None or req.top_k is not None:
+            top_k = req.top_k if req.top_k is not None and req.top_k > 0 else -1
+            explicit = Dist(req.temperature or 1.0, req.top_p or 1.0, top_k)
+            return [explicit] * len(req.datums), 0
+        fallback = session.samples.last or Dist()
+        dists, matched = [], 0
+        for d in req.datums:
+            found = session.samples.lookup(_full_sequence(d))
+            matched += found is not None
+            dists.append(found or fallback)
+        return dists, matched
+
     def forward_backward(self, session: Session, req: ForwardBackwardRequest) -> dict[str, Any]:
         """One padded forward over all datums, the loss, backward; gradients accumulate until `optim_step`."""
         loss_fn = self.losses.build(req.loss_fn, req.loss_fn_config)
         batch = collate(req.datums, self.vocab_size, self.spec.max_seq_len, self.tokenizer.pad_token_id or 0)
         batch = batch.to(self.fabric.device)
+        dists, matched = self.datum_dists(session, req)
         self.slot.bind(session)
         self.policy.train()
         with self.fabric.autocast():
-            logprobs = self.policy.logprobs(batch.input_ids, batch.target_ids, batch.attention_mask, req.temperature)
-        out = loss_fn(logprobs.float(), batch.behaviour_logprobs, batch.advantages, batch.mask)
+            logits = self.policy(batch.input_ids, batch.attention_mask)
+        logprobs = processed_logprobs(logits, batch.target_ids, dists)
+        out = loss_fn(logprobs, batch.behaviour_logprobs, batch.advantages, batch.mask)
         loss = float(out.loss.detach())
         if not math.isfinite(loss):
             raise bad_request(
@@ -157,7 +246,20 @@ class TrainingEngine:
             )
         self.fabric.backward(out.loss)
         session.pending_losses.append(loss)
-        return {"status": "ok", "loss": loss, "total_tokens": batch.num_tokens, "num_datums": len(req.datums)}
+        with torch.no_grad():
+            on = batch.mask > 0
+            ratio = torch.exp(logprobs.detach() - batch.behaviour_logprobs)[on]
+        metrics = {k: float(v) for k, v in out.metrics.items()}
+        if ratio.numel():
+            metrics.update(ratio_mean=float(ratio.mean()), ratio_min=float(ratio.min()), ratio_max=float(ratio.max()))
+        metrics["datums_matched_to_samples"] = float(matched)
+        return {
+            "status": "ok",
+            "loss": loss,
+            "total_tokens": batch.num_tokens,
+            "num_datums": len(req.datums),
+            "metrics": metrics,
+        }
 
     def optim_step(self, session: Session, req: OptimStepRequest) -> dict[str, Any]:
         """Clip gradients, AdamW step at the request's learning rate, zero gradients."""
@@ -197,20 +299,14 @@ class TrainingEngine:
         }
 
     # ---- persistence ---------------------------------------------------------------------------------------
-    def _target(self, root: Path, name: str, field: str) -> Path:
-        try:
-            path = confine_path(root, name, field)
-        except ValueError as exc:
-            raise bad_request(str(exc), field) from exc
-        if path == root.resolve():
-            raise bad_request(f"{field} {name!r} names the root directory itself", field)
-        return path
+    def _adapter_bytes(self) -> int:
+        return sum(p.numel() * p.element_size() for p in self.slot.params.values()) + 64 * 1024
 
     def save_weights(self, session: Session, name: str) -> dict[str, Any]:
-        """Write the adapter to `adapters/<name>` and publish it to `/v1/sample` (returns the path)."""
-        target = self._target(self.adapter_root, name or f"{session.session_id}_step_{session.step:06d}", "name")
+        """Write the adapter to `adapters/<session_id>/<name>` and publish it to `/v1/sample`."""
+        target = self.adapters.target(session.session_id, name or f"step_{session.step:06d}", "name")
         self.slot.bind(session)
-        self.policy.save_adapter(target)
+        self.adapters.write(target, self._adapter_bytes(), self.policy.save_adapter, "name")
         session.published = self.slot.snapshot(session)
         session.adapter_path = target
         session.adapter_version += 1
@@ -218,8 +314,8 @@ class TrainingEngine:
         return {"status": "ok", "adapter_path": str(target), "step": session.step}
 
     def save_checkpoint(self, session: Session, name: str) -> dict[str, Any]:
-        """Adapter + optimizer + step under `checkpoints/<name>` (atomic, no pickle)."""
-        target = self._target(self.checkpoint_root, name or f"{session.session_id}_step_{session.step:06d}", "name")
+        """Adapter + optimizer + step under `checkpoints/<session_id>/<name>` (atomic, no pickle)."""
+        target = self.checkpoints.target(session.session_id, name or f"step_{session.step:06d}", "name")
         self.slot.bind(session)
         info = {
             "step": session.step,
@@ -227,22 +323,31 @@ class TrainingEngine:
             "base_model": session.base_model,
             "param_names": list(self.slot.params),
         }
-        checkpoints.save_training_state(target, self.policy.save_adapter, session.optimizer, info)
+
+        def write(path):
+            return checkpoints.save_training_state(path, self.policy.save_adapter, session.optimizer, info)
+
+        self.checkpoints.write(target, 3 * self._adapter_bytes(), write, "name")
         log.info("session %s: checkpoint (step %d) saved to %s", session.session_id, session.step, target)
         return {"status": "ok", "path": str(target)}
 
     def load_checkpoint(self, session: Session, path: str) -> dict[str, Any]:
         """Restore adapter, optimizer state and step exactly; pending gradients and losses are dropped."""
-        directory = self._target(self.checkpoint_root, path, "path")
+        directory = self.checkpoints.resolve_load(path, session.session_id, set(self.sessions), "path")
+        shown = self.checkpoints.relative(directory)
         try:
             info, tensors = checkpoints.read_training_state(directory)
         except (OSError, ValueError) as exc:
-            raise bad_request(f"cannot load checkpoint {path!r}: {exc}", "path") from exc
-        if info.get("rank") != session.rank or info.get("param_names") != list(self.slot.params):
-            raise bad_request(f"checkpoint {path!r} was written for another adapter (rank {info.get('rank')})", "path")
+            reason = "it does not exist or is not a checkpoint" if isinstance(exc, OSError) else exc
+            raise bad_request(f"cannot load checkpoint {shown}: {reason}", "path") from None
+        if info["rank"] != session.rank or info["param_names"] != list(self.slot.params):
+            raise bad_request(f"checkpoint {shown} was written for another adapter (rank {info['rank']})", "path")
         self.slot.bind(session)
-        self.policy.load_adapter(directory / checkpoints.ADAPTER_DIR)
-        session.optimizer.load_state_dict(checkpoints.optimizer_from_flat(tensors, info["optimizer"]))
+        try:
+            self.policy.load_adapter(directory / checkpoints.ADAPTER_DIR)
+            session.optimizer.load_state_dict(checkpoints.optimizer_from_flat(tensors, info["optimizer"]))
+        except (OSError, ValueError, KeyError, RuntimeError) as exc:
+            raise bad_request(f"checkpoint {shown} is damaged: {type(exc).__name__}", "path") from None
         session.optimizer.zero_grad(set_to_none=True)
         session.pending_losses.clear()
         session.step = int(info["step"])
@@ -253,6 +358,7 @@ class TrainingEngine:
     def check_prompt(self, tokens: Sequence[int], params: SamplingParams) -> SamplingParams:
         """400 for token ids outside the vocabulary or a prompt that fills the context; clamp `max_tokens`."""
         check_tokens(tokens, self.vocab_size, "tokens")
+        check_tokens(params.stop_token_ids, self.vocab_size, "stop")
         limit = self.spec.max_seq_len
         if len(tokens) >= limit:
             raise bad_request(f"tokens has {len(tokens)} entries; the model's max_seq_len is {limit}", "tokens")
@@ -261,26 +367,71 @@ class TrainingEngine:
 
     @torch.no_grad()
     def sample(
-        self, session: Session | None, tokens: Sequence[int], params: SamplingParams, prompt_logprobs: bool
+        self,
+        session: Session | None,
+        tokens: Sequence[int],
+        params: SamplingParams,
+        prompt_logprobs: bool,
+        dist: Dist | None = None,
     ) -> tuple[list[SequenceOutput], list[float | None] | None]:
-        """Sample with `session`'s published adapter (None: the base model); optionally score the prompt."""
-        params = self.check_prompt(tokens, params)
-        if self.policy is None:  # no session yet: the bare base model
-            self.base_model.eval()
-            return self._generate(self.base_model, tokens, params, prompt_logprobs)
-        self.policy.eval()
-        ctx = self.slot.serving(session.published) if session is not None else self.policy.reference()
-        with ctx:
-            return self._generate(self.policy.model, tokens, params, prompt_logprobs)
+        """Sample with `session`'s published adapter (None: the base model); optionally score the prompt.
 
-    def _generate(
-        self, model: torch.nn.Module, tokens: Sequence[int], params: SamplingParams, want_prompt: bool
-    ) -> tuple[list[SequenceOutput], list[float | None] | None]:
-        outputs = generate(model, self.tokenizer, tokens, params)
-        if not want_prompt:
-            return outputs, None
+        With `dist`, the returned logprobs are recomputed under it (`rescore`), as training will compute them.
+        """
+        params = self.check_prompt(tokens, params)
+        with self._serving(session) as model:
+            model.eval()
+            outputs = generate(model, self.tokenizer, tokens, params)
+            prompt = self._prompt_logprobs(model, tokens) if prompt_logprobs else None
+        if dist is not None:
+            outputs = self.rescore(session, tokens, outputs, dist)
+        return outputs, prompt
+
+    @torch.no_grad()
+    def rescore(
+        self, session: Session | None, tokens: Sequence[int], outputs: list[SequenceOutput], dist: Dist
+    ) -> list[SequenceOutput]:
+        """Replace each output's logprobs with `processed_logprobs` under `dist` (the function training uses)."""
+        rows = [list(tokens) + o.token_ids for o in outputs if o.token_ids]
+        if not rows:
+            return outputs
+        width = max(len(r) for r in rows) - 1
+        ids = torch.zeros((len(rows), width + 1), dtype=torch.long)
+        mask = torch.zeros((len(rows), width), dtype=torch.long)
+        for i, r in enumerate(rows):
+            ids[i, : len(r)] = torch.tensor(r)
+            mask[i, : len(r) - 1] = 1
+        ids, mask = ids.to(self.fabric.device), mask.to(self.fabric.device)
+        with self._serving(session) as model:
+            model.eval()
+            with self.fabric.autocast():
+                logits = model(input_ids=ids[:, :-1], attention_mask=mask, use_cache=False).logits
+            lps = processed_logprobs(logits, ids[:, 1:], [dist] * len(rows))
+        start = len(tokens) - 1
+        it = iter(lps.tolist())
+        for o in outputs:
+            if o.token_ids:
+                o.logprobs = next(it)[start : start + len(o.token_ids)]
+        return outputs
+
+    @contextmanager
+    def _serving(self, session: Session | None) -> Iterator[torch.nn.Module]:
+        """The model as `session` serves it (its published adapter), or the base model for None."""
+        if self.policy is None:  # no session yet: the bare base model
+            yield self.base_model
+            return
+        inner = self.slot.serving(session.published) if session is not None else self.policy.reference()
+        with inner:
+            yield self.policy.model
+
+    def _prompt_logprobs(self, model: torch.nn.Module, tokens: Sequence[int]) -> list[float | None]:
         if len(tokens) < 2:
-            return outputs, [None]
+            return [None]
         ids = torch.tensor([list(tokens)], device=self.fabric.device)
         logits = model(input_ids=ids[:, :-1], attention_mask=torch.ones_like(ids[:, :-1]), use_cache=False).logits
-        return outputs, [None, *token_logprobs(logits, ids[:, 1:])[0].tolist()]
+        return [None, *token_logprobs(logits, ids[:, 1:])[0].tolist()]
+
+
+def _full_sequence(datum: Datum) -> list[int]:
+    """The whole token sequence of a Tinker-layout datum (inputs plus the last target)."""
+    return [*datum.model_input_tokens, datum.target_tokens[-1]]

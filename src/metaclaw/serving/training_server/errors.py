@@ -6,15 +6,26 @@ Validation errors (bad JSON, wrong types, missing fields) become 400 naming the 
 from __future__ import annotations
 
 import logging
+from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from pydantic import BaseModel
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 log = logging.getLogger(__name__)
 
-_TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error", 409: "conflict_error"}
+_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    409: "conflict_error",
+    413: "invalid_request_error",
+    429: "session_limit_error",
+    507: "insufficient_storage_error",
+}
 
 
 class ApiError(Exception):
@@ -67,4 +78,54 @@ def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(Exception)
     async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
         log.exception("unhandled error on %s", request.url.path)
-        return error_response(500, f"internal error: {type(exc).__name__}: {exc}")
+        # the exception text may hold server paths or data: it goes to the log, not to the client
+        return error_response(500, f"internal error ({type(exc).__name__}); see the server log")
+
+
+class ErrorDetail(BaseModel):
+    message: str
+    type: str
+    code: int
+    param: str | None = None
+
+
+class ErrorBody(BaseModel):
+    """Every error reply: `{"error": {...}}`."""
+
+    error: ErrorDetail
+
+
+_DESCRIPTIONS = {
+    400: "Invalid request: bad JSON, a wrong type or value (`param` names the field)",
+    401: "Missing or wrong API key",
+    403: "The named checkpoint belongs to another live session",
+    404: "Unknown session_id",
+    409: "Another base model or LoRA rank than the live sessions'",
+    413: "Request body over app.max_body_bytes",
+    429: "Session limit reached (app.limits.max_sessions)",
+    507: "Disk quota for saved adapters/checkpoints exceeded, or the disk is full",
+}
+
+
+def error_responses(*statuses: int) -> dict[int | str, dict[str, Any]]:
+    """The `responses=` of a route: the error statuses it really answers, with the error body schema."""
+    return {s: {"model": ErrorBody, "description": _DESCRIPTIONS[s]} for s in statuses}
+
+
+def drop_422(app: FastAPI) -> None:
+    """Remove FastAPI's default 422 from the OpenAPI document: validation errors are answered with 400."""
+    generate = app.openapi
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema is None:
+            schema = generate()
+            for item in schema.get("paths", {}).values():
+                for op in item.values():
+                    if isinstance(op, dict):
+                        op.get("responses", {}).pop("422", None)
+            schema.get("components", {}).get("schemas", {}).pop("HTTPValidationError", None)
+            schema.get("components", {}).get("schemas", {}).pop("ValidationError", None)
+            app.openapi_schema = schema
+        return app.openapi_schema
+
+    app.openapi = openapi

@@ -11,6 +11,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 TokenId = Annotated[int, Field(strict=True, ge=0)]
+Seed = Annotated[int, Field(strict=True, ge=0, le=2**63 - 1)]
 Finite = Annotated[float, Field(allow_inf_nan=False)]
 Tokens = Annotated[list[TokenId], Field(min_length=1)]
 
@@ -76,8 +77,19 @@ class ForwardBackwardRequest(Request):
     session_id: str
     datums: Annotated[list[Datum], Field(min_length=1)]
     loss_fn: str = "importance_sampling"
-    loss_fn_config: dict[str, Finite | str] | None = None
-    temperature: Annotated[float, Field(gt=0, le=100, allow_inf_nan=False)] = 1.0
+    loss_fn_config: dict[str, Any] | None = Field(
+        default=None,
+        description="Settings the chosen loss declares (validated per loss; anything else is a 400): "
+        "`aggregation` (token-mean | seq-mean | sum) for every loss; `clip_low`, `clip_high` or Tinker's "
+        "`clip_low_threshold`, `clip_high_threshold` for ppo and cispo.",
+    )
+    temperature: Annotated[float, Field(gt=0, le=100, allow_inf_nan=False)] | None = Field(
+        default=None,
+        description="Omitted: each datum is scored under the distribution that sampled it on this server "
+        "(see the distribution rule). Given: this temperature (and top_p/top_k) for every datum.",
+    )
+    top_p: Annotated[float, Field(gt=0, le=1, allow_inf_nan=False)] | None = None
+    top_k: Annotated[int, Field(strict=True, ge=-1)] | None = None
 
 
 class ForwardBackwardResponse(BaseModel):
@@ -85,6 +97,30 @@ class ForwardBackwardResponse(BaseModel):
     loss: float
     total_tokens: int
     num_datums: int
+    metrics: dict[str, float] = {}
+
+
+class LoraDeleteRequest(Request):
+    session_id: str
+
+
+class LoraDeleteResponse(BaseModel):
+    status: str
+    session_id: str
+    deleted: bool
+
+
+class SessionInfo(BaseModel):
+    session_id: str
+    model: str
+    rank: int
+    step: int
+    idle_s: float
+
+
+class SessionsResponse(BaseModel):
+    sessions: list[SessionInfo]
+    max_sessions: int
 
 
 class OptimStepRequest(Request):
@@ -140,7 +176,7 @@ class SampleRequest(Request):
     top_k: Annotated[int, Field(strict=True, ge=-1)] = -1
     top_p: Annotated[float, Field(gt=0, le=1, allow_inf_nan=False)] = 1.0
     stop: str | list[str] | list[TokenId] | None = None
-    seed: int | None = None
+    seed: Seed | None = None
     session_id: str | None = None
     prompt_logprobs: bool = False
     include_prompt_logprobs: bool = False
@@ -154,10 +190,28 @@ class SampledSequence(BaseModel):
     stop_reason: str
 
 
+class TextPart(Request):
+    """The one content part this text-only server reads."""
+
+    type: Literal["text"]
+    text: str
+
+
+class FunctionCall(Request):
+    name: str
+    arguments: str
+
+
+class ToolCall(Request):
+    id: str
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
 class ChatMessage(Request):
-    role: str
-    content: str | list[dict[str, Any]] | None = None
-    tool_calls: list[dict[str, Any]] | None = None
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: str | list[TextPart] | None = None
+    tool_calls: list[ToolCall] | None = None
     name: str | None = None
     tool_call_id: str | None = None
 
@@ -175,7 +229,7 @@ class ChatCompletionRequest(Request):
     max_completion_tokens: Annotated[int, Field(strict=True, ge=1)] | None = None
     n: Annotated[int, Field(strict=True, ge=1)] = 1
     stop: str | list[str] | None = None
-    seed: int | None = None
+    seed: Seed | None = None
     stream: bool = False
     tools: list[dict[str, Any]] | None = None
     logprobs: bool = False

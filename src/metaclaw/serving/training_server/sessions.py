@@ -19,6 +19,7 @@ from peft.tuners.lora.layer import LoraLayer
 from torch import Tensor
 
 from metaclaw.modules.policy import LoraPolicy
+from metaclaw.serving.training_server.distribution import SampleMemory
 
 ADAPTER_NAME = "default"  # LoraPolicy's one PEFT adapter
 
@@ -38,6 +39,8 @@ class Session:
         step: optimizer steps taken.
         pending_losses: `forward_backward` losses since the last step (for `avg_loss`).
         adapter_path: the last adapter written by `/v1/weights/save`.
+        samples: which distribution sampled each recent sequence (for `forward_backward`'s distribution rule).
+        last_used: `time.monotonic()` of the last request naming this session (idle expiry).
     """
 
     session_id: str
@@ -52,6 +55,11 @@ class Session:
     adapter_path: Path | None = None
     adapter_version: int = 0
     created_at: float = field(default_factory=time.time)
+    samples: SampleMemory = field(default_factory=lambda: SampleMemory(0))
+    last_used: float = field(default_factory=time.monotonic)
+
+    def touch(self) -> None:
+        self.last_used = time.monotonic()
 
 
 class AdapterSlot:
@@ -95,6 +103,15 @@ class AdapterSlot:
             self.bound.grads = {n: p.grad for n, p in self.params.items()}
             for p in self.params.values():
                 p.grad = None
+        self.bound = None
+
+    def release(self, session: Session) -> None:
+        """Drop every reference the slot holds to `session`'s tensors (before the session is deleted)."""
+        if self.bound is not session:
+            return
+        for p in self.params.values():
+            p.grad = None
+            p.data = torch.zeros_like(p.data)
         self.bound = None
 
     @contextmanager

@@ -36,6 +36,48 @@ def parse_devices(value: Any, fallback: Any, name: str) -> list[int]:
         raise ConfigError(f"{name} must be comma-separated GPU ids (e.g. 0,1), got {value!r}") from exc
 
 
+@dataclass(frozen=True)
+class Limits:
+    """Bounds on what clients can make the server hold (`app.limits`); see docs/training_server.md.
+
+    Attributes:
+        max_sessions: live sessions at most; `/v1/lora/create` beyond it is a 429.
+        session_idle_s: a session untouched this long is deleted (adapter, gradients, AdamW state); 0: never.
+        sweep_interval_s: how often idle sessions are looked for.
+        adapter_quota_bytes: total size of `adapters/`; a save that would exceed it is a 507.
+        checkpoint_quota_bytes: the same for `checkpoints/`.
+        sample_memory: sampled sequences remembered per session for the distribution rule.
+    """
+
+    max_sessions: int = 8
+    session_idle_s: float = 3600.0
+    sweep_interval_s: float = 60.0
+    adapter_quota_bytes: int = 10 * 2**30
+    checkpoint_quota_bytes: int = 20 * 2**30
+    sample_memory: int = 4096
+
+    @classmethod
+    def from_config(cls, cfg: Any) -> Limits:
+        if cfg is None:
+            return cls()
+        try:
+            limits = cls(
+                max_sessions=int(cfg.max_sessions),
+                session_idle_s=float(cfg.session_idle_s),
+                sweep_interval_s=float(cfg.sweep_interval_s),
+                adapter_quota_bytes=int(float(cfg.adapter_quota_mb) * 2**20),
+                checkpoint_quota_bytes=int(float(cfg.checkpoint_quota_mb) * 2**20),
+                sample_memory=int(cfg.sample_memory),
+            )
+        except (TypeError, ValueError) as exc:
+            raise ConfigError(f"app.limits: every limit must be a number ({exc})") from exc
+        if limits.max_sessions < 1 or limits.session_idle_s < 0 or limits.sweep_interval_s <= 0:
+            raise ConfigError("app.limits: need max_sessions >= 1, session_idle_s >= 0, sweep_interval_s > 0")
+        if limits.adapter_quota_bytes <= 0 or limits.checkpoint_quota_bytes <= 0 or limits.sample_memory < 0:
+            raise ConfigError("app.limits: quotas must be positive and sample_memory >= 0")
+        return limits
+
+
 @dataclass
 class ServerSettings:
     """Everything `run()` and the engine need, already parsed.
@@ -52,6 +94,7 @@ class ServerSettings:
         precision: Lightning Fabric precision for training (`32-true`, `bf16-mixed`, ...).
         app: the raw `app` config (losses, optimizer, lora, sampling) for Hydra instantiation.
         backend: the raw `backend` config (vLLM engine options).
+        limits: session cap, idle expiry, disk quotas.
     """
 
     model: ModelSpec
@@ -65,6 +108,7 @@ class ServerSettings:
     precision: str
     log_level: str = "INFO"
     max_body_bytes: int = 64 * 1024 * 1024
+    limits: Limits = field(default_factory=Limits)
     app: DictConfig = field(default_factory=lambda: OmegaConf.create({}))
     backend: DictConfig = field(default_factory=lambda: OmegaConf.create({}))
 
@@ -101,6 +145,7 @@ class ServerSettings:
             precision=str(cfg.devices.precision),
             log_level=str(app.log_level).upper(),
             max_body_bytes=int(app.max_body_bytes),
+            limits=Limits.from_config(app.get("limits")),
             app=app,
             backend=cfg.backend,
         )

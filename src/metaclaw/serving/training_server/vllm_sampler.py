@@ -41,6 +41,12 @@ class EngineSampler:
         self._published.add(session.session_id)
         log.info("inference engine: adapter %s → %s", session.session_id, session.adapter_path)
 
+    def forget(self, session_id: str) -> None:
+        """Unload a deleted session's adapter from the engine (nothing to do if it never published)."""
+        if session_id in self._published:
+            self._published.discard(session_id)
+            self.engine().unload_adapter(session_id)
+
     def sample(
         self, session: Session | None, tokens: Sequence[int], params: SamplingParams, prompt_logprobs: bool
     ) -> tuple[list[SequenceOutput], list[float | None] | None]:
