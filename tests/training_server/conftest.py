@@ -2,72 +2,20 @@
 
 from __future__ import annotations
 
-import json
-import os
-import sys
 from collections.abc import Iterator
-from dataclasses import dataclass
-from pathlib import Path
 
-import httpx
 import pytest
 
-from tests.procs import free_port, serving
+from tests.training_server.launch import API_KEY, Server, training_server
 
-REPO = Path(__file__).resolve().parents[2]
-API_KEY = "test-secret-key"
-
-
-@dataclass
-class Server:
-    """Where the server listens, its checkpoint root and an authenticated client."""
-
-    url: str
-    checkpoint_dir: Path
-    client: httpx.Client
-    log: Path
-
-    def post(self, path: str, body: dict | None = None) -> httpx.Response:
-        """POST `body` as JSON; NaN/Infinity are written as Python's json does (httpx refuses them)."""
-        content = json.dumps(body).encode()
-        return self.client.post(path, content=content, headers={"content-type": "application/json"})
-
-    def ok(self, path: str, body: dict) -> dict:
-        r = self.post(path, body)
-        assert r.status_code == 200, r.text
-        return r.json()
+__all__ = ["API_KEY", "Server"]
 
 
 @pytest.fixture(scope="package")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    root = tmp_path_factory.mktemp("training_server")
-    port = free_port()
-    env = {
-        **os.environ,
-        "HF_HUB_OFFLINE": "1",
-        "TOKENIZERS_PARALLELISM": "false",
-        "PYTHON": sys.executable,
-        "METACLAW_INFERENCE_BACKEND": "hf",
-    }
-    env.pop("METACLAW_TRAINING_DEVICES", None)
-    cmd = [
-        "bash",
-        str(REPO / "scripts" / "start_training_server.sh"),
-        "--port", str(port),
-        "--api-key", API_KEY,
-        "--checkpoint-dir", str(root / "ckpt"),
-        "--log-level", "WARNING",
-        "--model", "tiny",
-        "devices=cpu",
-        "app.limits.max_sessions=64",  # the package's tests share this server
-        f"hydra.run.dir={root / 'hydra'}",
-    ]  # fmt: skip
-    log = root / "server.log"
-    url = f"http://127.0.0.1:{port}"
-    with serving(cmd, f"{url}/v1/health", log, env=env, timeout_s=120):
-        headers = {"Authorization": f"Bearer {API_KEY}"}
-        with httpx.Client(base_url=url, headers=headers, timeout=120) as client:
-            yield Server(url=url, checkpoint_dir=root / "ckpt", client=client, log=log)
+    # the package's tests share this server: room for all their sessions
+    with training_server(tmp_path_factory.mktemp("training_server"), ["app.limits.max_sessions=64"]) as srv:
+        yield srv
 
 
 @pytest.fixture(scope="package")

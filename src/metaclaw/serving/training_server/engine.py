@@ -300,7 +300,7 @@ class TrainingEngine:
 
     # ---- persistence ---------------------------------------------------------------------------------------
     def _adapter_bytes(self) -> int:
-        return sum(p.numel() * p.element_size() for p in self.slot.params.values()) + 64 * 1024
+        return sum(p.numel() * p.element_size() for p in self.slot.params.values()) + 16 * 1024
 
     def save_weights(self, session: Session, name: str) -> dict[str, Any]:
         """Write the adapter to `adapters/<session_id>/<name>` and publish it to `/v1/sample`."""
