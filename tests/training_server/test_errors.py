@@ -19,8 +19,27 @@ BAD_TRAINING = {
     "empty datums": (lambda sid: _fb(sid, datums=[]), "datums"),
     "empty tokens": (lambda sid: _fb(sid, datums=[{**GOOD, "model_input_tokens": []}]), "model_input_tokens"),
     "unknown loss_fn": (lambda sid: _fb(sid, loss_fn="dpo"), "loss_fn"),
-    "bad loss_fn_config": (lambda sid: _fb(sid, loss_fn="ppo", loss_fn_config={"nope": 1}), "loss_fn_config"),
-    "clip out of range": (lambda sid: _fb(sid, loss_fn="ppo", loss_fn_config={"clip_low": 2.0}), "loss_fn_config"),
+    "bad loss_fn_config": (lambda sid: _fb(sid, loss_fn="ppo", loss_fn_config={"nope": 1}), "loss_fn_config.nope"),
+    "clip out of range": (
+        lambda sid: _fb(sid, loss_fn="ppo", loss_fn_config={"clip_low": 2.0}),
+        "loss_fn_config.clip_low",
+    ),
+    "clip as a string": (
+        lambda sid: _fb(sid, loss_fn="ppo", loss_fn_config={"clip_high": "0.3"}),
+        "loss_fn_config.clip_high",
+    ),
+    "clip for importance_sampling": (
+        lambda sid: _fb(sid, loss_fn="importance_sampling", loss_fn_config={"clip_low": 0.1}),
+        "loss_fn_config.clip_low",
+    ),
+    "unknown aggregation": (
+        lambda sid: _fb(sid, loss_fn_config={"aggregation": "max"}),
+        "loss_fn_config.aggregation",
+    ),
+    "both clip forms": (
+        lambda sid: _fb(sid, loss_fn="cispo", loss_fn_config={"clip_low": 0.1, "clip_low_threshold": 0.9}),
+        "loss_fn_config",
+    ),
     "NaN advantage": (lambda sid: _fb(sid, datums=[{**GOOD, "advantages": [float("nan")] * 8}]), "advantages"),
     "inf logprob": (lambda sid: _fb(sid, datums=[{**GOOD, "logprobs": [float("-inf")] * 8}]), "logprobs"),
     "token outside vocab": (lambda sid: _fb(sid, datums=[{**GOOD, "target_tokens": [10**6] * 8}]), "target_tokens"),
@@ -59,10 +78,23 @@ def test_bad_training_input_is_400_naming_the_field(server, session_id, case) ->
         ("/v1/sample", {"tokens": PROMPT, "temperature": float("nan")}, "temperature"),
         ("/v1/lora/create", {"rank": 0}, "rank"),
         ("/v1/chat/completions", {"messages": []}, "messages"),
+        ("/v1/sample", {"tokens": PROMPT, "seed": 2**70}, "seed"),
+        ("/v1/sample", {"tokens": PROMPT, "seed": -1}, "seed"),
+        ("/v1/sample", {"tokens": PROMPT, "stop": [10**6]}, "stop"),
+        ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "seed": 2**70}, "seed"),
+        ("/v1/chat/completions", {"messages": [{"role": "bogus", "content": "hi"}]}, "messages.0.role"),
+        ("/v1/chat/completions", {"messages": [{"role": "user", "content": [{"junk": 1}]}]}, "messages.0.content"),
+        ("/v1/chat/completions", {"messages": [{"role": "user", "content": [{"type": "text"}]}]}, "messages.0"),
+        ("/v1/chat/completions", {"messages": [{"role": "user", "content": [1, 2]}]}, "messages.0.content"),
+        (
+            "/v1/chat/completions",
+            {"messages": [{"role": "assistant", "content": "", "tool_calls": [{"function": 3}]}]},
+            "messages.0.tool_calls",
+        ),
     ],
 )
 def test_bad_request_fields(server, session_id, path, body, field) -> None:
-    if path.startswith("/v1/train"):
+    if path.startswith("/v1/train") or path in ("/v1/sample", "/v1/chat/completions"):
         body = {"session_id": session_id, **body}
     r = server.post(path, body)
     assert r.status_code == 400, r.text
@@ -103,6 +135,42 @@ def test_path_tricks_are_400(server, session_id, path, key, value) -> None:
     r = server.post(path, {"session_id": session_id, key: value})
     assert r.status_code == 400, r.text
     assert r.json()["error"]["param"] == key
+
+
+@pytest.mark.parametrize("path", ["/v1/weights/save", "/v1/checkpoint/save"])
+@pytest.mark.parametrize("name", ["x" * 256, "é" * 128, "a" * 4096, "a/b", ".hidden", "a\x00b"])
+def test_bad_names_are_400_without_server_paths(server, session_id, path, name) -> None:
+    r = server.post(path, {"session_id": session_id, "name": name})
+    assert r.status_code == 400, r.text
+    error = r.json()["error"]
+    assert error["param"] == "name"
+    assert str(server.checkpoint_dir.resolve()) not in r.text and "/tmp" not in r.text, r.text
+
+
+def test_longest_name_is_saved(server, session_id) -> None:
+    out = server.ok("/v1/weights/save", {"session_id": session_id, "name": "n" * 200})
+    assert out["adapter_path"].endswith("/" + "n" * 200)
+
+
+def test_no_absolute_path_in_load_errors(server, session_id) -> None:
+    for path in ("does_not_exist", "/etc", "../../x", f"{server.checkpoint_dir}/checkpoints/{session_id}/nope"):
+        r = server.post("/v1/checkpoint/load", {"session_id": session_id, "path": path})
+        assert r.status_code == 400, r.text
+        assert str(server.checkpoint_dir.resolve()) not in r.json()["error"]["message"], r.text
+
+
+def test_openapi_declares_400_not_422(server) -> None:
+    doc = server.client.get("/openapi.json").json()
+    for path, item in doc["paths"].items():
+        for method, op in item.items():
+            codes = set(op["responses"])
+            assert "422" not in codes, (method, path)
+            if method == "post":
+                assert "400" in codes, (method, path)
+    fb = doc["paths"]["/v1/train/forward_backward"]["post"]["responses"]["400"]["content"]["application/json"]
+    assert fb["schema"]["$ref"].endswith("/ErrorBody")
+    assert "507" in doc["paths"]["/v1/weights/save"]["post"]["responses"]
+    assert "429" in doc["paths"]["/v1/lora/create"]["post"]["responses"]
 
 
 def test_auth(server) -> None:

@@ -102,13 +102,15 @@ def _trained(engine: TrainingEngine):
 def test_delete_and_idle_expiry_free_the_session_tensors(engine: TrainingEngine) -> None:
     first = _trained(engine)
     second = _trained(engine)  # bound to the slot now, with pending gradients
+    adam = [v for st in first.optimizer.state.values() for v in st.values() if hasattr(v, "shape")]
     refs = {
         "first.weights": [weakref.ref(t) for t in first.weights.values()],
-        "first.adam": [weakref.ref(v) for st in first.optimizer.state.values() for v in st.values() if hasattr(v, "shape")],
+        "first.adam": [weakref.ref(v) for v in adam],
         "second.weights": [weakref.ref(t) for t in second.weights.values()],
         "second.grads": [weakref.ref(p.grad) for p in engine.slot.params.values() if p.grad is not None],
     }  # fmt: skip
     assert all(refs.values()), {k: len(v) for k, v in refs.items()}
+    del adam
     first_id, second_id = first.session_id, second.session_id
 
     now = max(first.last_used, second.last_used)
