@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gc
+import time
 import weakref
 from collections.abc import Iterator
 from pathlib import Path
@@ -132,3 +133,16 @@ def test_cap_counts_live_sessions_only(engine: TrainingEngine) -> None:
     assert err.value.status == 429
     engine.expire_idle(max(s.last_used for s in sessions) + 61)  # all idle: expired, places free again
     assert engine.sessions == {} and engine.create_session("tiny", 4)[0].session_id
+
+
+def test_idle_sessions_expire_on_a_live_server(tmp_path: Path) -> None:
+    overrides = ["app.limits.session_idle_s=3", "app.limits.sweep_interval_s=0.5"]
+    with training_server(tmp_path, overrides) as server:
+        idle, busy = server.create(), server.create()
+        deadline = time.monotonic() + 30
+        while idle in server.sessions() and time.monotonic() < deadline:
+            server.ok("/v1/train/optim_step", {"session_id": busy})  # any request naming it keeps it alive
+            time.sleep(0.3)
+        assert server.sessions() == [busy]
+        r = server.post("/v1/train/optim_step", {"session_id": idle})
+        assert r.status_code == 404 and r.json()["error"]["param"] == "session_id"
