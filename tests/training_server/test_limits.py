@@ -146,3 +146,22 @@ def test_idle_sessions_expire_on_a_live_server(tmp_path: Path) -> None:
         assert server.sessions() == [busy]
         r = server.post("/v1/train/optim_step", {"session_id": idle})
         assert r.status_code == 404 and r.json()["error"]["param"] == "session_id"
+
+
+def test_work_queued_for_a_deleted_session_is_404(engine: TrainingEngine) -> None:
+    from metaclaw.serving.sampling import SamplingParams
+
+    session, _ = engine.create_session("tiny", 4)
+    engine.delete_session(session)  # e.g. expired while the request waited for the model thread
+    calls = [
+        lambda: engine.forward_backward(session, ForwardBackwardRequest(session_id=session.session_id, datums=BATCH)),
+        lambda: engine.optim_step(session, OptimStepRequest(session_id=session.session_id)),
+        lambda: engine.save_weights(session, "x"),
+        lambda: engine.save_checkpoint(session, "x"),
+        lambda: engine.sample(session, [1, 2, 3], SamplingParams(max_tokens=2), False),
+    ]
+    for call in calls:
+        with pytest.raises(ApiError) as err:
+            call()
+        assert err.value.status == 404 and err.value.param == "session_id"
+    assert not (engine.adapters.root / session.session_id).exists()

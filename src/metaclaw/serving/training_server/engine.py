@@ -169,17 +169,21 @@ class TrainingEngine:
         """
         if session_id is not None:
             return self.get(session_id)
-        if not self.sessions:
+        live = list(self.sessions.values())  # one atomic copy: the owner thread may add or delete meanwhile
+        if not live:
             return None
-        if len(self.sessions) > 1:
+        if len(live) > 1:
             raise bad_request(
-                f"session_id is required: {len(self.sessions)} sessions are live, so a request without one is "
-                "ambiguous",
+                f"session_id is required: {len(live)} sessions are live, so a request without one is ambiguous",
                 "session_id",
             )
-        session = next(iter(self.sessions.values()))
-        session.touch()
-        return session
+        live[0].touch()
+        return live[0]
+
+    def _live(self, session: Session | None) -> None:
+        """404 when `session` was deleted (or expired) after the request looked it up."""
+        if session is not None and self.sessions.get(session.session_id) is not session:
+            raise ApiError(404, f"session_id {session.session_id!r} was deleted", "session_id")
 
     def delete_session(self, session: Session) -> dict[str, Any]:
         """Forget the session: adapter tensors, gradients, AdamW state; its saved files stay on disk."""
@@ -229,6 +233,7 @@ class TrainingEngine:
 
     def forward_backward(self, session: Session, req: ForwardBackwardRequest) -> dict[str, Any]:
         """One padded forward over all datums, the loss, backward; gradients accumulate until `optim_step`."""
+        self._live(session)
         loss_fn = self.losses.build(req.loss_fn, req.loss_fn_config)
         batch = collate(req.datums, self.vocab_size, self.spec.max_seq_len, self.tokenizer.pad_token_id or 0)
         batch = batch.to(self.fabric.device)
@@ -263,6 +268,7 @@ class TrainingEngine:
 
     def optim_step(self, session: Session, req: OptimStepRequest) -> dict[str, Any]:
         """Clip gradients, AdamW step at the request's learning rate, zero gradients."""
+        self._live(session)
         self.slot.bind(session)
         params = list(self.slot.params.values())
         optimizer = session.optimizer
@@ -304,6 +310,7 @@ class TrainingEngine:
 
     def save_weights(self, session: Session, name: str) -> dict[str, Any]:
         """Write the adapter to `adapters/<session_id>/<name>` and publish it to `/v1/sample`."""
+        self._live(session)
         target = self.adapters.target(session.session_id, name or f"step_{session.step:06d}", "name")
         self.slot.bind(session)
         self.adapters.write(target, self._adapter_bytes(), self.policy.save_adapter, "name")
@@ -315,6 +322,7 @@ class TrainingEngine:
 
     def save_checkpoint(self, session: Session, name: str) -> dict[str, Any]:
         """Adapter + optimizer + step under `checkpoints/<session_id>/<name>` (atomic, no pickle)."""
+        self._live(session)
         target = self.checkpoints.target(session.session_id, name or f"step_{session.step:06d}", "name")
         self.slot.bind(session)
         info = {
@@ -333,6 +341,7 @@ class TrainingEngine:
 
     def load_checkpoint(self, session: Session, path: str) -> dict[str, Any]:
         """Restore adapter, optimizer state and step exactly; pending gradients and losses are dropped."""
+        self._live(session)
         directory = self.checkpoints.resolve_load(path, session.session_id, set(self.sessions), "path")
         shown = self.checkpoints.relative(directory)
         try:
@@ -378,6 +387,7 @@ class TrainingEngine:
 
         With `dist`, the returned logprobs are recomputed under it (`rescore`), as training will compute them.
         """
+        self._live(session)
         params = self.check_prompt(tokens, params)
         with self._serving(session) as model:
             model.eval()
@@ -392,6 +402,7 @@ class TrainingEngine:
         self, session: Session | None, tokens: Sequence[int], outputs: list[SequenceOutput], dist: Dist
     ) -> list[SequenceOutput]:
         """Replace each output's logprobs with `processed_logprobs` under `dist` (the function training uses)."""
+        self._live(session)
         rows = [list(tokens) + o.token_ids for o in outputs if o.token_ids]
         if not rows:
             return outputs
