@@ -39,3 +39,14 @@ def test_weights_save_changes_what_vllm_samples(tmp_path):
         assert saved["step"] == 3
         after = c.post("/v1/sample", json=sample).json()["sequences"][0]
         assert after["tokens"] != before["tokens"] or after["logprobs"] != before["logprobs"]
+
+        # one distribution with vLLM sampling too: MetaClaw's client (no session_id, no temperature to train)
+        body = {"tokens": toks, "num_samples": 2, "temperature": 0.7, "top_p": 0.8, "top_k": 20, "max_tokens": 8}
+        seqs = [x for x in c.post("/v1/sample", json=body).json()["sequences"] if x["tokens"]]
+        datums = [
+            {"model_input_tokens": (toks + x["tokens"])[:-1], "target_tokens": (toks + x["tokens"])[1:],
+             "logprobs": [0.0] * 29 + x["logprobs"], "advantages": [0.0] * 29 + [1.0] * len(x["tokens"])}
+            for x in seqs
+        ]  # fmt: skip
+        fb = c.post("/v1/train/forward_backward", json={"session_id": sid, "datums": datums}).json()
+        assert abs(fb["metrics"]["ratio_min"] - 1) < 1e-4 and abs(fb["metrics"]["ratio_max"] - 1) < 1e-4, fb
