@@ -140,3 +140,20 @@ def test_two_handles_share_data_and_survive_reopen(tmp_path):
     b.close()
     with sqlite3.connect(path) as raw:
         assert raw.execute("SELECT COUNT(*) FROM samples").fetchone()[0] == 1
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "field"),
+    [
+        ({"teacher_logprobs": [-0.1, float("-inf"), -0.3]}, "teacher_logprobs"),
+        ({"teacher_logprobs": [float("nan"), -0.2, -0.3]}, "teacher_logprobs"),
+        ({"reward": float("nan")}, "reward"),
+        ({"reward": float("inf")}, "reward"),
+    ],
+)
+def test_set_score_refuses_non_finite_values_naming_the_field(store, kwargs, field):
+    sid = store.insert(make())
+    with pytest.raises(SampleValidationError, match=f"{field} must be finite"):
+        store.set_score(sid, **kwargs)
+    got = store.get(sid)
+    assert got.status == "pending" and got.teacher_logprobs is None and got.reward is None

@@ -246,3 +246,28 @@ def test_evolution_runs_off_the_scoring_loop_and_its_failures_are_logged(tmp_pat
     assert evolver.calls == 1 and worker.evolution.stats["errors"] == 1
     assert "evolver endpoint exploded" in caplog.text
     worker.stop()
+
+
+class InfiniteTeacher:
+    """A teacher endpoint that answers -inf for a token (e.g. a token its top-p cut away)."""
+
+    async def logprobs(self, prompt, response_ids):
+        return [float("-inf")] + [-0.5] * (len(response_ids) - 1)
+
+
+def test_a_non_finite_teacher_logprob_drops_the_turn_naming_the_field(tmp_path):
+    store = SampleStore(tmp_path / "s.sqlite")
+    add_session(store, "s", ["No, that's wrong. Use Berlin.", None])
+    done(store, "s")
+    worker = ScoringWorker(
+        store,
+        RuleJudge(),
+        needs_reward=False,
+        needs_teacher=True,
+        teacher=InfiniteTeacher(),
+        render_teacher_prompt=lambda s, hint: [1, 2, 3],
+    )
+    assert asyncio.run(worker.run_once()) == 2
+    first = store.select()[0]
+    assert first.status == "dropped" and first.teacher_logprobs is None
+    assert first.meta["dropped"] == "invalid_score: teacher_logprobs must be finite numbers"

@@ -284,9 +284,17 @@ class SampleStore:
         status: str = "ready",
         meta: dict[str, Any] | None = None,
     ) -> None:
-        """Record a scorer's verdict and move the sample to `ready` (or `dropped`)."""
+        """Record a scorer's verdict and move the sample to `ready` (or `dropped`).
+
+        Non-finite teacher logprobs or rewards raise `SampleValidationError` naming the field (one NaN would
+        become a NaN loss): nothing is written.
+        """
         if status not in ("ready", "dropped"):
             raise ValueError(f"status must be 'ready' or 'dropped', got {status!r}")
+        if teacher_logprobs is not None and not _finite_ok(teacher_logprobs):
+            raise SampleValidationError("teacher_logprobs must be finite numbers")
+        if reward is not None and not (isinstance(reward, int | float) and math.isfinite(reward)):
+            raise SampleValidationError("reward must be finite")
         with self._tx() as c:
             row = c.execute("SELECT response_ids, meta FROM samples WHERE id=?", (sample_id,)).fetchone()
             if row is None:

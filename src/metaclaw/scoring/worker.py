@@ -23,7 +23,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from metaclaw.datamodules.store import Sample, SampleStore
+from metaclaw.datamodules.store import Sample, SampleStore, SampleValidationError
 from metaclaw.rollout.sessions import SessionLog
 from metaclaw.rollout.skills_hook import EvolutionScheduler, SkillEvolverLike
 from metaclaw.scoring.judges import Judge
@@ -197,9 +197,14 @@ class ScoringWorker:
             meta["dropped"] = "judge_failed"
         elif not usable:
             meta["dropped"] = "no_hint" if self.needs_teacher else "no_reward"
-        self.store.set_score(
-            s.id, reward=reward, teacher_logprobs=teacher, status="ready" if usable else "dropped", meta=meta
-        )
+        try:
+            self.store.set_score(
+                s.id, reward=reward, teacher_logprobs=teacher, status="ready" if usable else "dropped", meta=meta
+            )
+        except SampleValidationError as e:  # e.g. a teacher that returned -inf: refused, named, never trained on
+            log.warning("Sample %d: the score was refused (%s); dropping the turn", s.id, e)
+            usable, reward = False, None
+            self.store.set_score(s.id, status="dropped", meta={**meta, "dropped": f"invalid_score: {e}"})
         s.reward = reward
         self.stats["ready" if usable else "dropped"] += 1
 
