@@ -100,3 +100,19 @@ def test_zero_advantage_fraction_counts_samples_without_signal(tiny_policy):
     module, trainer = _fit(tiny_policy, [_batch([0.0, 1.0, 0.0, -1.0])])
     assert module.skipped["zero_advantage"] == 0
     assert trainer.callback_metrics["train/zero_advantage_frac"] == 0.5
+
+
+@pytest.mark.parametrize("mode", ["token-mean", "seq-mean", "sum"])
+def test_rank_losses_average_to_the_global_batch_aggregate(mode):
+    """DDP averages the ranks' gradients: the scaled per-rank losses must average to the global aggregate."""
+    from metaclaw.losses import aggregate
+    from metaclaw.modules.online_rl import global_scale
+
+    per_token = torch.tensor([[1.0, 2.0, 3.0], [4.0, 0.0, 0.0], [5.0, 6.0, 0.0]])
+    mask = torch.tensor([[1.0, 1.0, 1.0], [1.0, 0.0, 0.0], [1.0, 1.0, 0.0]])
+    group = {"group_tokens": mask.sum(), "group_sequences": torch.tensor(3)}
+    whole = aggregate(per_token, mask, mode)
+    ranks = [[0], [1, 2]]  # uneven slices: one rank has 3 tokens, the other 3 in two sequences
+    scaled = [aggregate(per_token[r], mask[r], mode) * global_scale(mode, mask[r], group, 2) for r in ranks]
+    assert torch.allclose(sum(scaled) / 2, whole)
+    assert global_scale(mode, mask, group, 1) == 1

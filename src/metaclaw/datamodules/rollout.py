@@ -17,13 +17,18 @@ from metaclaw.datamodules.store import Sample, SampleStore
 log = logging.getLogger(__name__)
 
 
-def collate_samples(samples: list[Sample], pad_id: int) -> dict[str, Tensor]:
+def collate_samples(samples: list[Sample], pad_id: int, group: list[Sample] | None = None) -> dict[str, Tensor]:
     """Pack samples into right-padded `[B, T]` tensors with Tinker's shift: inputs = seq[:-1], targets = seq[1:].
 
     `mask` is 1 exactly on the positions whose target is a response token, so `behaviour_logprobs[b, t]` is the
     sampler's logprob of `target_ids[b, t]`. Rows without a teacher have NaN `teacher_logprobs`; samples without
     a reward have NaN `reward`.
+
+    `group` is the whole step's batch when `samples` is one DDP rank's slice of it (default: `samples`): its
+    rewards (`group_reward`, NaN when unscored), response tokens (`group_tokens`) and sequences
+    (`group_sequences`) let every rank normalise rewards and average the loss over the global batch.
     """
+    group = samples if group is None else group
     lengths = [s.num_tokens - 1 for s in samples]
     B, T = len(samples), max(lengths)
     input_ids = torch.full((B, T), pad_id, dtype=torch.long)
@@ -55,7 +60,23 @@ def collate_samples(samples: list[Sample], pad_id: int) -> dict[str, Tensor]:
         "temperature": torch.tensor([s.temperature for s in samples]),
         "adapter_version": torch.tensor([s.adapter_version for s in samples]),
         "sample_ids": torch.tensor([s.id for s in samples]),
+        "group_reward": torch.tensor([float("nan") if s.reward is None else s.reward for s in group]),
+        "group_tokens": torch.tensor(sum(len(s.response_ids) for s in group)),
+        "group_sequences": torch.tensor(len(group)),
     }
+
+
+def check_token_budget(max_tokens: int | None, max_sample_tokens: int | None, world_size: int) -> None:
+    """Raise ValueError unless the step's token budget holds one longest sample per rank.
+
+    Otherwise a step could never claim one sample per rank and the stream would wait forever.
+    """
+    if max_tokens is not None and max_sample_tokens is not None and max_tokens < world_size * max_sample_tokens:
+        raise ValueError(
+            f"data.max_tokens ({max_tokens}) must be >= the training processes ({world_size}) x "
+            f"data.max_sample_tokens ({max_sample_tokens}) = {world_size * max_sample_tokens}: otherwise a step "
+            "may never hold one sample per process"
+        )
 
 
 class StreamingSampleDataset(IterableDataset):
@@ -80,6 +101,9 @@ class StreamingSampleDataset(IterableDataset):
     ) -> None:
         if batch_size < world_size:
             raise ValueError(f"data.batch_size ({batch_size}) must be >= the number of processes ({world_size})")
+        check_token_budget(max_tokens, max_sample_tokens, world_size)
+        if max_tokens is not None and max_sample_tokens is None and world_size > 1:
+            max_sample_tokens = max_tokens // world_size  # so that one sample per rank always fits
         self.store_path, self.first_step, self.pad_id = store_path, first_step, pad_id
         self.batch_size, self.max_tokens, self.max_sample_tokens = batch_size, max_tokens, max_sample_tokens
         self.wait_timeout_s, self.rank, self.world_size = wait_timeout_s, rank, world_size
@@ -94,7 +118,7 @@ class StreamingSampleDataset(IterableDataset):
                 if batch is None:
                     log.info("No ready samples for %.0fs: the stream ends", self.wait_timeout_s)
                     return
-                yield collate_samples(batch[self.rank :: self.world_size], self.pad_id)
+                yield collate_samples(batch[self.rank :: self.world_size], self.pad_id, group=batch)
                 step += 1
         finally:
             store.close()
@@ -115,10 +139,10 @@ class StreamingSampleDataset(IterableDataset):
             left = deadline - time.monotonic()
             if left <= 0:
                 return None
-            if not store.wait_for_ready(min(left, 3600.0)):
-                continue  # timed out: the deadline check above decides whether the stream ends
-            if store.count("ready") < self.world_size:  # some are ready, but not one per rank yet
-                time.sleep(min(left, 0.2))
+            if store.count("ready"):  # some are ready, but no batch could be formed yet (fewer than one per rank)
+                time.sleep(min(left, 0.2))  # poll gently: each claim attempt is a write transaction
+            else:
+                store.wait_for_ready(min(left, 3600.0))  # blocks; the deadline check above ends the stream
 
 
 class RolloutDataModule(L.LightningDataModule):
