@@ -86,8 +86,15 @@ def test_every_rank_gets_the_global_batch_statistics(tmp_path):
 
     def first_batch(rank):
         ds = StreamingSampleDataset(
-            path, lambda: 0, 0, batch_size=4, max_tokens=None, max_sample_tokens=None, wait_timeout_s=0.2,
-            rank=rank, world_size=2,
+            path,
+            lambda: 0,
+            0,
+            batch_size=4,
+            max_tokens=None,
+            max_sample_tokens=None,
+            wait_timeout_s=0.2,
+            rank=rank,
+            world_size=2,
         )
         return next(iter(ds))
 
@@ -101,10 +108,19 @@ def test_every_rank_gets_the_global_batch_statistics(tmp_path):
 def test_a_budget_that_cannot_hold_one_sample_per_rank_is_refused(tmp_path):
     import pytest
 
-    with pytest.raises(ValueError, match=r"data\.max_tokens \(100\) must be >= .*\(2\) x data\.max_sample_tokens \(64\)"):
+    with pytest.raises(
+        ValueError, match=r"data\.max_tokens \(100\) must be >= .*\(2\) x data\.max_sample_tokens \(64\)"
+    ):
         StreamingSampleDataset(
-            tmp_path / "s.sqlite", lambda: 0, 0, batch_size=4, max_tokens=100, max_sample_tokens=64,
-            wait_timeout_s=0.2, rank=0, world_size=2,
+            tmp_path / "s.sqlite",
+            lambda: 0,
+            0,
+            batch_size=4,
+            max_tokens=100,
+            max_sample_tokens=64,
+            wait_timeout_s=0.2,
+            rank=0,
+            world_size=2,
         )
 
 
@@ -115,8 +131,15 @@ def test_without_a_sample_cap_each_rank_gets_a_sample_within_its_share(tmp_path)
     for _ in range(2):
         store.insert(Sample([1, 2], [3, 4], [-1.0, -1.0], reward=1.0, status="ready"))  # 4 tokens
     ds = StreamingSampleDataset(
-        path, lambda: 0, 0, batch_size=2, max_tokens=20, max_sample_tokens=None, wait_timeout_s=0.3,
-        rank=0, world_size=2,
+        path,
+        lambda: 0,
+        0,
+        batch_size=2,
+        max_tokens=20,
+        max_sample_tokens=None,
+        wait_timeout_s=0.3,
+        rank=0,
+        world_size=2,
     )
     batches = list(ds)  # before: the 16-token sample blocked every claim until the stream timed out
     assert len(batches) == 1 and store.get(long_id).meta["dropped"] == "too_long:16>10"

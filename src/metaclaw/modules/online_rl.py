@@ -122,9 +122,9 @@ class OnlineRLModule(L.LightningModule):
     def _skip_reason(self, loss: Tensor, advantages: Tensor, mask: Tensor) -> str | None:
         """`nonfinite` if the loss is not finite on any rank, `zero_advantage` if no rank has a non-zero one."""
         on = mask > 0
-        flags = torch.stack(
-            [(~torch.isfinite(loss.detach())).float(), (advantages[on] != 0).any().float()]
-        ).to(self.device)
+        flags = torch.stack([(~torch.isfinite(loss.detach())).float(), (advantages[on] != 0).any().float()]).to(
+            self.device
+        )
         if self._trainer is not None and self.trainer.world_size > 1:
             flags = self.all_gather(flags).reshape(-1, 2).max(dim=0).values
         if flags[0] > 0:
