@@ -173,7 +173,9 @@ class RolloutDataModule(L.LightningDataModule):
         self.store_path = store_path
         self.batch_size, self.max_tokens, self.max_sample_tokens = batch_size, max_tokens, max_sample_tokens
         self.wait_timeout_s, self.max_staleness, self.pad_id = wait_timeout_s, max_staleness, pad_id
-        self.adapter_version = 0  # raised by the adapter publisher after each published step
+        # The adapter version the policy server serves: staleness counts against it. The publisher sets it after
+        # each publish (only to what the server confirmed loading); on resume it starts at the checkpoint's step.
+        self.adapter_version = 0
 
     def _min_adapter_version(self) -> int | None:
         return None if self.max_staleness is None else self.adapter_version - self.max_staleness
@@ -184,6 +186,8 @@ class RolloutDataModule(L.LightningDataModule):
         if trainer.is_global_zero:
             outcome = SampleStore(self.store_path).reconcile(trainer.global_step)
             log.info("Sample store %s at step %d: %s", self.store_path, trainer.global_step, outcome)
+        # Resumed: the checkpoint's adapter is the newest published one (the publisher serves it again at start).
+        self.adapter_version = max(self.adapter_version, trainer.global_step)
         dataset = StreamingSampleDataset(
             self.store_path,
             lambda: trainer.global_step,
