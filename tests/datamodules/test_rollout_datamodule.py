@@ -143,3 +143,14 @@ def test_without_a_sample_cap_each_rank_gets_a_sample_within_its_share(tmp_path)
     )
     batches = list(ds)  # before: the 16-token sample blocked every claim until the stream timed out
     assert len(batches) == 1 and store.get(long_id).meta["dropped"] == "too_long:16>10"
+
+
+def test_backlog_settings_are_checked():
+    import pytest
+
+    from metaclaw.datamodules.rollout import RolloutDataModule
+
+    with pytest.raises(ValueError, match="data.backlog_policy must be one of"):
+        RolloutDataModule("s.sqlite", backlog_policy="drop_newest")
+    with pytest.raises(ValueError, match=r"data.max_backlog \(2\) must be null or >= data.batch_size \(4\)"):
+        RolloutDataModule("s.sqlite", batch_size=4, max_backlog=2)

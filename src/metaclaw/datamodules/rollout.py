@@ -12,7 +12,7 @@ import torch
 from torch import Tensor
 from torch.utils.data import DataLoader, IterableDataset
 
-from metaclaw.datamodules.store import Sample, SampleStore
+from metaclaw.datamodules.store import BACKLOG_POLICIES, Sample, SampleStore
 
 log = logging.getLogger(__name__)
 
@@ -98,6 +98,7 @@ class StreamingSampleDataset(IterableDataset):
         rank: int = 0,
         world_size: int = 1,
         min_adapter_version: Callable[[], int | None] = lambda: None,
+        max_backlog: int | None = None,
     ) -> None:
         if batch_size < world_size:
             raise ValueError(f"data.batch_size ({batch_size}) must be >= the number of processes ({world_size})")
@@ -107,7 +108,7 @@ class StreamingSampleDataset(IterableDataset):
         self.store_path, self.first_step, self.pad_id = store_path, first_step, pad_id
         self.batch_size, self.max_tokens, self.max_sample_tokens = batch_size, max_tokens, max_sample_tokens
         self.wait_timeout_s, self.rank, self.world_size = wait_timeout_s, rank, world_size
-        self.min_adapter_version = min_adapter_version
+        self.min_adapter_version, self.max_backlog = min_adapter_version, max_backlog
 
     def __iter__(self) -> Iterator[dict[str, Tensor]]:
         store = SampleStore(self.store_path)
@@ -133,6 +134,7 @@ class StreamingSampleDataset(IterableDataset):
                 self.max_sample_tokens,
                 self.min_adapter_version(),
                 min_samples=self.world_size,
+                max_backlog=self.max_backlog,
             )
             if batch:
                 return batch
@@ -154,8 +156,13 @@ class RolloutDataModule(L.LightningDataModule):
         max_tokens: token budget per step (prompt + response, global); None for no budget.
         max_sample_tokens: samples longer than this are dropped (the model's context).
         wait_timeout_s: how long to wait for new samples before the stream (and so `fit`) ends; None: forever.
-        max_staleness: drop samples from adapters more than this many versions old; None keeps them
-            (the importance ratio against their behaviour logprobs corrects for the lag).
+        max_staleness: drop samples from adapters more than this many versions behind the adapter the policy
+            server serves; None keeps them (the importance ratio against their behaviour logprobs corrects for
+            the lag).
+        max_backlog: bound on the samples waiting to be trained; None: unbounded (a fixed store).
+        backlog_policy: `drop_oldest` (each claim first drops the oldest ready samples beyond `max_backlog`,
+            reason `backlog`) or `pause_capture` (the proxy stops capturing new turns while pending + ready
+            reach `max_backlog`; they are still answered). See `SampleStore.capture_limit`.
         pad_id: padding token id.
     """
 
@@ -167,9 +174,16 @@ class RolloutDataModule(L.LightningDataModule):
         max_sample_tokens: int | None = None,
         wait_timeout_s: float | None = 5.0,
         max_staleness: int | None = None,
+        max_backlog: int | None = None,
+        backlog_policy: str = "drop_oldest",
         pad_id: int = 0,
     ) -> None:
         super().__init__()
+        if backlog_policy not in BACKLOG_POLICIES:
+            raise ValueError(f"data.backlog_policy must be one of {BACKLOG_POLICIES}, got {backlog_policy!r}")
+        if max_backlog is not None and max_backlog < batch_size:
+            raise ValueError(f"data.max_backlog ({max_backlog}) must be null or >= data.batch_size ({batch_size})")
+        self.max_backlog, self.backlog_policy = max_backlog, backlog_policy
         self.store_path = store_path
         self.batch_size, self.max_tokens, self.max_sample_tokens = batch_size, max_tokens, max_sample_tokens
         self.wait_timeout_s, self.max_staleness, self.pad_id = wait_timeout_s, max_staleness, pad_id
@@ -199,5 +213,6 @@ class RolloutDataModule(L.LightningDataModule):
             trainer.global_rank,
             trainer.world_size,
             self._min_adapter_version,
+            self.max_backlog if self.backlog_policy == "drop_oldest" else None,
         )
         return DataLoader(dataset, batch_size=None, num_workers=0)
