@@ -154,3 +154,15 @@ def test_backlog_settings_are_checked():
         RolloutDataModule("s.sqlite", backlog_policy="drop_newest")
     with pytest.raises(ValueError, match=r"data.max_backlog \(2\) must be null or >= data.batch_size \(4\)"):
         RolloutDataModule("s.sqlite", batch_size=4, max_backlog=2)
+
+
+def test_the_config_picks_the_backlog_policy(tmp_path):
+    from metaclaw.training import prepare_store
+    from tests.entrypoints.test_train import compose_train
+
+    paused = compose_train(tmp_path, "rollout=proxy", "data.max_backlog=8", "data.backlog_policy=pause_capture")
+    assert prepare_store(paused, None, None).capture_limit == 8
+    dropping = compose_train(tmp_path, "rollout=proxy")
+    assert prepare_store(dropping, None, None).capture_limit is None
+    assert dropping.data.max_backlog == 512 and dropping.data.backlog_policy == "drop_oldest"
+    assert compose_train(tmp_path).data.max_backlog is None  # rollout=store: the store is the data set

@@ -187,6 +187,7 @@ class ScoringWorker:
         sc.reward = 1.0
 
     def _finalize(self, s: Sample, score: TurnScore) -> None:
+        self._attempts.pop(s.id, None)
         reward = score.reward if self.needs_reward and not score.failed else None
         teacher = score.teacher if self.needs_teacher and not score.failed else None
         meta = dict(score.meta)
