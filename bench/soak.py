@@ -9,8 +9,9 @@ Extra arguments are passed to `train.py` as Hydra overrides (e.g. `data.backlog_
 
 Reported: requests and failed requests (with the first errors), latency percentiles (request start -> last
 byte) per minute, the store's backlog (pending + ready) at the end of each minute, RSS per process of the
-`train.py` tree at start and end, adapters published, the store's counts and drop reasons, and how `train.py`
-exited after SIGINT.
+`train.py` tree at start and end, adapters published, samples captured and trained per second, the store's
+counts and drop reasons, and how `train.py` exited after SIGINT (Lightning exits 1 after its graceful
+KeyboardInterrupt shutdown) with the processes of its group still alive afterwards.
 """
 
 from __future__ import annotations
@@ -105,6 +106,15 @@ def store_state(path: Path) -> dict:
         "backlog": counts.get("pending", 0) + counts.get("ready", 0),
         "dropped": reasons_by_prefix,
     }
+
+
+def total(state: dict) -> int:
+    return sum(state.get("counts", {}).values())
+
+
+def trained(state: dict) -> int:
+    counts = state.get("counts", {})
+    return counts.get("claimed", 0) + counts.get("consumed", 0)
 
 
 def percentiles(values: list[float]) -> dict[str, float | None]:
@@ -222,7 +232,9 @@ def main() -> None:
         result["startup_s"] = round(time.monotonic() - t0, 1)
         rss_start = rss_mb(train.pid)
         db = run_dir / "samples.sqlite"
+        before, t_start = store_state(db), time.monotonic()
         log, minutes = asyncio.run(drive(base_url, args.streams, args.minutes * 60, args.max_tokens, db))
+        after, elapsed = store_state(db), time.monotonic() - t_start
         rss_end = rss_mb(train.pid)
         failed = [e for e in log if e[2] is not None]
         per_minute = []
@@ -249,7 +261,11 @@ def main() -> None:
                 "latency_per_minute": per_minute,
                 "rss_mb": {"start": rss_start, "end": rss_end},
                 "adapters_published": text.count("Published adapter v"),
-                "store": store_state(db),
+                "store": after,
+                "samples_per_s": {
+                    "captured": round((total(after) - total(before)) / elapsed, 2),
+                    "trained": round((trained(after) - trained(before)) / elapsed, 2),
+                },
             }
         )
     finally:
