@@ -193,7 +193,8 @@ class AdapterPublisher(L.Callback):
                 timeout=self.timeout_s,
             )
             r.raise_for_status()
-            version = r.json().get("adapter_version", step)
+            reply = r.json()
+            version = reply.get("adapter_version", step) if isinstance(reply, dict) else step
         except (httpx.HTTPError, ValueError) as e:  # serving keeps the previous adapter; training goes on
             self.stats["hot_load_failures"] += 1
             self.stats["hot_load_failures_in_a_row"] += 1
