@@ -86,6 +86,7 @@ def test_readme_composition_on_cpu(tmp_path):
         (["trainer.accumulate_grad_batches=2"], "trainer.accumulate_grad_batches"),
         (["devices.cpu_processes=4", "data.batch_size=2"], "data.batch_size"),
         (["data.max_tokens=64"], "data.max_tokens"),
+        (["model=tiny", "devices.cpu_processes=2", "data.max_tokens=1500"], "data.max_sample_tokens"),
     ],
 )
 def test_impossible_combinations_fail_naming_fields(overrides, fields, tmp_path):

@@ -46,14 +46,12 @@ def validate_train_config(cfg: DictConfig) -> None:
             f"data.batch_size ({cfg.data.batch_size}) must be >= the training processes ({procs}, "
             "from devices.train / devices.cpu_processes)"
         )
-    if (
-        cfg.data.max_tokens is not None
-        and cfg.data.max_sample_tokens is not None
-        and cfg.data.max_tokens < cfg.data.max_sample_tokens
-    ):
+    max_tokens, max_sample_tokens = cfg.data.max_tokens, cfg.data.max_sample_tokens
+    if max_tokens is not None and max_sample_tokens is not None and max_tokens < procs * max_sample_tokens:
         raise ConfigError(
-            f"data.max_tokens ({cfg.data.max_tokens}) is below data.max_sample_tokens "
-            f"({cfg.data.max_sample_tokens}): a long sample could never be batched"
+            f"data.max_tokens ({max_tokens}) must be >= the training processes ({procs}, from devices.train / "
+            f"devices.cpu_processes) x data.max_sample_tokens ({max_sample_tokens}) = {procs * max_sample_tokens}: "
+            "otherwise a step may never hold one sample per process"
         )
     if cfg.devices.train and cfg.devices.cpu_processes != 1:
         raise ConfigError("devices.cpu_processes applies only when devices.train is empty (CPU training)")

@@ -28,8 +28,12 @@ def build_loggers(cfg: DictConfig) -> list:
 
 
 def prepare_store(cfg: DictConfig, tokenizer, policy) -> SampleStore:
-    """Open the run's store; fill it from `rollout.seed_file` when it is empty (first run, not a resume)."""
-    store = SampleStore(cfg.store_path)
+    """Open the run's store; fill it from `rollout.seed_file` when it is empty (first run, not a resume).
+
+    With `data.backlog_policy=pause_capture` the proxy's writes through this store pause at `data.max_backlog`.
+    """
+    pause = cfg.data.get("backlog_policy") == "pause_capture"
+    store = SampleStore(cfg.store_path, capture_limit=cfg.data.get("max_backlog") if pause else None)
     seed_file = cfg.rollout.get("seed_file")
     if seed_file and store.count() == 0:
         seed_store(store, seed_file, tokenizer, policy, cfg.method.needs_reward, cfg.method.needs_teacher)
@@ -60,13 +64,14 @@ def train(cfg: DictConfig) -> tuple[dict[str, Any], dict[str, Any]]:
         kl=instantiate(cfg.kl),
     )
     publisher = instantiate(cfg.publish)
+    health = instantiate(cfg.health) if cfg.get("health") else None
     scheduler = [instantiate(cfg.mode.scheduler)] if cfg.mode.get("scheduler") else []
     trainer = L.Trainer(
         **cfg.trainer,
         **trainer_device_kwargs(cfg.devices),
         default_root_dir=str(run_dir),
         logger=build_loggers(cfg),
-        callbacks=[publisher, *scheduler],
+        callbacks=[publisher, *scheduler, *([health] if health else [])],
     )
     ckpt = publisher.checkpoint_path if publisher.checkpoint_path.exists() else None
     if ckpt:
@@ -76,6 +81,8 @@ def train(cfg: DictConfig) -> tuple[dict[str, Any], dict[str, Any]]:
     with services as live:
         if live.server_url:
             publisher.server_url = live.server_url
+        if health is not None:
+            health.attach(proxy=live.proxy, worker=live.worker, capture_store=store)
         trainer.fit(module, datamodule=datamodule, ckpt_path=ckpt, weights_only=True)
     for lg in trainer.loggers:  # one W&B run per multirun job
         if hasattr(lg, "experiment") and type(lg).__name__ == "WandbLogger":

@@ -57,3 +57,18 @@ def test_sample_with_neither_rejected() -> None:
     batch["has_reward"] = torch.tensor([True, False, False])
     with pytest.raises(ValueError, match="neither"):
         CombineAdvantage()(batch)
+
+
+def test_combine_normalises_rewards_over_the_global_batch() -> None:
+    from metaclaw.advantages import CombineAdvantage
+
+    mask = torch.ones(1, 2)
+    batch = {
+        "mask": mask,
+        "behaviour_logprobs": torch.zeros(1, 2),
+        "teacher_logprobs": torch.full((1, 2), float("nan")),
+        "reward": torch.tensor([1.0]),
+        "group_reward": torch.tensor([1.0, float("nan"), -1.0]),  # another rank's teacher-only sample: NaN
+    }
+    adv, _ = CombineAdvantage(normalize="mean_std", eps=0.0)(batch)
+    assert torch.allclose(adv, torch.ones(1, 2))

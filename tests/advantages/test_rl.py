@@ -33,3 +33,21 @@ def test_missing_reward_rejected() -> None:
 def test_unknown_normalize() -> None:
     with pytest.raises(ValueError, match="none, mean, mean_std"):
         RLAdvantage(normalize="std")
+
+
+@pytest.mark.parametrize("normalize", ["mean", "mean_std"])
+def test_a_rank_slice_is_normalised_over_the_global_batch(normalize: str) -> None:
+    """DDP: each rank holds part of the step's batch; its advantages equal the single-process ones."""
+    whole, _ = RLAdvantage(normalize=normalize, eps=0.0)({"mask": MASK, "reward": REWARD})
+    for rows in ([0], [1, 2]):  # e.g. rank 0 and rank 1 of an uneven split
+        part = {"mask": MASK[rows], "reward": REWARD[rows], "group_reward": torch.tensor([2.0, 0.0, 1.0, NAN])}
+        adv, _ = RLAdvantage(normalize=normalize, eps=0.0)(part)
+        assert torch.allclose(adv, whole[rows], atol=1e-6)
+
+
+def test_one_sample_per_rank_with_mean_std_is_not_all_zero() -> None:
+    mask = torch.ones(1, 2)
+    adv, _ = RLAdvantage(normalize="mean_std", eps=0.0)(
+        {"mask": mask, "reward": torch.tensor([1.0]), "group_reward": torch.tensor([1.0, -1.0])}
+    )
+    assert torch.allclose(adv, torch.ones(1, 2))

@@ -78,3 +78,91 @@ def test_stream_resumes_at_the_trainer_step_and_ends_when_idle(tmp_path):
     batches = list(ds)
     assert [len(b["sample_ids"]) for b in batches] == [2, 1]
     assert sorted({s.claimed_step for s in SampleStore(path).select("claimed")}) == [5, 6]
+
+
+def test_every_rank_gets_the_global_batch_statistics(tmp_path):
+    path = tmp_path / "s.sqlite"
+    _fill(path, 4)  # rewards 0, 1, 0, 1; 2 response tokens each
+
+    def first_batch(rank):
+        ds = StreamingSampleDataset(
+            path,
+            lambda: 0,
+            0,
+            batch_size=4,
+            max_tokens=None,
+            max_sample_tokens=None,
+            wait_timeout_s=0.2,
+            rank=rank,
+            world_size=2,
+        )
+        return next(iter(ds))
+
+    for rank in (0, 1):
+        b = first_batch(rank)
+        assert b["group_reward"].tolist() == [0.0, 1.0, 0.0, 1.0]
+        assert int(b["group_tokens"]) == 8 and int(b["group_sequences"]) == 4
+        assert len(b["sample_ids"]) == 2
+
+
+def test_a_budget_that_cannot_hold_one_sample_per_rank_is_refused(tmp_path):
+    import pytest
+
+    with pytest.raises(
+        ValueError, match=r"data\.max_tokens \(100\) must be >= .*\(2\) x data\.max_sample_tokens \(64\)"
+    ):
+        StreamingSampleDataset(
+            tmp_path / "s.sqlite",
+            lambda: 0,
+            0,
+            batch_size=4,
+            max_tokens=100,
+            max_sample_tokens=64,
+            wait_timeout_s=0.2,
+            rank=0,
+            world_size=2,
+        )
+
+
+def test_without_a_sample_cap_each_rank_gets_a_sample_within_its_share(tmp_path):
+    path = tmp_path / "s.sqlite"
+    store = SampleStore(path)
+    long_id = store.insert(Sample([1] * 8, [2] * 8, [-1.0] * 8, reward=1.0, status="ready"))  # 16 tokens
+    for _ in range(2):
+        store.insert(Sample([1, 2], [3, 4], [-1.0, -1.0], reward=1.0, status="ready"))  # 4 tokens
+    ds = StreamingSampleDataset(
+        path,
+        lambda: 0,
+        0,
+        batch_size=2,
+        max_tokens=20,
+        max_sample_tokens=None,
+        wait_timeout_s=0.3,
+        rank=0,
+        world_size=2,
+    )
+    batches = list(ds)  # before: the 16-token sample blocked every claim until the stream timed out
+    assert len(batches) == 1 and store.get(long_id).meta["dropped"] == "too_long:16>10"
+
+
+def test_backlog_settings_are_checked():
+    import pytest
+
+    from metaclaw.datamodules.rollout import RolloutDataModule
+
+    with pytest.raises(ValueError, match="data.backlog_policy must be one of"):
+        RolloutDataModule("s.sqlite", backlog_policy="drop_newest")
+    with pytest.raises(ValueError, match=r"data.max_backlog \(2\) must be null or >= data.batch_size \(4\)"):
+        RolloutDataModule("s.sqlite", batch_size=4, max_backlog=2)
+
+
+def test_the_config_picks_the_backlog_policy(tmp_path):
+    from metaclaw.training import prepare_store
+    from tests.entrypoints.test_train import compose_train
+
+    paused = compose_train(tmp_path, "rollout=proxy", "data.max_backlog=8", "data.backlog_policy=pause_capture")
+    assert prepare_store(paused, None, None).capture_limit == 8
+    dropping = compose_train(tmp_path, "rollout=proxy")
+    assert prepare_store(dropping, None, None).capture_limit is None
+    assert dropping.data.max_backlog == 512 and dropping.data.backlog_policy == "drop_oldest"
+    assert compose_train(tmp_path).data.max_backlog is None  # rollout=store: the store is the data set

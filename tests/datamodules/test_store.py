@@ -140,3 +140,56 @@ def test_two_handles_share_data_and_survive_reopen(tmp_path):
     b.close()
     with sqlite3.connect(path) as raw:
         assert raw.execute("SELECT COUNT(*) FROM samples").fetchone()[0] == 1
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "field"),
+    [
+        ({"teacher_logprobs": [-0.1, float("-inf"), -0.3]}, "teacher_logprobs"),
+        ({"teacher_logprobs": [float("nan"), -0.2, -0.3]}, "teacher_logprobs"),
+        ({"reward": float("nan")}, "reward"),
+        ({"reward": float("inf")}, "reward"),
+    ],
+)
+def test_set_score_refuses_non_finite_values_naming_the_field(store, kwargs, field):
+    sid = store.insert(make())
+    with pytest.raises(SampleValidationError, match=f"{field} must be finite"):
+        store.set_score(sid, **kwargs)
+    got = store.get(sid)
+    assert got.status == "pending" and got.teacher_logprobs is None and got.reward is None
+
+
+def test_dropped_reasons_are_counted_by_their_prefix(store):
+    for reason in ("stale:v0<v1", "stale:v1<v3", "judge_failed", "too_long:20>10"):
+        store.insert(make(status="dropped", meta={"dropped": reason}))
+    store.insert(make(status="dropped"))  # no reason recorded
+    store.insert(make(status="ready"))
+    assert store.dropped_reasons() == {"stale": 2, "judge_failed": 1, "too_long": 1, "unknown": 1}
+
+
+def test_drop_oldest_keeps_the_newest_backlog_and_counts_what_it_dropped(store):
+    ids = [store.insert(make(status="ready")) for _ in range(10)]
+    batch = store.claim_batch(step=0, max_samples=2, max_backlog=4)
+    assert [s.id for s in batch] == ids[6:8]  # the oldest 6 were dropped; the batch is the oldest of the rest
+    assert [s.id for s in store.select("dropped")] == ids[:6]
+    assert store.dropped_reasons() == {"backlog": 6} and store.counts()["ready"] == 2
+    assert store.claim_batch(step=1, max_samples=2, max_backlog=4) and store.dropped_reasons() == {"backlog": 6}
+
+
+def test_pause_capture_refuses_new_turns_at_the_bound(tmp_path):
+    from metaclaw.datamodules.store import BacklogFull
+    from metaclaw.datamodules.writer import GroupCommitWriter
+
+    store = SampleStore(tmp_path / "s.sqlite", capture_limit=3)
+    with GroupCommitWriter(store) as writer:
+        first = [writer.insert(make()) for _ in range(3)]
+        store._backlog_seen = (0, -1.0)  # the count is cached for 0.5 s; look again now
+        with pytest.raises(BacklogFull, match=r"data\.max_backlog=3"):
+            writer.submit(make())
+        writer.submit_next_state(first[-1], "thanks").result(5)  # the earlier turns' bookkeeping goes on
+        assert store.stats["capture_paused"] == 1
+        store.set_score(first[0], reward=1.0)
+        store.claim_batch(step=0, max_samples=1)  # training took one: capture resumes
+        store._backlog_seen = (0, -1.0)
+        writer.insert(make())
+    assert store.count() == 4 and store.get(first[-1]).next_state == "thanks"

@@ -102,6 +102,10 @@ def test_live_loop_captures_scores_trains_and_hot_swaps(policy_server):
     driver.join(timeout=60)
     assert not errors, errors
     assert metrics["train/global_step"] == 2
+    # health counters reach the logger: turns captured, failures, backlog
+    assert metrics["rollout/captured"] >= 2 and metrics["rollout/capture_failures"] == 0
+    assert metrics["rollout/judge_failures"] == 0 and "rollout/backlog" in metrics
+    assert metrics["train/publish_failures"] == 0
     store = objects["store"]
     samples = store.select()
     sessions = {s.session_id for s in samples}

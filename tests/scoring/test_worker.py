@@ -44,8 +44,9 @@ def test_rl_waits_for_the_session_then_applies_at_least_one(tmp_path):
     done(store, "bad")
     assert asyncio.run(worker.run_once()) == 3
     rewards = [s.reward for s in store.select()]
-    assert rewards == [-1.0, -1.0, 1.0]  # the best (last, 0) turn was lifted to +1
-    assert store.select()[2].meta["at_least_one"] == {"from": 0.0}
+    # the best turn with evidence (a next state) is lifted to +1: the later of the two -1s, not the last turn
+    assert rewards == [-1.0, 1.0, 0.0]
+    assert store.select()[1].meta["at_least_one"] == {"from": -1.0}
     assert store.counts()["ready"] == 3
 
 
@@ -121,9 +122,57 @@ def test_a_hanging_judge_never_stalls_scoring(tmp_path):
     worker = ScoringWorker(store, HangingJudge(), needs_reward=True, timeout_s=0.05, max_attempts=2)
     asyncio.run(worker.run_once())
     assert store.counts()["pending"] == 2 and worker.stats["errors"] == 2
-    asyncio.run(worker.run_once())  # second attempt: settled neutrally, then at-least-one lifts the last turn
-    assert store.counts()["ready"] == 2
-    assert all("judge_error" in s.meta for s in store.select())
+    asyncio.run(worker.run_once())  # second attempt: both turns failed for good and are settled as such
+    assert store.counts()["pending"] == 0 and worker.stats["judge_failed"] == 2
+
+
+class FlakyJudge(RuleJudge):
+    """The rule judge, except that the turns listed in `fail` raise (a judge outage for those turns)."""
+
+    def __init__(self, fail: set[int]):
+        super().__init__()
+        self.fail = fail
+
+    async def reward(self, sample):
+        if sample.turn_index in self.fail:
+            raise ConnectionError("judge unreachable")
+        return await super().reward(sample)
+
+
+def test_turns_the_judge_failed_on_are_never_trained_on(tmp_path):
+    store = SampleStore(tmp_path / "s.sqlite")
+    add_session(store, "s", ["that's wrong", "still wrong", None])
+    done(store, "s")
+    worker = ScoringWorker(store, FlakyJudge({0, 1, 2}), needs_reward=True, max_attempts=1)
+    assert asyncio.run(worker.run_once()) == 3
+    got = store.select()
+    assert [s.status for s in got] == ["dropped"] * 3  # not settled as reward 0 and trained on
+    assert all(s.meta["dropped"] == "judge_failed" and "judge unreachable" in s.meta["judge_error"] for s in got)
+    assert all(s.reward is None for s in got) and store.counts()["ready"] == 0
+    assert worker.stats["judge_failed"] == 3
+
+
+def test_at_least_one_skips_failed_turns_and_turns_without_evidence(tmp_path):
+    store = SampleStore(tmp_path / "s.sqlite")
+    # turn 0 scores -1, turn 1 (the best, 0) failed, turn 2 is the last: no next state, so no evidence
+    add_session(store, "s", ["that's wrong", "ok", None])
+    done(store, "s")
+    worker = ScoringWorker(store, FlakyJudge({1}), needs_reward=True, max_attempts=1)
+    asyncio.run(worker.run_once())
+    first, failed, last = store.select()
+    assert (failed.status, failed.meta["dropped"]) == ("dropped", "judge_failed")
+    assert first.reward == 1.0 and first.meta["at_least_one"] == {"from": -1.0}  # the only turn with evidence
+    assert last.reward == 0.0 and "at_least_one" not in last.meta
+
+
+def test_at_least_one_lifts_nothing_when_no_turn_had_evidence(tmp_path):
+    store = SampleStore(tmp_path / "s.sqlite")
+    add_session(store, "s", [None])  # a one-turn session: the judge saw no reaction to the reply
+    done(store, "s")
+    worker = ScoringWorker(store, RuleJudge(), needs_reward=True)
+    asyncio.run(worker.run_once())
+    [only] = store.select()
+    assert only.reward == 0.0 and "at_least_one" not in only.meta
 
 
 class RecordingEvolver:
@@ -197,3 +246,28 @@ def test_evolution_runs_off_the_scoring_loop_and_its_failures_are_logged(tmp_pat
     assert evolver.calls == 1 and worker.evolution.stats["errors"] == 1
     assert "evolver endpoint exploded" in caplog.text
     worker.stop()
+
+
+class InfiniteTeacher:
+    """A teacher endpoint that answers -inf for a token (e.g. a token its top-p cut away)."""
+
+    async def logprobs(self, prompt, response_ids):
+        return [float("-inf")] + [-0.5] * (len(response_ids) - 1)
+
+
+def test_a_non_finite_teacher_logprob_drops_the_turn_naming_the_field(tmp_path):
+    store = SampleStore(tmp_path / "s.sqlite")
+    add_session(store, "s", ["No, that's wrong. Use Berlin.", None])
+    done(store, "s")
+    worker = ScoringWorker(
+        store,
+        RuleJudge(),
+        needs_reward=False,
+        needs_teacher=True,
+        teacher=InfiniteTeacher(),
+        render_teacher_prompt=lambda s, hint: [1, 2, 3],
+    )
+    assert asyncio.run(worker.run_once()) == 2
+    first = store.select()[0]
+    assert first.status == "dropped" and first.teacher_logprobs is None
+    assert first.meta["dropped"] == "invalid_score: teacher_logprobs must be finite numbers"

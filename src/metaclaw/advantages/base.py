@@ -29,19 +29,21 @@ def check_normalize(mode: str) -> str:
     return mode
 
 
-def normalize_rewards(reward: Tensor, mode: str, eps: float) -> Tensor:
+def normalize_rewards(reward: Tensor, mode: str, eps: float, group: Tensor | None = None) -> Tensor:
     """Normalise rewards ``[N]`` across the batch (GRPO-like, one group = the batch).
 
     ``"none"``: unchanged; ``"mean"``: r − mean(r); ``"mean_std"``: (r − mean(r)) / (std(r) + eps), with the
-    population std so a batch of one is defined (gives 0).
+    population std so a batch of one is defined (gives 0). ``group``: the rewards the statistics are taken over
+    when ``reward`` is one DDP rank's slice of the step's batch (its NaNs, unscored samples, are left out).
     """
     check_normalize(mode)
     if mode == "none" or reward.numel() == 0:
         return reward
-    centred = reward - reward.mean()
+    stats = reward if group is None else group[~torch.isnan(group)].to(reward)
+    centred = reward - stats.mean()
     if mode == "mean":
         return centred
-    return centred / (reward.std(correction=0) + eps)
+    return centred / (stats.std(correction=0) + eps)
 
 
 def require(batch: dict[str, Tensor], *keys: str) -> None:

@@ -49,7 +49,7 @@ class CombineAdvantage:
             raise ValueError(f"samples {neither.nonzero().flatten().tolist()} have neither reward nor teacher signal")
 
         scaled = torch.zeros_like(reward)
-        scaled[has_reward] = normalize_rewards(reward[has_reward], self.normalize, self.eps)
+        scaled[has_reward] = normalize_rewards(reward[has_reward], self.normalize, self.eps, batch.get("group_reward"))
         rl_term = torch.where((mask > 0) & has_reward[:, None], scaled[:, None].expand_as(mask), 0.0)
         advantages = self.w_opd * teacher_advantage(batch, has_teacher) + self.w_rl * rl_term
 

@@ -12,7 +12,8 @@ class RLAdvantage:
     """A_{b,t} = norm(r)_b on masked tokens, 0 elsewhere; ``reward [B]`` → advantages ``[B, T]``.
 
     Args:
-        normalize: ``"none"``, ``"mean"`` (r − mean) or ``"mean_std"`` ((r − mean)/(std + eps)), across the batch.
+        normalize: ``"none"``, ``"mean"`` (r − mean) or ``"mean_std"`` ((r − mean)/(std + eps)), across the
+            step's global batch (``group_reward`` when the batch is one DDP rank's slice).
         eps: Added to the std in ``"mean_std"``.
 
     Raises ValueError if a sample has no reward (NaN or ``has_reward`` false): the scorer must drop it.
@@ -28,7 +29,7 @@ class RLAdvantage:
         has_reward = batch.get("has_reward", ~torch.isnan(reward)) & ~torch.isnan(reward)
         if not bool(has_reward.all()):
             raise ValueError(f"samples {(~has_reward).nonzero().flatten().tolist()} have no reward")
-        scaled = normalize_rewards(reward, self.normalize, self.eps)
+        scaled = normalize_rewards(reward, self.normalize, self.eps, batch.get("group_reward"))
         advantages = torch.where(mask > 0, scaled[:, None].expand_as(mask), torch.zeros_like(mask))
         metrics = {"reward_mean": reward.mean().detach(), **advantage_stats(advantages, mask)}
         return advantages, metrics

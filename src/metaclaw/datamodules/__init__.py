@@ -3,10 +3,18 @@
 The DataModule (Lightning, torch) is imported lazily, so the proxy can use the store without loading them.
 """
 
-from metaclaw.datamodules.store import Sample, SampleStore, SampleValidationError
+from metaclaw.datamodules.store import BACKLOG_POLICIES, BacklogFull, Sample, SampleStore, SampleValidationError
 
-__all__ = ["RolloutDataModule", "Sample", "SampleStore", "SampleValidationError", "StreamingSampleDataset",
-           "collate_samples"]
+__all__ = [
+    "BACKLOG_POLICIES",
+    "BacklogFull",
+    "RolloutDataModule",
+    "Sample",
+    "SampleStore",
+    "SampleValidationError",
+    "StreamingSampleDataset",
+    "collate_samples",
+]
 
 
 def __getattr__(name: str):

@@ -12,18 +12,23 @@ import torch
 from torch import Tensor
 from torch.utils.data import DataLoader, IterableDataset
 
-from metaclaw.datamodules.store import Sample, SampleStore
+from metaclaw.datamodules.store import BACKLOG_POLICIES, Sample, SampleStore
 
 log = logging.getLogger(__name__)
 
 
-def collate_samples(samples: list[Sample], pad_id: int) -> dict[str, Tensor]:
+def collate_samples(samples: list[Sample], pad_id: int, group: list[Sample] | None = None) -> dict[str, Tensor]:
     """Pack samples into right-padded `[B, T]` tensors with Tinker's shift: inputs = seq[:-1], targets = seq[1:].
 
     `mask` is 1 exactly on the positions whose target is a response token, so `behaviour_logprobs[b, t]` is the
     sampler's logprob of `target_ids[b, t]`. Rows without a teacher have NaN `teacher_logprobs`; samples without
     a reward have NaN `reward`.
+
+    `group` is the whole step's batch when `samples` is one DDP rank's slice of it (default: `samples`): its
+    rewards (`group_reward`, NaN when unscored), response tokens (`group_tokens`) and sequences
+    (`group_sequences`) let every rank normalise rewards and average the loss over the global batch.
     """
+    group = samples if group is None else group
     lengths = [s.num_tokens - 1 for s in samples]
     B, T = len(samples), max(lengths)
     input_ids = torch.full((B, T), pad_id, dtype=torch.long)
@@ -55,7 +60,23 @@ def collate_samples(samples: list[Sample], pad_id: int) -> dict[str, Tensor]:
         "temperature": torch.tensor([s.temperature for s in samples]),
         "adapter_version": torch.tensor([s.adapter_version for s in samples]),
         "sample_ids": torch.tensor([s.id for s in samples]),
+        "group_reward": torch.tensor([float("nan") if s.reward is None else s.reward for s in group]),
+        "group_tokens": torch.tensor(sum(len(s.response_ids) for s in group)),
+        "group_sequences": torch.tensor(len(group)),
     }
+
+
+def check_token_budget(max_tokens: int | None, max_sample_tokens: int | None, world_size: int) -> None:
+    """Raise ValueError unless the step's token budget holds one longest sample per rank.
+
+    Otherwise a step could never claim one sample per rank and the stream would wait forever.
+    """
+    if max_tokens is not None and max_sample_tokens is not None and max_tokens < world_size * max_sample_tokens:
+        raise ValueError(
+            f"data.max_tokens ({max_tokens}) must be >= the training processes ({world_size}) x "
+            f"data.max_sample_tokens ({max_sample_tokens}) = {world_size * max_sample_tokens}: otherwise a step "
+            "may never hold one sample per process"
+        )
 
 
 class StreamingSampleDataset(IterableDataset):
@@ -77,13 +98,17 @@ class StreamingSampleDataset(IterableDataset):
         rank: int = 0,
         world_size: int = 1,
         min_adapter_version: Callable[[], int | None] = lambda: None,
+        max_backlog: int | None = None,
     ) -> None:
         if batch_size < world_size:
             raise ValueError(f"data.batch_size ({batch_size}) must be >= the number of processes ({world_size})")
+        check_token_budget(max_tokens, max_sample_tokens, world_size)
+        if max_tokens is not None and max_sample_tokens is None and world_size > 1:
+            max_sample_tokens = max_tokens // world_size  # so that one sample per rank always fits
         self.store_path, self.first_step, self.pad_id = store_path, first_step, pad_id
         self.batch_size, self.max_tokens, self.max_sample_tokens = batch_size, max_tokens, max_sample_tokens
         self.wait_timeout_s, self.rank, self.world_size = wait_timeout_s, rank, world_size
-        self.min_adapter_version = min_adapter_version
+        self.min_adapter_version, self.max_backlog = min_adapter_version, max_backlog
 
     def __iter__(self) -> Iterator[dict[str, Tensor]]:
         store = SampleStore(self.store_path)
@@ -94,7 +119,7 @@ class StreamingSampleDataset(IterableDataset):
                 if batch is None:
                     log.info("No ready samples for %.0fs: the stream ends", self.wait_timeout_s)
                     return
-                yield collate_samples(batch[self.rank :: self.world_size], self.pad_id)
+                yield collate_samples(batch[self.rank :: self.world_size], self.pad_id, group=batch)
                 step += 1
         finally:
             store.close()
@@ -109,16 +134,17 @@ class StreamingSampleDataset(IterableDataset):
                 self.max_sample_tokens,
                 self.min_adapter_version(),
                 min_samples=self.world_size,
+                max_backlog=self.max_backlog,
             )
             if batch:
                 return batch
             left = deadline - time.monotonic()
             if left <= 0:
                 return None
-            if not store.wait_for_ready(min(left, 3600.0)):
-                continue  # timed out: the deadline check above decides whether the stream ends
-            if store.count("ready") < self.world_size:  # some are ready, but not one per rank yet
-                time.sleep(min(left, 0.2))
+            if store.count("ready"):  # some are ready, but no batch could be formed yet (fewer than one per rank)
+                time.sleep(min(left, 0.2))  # poll gently: each claim attempt is a write transaction
+            else:
+                store.wait_for_ready(min(left, 3600.0))  # blocks; the deadline check above ends the stream
 
 
 class RolloutDataModule(L.LightningDataModule):
@@ -130,8 +156,13 @@ class RolloutDataModule(L.LightningDataModule):
         max_tokens: token budget per step (prompt + response, global); None for no budget.
         max_sample_tokens: samples longer than this are dropped (the model's context).
         wait_timeout_s: how long to wait for new samples before the stream (and so `fit`) ends; None: forever.
-        max_staleness: drop samples from adapters more than this many versions old; None keeps them
-            (the importance ratio against their behaviour logprobs corrects for the lag).
+        max_staleness: drop samples from adapters more than this many versions behind the adapter the policy
+            server serves; None keeps them (the importance ratio against their behaviour logprobs corrects for
+            the lag).
+        max_backlog: bound on the samples waiting to be trained; None: unbounded (a fixed store).
+        backlog_policy: `drop_oldest` (each claim first drops the oldest ready samples beyond `max_backlog`,
+            reason `backlog`) or `pause_capture` (the proxy stops capturing new turns while pending + ready
+            reach `max_backlog`; they are still answered). See `SampleStore.capture_limit`.
         pad_id: padding token id.
     """
 
@@ -143,13 +174,22 @@ class RolloutDataModule(L.LightningDataModule):
         max_sample_tokens: int | None = None,
         wait_timeout_s: float | None = 5.0,
         max_staleness: int | None = None,
+        max_backlog: int | None = None,
+        backlog_policy: str = "drop_oldest",
         pad_id: int = 0,
     ) -> None:
         super().__init__()
+        if backlog_policy not in BACKLOG_POLICIES:
+            raise ValueError(f"data.backlog_policy must be one of {BACKLOG_POLICIES}, got {backlog_policy!r}")
+        if max_backlog is not None and max_backlog < batch_size:
+            raise ValueError(f"data.max_backlog ({max_backlog}) must be null or >= data.batch_size ({batch_size})")
+        self.max_backlog, self.backlog_policy = max_backlog, backlog_policy
         self.store_path = store_path
         self.batch_size, self.max_tokens, self.max_sample_tokens = batch_size, max_tokens, max_sample_tokens
         self.wait_timeout_s, self.max_staleness, self.pad_id = wait_timeout_s, max_staleness, pad_id
-        self.adapter_version = 0  # raised by the adapter publisher after each published step
+        # The adapter version the policy server serves: staleness counts against it. The publisher sets it after
+        # each publish (only to what the server confirmed loading); on resume it starts at the checkpoint's step.
+        self.adapter_version = 0
 
     def _min_adapter_version(self) -> int | None:
         return None if self.max_staleness is None else self.adapter_version - self.max_staleness
@@ -160,6 +200,8 @@ class RolloutDataModule(L.LightningDataModule):
         if trainer.is_global_zero:
             outcome = SampleStore(self.store_path).reconcile(trainer.global_step)
             log.info("Sample store %s at step %d: %s", self.store_path, trainer.global_step, outcome)
+        # Resumed: the checkpoint's adapter is the newest published one (the publisher serves it again at start).
+        self.adapter_version = max(self.adapter_version, trainer.global_step)
         dataset = StreamingSampleDataset(
             self.store_path,
             lambda: trainer.global_step,
@@ -171,5 +213,6 @@ class RolloutDataModule(L.LightningDataModule):
             trainer.global_rank,
             trainer.world_size,
             self._min_adapter_version,
+            self.max_backlog if self.backlog_policy == "drop_oldest" else None,
         )
         return DataLoader(dataset, batch_size=None, num_workers=0)

@@ -74,7 +74,8 @@ def seed_store(
                 next_state=row.get("next_state"),
                 messages=row["messages"],
                 response_text=row["response"],
-                meta={"source": str(path)},
+                meta={"source": str(path)}
+                | ({} if usable else {"dropped": "no_hint" if needs_teacher else "no_reward"}),
             )
         )
         n += 1

@@ -53,8 +53,15 @@ CREATE INDEX IF NOT EXISTS samples_session ON samples(agent_id, session_id, turn
 """
 
 
+BACKLOG_POLICIES = ("drop_oldest", "pause_capture")
+
+
 class SampleValidationError(ValueError):
     """A sample that cannot be trained on; the message names the offending fields."""
+
+
+class BacklogFull(ValueError):
+    """Capture is paused: the backlog (pending + ready samples) is at `max_backlog` (`backlog_policy=pause_capture`)."""
 
 
 @dataclass
@@ -182,9 +189,16 @@ class SampleStore:
     Args:
         path: the SQLite file (created with its parent directory if missing).
         busy_timeout_s: how long a writer waits for another process's lock.
+        capture_limit: with it, `check_backlog()` (called by `GroupCommitWriter.submit` for new turns) refuses
+            new samples while this many are pending or ready (`data.backlog_policy=pause_capture`).
     """
 
-    def __init__(self, path: str | Path, busy_timeout_s: float = 30.0) -> None:
+    def __init__(self, path: str | Path, busy_timeout_s: float = 30.0, capture_limit: int | None = None) -> None:
+        if capture_limit is not None and capture_limit < 1:
+            raise ValueError(f"data.max_backlog must be >= 1 or null, got {capture_limit}")
+        self.capture_limit = capture_limit
+        self.stats = {"capture_paused": 0}
+        self._backlog_seen = (0, -1.0)  # (pending + ready, when counted): counted at most every 0.5 s
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._lock = threading.RLock()
@@ -284,9 +298,17 @@ class SampleStore:
         status: str = "ready",
         meta: dict[str, Any] | None = None,
     ) -> None:
-        """Record a scorer's verdict and move the sample to `ready` (or `dropped`)."""
+        """Record a scorer's verdict and move the sample to `ready` (or `dropped`).
+
+        Non-finite teacher logprobs or rewards raise `SampleValidationError` naming the field (one NaN would
+        become a NaN loss): nothing is written.
+        """
         if status not in ("ready", "dropped"):
             raise ValueError(f"status must be 'ready' or 'dropped', got {status!r}")
+        if teacher_logprobs is not None and not _finite_ok(teacher_logprobs):
+            raise SampleValidationError("teacher_logprobs must be finite numbers")
+        if reward is not None and not (isinstance(reward, int | float) and math.isfinite(reward)):
+            raise SampleValidationError("reward must be finite")
         with self._tx() as c:
             row = c.execute("SELECT response_ids, meta FROM samples WHERE id=?", (sample_id,)).fetchone()
             if row is None:
@@ -305,6 +327,28 @@ class SampleStore:
             if status == "ready":
                 self._ready.notify_all()
 
+    def check_backlog(self) -> None:
+        """Raise `BacklogFull` while capture is paused (pending + ready >= `capture_limit`); counted."""
+        if self.capture_limit is None:
+            return
+        n, when = self._backlog_seen
+        now = time.monotonic()
+        if now - when > 0.5:
+            n = self.backlog()
+            self._backlog_seen = (n, now)
+        if n >= self.capture_limit:
+            self.stats["capture_paused"] += 1
+            raise BacklogFull(
+                f"capture paused: {n} samples wait to be trained (data.max_backlog={self.capture_limit}, "
+                "data.backlog_policy=pause_capture)"
+            )
+
+    def backlog(self) -> int:
+        """Samples captured but not yet trained on or dropped: pending + ready."""
+        with self._read_lock:
+            sql = "SELECT COUNT(*) FROM samples WHERE status IN ('pending', 'ready')"
+            return self._reader.execute(sql).fetchone()[0]
+
     # ---- training-side --------------------------------------------------------------------------------------
     def claim_batch(
         self,
@@ -314,19 +358,29 @@ class SampleStore:
         max_sample_tokens: int | None = None,
         min_adapter_version: int | None = None,
         min_samples: int = 1,
+        max_backlog: int | None = None,
     ) -> list[Sample]:
         """The samples of optimizer step `step`; idempotent, so every DDP rank gets the same batch.
 
         The first caller for a step claims ready samples in id order until `max_samples` or `max_tokens`
         (prompt + response) would be exceeded; later callers get the same rows. Samples longer than
         `max_sample_tokens`, or produced by an adapter older than `min_adapter_version` (stale), are dropped.
-        Nothing is claimed while fewer than `min_samples` would be (e.g. one per DDP rank).
+        Nothing is claimed while fewer than `min_samples` would be (e.g. one per DDP rank). With `max_backlog`
+        (`data.backlog_policy=drop_oldest`), the oldest ready samples beyond that many are dropped first
+        (`backlog`): training keeps up with the newest data instead of a queue that only grows.
         """
         with self._tx() as c:
             rows = c.execute("SELECT * FROM samples WHERE status='claimed' AND claimed_step=? ORDER BY id", (step,))
             claimed = [self._row(r) for r in rows.fetchall()]
             if claimed:
                 return claimed
+            if max_backlog is not None:
+                c.execute(
+                    "UPDATE samples SET status='dropped', meta=json_set(meta, '$.dropped', 'backlog'), updated_at=?"
+                    " WHERE id IN (SELECT id FROM samples WHERE status='ready' ORDER BY id LIMIT max(0,"
+                    " (SELECT COUNT(*) FROM samples WHERE status='ready') - ?))",
+                    (time.time(), max_backlog),
+                )
             batch: list[Sample] = []
             tokens = 0
             for row in c.execute("SELECT * FROM samples WHERE status='ready' ORDER BY id").fetchall():
@@ -425,6 +479,16 @@ class SampleStore:
             if status is None:
                 return self._reader.execute("SELECT COUNT(*) FROM samples").fetchone()[0]
             return self._reader.execute("SELECT COUNT(*) FROM samples WHERE status=?", (status,)).fetchone()[0]
+
+    def dropped_reasons(self) -> dict[str, int]:
+        """How many samples were dropped, by reason (`meta.dropped` up to its first `:`, e.g. `stale`)."""
+        sql = (
+            "SELECT CASE WHEN instr(d, ':') > 0 THEN substr(d, 1, instr(d, ':') - 1) ELSE coalesce(d, 'unknown') END"
+            " AS reason, COUNT(*) FROM (SELECT json_extract(meta, '$.dropped') AS d FROM samples"
+            " WHERE status='dropped') GROUP BY reason"
+        )
+        with self._read_lock:
+            return {r[0]: r[1] for r in self._reader.execute(sql).fetchall()}
 
     def counts(self) -> dict[str, int]:
         with self._read_lock:

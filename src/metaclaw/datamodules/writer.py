@@ -52,8 +52,13 @@ class GroupCommitWriter:
 
     # ---- submitting ---------------------------------------------------------------------------------------
     def submit(self, sample: Sample) -> Future[int]:
-        """Validate `sample` (raising `SampleValidationError` here) and queue it; the future yields its id."""
+        """Validate `sample` (raising `SampleValidationError` here) and queue it; the future yields its id.
+
+        Raises `BacklogFull` (a ValueError) while the store's backlog bound pauses capture.
+        """
         sample.validate()
+        if sample.status in ("pending", "ready"):
+            self.store.check_backlog()
         return self._put(_Write(Future(), sample=sample))
 
     def submit_next_state(self, sample_id: int, next_state: str) -> Future[None]:

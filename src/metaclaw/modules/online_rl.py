@@ -1,11 +1,22 @@
 """`OnlineRLModule`: batch → policy logprobs → advantages → injected loss → optimizer step.
 
-The maths lives in `metaclaw.losses` and `metaclaw.advantages`; this module only orchestrates and logs.
+The maths lives in `metaclaw.losses` and `metaclaw.advantages`; this module only orchestrates, guards and logs.
+
+Guards (every rank decides the same, so DDP never waits on a rank that skipped): a step whose loss is not finite
+on any rank, or whose advantages are 0 on every response token of the global batch, returns `None` from
+`training_step`. Lightning then skips backward and the optimizer step (the adapter and AdamW's state are left as
+they were) but still counts the step, so claim keys stay aligned with `global_step`. Both are counted
+(`train/skipped_nonfinite`, `train/skipped_zero_advantage`).
+
+Under DDP each rank holds a slice of the global batch; `global_scale` rescales each rank's loss so that the
+gradient DDP averages is the loss aggregated over the global batch (token-mean over all its tokens), not the
+mean of per-rank aggregates.
 """
 
 from __future__ import annotations
 
 import time
+import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -15,6 +26,28 @@ from torch import Tensor
 from torchmetrics import MaxMetric, MeanMetric, MinMetric
 
 from metaclaw.modules.policy import LoraPolicy
+
+# Returning None from training_step is how a step is skipped here (counted in `train/skipped_*`).
+warnings.filterwarnings("ignore", message=r".*`training_step` returned `None`.*")
+
+
+def global_scale(mode: str, mask: Tensor, batch: dict[str, Tensor], world_size: int) -> Tensor:
+    """Factor that turns this rank's aggregated loss into its share of the global-batch aggregate.
+
+    DDP averages gradients over ranks, so rank r's loss is scaled by `world_size × local / global` (tokens for
+    `token-mean`, sequences for `seq-mean`) and by `world_size` for `sum`; 1 in a single process.
+    """
+    if world_size == 1:
+        return mask.new_ones(())
+    if mode == "sum":
+        return mask.new_tensor(float(world_size))
+    if mode == "token-mean":
+        local, total = mask.sum(), batch["group_tokens"].to(mask.dtype)
+    elif mode == "seq-mean":
+        local, total = (mask.sum(dim=-1) > 0).sum().to(mask.dtype), batch["group_sequences"].to(mask.dtype)
+    else:
+        raise ValueError(f"unknown aggregation {mode!r}")
+    return world_size * local / total.clamp(min=1)
 
 
 class OnlineRLModule(L.LightningModule):
@@ -50,6 +83,7 @@ class OnlineRLModule(L.LightningModule):
         self.adv_min, self.adv_max = MinMetric(), MaxMetric()
         self.tokens_per_s = MeanMetric()
         self._t0 = 0.0
+        self.skipped = {"nonfinite": 0, "zero_advantage": 0}  # steps that took no optimizer step, by reason
 
     def configure_optimizers(self) -> torch.optim.Optimizer:
         return self.optimizer_factory([p for p in self.policy.parameters() if p.requires_grad])
@@ -57,28 +91,47 @@ class OnlineRLModule(L.LightningModule):
     def on_train_batch_start(self, batch: Any, batch_idx: int) -> None:
         self._t0 = time.perf_counter()
 
-    def training_step(self, batch: dict[str, Tensor], batch_idx: int) -> Tensor:
+    def training_step(self, batch: dict[str, Tensor], batch_idx: int) -> Tensor | None:
         mask = batch["mask"]
+        world_size = self.trainer.world_size if self._trainer is not None else 1
         logprobs = self.policy.logprobs(
             batch["input_ids"], batch["target_ids"], batch["attention_mask"], batch["temperature"]
         )
         advantages, adv_metrics = self.advantage(batch)
         out = self.loss_fn(logprobs, batch["behaviour_logprobs"], advantages.detach(), mask)
         loss, metrics = out.loss, dict(out.metrics)
+        loss = loss * global_scale(getattr(self.loss_fn, "aggregation", "token-mean"), mask, batch, world_size)
         if self.kl is not None and self.kl.coef > 0:
             with torch.no_grad(), self.policy.reference():
                 ref = self.policy.logprobs(
                     batch["input_ids"], batch["target_ids"], batch["attention_mask"], batch["temperature"]
                 )
             kl_out = self.kl(logprobs, ref, mask)
-            loss = loss + kl_out.loss
+            loss = loss + kl_out.loss * global_scale(self.kl.aggregation, mask, batch, world_size)
             metrics.update(kl_out.metrics)
         with torch.no_grad():
             ratio = torch.exp((logprobs - batch["behaviour_logprobs"]) * mask)[mask.bool()]
             if ratio.numel():
                 metrics["ratio_max"] = ratio.max()
-        self._log_step(batch, advantages, loss, metrics, adv_metrics)
-        return loss
+        skip = self._skip_reason(loss, advantages.detach(), mask)
+        if skip is not None:
+            self.skipped[skip] += 1
+        self._log_step(batch, advantages, loss, metrics, adv_metrics, skip)
+        return None if skip is not None else loss
+
+    def _skip_reason(self, loss: Tensor, advantages: Tensor, mask: Tensor) -> str | None:
+        """`nonfinite` if the loss is not finite on any rank, `zero_advantage` if no rank has a non-zero one."""
+        on = mask > 0
+        flags = torch.stack([(~torch.isfinite(loss.detach())).float(), (advantages[on] != 0).any().float()]).to(
+            self.device
+        )
+        if self._trainer is not None and self.trainer.world_size > 1:
+            flags = self.all_gather(flags).reshape(-1, 2).max(dim=0).values
+        if flags[0] > 0:
+            return "nonfinite"
+        if flags[1] == 0:
+            return "zero_advantage"
+        return None
 
     def on_train_batch_end(self, outputs: Any, batch: dict[str, Tensor], batch_idx: int) -> None:
         elapsed = time.perf_counter() - self._t0
@@ -87,10 +140,22 @@ class OnlineRLModule(L.LightningModule):
             self.log("train/tokens_per_s", self.tokens_per_s, on_step=True, on_epoch=False)
 
     def _log_step(
-        self, batch: dict[str, Tensor], advantages: Tensor, loss: Tensor, metrics: dict, adv_metrics: dict
+        self,
+        batch: dict[str, Tensor],
+        advantages: Tensor,
+        loss: Tensor,
+        metrics: dict,
+        adv_metrics: dict,
+        skip: str | None,
     ) -> None:
         mask = batch["mask"].bool()
         n = mask.shape[0]
+        for reason, count in self.skipped.items():
+            self.log(f"train/skipped_{reason}", float(count), prog_bar=True, reduce_fx="max", batch_size=n)
+        signal = ((advantages.detach() != 0) & mask).any(dim=-1)
+        self.log("train/zero_advantage_frac", 1.0 - signal.float().mean(), batch_size=n)
+        if skip == "nonfinite":  # nothing from this step may reach the running means
+            return
         if batch["has_reward"].any():
             self.reward_mean(batch["reward"][batch["has_reward"]])
             self.log("rollout/reward_mean", self.reward_mean, on_step=True, on_epoch=False, batch_size=n)

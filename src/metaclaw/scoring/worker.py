@@ -3,10 +3,12 @@
 A pending sample is scored once its next state is known or its session is finished (marked done, or idle for
 `session_idle_s`). What is computed follows the method (seed 002):
 - `rl`: PRM reward; with `at_least_one`, a session's rewards are settled together when it finishes, and if
-  every turn scored ≤ 0 the best one gets +1.
+  every turn scored ≤ 0 the best one *with evidence* (a next state the judge saw) gets +1.
 - `opd`: hint from the next state, then teacher logprobs of the response under prompt + hint; no hint → dropped.
 - `combine`: both; a sample is ready with either signal (the advantage dispatches three ways).
-Judges run under a timeout with bounded attempts, so a hanging judge never stalls training.
+Judges run under a timeout with bounded attempts, so a hanging judge never stalls training. A turn whose scoring
+failed `max_attempts` times is settled `dropped` (reason `judge_failed`): it is never trained on (a reward of 0
+made up during an outage is noise) and takes no part in at-least-one.
 With an evolver, every scored turn is noted and an agent's turns with judge reward ≤ 0 go to it when one of its
 sessions finishes and every `evolve_every_n_turns` turns (`EvolutionScheduler`: its own thread, one at a time).
 """
@@ -21,7 +23,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from metaclaw.datamodules.store import Sample, SampleStore
+from metaclaw.datamodules.store import Sample, SampleStore, SampleValidationError
 from metaclaw.rollout.sessions import SessionLog
 from metaclaw.rollout.skills_hook import EvolutionScheduler, SkillEvolverLike
 from metaclaw.scoring.judges import Judge
@@ -36,6 +38,7 @@ class TurnScore:
     hint: str | None = None
     teacher: list[float] | None = None
     meta: dict[str, Any] = field(default_factory=dict)
+    failed: bool = False  # scoring failed `max_attempts` times: settled as dropped, never trained on
 
 
 class ScoringWorker:
@@ -49,9 +52,10 @@ class ScoringWorker:
         render_teacher_prompt: `(sample, hint) -> prompt ids` (the chat template with the hint).
         poll_s: pause between passes.
         session_idle_s: a session with no new turn for this long counts as finished.
-        at_least_one: seed 002's guarantee (RL): if every turn of a finished session scored ≤ 0, the best gets +1.
+        at_least_one: seed 002's guarantee (RL): if every judged turn of a finished session scored ≤ 0, the best
+            one with a next state gets +1.
         timeout_s: per judge/teacher call.
-        max_attempts: a turn whose scoring failed this many times is settled neutrally (reward 0, no hint).
+        max_attempts: a turn whose scoring failed this many times is settled as `dropped` (`judge_failed`).
         concurrency: turns scored at once.
         evolver: optional skill evolver, given an agent's turns with judge reward ≤ 0 (before at-least-one).
         evolve_every_n_turns: besides at session end, evolve after this many scored main turns of an agent
@@ -89,7 +93,7 @@ class ScoringWorker:
         self._last_change: dict[tuple[str, str], tuple[int, float]] = {}
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        self.stats = {"scored": 0, "ready": 0, "dropped": 0, "errors": 0}
+        self.stats = {"scored": 0, "ready": 0, "dropped": 0, "errors": 0, "judge_failed": 0}
 
     # ---- one pass -----------------------------------------------------------------------------------------
     async def run_once(self) -> int:
@@ -142,8 +146,8 @@ class ScoringWorker:
             self.stats["errors"] += 1
             log.warning("Scoring sample %d failed (attempt %d/%d): %r", s.id, n, self.max_attempts, e)
             if n >= self.max_attempts:
-                reward = 0.0 if self.needs_reward else None
-                self._scores[s.id] = TurnScore(reward=reward, meta={"judge_error": repr(e)[:300]})
+                self._scores[s.id] = TurnScore(meta={"judge_error": repr(e)[:300]}, failed=True)
+                self.stats["judge_failed"] += 1
                 if self.evolution is not None:  # counted as a turn, but no verdict to learn from
                     self.evolution.note(s.agent_id, s.id, None)
 
@@ -155,12 +159,7 @@ class ScoringWorker:
         if hold:
             if not complete:
                 return 0
-            rewards = [self._scores[s.id].reward for s in scored]
-            if scored and all(r is not None and r <= 0 for r in rewards):
-                best = max(range(len(scored)), key=lambda i: (rewards[i], scored[i].turn_index))
-                sc = self._scores[scored[best].id]
-                sc.meta["at_least_one"] = {"from": sc.reward}
-                sc.reward = 1.0
+            self._at_least_one(scored)
         for s in scored:
             self._finalize(s, self._scores.pop(s.id))
         if complete:
@@ -169,18 +168,44 @@ class ScoringWorker:
                 self.evolution.session_finished(*key)
         return len(scored)
 
+    def _at_least_one(self, scored: list[Sample]) -> None:
+        """If every judged turn of a finished session scored ≤ 0, lift the best one with evidence to +1.
+
+        Turns whose scoring failed take no part (their rewards are unknown, not ≤ 0), and a turn without a next
+        state is never picked: the judge saw no reaction to it, so +1 there would be a reward without evidence.
+        """
+        judged = [s for s in scored if not self._scores[s.id].failed]
+        rewards = [self._scores[s.id].reward for s in judged]
+        if not judged or not all(r is not None and r <= 0 for r in rewards):
+            return
+        candidates = [i for i, s in enumerate(judged) if s.next_state is not None]
+        if not candidates:
+            return
+        best = max(candidates, key=lambda i: (rewards[i], judged[i].turn_index))
+        sc = self._scores[judged[best].id]
+        sc.meta["at_least_one"] = {"from": sc.reward}
+        sc.reward = 1.0
+
     def _finalize(self, s: Sample, score: TurnScore) -> None:
-        reward = score.reward if self.needs_reward else None
-        teacher = score.teacher if self.needs_teacher else None
+        self._attempts.pop(s.id, None)
+        reward = score.reward if self.needs_reward and not score.failed else None
+        teacher = score.teacher if self.needs_teacher and not score.failed else None
         meta = dict(score.meta)
         if score.hint:
             meta["hint"] = score.hint
         usable = reward is not None or teacher is not None
-        if not usable:
+        if score.failed:
+            meta["dropped"] = "judge_failed"
+        elif not usable:
             meta["dropped"] = "no_hint" if self.needs_teacher else "no_reward"
-        self.store.set_score(
-            s.id, reward=reward, teacher_logprobs=teacher, status="ready" if usable else "dropped", meta=meta
-        )
+        try:
+            self.store.set_score(
+                s.id, reward=reward, teacher_logprobs=teacher, status="ready" if usable else "dropped", meta=meta
+            )
+        except SampleValidationError as e:  # e.g. a teacher that returned -inf: refused, named, never trained on
+            log.warning("Sample %d: the score was refused (%s); dropping the turn", s.id, e)
+            usable, reward = False, None
+            self.store.set_score(s.id, status="dropped", meta={**meta, "dropped": f"invalid_score: {e}"})
         s.reward = reward
         self.stats["ready" if usable else "dropped"] += 1
 

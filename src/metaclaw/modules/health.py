@@ -1,0 +1,80 @@
+"""`HealthMonitor`: what the loop captured, failed on and dropped, in the logger and the progress bar.
+
+Each optimizer step, rank 0 logs (cumulative counts since the run started, or the store's totals):
+
+| metric | from |
+|---|---|
+| `rollout/captured`, `rollout/capture_failures` | the proxy: turns stored / turns it could not store |
+| `rollout/capture_paused` | turns not stored because the backlog bound paused capture (`pause_capture`) |
+| `rollout/judge_failures` | turns whose scoring failed `max_attempts` times (dropped, `judge_failed`) |
+| `rollout/pending`, `rollout/ready`, `rollout/backlog` | the store: waiting for a score / to be trained |
+| `rollout/dropped`, `rollout/dropped_<reason>` | the store: dropped samples, by `meta.dropped` reason |
+
+The training side (`train/skipped_*`, `train/zero_advantage_frac`, `train/publish_failures`) is logged by
+`OnlineRLModule` and `AdapterPublisher`. Live sources are attached by `training.train` once the loop started.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import lightning as L
+
+from metaclaw.datamodules.store import SampleStore
+
+PROGRESS_BAR = ("rollout/captured", "rollout/capture_failures", "rollout/judge_failures", "rollout/backlog")
+
+
+class HealthMonitor(L.Callback):
+    """Logs the loop's counters every `every_n_steps` optimizer steps (rank 0 only).
+
+    Args:
+        store_path: the sample store.
+        every_n_steps: logging cadence (a store query per log).
+    """
+
+    def __init__(self, store_path: str, every_n_steps: int = 1) -> None:
+        if every_n_steps < 1:
+            raise ValueError(f"health.every_n_steps must be >= 1, got {every_n_steps}")
+        self.store_path, self.every_n_steps = store_path, every_n_steps
+        self.proxy: Any = None
+        self.worker: Any = None
+        self.capture_store: SampleStore | None = None
+        self._store: SampleStore | None = None
+
+    def attach(self, proxy: Any = None, worker: Any = None, capture_store: SampleStore | None = None) -> None:
+        """The live loop's proxy, scoring worker and the store instance the proxy writes through."""
+        self.proxy, self.worker, self.capture_store = proxy, worker, capture_store
+
+    def snapshot(self) -> dict[str, float]:
+        """The counters now."""
+        if self._store is None:
+            self._store = SampleStore(self.store_path)
+        counts = self._store.counts()
+        out = {
+            "rollout/pending": counts["pending"],
+            "rollout/ready": counts["ready"],
+            "rollout/backlog": counts["pending"] + counts["ready"],
+            "rollout/dropped": counts["dropped"],
+        }
+        out.update({f"rollout/dropped_{reason}": n for reason, n in self._store.dropped_reasons().items()})
+        if self.proxy is not None:
+            out["rollout/captured"] = self.proxy.stats.get("captured", 0)
+            out["rollout/capture_failures"] = self.proxy.stats.get("capture_errors", 0)
+        if self.capture_store is not None:
+            out["rollout/capture_paused"] = self.capture_store.stats["capture_paused"]
+        if self.worker is not None:
+            out["rollout/judge_failures"] = self.worker.stats.get("judge_failed", 0)
+            out["rollout/judge_errors"] = self.worker.stats.get("errors", 0)
+        return {k: float(v) for k, v in out.items()}
+
+    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, *args: Any) -> None:
+        if not trainer.is_global_zero or trainer.global_step % self.every_n_steps:
+            return
+        for name, value in self.snapshot().items():
+            pl_module.log(name, value, prog_bar=name in PROGRESS_BAR, rank_zero_only=True, batch_size=1)
+
+    def teardown(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        if self._store is not None:
+            self._store.close()
+            self._store = None

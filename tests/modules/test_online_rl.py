@@ -1,0 +1,118 @@
+"""OnlineRLModule guards: a non-finite loss or an all-zero-advantage batch takes no optimizer step, counted."""
+
+from __future__ import annotations
+
+import functools
+
+import lightning as L
+import pytest
+import torch
+
+from metaclaw.advantages import RLAdvantage
+from metaclaw.datamodules.rollout import collate_samples
+from metaclaw.datamodules.store import Sample
+from metaclaw.losses import ImportanceSamplingLoss
+from metaclaw.modules.online_rl import OnlineRLModule
+
+
+def _batch(rewards: list[float], behaviour: float = -2.0) -> dict[str, torch.Tensor]:
+    samples = [
+        Sample(
+            prompt_ids=[5, 6, 7],
+            response_ids=[8, 9, 10],
+            behaviour_logprobs=[behaviour] * 3,
+            reward=r,
+            id=i + 1,
+        )
+        for i, r in enumerate(rewards)
+    ]
+    return collate_samples(samples, pad_id=0)
+
+
+def _poison(batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """A batch whose loss is NaN: what one non-finite behaviour logprob that got past validation would do."""
+    batch = dict(batch)
+    batch["behaviour_logprobs"] = batch["behaviour_logprobs"].clone()
+    batch["behaviour_logprobs"][0, 3] = float("nan")
+    return batch
+
+
+def _fit(policy, batches: list[dict[str, torch.Tensor]]) -> tuple[OnlineRLModule, L.Trainer]:
+    module = OnlineRLModule(
+        policy=policy,
+        loss=ImportanceSamplingLoss(),
+        advantage=RLAdvantage(),
+        optimizer=functools.partial(torch.optim.AdamW, lr=1e-2),
+    )
+    trainer = L.Trainer(
+        max_steps=len(batches),
+        logger=False,
+        enable_progress_bar=False,
+        enable_checkpointing=False,
+        enable_model_summary=False,
+        accelerator="cpu",
+        gradient_clip_val=1.0,
+    )
+    trainer.fit(module, torch.utils.data.DataLoader(batches, batch_size=None))
+    return module, trainer
+
+
+def _lora(policy) -> dict[str, torch.Tensor]:
+    return {n: p.detach().clone() for n, p in policy.named_parameters() if "lora_" in n}
+
+
+def _same(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> bool:
+    return all(torch.equal(a[k], b[k]) for k in a)
+
+
+@pytest.mark.filterwarnings("ignore::UserWarning")
+def test_a_nan_batch_leaves_the_adapter_unchanged_and_is_counted(tiny_policy):
+    before = _lora(tiny_policy)
+    module, trainer = _fit(tiny_policy, [_poison(_batch([1.0, -1.0]))])
+    assert _same(before, _lora(tiny_policy))  # no optimizer step: AdamW state untouched too
+    assert all(torch.isfinite(p).all() for p in _lora(tiny_policy).values())
+    assert module.skipped["nonfinite"] == 1
+    assert trainer.callback_metrics["train/skipped_nonfinite"] == 1
+    assert trainer.global_step == 1  # the claim keys (one per step) stay aligned with the optimizer steps
+
+
+@pytest.mark.filterwarnings("ignore::UserWarning")
+def test_training_goes_on_after_a_nan_batch(tiny_policy):
+    before = _lora(tiny_policy)
+    module, trainer = _fit(tiny_policy, [_poison(_batch([1.0, -1.0])), _batch([1.0, -1.0])])
+    after = _lora(tiny_policy)
+    assert not _same(before, after) and all(torch.isfinite(p).all() for p in after.values())
+    assert module.skipped["nonfinite"] == 1 and trainer.global_step == 2
+
+
+@pytest.mark.filterwarnings("ignore::UserWarning")
+def test_an_all_zero_advantage_batch_takes_no_step_and_is_counted(tiny_policy):
+    before = _lora(tiny_policy)
+    module, trainer = _fit(tiny_policy, [_batch([0.0, 0.0])])
+    assert _same(before, _lora(tiny_policy))
+    assert module.skipped["zero_advantage"] == 1
+    assert trainer.callback_metrics["train/skipped_zero_advantage"] == 1
+    assert trainer.callback_metrics["train/zero_advantage_frac"] == 1.0
+
+
+@pytest.mark.filterwarnings("ignore::UserWarning")
+def test_zero_advantage_fraction_counts_samples_without_signal(tiny_policy):
+    module, trainer = _fit(tiny_policy, [_batch([0.0, 1.0, 0.0, -1.0])])
+    assert module.skipped["zero_advantage"] == 0
+    assert trainer.callback_metrics["train/zero_advantage_frac"] == 0.5
+
+
+@pytest.mark.parametrize("mode", ["token-mean", "seq-mean", "sum"])
+def test_rank_losses_average_to_the_global_batch_aggregate(mode):
+    """DDP averages the ranks' gradients: the scaled per-rank losses must average to the global aggregate."""
+    from metaclaw.losses import aggregate
+    from metaclaw.modules.online_rl import global_scale
+
+    per_token = torch.tensor([[1.0, 2.0, 3.0], [4.0, 0.0, 0.0], [5.0, 6.0, 0.0]])
+    mask = torch.tensor([[1.0, 1.0, 1.0], [1.0, 0.0, 0.0], [1.0, 1.0, 0.0]])
+    group = {"group_tokens": mask.sum(), "group_sequences": torch.tensor(3)}
+    whole = aggregate(per_token, mask, mode)
+    ranks = [[0], [1, 2]]  # uneven slices: one rank has 3 tokens, the other 3 in two sequences
+    scaled = [aggregate(per_token[r], mask[r], mode) * global_scale(mode, mask[r], group, 2) for r in ranks]
+    assert torch.allclose(sum(scaled) / 2, whole)
+    assert global_scale(mode, mask, group, 1) == 1

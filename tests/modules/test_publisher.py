@@ -1,0 +1,89 @@
+"""AdapterPublisher: leftovers of a kill mid-write are cleaned at start; hot-load failures; served version."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from metaclaw.modules.publisher import AdapterPublisher
+
+
+class _Trainer:
+    """The few trainer attributes `setup` reads (rank 0 of one process)."""
+
+    is_global_zero = True
+    global_step = 0
+    datamodule = None
+
+
+def test_leftover_temp_dirs_from_a_kill_mid_write_are_cleaned_at_start(tmp_path):
+    adapters = tmp_path / "adapters"
+    kept = adapters / "step-000002"
+    kept.mkdir(parents=True)
+    (kept / "adapter_model.safetensors").write_bytes(b"x")
+    for leftover in (".step-000003-k2j4x9", ".step-000002.old"):  # write_dir_atomically's temp and old dirs
+        (adapters / leftover).mkdir()
+        (adapters / leftover / "adapter_model.safetensors").write_bytes(b"half")
+    (tmp_path / "checkpoints").mkdir()
+    (tmp_path / "checkpoints" / "last.ckpt.tmp").write_bytes(b"half")
+    publisher = AdapterPublisher(str(tmp_path), str(tmp_path / "s.sqlite"))
+    publisher.setup(_Trainer(), None, "fit")
+    assert sorted(p.name for p in adapters.iterdir()) == ["step-000002"]
+    assert (kept / "adapter_model.safetensors").read_bytes() == b"x"
+    assert not (tmp_path / "checkpoints" / "last.ckpt.tmp").exists()
+    assert publisher.cleaned == [
+        Path("adapters/.step-000002.old"),
+        Path("adapters/.step-000003-k2j4x9"),
+        Path("checkpoints/last.ckpt.tmp"),
+    ]
+
+
+def _closed_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]  # closed again when the block ends: connections are refused
+
+
+def test_resume_counts_staleness_from_the_resumed_version(tmp_path):
+    from metaclaw.datamodules.store import Sample, SampleStore
+    from metaclaw.training import train
+    from tests.entrypoints.test_train import compose_train
+
+    train(compose_train(tmp_path, "trainer.max_steps=2"))  # adapters v1, v2; 8 of the 16 shipped samples left
+    store = SampleStore(tmp_path / "samples.sqlite")
+    fresh = [
+        store.insert(Sample([1, 2, 3], [4, 5], [-1.0, -1.0], reward=1.0, status="ready", adapter_version=2))
+        for _ in range(4)
+    ]
+    metrics, objs = train(compose_train(tmp_path, "trainer.max_steps=3", "data.max_staleness=1"))
+    # resumed at v2: the base model's (v0) samples are 2 versions old and dropped; v2's are trained at step 2
+    assert metrics["train/global_step"] == 3
+    stale = [s for s in store.select("dropped") if s.meta["dropped"].startswith("stale")]
+    assert len(stale) == 8 and all(s.meta["dropped"] == "stale:v0<v1" for s in stale)
+    assert {store.get(i).status for i in fresh} == {"consumed"}
+    assert objs["publisher"].served_version == 3 and objs["datamodule"].adapter_version == 3
+
+
+def test_failed_hot_loads_keep_samples_fresh_then_stop_the_run(tmp_path, caplog):
+    import pytest
+
+    from metaclaw.datamodules.store import SampleStore
+    from metaclaw.modules.publisher import HotLoadError
+    from metaclaw.training import train
+    from tests.entrypoints.test_train import compose_train
+
+    cfg = compose_train(
+        tmp_path,
+        "trainer.max_steps=8",
+        "data.max_staleness=0",
+        f"publish.server_url=http://127.0.0.1:{_closed_port()}",
+        "publish.max_hot_load_failures=3",
+    )
+    with pytest.raises(HotLoadError, match="failed to load 3 adapters in a row"):
+        train(cfg)
+    store = SampleStore(tmp_path / "samples.sqlite")
+    # the server still serves v0, so v0's samples are not stale: nothing was dropped, three steps trained
+    assert not [s for s in store.select("dropped") if s.meta["dropped"].startswith("stale")]
+    assert (tmp_path / "adapters" / "step-000003").exists()
+    assert not (tmp_path / "adapters" / "step-000004").exists()
