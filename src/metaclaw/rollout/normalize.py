@@ -172,7 +172,8 @@ def normalize_tools(tools: Any) -> list[dict[str, Any]] | None:
                 _obj(fn["parameters"], f"tools[{i}].function.parameters")
             out.append(t)
         elif "name" in t:
-            params = t.get("input_schema", t.get("parameters")) or {"type": "object", "properties": {}}
+            params = t["input_schema"] if "input_schema" in t else t.get("parameters")
+            params = {"type": "object", "properties": {}} if params is None else params
             fn = {
                 "name": _str(t["name"], f"tools[{i}].name"),
                 "description": _str(t.get("description"), f"tools[{i}].description"),
