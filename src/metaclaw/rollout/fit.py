@@ -162,19 +162,21 @@ class ContextPolicy:
             del msgs[n_sys:end]
             last_user -= end - n_sys
             n = self.count(msgs, tools)
-        # 3. the system prompt's tail, then 4. the newest message's head
+        # 3. the system prompt's tail, then 4. the newest message's head (re-tokenising is not additive: repeat)
         for idx, keep_head, key in ((n_sys - 1, True, "system_trimmed_tokens"),
                                     (len(msgs) - 1, False, "last_trimmed_tokens")):  # fmt: skip
-            if n <= budget or idx < 0 or not isinstance(msgs[idx].get("content"), str):
+            if idx < 0 or not isinstance(msgs[idx].get("content"), str):
                 continue
-            ids = self._tokens(msgs[idx]["content"])
-            cut = min(len(ids), n - budget + 16)
-            kept = ids[: len(ids) - cut] if keep_head else ids[cut:]
-            note = f"[{cut} tokens omitted: context limit]"
-            text = self.tokenizer.decode(kept)
-            msgs[idx]["content"] = f"{text}\n{note}" if keep_head else f"{note}\n{text}"
-            action[key] = cut
-            n = self.count(msgs, tools)
+            original, cut = self._tokens(msgs[idx]["content"]), 0
+            for _ in range(4):
+                if n <= budget or cut >= len(original):
+                    break
+                cut = min(len(original), cut + n - budget + 8)
+                kept = self.tokenizer.decode(original[: len(original) - cut] if keep_head else original[cut:])
+                note = f"[{cut} tokens omitted: context limit]"
+                msgs[idx]["content"] = f"{kept}\n{note}" if keep_head else f"{note}\n{kept}"
+                action[key] = cut
+                n = self.count(msgs, tools)
         action.update(tool_results_elided=elided, messages_dropped=dropped, prompt_tokens_after=n)
         if n > budget:
             action["action"] = "unfit"  # forwarded: the server answers 400 context_length_exceeded
