@@ -157,7 +157,7 @@ class ContextPolicy:
         # 2. the oldest exchanges dropped whole (up to the next user message), never the newest user message
         dropped = 0
         while n > budget and n_sys < last_user:
-            end = next(j for j in range(n_sys + 1, last_user + 1) if msgs[j].get("role") == "user")
+            end = next((j for j in range(n_sys + 1, last_user + 1) if msgs[j].get("role") == "user"), last_user)
             dropped += end - n_sys
             del msgs[n_sys:end]
             last_user -= end - n_sys
@@ -200,7 +200,11 @@ class ClientFit:
             messages, image_meta = self.images.apply(messages, card)
             meta.update(image_meta)
         if not any(isinstance(m.get("content"), list) for m in messages):
-            messages, action = self.context.fit(messages, tools, card, max_tokens)
+            try:
+                messages, action = self.context.fit(messages, tools, card, max_tokens)
+            except Exception as e:  # noqa: BLE001 - the policy must never fail a turn: forward it as is
+                log.exception("Context policy failed; the turn is forwarded unchanged")
+                action = {"action": "error", "error": f"{type(e).__name__}: {e}"}
             if action is not None:
                 meta["context"] = action
         return messages

@@ -12,12 +12,18 @@ from typing import Any
 
 _STR = {"type": "string"}
 _OBJ = {"type": "object"}
-_PART = {
-    "type": "object",
-    "required": ["type"],
-    "properties": {"type": _STR, "text": _STR, "image_url": {"anyOf": [_STR, _OBJ]}},
-}
-_CONTENT = {"anyOf": [_STR, {"type": "array", "items": {"anyOf": [_PART, _STR]}}, {"type": "null"}]}
+_TEXT_PART = {"type": "object", "required": ["type", "text"],
+              "properties": {"type": {"enum": ["text", "input_text", "output_text"]}, "text": _STR}}  # fmt: skip
+_IMAGE_PART = {"type": "object", "required": ["type"], "properties": {
+    "type": {"enum": ["image_url", "image", "input_image"]}, "image_url": {"anyOf": [_STR, _OBJ]},
+    "data": {"type": "string", "description": "base64 (OpenClaw)"}, "mimeType": _STR}}  # fmt: skip
+
+
+def _content(parts: list[dict]) -> dict:
+    return {"anyOf": [_STR, {"type": "array", "items": {"anyOf": parts}}, {"type": "null"}]}
+
+
+_CONTENT = _content([_TEXT_PART])  # the policy server reads text only
 _TOOL_CALL = {
     "type": "object",
     "required": ["function"],
@@ -27,18 +33,24 @@ _TOOL_CALL = {
         "function": {"type": "object", "properties": {"name": _STR, "arguments": _STR}},
     },
 }
-OPENAI_MESSAGE = {
-    "type": "object",
-    "required": ["role"],
-    "properties": {
-        "role": {"enum": ["system", "developer", "user", "assistant", "tool"]},
-        "content": _CONTENT,
-        "name": _STR,
-        "tool_calls": {"type": "array", "items": _TOOL_CALL},
-        "tool_call_id": _STR,
-        "reasoning_content": _STR,
-    },
-}
+
+
+def _message(content: dict) -> dict:
+    return {
+        "type": "object",
+        "required": ["role"],
+        "properties": {
+            "role": {"enum": ["system", "developer", "user", "assistant", "tool"]},
+            "content": content,
+            "name": _STR,
+            "tool_calls": {"type": "array", "items": _TOOL_CALL},
+            "tool_call_id": _STR,
+            "reasoning_content": _STR,
+        },
+    }
+
+
+OPENAI_MESSAGE = _message(_CONTENT)
 OPENAI_TOOL = {
     "type": "object",
     "required": ["type", "function"],
@@ -62,23 +74,31 @@ _SAMPLING = {
     "seed": {"type": "integer"},
     "stop": {"anyOf": [_STR, {"type": "array", "items": {"type": "string", "minLength": 1}, "maxItems": 8}]},
 }
-CHAT_COMPLETIONS = {
-    "type": "object",
-    "required": ["model", "messages"],
-    "properties": {
-        **_SAMPLING,
-        "messages": {"type": "array", "minItems": 1, "items": OPENAI_MESSAGE},
-        "tools": {"type": "array", "items": OPENAI_TOOL},
-        "tool_choice": {"anyOf": [{"enum": ["auto", "none", "required"]}, _OBJ]},
-        "stream": {"type": "boolean"},
-        "stream_options": {"type": "object", "properties": {"include_usage": {"type": "boolean"}}},
-        "logprobs": {"type": "boolean"},
-        "top_logprobs": {"type": "integer", "minimum": 0, "maximum": 20},
-        "return_token_ids": {"type": "boolean", "description": "vLLM extension: prompt and sampled token ids"},
-        "response_format": _OBJ,
-        "chat_template_kwargs": _OBJ,
-    },
-}
+
+
+def _chat(message: dict) -> dict:
+    return {
+        "type": "object",
+        "required": ["model", "messages"],
+        "properties": {
+            **_SAMPLING,
+            "messages": {"type": "array", "minItems": 1, "items": message},
+            "tools": {"type": "array", "items": OPENAI_TOOL},
+            "tool_choice": {"anyOf": [{"enum": ["auto", "none", "required"]}, _OBJ]},
+            "stream": {"type": "boolean"},
+            "stream_options": {"type": "object", "properties": {"include_usage": {"type": "boolean"}}},
+            "logprobs": {"type": "boolean"},
+            "top_logprobs": {"type": "integer", "minimum": 0, "maximum": 20},
+            "return_token_ids": {"type": "boolean", "description": "vLLM extension: prompt and sampled token ids"},
+            "response_format": _OBJ,
+            "chat_template_kwargs": _OBJ,
+        },
+    }
+
+
+CHAT_COMPLETIONS = _chat(OPENAI_MESSAGE)
+# The proxy also takes image parts (see the image policy) and OpenClaw's part and role shapes.
+PROXY_CHAT_COMPLETIONS = _chat(_message(_content([_TEXT_PART, _IMAGE_PART])))
 COMPLETIONS = {
     "type": "object",
     "required": ["model", "prompt"],
@@ -160,7 +180,7 @@ POLICY_SERVER_BODIES = {
     "/v1/unload_lora_adapter": UNLOAD_ADAPTER,
 }
 PROXY_BODIES = {
-    "/v1/chat/completions": CHAT_COMPLETIONS,
+    "/v1/chat/completions": PROXY_CHAT_COMPLETIONS,
     "/v1/messages": ANTHROPIC_MESSAGES,
     "/v1/messages/count_tokens": ANTHROPIC_COUNT_TOKENS,
     "/v1/sessions/done": SESSIONS_DONE,
