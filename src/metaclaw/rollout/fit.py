@@ -125,9 +125,10 @@ class ContextPolicy:
             return messages, None
         reserve = min(max_tokens or self.reserve_tokens, limit // 2)
         budget = limit - reserve
-        rough = sum(len(json.dumps(m.get("content"), ensure_ascii=False)) for m in messages)
-        rough += len(json.dumps(tools)) if tools else 0
-        if rough + 64 * len(messages) < budget // 4:  # far below any tokenizer's count: skip the exact one
+        # An upper bound without tokenising: a token is at least one byte (byte-level BPE, byte fallback) and ASCII
+        # JSON escapes are at least as long as UTF-8; 64 tokens a message for the template's own markup.
+        rough = sum(len(json.dumps(m)) for m in messages) + (len(json.dumps(tools)) if tools else 0)
+        if rough + 64 * (len(messages) + 1) + (512 if tools else 0) < budget:  # + the template's tools preamble
             return messages, None
         try:
             before = self.count(messages, tools)
