@@ -118,15 +118,17 @@ def test_openclaw_parts_and_tool_results_are_normalised(harness):
     assert sent[3] == {"role": "tool", "tool_call_id": "c1", "content": "sunny"}
 
 
-def test_image_turns_go_upstream_but_are_not_trained_on(harness):
+def test_image_turns_answer_with_a_placeholder_and_are_not_trained_on(harness):
     parts = [
         {"type": "text", "text": "what is this"},
         {"type": "image_url", "image_url": {"url": "data:image/png;base64,AA"}},
     ]
-    client(harness).chat.completions.create(model="m", messages=[{"role": "user", "content": parts}])
-    assert harness.upstream_state["requests"][-1]["messages"][0]["content"][1]["type"] == "image_url"
+    r = client(harness).chat.completions.create(model="m", messages=[{"role": "user", "content": parts}])
+    assert r.choices[0].message.content
+    sent = harness.upstream_state["requests"][-1]["messages"][0]["content"]
+    assert sent == "what is this\n[image omitted: this model reads text only]"
     [s] = harness.store.select()
-    assert s.status == "dropped" and s.meta["dropped"] == "image"
+    assert s.status == "dropped" and s.meta["dropped"].startswith("image") and s.meta["images"] == "placeholder"
 
 
 def test_bad_input_gets_4xx_and_the_proxy_keeps_serving(tmp_path, upstream):

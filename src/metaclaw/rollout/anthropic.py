@@ -13,38 +13,56 @@ from metaclaw.rollout.normalize import RequestError, content_text
 STOP_REASONS = {"stop": "end_turn", "length": "max_tokens", "tool_calls": "tool_use", None: "end_turn"}
 
 
-def _blocks_to_messages(role: str, content: Any) -> list[dict[str, Any]]:
+def _image_url(block: dict[str, Any], where: str) -> dict[str, Any]:
+    src = block.get("source")
+    if not isinstance(src, dict):
+        raise RequestError(f"{where}.source must be an object")
+    if src.get("type") == "url" or "url" in src:
+        url = src.get("url")
+    else:
+        data = src.get("data")
+        url = f"data:{src.get('media_type') or 'image/png'};base64,{data}" if isinstance(data, str) else None
+    if not isinstance(url, str) or not url:
+        raise RequestError(f"{where}.source needs data (base64) or url")
+    return {"type": "image_url", "image_url": {"url": url}}
+
+
+def _blocks_to_messages(role: str, content: Any, where: str) -> list[dict[str, Any]]:
     if isinstance(content, str):
         return [{"role": role, "content": content}]
     if not isinstance(content, list):
-        raise RequestError("messages[].content must be a string or a list of content blocks")
+        raise RequestError(f"{where}.content must be a string or a list of content blocks")
     parts: list[dict[str, Any]] = []
     tool_calls: list[dict[str, Any]] = []
     results: list[dict[str, Any]] = []
-    for block in content:
-        kind = block.get("type") if isinstance(block, dict) else None
+    for i, block in enumerate(content):
+        at = f"{where}.content[{i}]"
+        if not isinstance(block, dict):
+            raise RequestError(f"{at} must be an object")
+        kind = block.get("type")
         if kind == "text":
-            parts.append({"type": "text", "text": block.get("text", "")})
+            if not isinstance(block.get("text"), str):
+                raise RequestError(f"{at}.text must be a string")
+            parts.append({"type": "text", "text": block["text"]})
         elif kind == "image":
-            src = block.get("source") or {}
-            url = src.get("url") or f"data:{src.get('media_type', 'image/png')};base64,{src.get('data', '')}"
-            parts.append({"type": "image_url", "image_url": {"url": url}})
+            parts.append(_image_url(block, at))
         elif kind == "tool_use":
+            if not isinstance(block.get("input", {}), dict) or not isinstance(block.get("name"), str):
+                raise RequestError(f"{at}: tool_use needs a string name and an object input")
             args = json.dumps(block.get("input") or {})
-            fn = {"name": block.get("name", ""), "arguments": args}
-            tool_calls.append({"id": block.get("id", ""), "type": "function", "function": fn})
+            fn = {"name": block["name"], "arguments": args}
+            tool_calls.append({"id": str(block.get("id", "")), "type": "function", "function": fn})
         elif kind == "tool_result":
+            inner = block.get("content")
+            if inner is not None and not isinstance(inner, str | list):
+                raise RequestError(f"{at}.content must be a string or a list of blocks")
             results.append(
-                {
-                    "role": "tool",
-                    "tool_call_id": block.get("tool_use_id", ""),
-                    "content": content_text(block.get("content")),
-                }
+                {"role": "tool", "tool_call_id": str(block.get("tool_use_id", "")), "content": content_text(inner)}
             )
         elif kind in ("thinking", "redacted_thinking"):
             continue
         else:
-            raise RequestError(f"unsupported content block type {kind!r}")
+            raise RequestError(f"{at}: unsupported content block type {kind!r}")
     out: list[dict[str, Any]] = list(results)
     has_image = any(p["type"] == "image_url" for p in parts)
     if parts or tool_calls:
@@ -55,28 +73,47 @@ def _blocks_to_messages(role: str, content: Any) -> list[dict[str, Any]]:
     return out
 
 
+def _system_text(system: Any) -> str:
+    if isinstance(system, str):
+        return system
+    if not isinstance(system, list) or not all(isinstance(b, dict) and isinstance(b.get("text"), str) for b in system):
+        raise RequestError("system must be a string or a list of text blocks")
+    return content_text(system)
+
+
+def to_openai_messages(body: dict[str, Any]) -> list[dict[str, Any]]:
+    """The OpenAI messages of an Anthropic request's `system` + `messages`. Raises `RequestError`."""
+    if not isinstance(body.get("messages"), list) or not body["messages"]:
+        raise RequestError("messages must be a non-empty list")
+    messages: list[dict[str, Any]] = []
+    if body.get("system"):
+        messages.append({"role": "system", "content": _system_text(body["system"])})
+    for i, m in enumerate(body["messages"]):
+        if not isinstance(m, dict) or m.get("role") not in ("user", "assistant"):
+            raise RequestError(f"messages[{i}].role must be user or assistant")
+        messages.extend(_blocks_to_messages(m["role"], m.get("content"), f"messages[{i}]"))
+    return messages
+
+
 def to_openai_request(body: Any) -> dict[str, Any]:
     """An OpenAI chat request equivalent to an Anthropic Messages request. Raises `RequestError`."""
     if not isinstance(body, dict):
         raise RequestError("the request body must be a JSON object")
-    if not isinstance(body.get("messages"), list) or not body["messages"]:
-        raise RequestError("messages must be a non-empty list")
-    if not isinstance(body.get("max_tokens"), int) or body["max_tokens"] < 1:
+    max_tokens = body.get("max_tokens")
+    if not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or max_tokens < 1:
         raise RequestError("max_tokens must be a positive integer")
-    messages: list[dict[str, Any]] = []
-    system = body.get("system")
-    if system:
-        messages.append({"role": "system", "content": content_text(system)})
-    for m in body["messages"]:
-        if not isinstance(m, dict) or m.get("role") not in ("user", "assistant"):
-            raise RequestError("messages[].role must be user or assistant")
-        messages.extend(_blocks_to_messages(m["role"], m.get("content")))
+    messages = to_openai_messages(body)
+    stops = body.get("stop_sequences")
+    if stops is not None and (not isinstance(stops, list) or not all(isinstance(x, str) and x for x in stops)):
+        raise RequestError("stop_sequences must be a list of non-empty strings")
     out: dict[str, Any] = {
         "model": body.get("model"),
         "messages": messages,
-        "max_tokens": body["max_tokens"],
+        "max_tokens": max_tokens,
         "stream": bool(body.get("stream")),
     }
+    if out["stream"]:
+        out["stream_options"] = {"include_usage": True}  # real counts for message_delta
     for src, dst in (
         ("temperature", "temperature"),
         ("top_p", "top_p"),
@@ -88,6 +125,8 @@ def to_openai_request(body: Any) -> dict[str, Any]:
     if body.get("tools"):
         out["tools"] = body["tools"]  # normalised to OpenAI tools by the proxy
     choice = body.get("tool_choice")
+    if choice is not None and not isinstance(choice, dict):
+        raise RequestError("tool_choice must be an object")
     if isinstance(choice, dict):
         kind = choice.get("type")
         out["tool_choice"] = (
@@ -117,6 +156,14 @@ def _tool_use(tc: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def stop_fields(finish_reason: str | None, stop_reason: Any) -> dict[str, Any]:
+    """Anthropic's `stop_reason` / `stop_sequence` from OpenAI's `finish_reason` and vLLM's `stop_reason` (the
+    stop string that ended the reply; our policy server reports it too)."""
+    if finish_reason == "stop" and isinstance(stop_reason, str) and stop_reason:
+        return {"stop_reason": "stop_sequence", "stop_sequence": stop_reason}
+    return {"stop_reason": STOP_REASONS.get(finish_reason, "end_turn"), "stop_sequence": None}
+
+
 def to_anthropic_response(body: dict[str, Any], model: str | None) -> dict[str, Any]:
     """An Anthropic `message` from an OpenAI `chat.completion` (text and tool_use blocks)."""
     choice = (body.get("choices") or [{}])[0]
@@ -131,8 +178,7 @@ def to_anthropic_response(body: dict[str, Any], model: str | None) -> dict[str, 
         "role": "assistant",
         "model": model or body.get("model"),
         "content": content,
-        "stop_reason": STOP_REASONS.get(choice.get("finish_reason"), "end_turn"),
-        "stop_sequence": None,
+        **stop_fields(choice.get("finish_reason"), choice.get("stop_reason")),
         "usage": _usage(body),
     }
 
@@ -144,13 +190,18 @@ class AnthropicStream:
         self.model, self.index, self.open_kind = model, -1, None
         self.tool_index: dict[int, int] = {}
         self.finish: str | None = None
+        self.stop_reason: Any = None
         self.usage = {"input_tokens": 0, "output_tokens": 0}
+        self.output_tokens = 0  # counted from the chunks' token ids when upstream sends no usage
 
     @staticmethod
     def event(name: str, data: dict[str, Any]) -> bytes:
         return f"event: {name}\ndata: {json.dumps(data)}\n\n".encode()
 
-    def start(self) -> bytes:
+    def start(self, input_tokens: int | None = None) -> bytes:
+        """`message_start`; `input_tokens`: the prompt's length as the server rendered it."""
+        if input_tokens is not None:
+            self.usage = {**self.usage, "input_tokens": input_tokens}
         msg = {
             "id": f"msg_{uuid.uuid4().hex}",
             "type": "message",
@@ -159,7 +210,7 @@ class AnthropicStream:
             "content": [],
             "stop_reason": None,
             "stop_sequence": None,
-            "usage": self.usage,
+            "usage": {"input_tokens": self.usage["input_tokens"], "output_tokens": 1},
         }
         return self.event("message_start", {"type": "message_start", "message": msg})
 
@@ -176,7 +227,9 @@ class AnthropicStream:
             yield self.event("content_block_stop", {"type": "content_block_stop", "index": self.index})
             self.open_kind = None
 
-    def feed(self, chunk: dict[str, Any]) -> Iterator[bytes]:
+    def feed(self, chunk: dict[str, Any], n_tokens: int = 0) -> Iterator[bytes]:
+        """Events for one OpenAI chunk; `n_tokens`: how many sampled tokens it carried (for the usage)."""
+        self.output_tokens += n_tokens
         if chunk.get("usage"):
             self.usage = _usage(chunk)
         for choice in chunk.get("choices") or []:
@@ -207,9 +260,11 @@ class AnthropicStream:
                     )
             if choice.get("finish_reason"):
                 self.finish = choice["finish_reason"]
+                self.stop_reason = choice.get("stop_reason")
 
     def end(self) -> Iterator[bytes]:
         yield from self._close()
-        delta = {"stop_reason": STOP_REASONS.get(self.finish, "end_turn"), "stop_sequence": None}
-        yield self.event("message_delta", {"type": "message_delta", "delta": delta, "usage": self.usage})
+        delta = stop_fields(self.finish, self.stop_reason)
+        usage = {**self.usage, "output_tokens": self.usage["output_tokens"] or self.output_tokens}
+        yield self.event("message_delta", {"type": "message_delta", "delta": delta, "usage": usage})
         yield self.event("message_stop", {"type": "message_stop"})

@@ -1,10 +1,16 @@
-"""The proxy's HTTP surface: OpenAI `/v1/chat/completions`, Anthropic `/v1/messages`, `/v1/models`, `/health`,
-and `/v1/sessions/done`; wrapped in the shared auth and body-limit middlewares."""
+"""The proxy's HTTP surface: OpenAI `/v1/chat/completions`, Anthropic `/v1/messages` (+ `/count_tokens`),
+`/v1/models`, `/health`, and `/v1/sessions/done`; wrapped in the shared auth and body-limit middlewares.
+
+Error contract: a client's mistake is a 4xx JSON body naming the problem (OpenAI's `{"error": {...}}`, Anthropic's
+`{"type": "error", "error": {...}}` on `/v1/messages*`); anything unexpected is a 500 JSON body and a logged
+traceback, never a plain-text page; upstream errors are passed on with their status. `/openapi.json` documents
+every route's request body."""
 
 from __future__ import annotations
 
+import asyncio
 import gc
-import json
+import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
@@ -13,10 +19,14 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.types import Send
 
-from metaclaw.rollout.anthropic import AnthropicStream, to_anthropic_response, to_openai_request
-from metaclaw.rollout.normalize import RequestError
+from metaclaw.rollout.anthropic import AnthropicStream, to_anthropic_response, to_openai_messages, to_openai_request
+from metaclaw.rollout.normalize import RequestError, normalize_messages, normalize_tools
 from metaclaw.rollout.proxy import SSE_DONE, RolloutProxy, UpstreamError
+from metaclaw.serving.bodies import BodyError, load_json
+from metaclaw.serving.openapi import PROXY_BODIES, publish_request_bodies
 from metaclaw.serving.security import BearerAuthMiddleware, BodySizeLimitMiddleware, error_body
+
+log = logging.getLogger(__name__)
 
 SSE_HEADERS = {"cache-control": "no-cache", "x-accel-buffering": "no"}
 
@@ -36,7 +46,12 @@ class SSEResponse(StreamingResponse):
             await send({"type": "http.response.body", "body": b"", "more_body": False})
 
 
-def _error(status: int, message: str, type_: str = "invalid_request_error") -> JSONResponse:
+def _error(
+    status: int, message: str, type_: str = "invalid_request_error", anthropic: bool = False
+) -> JSONResponse:
+    """OpenAI's error shape, or Anthropic's (`{"type": "error", "error": {"type", "message"}}`)."""
+    if anthropic:
+        return JSONResponse({"type": "error", "error": {"type": type_, "message": message}}, status_code=status)
     return JSONResponse({"error": {"message": message, "type": type_, "code": status}}, status_code=status)
 
 
@@ -46,11 +61,10 @@ def _upstream_error(e: UpstreamError) -> Response:
 
 
 async def _json(request: Request) -> Any:
-    raw = await request.body()
     try:
-        return json.loads(raw)
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise RequestError(f"the request body is not valid JSON: {e}") from e
+        return load_json(await request.body())
+    except BodyError as e:
+        raise RequestError(str(e)) from e
 
 
 def _headers(request: Request) -> dict[str, str]:
@@ -75,10 +89,20 @@ def create_app(
         await proxy.stop()
 
     app = FastAPI(title="metaclaw rollout proxy", lifespan=lifespan)
+    publish_request_bodies(app, PROXY_BODIES)
+
+    def anthropic(request: Request) -> bool:
+        return request.url.path.startswith("/v1/messages")
 
     @app.exception_handler(RequestError)
     async def _bad_request(request: Request, exc: RequestError) -> JSONResponse:
-        return _error(400, str(exc))
+        return _error(400, str(exc), anthropic=anthropic(request))
+
+    @app.exception_handler(Exception)
+    async def _internal(request: Request, exc: Exception) -> JSONResponse:
+        log.exception("proxy: %s %s failed", request.method, request.url.path)
+        return _error(500, f"internal error: {type(exc).__name__} (see the proxy log)", "api_error",
+                      anthropic(request))  # fmt: skip
 
     @app.get("/health")
     async def health() -> dict[str, Any]:
@@ -116,14 +140,41 @@ def create_app(
 
         async def events() -> AsyncIterator[bytes]:
             conv = AnthropicStream(model)
-            yield conv.start()
+            started, seen = False, 0
             async for chunk in chunks:
-                for ev in conv.feed(chunk):
+                if not started:  # after the first chunk: the prompt's length as the server rendered it
+                    prompt = len(turn.capture.prompt_ids) or None
+                    yield conv.start(prompt)
+                    started = True
+                n, seen = len(turn.capture.response_ids) - seen, len(turn.capture.response_ids)
+                for ev in conv.feed(chunk, n):
                     yield ev
+            if not started:
+                yield conv.start()
             for ev in conv.end():
                 yield ev
 
         return StreamingResponse(events(), media_type="text/event-stream", headers={**SSE_HEADERS, **headers})
+
+    @app.post("/v1/messages/count_tokens")
+    async def count_tokens(request: Request) -> JSONResponse:
+        """Anthropic's token counting: the prompt as the served model's chat template renders it."""
+        body = await _json(request)
+        if not isinstance(body, dict):
+            raise RequestError("the request body must be a JSON object")
+        messages, has_image = normalize_messages(to_openai_messages(body))
+        tools = normalize_tools(body.get("tools"))
+        context = proxy.fit.context
+        if context.tokenizer is None:
+            msg = "count_tokens needs the served model's tokenizer, and this proxy runs without one"
+            return _error(501, msg, "api_error", anthropic=True)
+        if has_image:
+            messages, _ = proxy.fit.images.apply(messages, None)
+        try:
+            n = await asyncio.to_thread(context.count, messages, tools)
+        except Exception as e:  # noqa: BLE001 - a conversation the chat template refuses is the request's fault
+            raise RequestError(f"cannot render the conversation with the chat template: {e}") from e
+        return JSONResponse({"input_tokens": n})
 
     @app.post("/v1/sessions/done")
     async def session_done(request: Request) -> JSONResponse:

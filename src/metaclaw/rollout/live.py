@@ -19,6 +19,7 @@ from omegaconf import DictConfig
 
 from metaclaw.datamodules.store import SampleStore
 from metaclaw.rollout.app import create_app
+from metaclaw.rollout.fit import build_fit
 from metaclaw.rollout.policy_server import PolicyServerProcess
 from metaclaw.rollout.proxy import RolloutProxy
 from metaclaw.rollout.replay import ReplayDriver
@@ -132,6 +133,7 @@ def live_loop(cfg: DictConfig, store: SampleStore, tokenizer: Any) -> Iterator[L
             request_timeout_s=p.request_timeout_s,
             capture=bool(cfg.mode.train),
             skills=build_injector(cfg),
+            fit=build_fit(p, tokenizer),
         )
         app = create_app(live.proxy, p.get("api_key"), p.max_body_bytes, p.served_model)
         proxy_srv = stack.enter_context(ThreadedServer(app, host=p.host, port=p.port))

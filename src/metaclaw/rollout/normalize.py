@@ -2,8 +2,9 @@
 
 Handled: OpenClaw's list-of-parts content (`text`, `image`/`image_url`, `toolCall`, `toolResult`, `thinking`),
 its `toolResult` role, the `developer` role, and tools given in Anthropic's shape. Text-only part lists are
-flattened to a string (chat templates render strings); images are kept as parts so they still reach the
-server, and the turn is flagged so it is not trained on.
+flattened to a string (chat templates render strings); images become canonical OpenAI `image_url` parts (what
+happens to them next is the proxy's image policy, `metaclaw.rollout.fit`). Every shape mistake is a
+`RequestError` naming the field (answered with 400), never an exception from deep inside.
 """
 
 from __future__ import annotations
@@ -20,89 +21,136 @@ class RequestError(ValueError):
     """A request the proxy refuses with a 400; the message says which field is wrong."""
 
 
-def _arguments(value: Any) -> str:
-    return value if isinstance(value, str) else json.dumps(value if value is not None else {})
+def _obj(value: Any, where: str) -> dict[str, Any]:
+    if not isinstance(value, dict):
+        raise RequestError(f"{where} must be an object, got {type(value).__name__}")
+    return value
 
 
-def _tool_call(part: dict[str, Any]) -> dict[str, Any]:
-    fn = part.get("function") or part
+def _str(value: Any, where: str, default: str = "") -> str:
+    if value is None:
+        return default
+    if not isinstance(value, str | int) or isinstance(value, bool):
+        raise RequestError(f"{where} must be a string, got {type(value).__name__}")
+    return str(value)
+
+
+def _arguments(value: Any, where: str) -> str:
+    if isinstance(value, str):
+        return value
+    if value is None:
+        return "{}"
+    if not isinstance(value, dict | list):
+        raise RequestError(f"{where} must be a JSON string or an object")
+    return json.dumps(value)
+
+
+def _tool_call(part: Any, where: str) -> dict[str, Any]:
+    part = _obj(part, where)
+    fn = _obj(part["function"], f"{where}.function") if "function" in part else part
     return {
-        "id": str(part.get("id") or part.get("toolCallId") or ""),
+        "id": _str(part.get("id") or part.get("toolCallId"), f"{where}.id"),
         "type": "function",
-        "function": {"name": str(fn.get("name", "")), "arguments": _arguments(fn.get("arguments", fn.get("input")))},
+        "function": {
+            "name": _str(fn.get("name"), f"{where}.function.name"),
+            "arguments": _arguments(fn.get("arguments", fn.get("input")), f"{where}.function.arguments"),
+        },
     }
 
 
-def _normalize_one(msg: dict[str, Any]) -> tuple[list[dict[str, Any]], bool]:
+def image_part(part: dict[str, Any], where: str) -> dict[str, Any]:
+    """Any client's image part → OpenAI `{"type": "image_url", "image_url": {"url": ...}}`.
+
+    Shapes: OpenAI `image_url` (`{url}` or a bare string), Responses `input_image` (`image_url` string), OpenClaw
+    `{type: "image", data, mimeType}` and `{type: "image", url}`.
+    """
+    url = part.get("image_url", part.get("url"))
+    if isinstance(url, dict):
+        url = url.get("url")
+    if url is None and part.get("data") is not None:
+        data = _str(part.get("data"), f"{where}.data")
+        mime = _str(part.get("mimeType", part.get("mime_type", part.get("media_type"))), f"{where}.mimeType")
+        url = f"data:{mime or 'image/png'};base64,{data}"
+    if not isinstance(url, str) or not url:
+        raise RequestError(f"{where}: an image part needs image_url.url, url or data")
+    return {"type": "image_url", "image_url": {"url": url}}
+
+
+def _normalize_one(msg: dict[str, Any], where: str) -> tuple[list[dict[str, Any]], bool]:
     """One incoming message → one or more OpenAI messages, and whether it carried an image."""
     role = msg.get("role")
     if role == "developer":
         role = "system"
     if role == "toolResult":
-        text = content_text(msg.get("content"))
-        call_id = str(msg.get("toolCallId", msg.get("tool_call_id", "")))
+        text = content_text(_content(msg.get("content"), where))
+        call_id = _str(msg.get("toolCallId", msg.get("tool_call_id")), f"{where}.toolCallId")
         return [{"role": "tool", "tool_call_id": call_id, "content": text}], False
     if role not in ("system", "user", "assistant", "tool"):
-        raise RequestError(f"messages[].role must be system|developer|user|assistant|tool, got {role!r}")
-    content = msg.get("content")
+        raise RequestError(f"{where}.role must be system|developer|user|assistant|tool, got {role!r}")
+    content = _content(msg.get("content"), where)
     out: dict[str, Any] = {"role": role}
-    tool_calls = [_tool_call(tc) for tc in msg.get("tool_calls") or []]
+    raw_calls = msg.get("tool_calls")
+    if raw_calls is not None and not isinstance(raw_calls, list):
+        raise RequestError(f"{where}.tool_calls must be a list")
+    tool_calls = [_tool_call(tc, f"{where}.tool_calls[{i}]") for i, tc in enumerate(raw_calls or [])]
     tool_results: list[dict[str, Any]] = []
     has_image = False
     if isinstance(content, list):
         kept: list[dict[str, Any]] = []
-        for part in content:
-            if not isinstance(part, dict):
-                kept.append({"type": "text", "text": str(part)})
+        for j, part in enumerate(content):
+            at = f"{where}.content[{j}]"
+            if isinstance(part, str):
+                kept.append({"type": "text", "text": part})
                 continue
+            part = _obj(part, at)
             kind = part.get("type")
             if kind == "toolCall":
-                tool_calls.append(_tool_call(part))
+                tool_calls.append(_tool_call(part, at))
             elif kind == "toolResult":
-                tool_results.append(
-                    {
-                        "role": "tool",
-                        "tool_call_id": str(part.get("toolCallId", part.get("id", ""))),
-                        "content": content_text(part.get("content", part.get("text"))),
-                    }
-                )
+                call_id = _str(part.get("toolCallId", part.get("id")), f"{at}.toolCallId")
+                result = _content(part.get("content", part.get("text")), at)
+                tool_results.append({"role": "tool", "tool_call_id": call_id, "content": content_text(result)})
             elif kind in IMAGE_PARTS:
                 has_image = True
-                kept.append(part)
+                kept.append(image_part(part, at))
             elif kind in ("thinking", "reasoning"):
                 continue
-            else:
+            elif kind is None or isinstance(kind, str):
                 kept.append({"type": "text", "text": content_text([part])})
+            else:
+                raise RequestError(f"{at}.type must be a string")
         content = kept if has_image else content_text(kept)
-    elif content is not None and not isinstance(content, str):
-        raise RequestError("messages[].content must be a string, a list of parts or null")
     out["content"] = content if content is not None else ("" if role != "assistant" else None)
     if tool_calls:
         out["tool_calls"] = tool_calls
     if role == "tool":
-        out["tool_call_id"] = str(msg.get("tool_call_id", ""))
+        out["tool_call_id"] = _str(msg.get("tool_call_id"), f"{where}.tool_call_id")
         out["content"] = content_text(content)
     if msg.get("name") and role != "tool":
-        out["name"] = msg["name"]
+        out["name"] = _str(msg["name"], f"{where}.name")
     if tool_results and role == "user" and not content_text(content) and not has_image:
         return tool_results, has_image  # a user turn that only carries tool results
     return [out, *tool_results], has_image
+
+
+def _content(content: Any, where: str) -> str | list | None:
+    if content is None or isinstance(content, str | list):
+        return content
+    raise RequestError(f"{where}.content must be a string, a list of parts or null")
 
 
 def normalize_messages(messages: Any) -> tuple[list[dict[str, Any]], bool]:
     """OpenAI chat messages from whatever the agent sent, and whether any message carries an image.
 
     Raises:
-        RequestError: when `messages` is not a non-empty list of role-tagged objects.
+        RequestError: when `messages` is not a non-empty list of role-tagged objects of a known shape.
     """
     if not isinstance(messages, list) or not messages:
         raise RequestError("messages must be a non-empty list")
     out: list[dict[str, Any]] = []
     has_image = False
     for i, msg in enumerate(messages):
-        if not isinstance(msg, dict):
-            raise RequestError(f"messages[{i}] must be an object")
-        converted, image = _normalize_one(msg)
+        converted, image = _normalize_one(_obj(msg, f"messages[{i}]"), f"messages[{i}]")
         out.extend(converted)
         has_image |= image
     return out, has_image
@@ -115,17 +163,25 @@ def normalize_tools(tools: Any) -> list[dict[str, Any]] | None:
     if not isinstance(tools, list):
         raise RequestError("tools must be a list")
     out = []
-    for t in tools:
-        if not isinstance(t, dict):
-            raise RequestError("tools[] must be objects")
+    for i, t in enumerate(tools):
+        t = _obj(t, f"tools[{i}]")
         if t.get("type") == "function" and "function" in t:
+            fn = _obj(t["function"], f"tools[{i}].function")
+            _str(fn.get("name"), f"tools[{i}].function.name")
+            if fn.get("parameters") is not None:
+                _obj(fn["parameters"], f"tools[{i}].function.parameters")
             out.append(t)
         elif "name" in t:
-            params = t.get("input_schema", t.get("parameters")) or {"type": "object", "properties": {}}
-            fn = {"name": t["name"], "description": t.get("description", ""), "parameters": params}
+            params = t["input_schema"] if "input_schema" in t else t.get("parameters")
+            params = {"type": "object", "properties": {}} if params is None else params
+            fn = {
+                "name": _str(t["name"], f"tools[{i}].name"),
+                "description": _str(t.get("description"), f"tools[{i}].description"),
+                "parameters": _obj(params, f"tools[{i}].input_schema"),
+            }
             out.append({"type": "function", "function": fn})
         else:
-            raise RequestError("tools[] must be OpenAI function tools or Anthropic tools with a name")
+            raise RequestError(f"tools[{i}] must be an OpenAI function tool or an Anthropic tool with a name")
     return out or None
 
 

@@ -27,6 +27,7 @@ import httpx
 from metaclaw.datamodules.store import Sample, SampleStore
 from metaclaw.datamodules.writer import GroupCommitWriter
 from metaclaw.rollout.capture import TurnCapture, split_sse, sse_data, strip_extras
+from metaclaw.rollout.fit import ClientFit, ContextPolicy, ImagePolicy
 from metaclaw.rollout.normalize import RequestError, next_state_text, normalize_messages, normalize_tools
 from metaclaw.rollout.sessions import (
     SessionLog,
@@ -77,11 +78,19 @@ class Turn:
     next_state_write: Future | None = None
     capture: TurnCapture = field(default_factory=TurnCapture)
     sample_id: int | None = None
+    client_model: Any = None  # the model id the client asked for: replies carry it, not the upstream's
 
     @property
     def strips(self) -> bool:
         """Whether the client must not see some of what upstream returns (extras the proxy asked for itself)."""
         return self.main and not (self.keep_logprobs and self.keep_token_ids)
+
+    def for_client(self, body: dict[str, Any]) -> dict[str, Any]:
+        """An upstream body or chunk as the client sees it (in place): its model id, no extras of ours."""
+        if self.client_model is not None and "model" in body:
+            body["model"] = self.client_model
+        body.pop("adapter_version", None)  # in the x-metaclaw-adapter-version header instead
+        return strip_extras(body, self.keep_logprobs, self.keep_token_ids) if self.strips else body
 
 
 class RolloutProxy:
@@ -99,6 +108,8 @@ class RolloutProxy:
         request_timeout_s: upstream timeout per request.
         model_refresh_s: how often the upstream's model list is re-read (to notice the first adapter).
         skills: optional skill injector (called on main turns).
+        fit: image and context policies (`metaclaw.rollout.fit`); default: images per the upstream's model card,
+            no context policy (no tokenizer).
     """
 
     def __init__(
@@ -114,6 +125,7 @@ class RolloutProxy:
         request_timeout_s: float = 300.0,
         model_refresh_s: float = 2.0,
         skills: SkillInjectorLike | None = None,
+        fit: ClientFit | None = None,
     ) -> None:
         self.store, self.upstream_url = store, upstream_url.rstrip("/")
         self.upstream_api_key, self.policy_model, self.base_model = upstream_api_key, policy_model, base_model
@@ -126,6 +138,8 @@ class RolloutProxy:
         self._chat_url = httpx.URL(f"{self.upstream_url}/v1/chat/completions")  # absolute: no per-request merge
         self.writer: GroupCommitWriter | None = None
         self.upstream_models: set[str] = set()
+        self.upstream_cards: dict[str, dict[str, Any]] = {}  # /v1/models entries: modalities, max_model_len
+        self.fit = fit or ClientFit(ImagePolicy(), ContextPolicy(tokenizer=None))
         self.stats = {"turns": 0, "captured": 0, "capture_errors": 0, "upstream_errors": 0}
         self._refresher: asyncio.Task | None = None
 
@@ -158,7 +172,9 @@ class RolloutProxy:
     async def refresh_models(self) -> None:
         try:
             r = await self.client.get("/v1/models", timeout=5.0)
-            self.upstream_models = {m["id"] for m in r.json().get("data", [])}
+            data = r.json().get("data", [])
+            self.upstream_models = {m["id"] for m in data}
+            self.upstream_cards = {m["id"]: m for m in data if isinstance(m, dict)}
         except (httpx.HTTPError, ValueError, KeyError, TypeError):
             pass
 
@@ -198,8 +214,14 @@ class RolloutProxy:
             meta["skills"] = names
             meta["skill_generation"] = self.skills.generation(agent_id)
         keep_lp, keep_ids = bool(body.get("logprobs")), bool(body.get("return_token_ids"))
+        model = self.upstream_model(body.get("model"))
+        if has_image or self.fit.context.active:
+            limit = body.get("max_completion_tokens", body.get("max_tokens"))
+            limit = limit if isinstance(limit, int) and not isinstance(limit, bool) and limit > 0 else None
+            card = self.upstream_cards.get(model) if isinstance(model, str) else None
+            messages = await asyncio.to_thread(self.fit.apply, messages, tools, has_image, card, limit, meta)
         upstream = {k: v for k, v in body.items() if k not in ("messages", "tools")}
-        upstream.update(messages=messages, temperature=temperature, model=self.upstream_model(body.get("model")))
+        upstream.update(messages=messages, temperature=temperature, model=model)
         if tools:
             upstream["tools"] = tools
             meta["tools"] = tools
@@ -217,6 +239,7 @@ class RolloutProxy:
             messages=messages,
             temperature=float(temperature) if temperature > 0 else 1.0,
             meta=meta,
+            client_model=body.get("model") if isinstance(body.get("model"), str) else None,
         )
         if main:
             turn.state = self.sessions.state(agent_id, session_id)
@@ -254,14 +277,14 @@ class RolloutProxy:
         body = json.loads(resp.content)
         turn.capture.feed_response(body)
         await self.finish(turn)
-        return strip_extras(body, turn.keep_logprobs, turn.keep_token_ids), self._headers(turn)
+        return turn.for_client(body), self._headers(turn)
 
     async def complete_bytes(self, turn: Turn) -> tuple[bytes, dict[str, str]]:
         """`complete` as the JSON bytes the client gets; upstream's own bytes when nothing is captured."""
         if not turn.main:
             resp = await self._send(turn)
             await self.finish(turn)
-            return resp.content, self._headers(turn)
+            return dumps(turn.for_client(json.loads(resp.content))).encode(), self._headers(turn)
         body, headers = await self.complete(turn)
         return dumps(body).encode(), headers
 
@@ -269,11 +292,9 @@ class RolloutProxy:
         """Streaming, as the client's SSE bytes: events as they arrive, `[DONE]` only once the turn is stored.
 
         Events that arrive together are forwarded in one write; an event is re-serialised only when the proxy
-        must strip its own extras from it, and a side turn's bytes are not even parsed.
+        must strip its own extras or restore the client's model id (side turns are parsed, not captured).
         """
         resp = await self._send(turn)
-        if not turn.main:
-            return self._passthrough(turn, resp), self._headers(turn)
 
         async def sse() -> AsyncIterator[bytes]:
             completed, tail = False, b""
@@ -305,7 +326,7 @@ class RolloutProxy:
                         for _, data in events:
                             chunk = json.loads(data)
                             turn.capture.feed_chunk(chunk)
-                            yield strip_extras(chunk, turn.keep_logprobs, turn.keep_token_ids)
+                            yield turn.for_client(chunk)
                 completed = True
             finally:
                 await resp.aclose()
@@ -341,19 +362,12 @@ class RolloutProxy:
     def _client_event(turn: Turn, event: bytes, data: bytes) -> bytes:
         """Capture one upstream event; what the client gets of it (upstream's bytes unless extras are stripped)."""
         chunk = json.loads(data)
-        turn.capture.feed_chunk(chunk)
-        if not turn.strips:
+        if turn.main:
+            turn.capture.feed_chunk(chunk)
+        model_ok = turn.client_model is None or chunk.get("model", turn.client_model) == turn.client_model
+        if not turn.strips and model_ok and "adapter_version" not in chunk:
             return event + b"\n\n"
-        return b"data: " + dumps(strip_extras(chunk, turn.keep_logprobs, turn.keep_token_ids)).encode() + b"\n\n"
-
-    async def _passthrough(self, turn: Turn, resp: httpx.Response) -> AsyncIterator[bytes]:
-        """A side turn's stream: upstream bytes verbatim, `[DONE]` included."""
-        try:
-            async for raw in resp.aiter_bytes():
-                yield raw
-        finally:
-            await resp.aclose()
-            await self.finish(turn)
+        return b"data: " + dumps(turn.for_client(chunk)).encode() + b"\n\n"
 
     def _headers(self, turn: Turn) -> dict[str, str]:
         v = turn.capture.adapter_version
@@ -401,9 +415,7 @@ class RolloutProxy:
             self._not_captured(turn, problem)
             return None
         meta = {**turn.meta, "finish_reason": cap.finish_reason, "captured_at": time.time()}
-        status = "pending"
-        if turn.meta.get("has_image"):
-            status, meta["dropped"] = "dropped", "image"
+        status = "dropped" if turn.meta.get("dropped") else "pending"  # e.g. images: the trainer is text-only
         return cap.to_sample(
             agent_id=turn.agent_id,
             session_id=turn.session_id,

@@ -17,6 +17,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from metaclaw.serving.engines import EngineFactory
 from metaclaw.serving.litapi import PolicyAPI
+from metaclaw.serving.openapi import POLICY_SERVER_BODIES, publish_request_bodies
 from metaclaw.serving.security import BearerAuthMiddleware, BodySizeLimitMiddleware, resolve_api_key
 
 log = logging.getLogger(__name__)
@@ -47,8 +48,8 @@ def build_server(cfg: DictConfig) -> tuple[ls.LitServer, dict]:
             (BodySizeLimitMiddleware, {"max_bytes": serve.max_body_bytes}),
             (BearerAuthMiddleware, {"api_key": api_key, "open_paths": ("/health",)}),
         ],
-        disable_openapi_url=True,
     )
+    publish_request_bodies(server.app, POLICY_SERVER_BODIES)  # /openapi.json (behind the key like every route)
     summary = {
         "model": spec.name,
         "backend": backend["name"],

@@ -44,6 +44,14 @@ class TextDecoder:
         cuts = [text.find(s) for s in self.stop if s in text]
         return text[: min(cuts)] if cuts else text
 
+    def matched_stop(self, token_ids: list[int]) -> str | None:
+        """The stop string that ended the text (the earliest found), as vLLM's `stop_reason` reports it."""
+        if not self.stop:
+            return None
+        text = self.tokenizer.decode([t for t in token_ids if t not in self.end_ids], skip_special_tokens=False)
+        found = [(text.find(s), s) for s in self.stop if s in text]
+        return min(found)[1] if found else None
+
     def token_text(self, token_id: int) -> str:
         return self.tokenizer.decode([token_id], skip_special_tokens=False)
 
@@ -95,7 +103,9 @@ def chat_choice(index: int, out: SequenceOutput, req: ChatRequest, decoder: Text
     if parsed.tool_calls:
         message["tool_calls"] = parsed.tool_calls
     finish = "tool_calls" if parsed.tool_calls and out.finish_reason == "stop" else out.finish_reason
-    choice: dict[str, Any] = {"index": index, "message": message, "logprobs": None, "finish_reason": finish}
+    stop = decoder.matched_stop(out.token_ids) if finish == "stop" else None
+    choice: dict[str, Any] = {"index": index, "message": message, "logprobs": None, "finish_reason": finish,
+                              "stop_reason": stop}  # fmt: skip
     if req.logprobs:
         entries = [decoder.logprob_entry(t, lp) for t, lp in zip(out.token_ids, out.logprobs, strict=True)]
         choice["logprobs"] = {"content": entries}
@@ -117,7 +127,6 @@ def chat_completion(engine: Engine, req: ChatRequest, adapter: str | None) -> It
         "model": req.model,
         "choices": [chat_choice(i, out, req, decoder) for i, out in enumerate(outputs)],
         "usage": _usage(len(prompt_ids), sum(len(o.token_ids) for o in outputs)),
-        "adapter_version": version,
     }
     if req.return_token_ids:
         body["prompt_token_ids"] = prompt_ids
@@ -131,7 +140,7 @@ def chat_completion_stream(engine: Engine, req: ChatRequest, adapter: str | None
     decoder = TextDecoder(engine.tokenizer, req.params.stop)
     parser = StreamParser(parse_tools=req.parse_tools)
     base = {"id": f"chatcmpl-{uuid.uuid4().hex}", "object": "chat.completion.chunk", "created": int(time.time()),
-            "model": req.model, "adapter_version": stream.adapter_version}  # fmt: skip
+            "model": req.model}  # fmt: skip
     yield {"status": 200, "headers": version_headers(stream.adapter_version), "stream": True}
     first: dict[str, Any] = {**base, "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""},
                                                   "logprobs": None, "finish_reason": None}]}  # fmt: skip
@@ -159,6 +168,7 @@ def chat_completion_stream(engine: Engine, req: ChatRequest, adapter: str | None
         finish = "tool_calls"
     chunk, n_calls = _delta_chunk(base, events, n_calls, req, decoder, None)
     chunk["choices"][0]["finish_reason"] = finish
+    chunk["choices"][0]["stop_reason"] = decoder.matched_stop(ids) if finish == "stop" else None
     yield {"chunk": chunk}
     if req.include_usage:
         yield {"chunk": {**base, "choices": [], "usage": _usage(len(prompt_ids), len(ids))}}

@@ -27,6 +27,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from litserve.specs.base import LitSpec
 from litserve.utils import LitAPIStatus, ResponseBufferItem
 
+from metaclaw.serving.bodies import BodyError, load_json
 from metaclaw.serving.protocol import RequestError
 
 log = logging.getLogger(__name__)
@@ -89,9 +90,9 @@ class PolicySpec(LitSpec):
         body = None
         if request is not None:
             try:
-                body = json.loads(await request.body())
-            except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-                return error_response(RequestError(f"the request body is not valid JSON: {exc}"))
+                body = load_json(await request.body())  # bounded depth: nothing deep reaches the worker queue
+            except BodyError as exc:
+                return error_response(RequestError(str(exc)))
         deadline = time.monotonic() + self.request_timeout_s
         events = self._submit(op, body)
         head = await self._next(events, deadline)

@@ -59,7 +59,11 @@ class BearerAuthMiddleware:
 
 
 class BodySizeLimitMiddleware:
-    """413 for request bodies over `max_bytes` (checked on Content-Length and while streaming in)."""
+    """413 for request bodies over `max_bytes`, declared (Content-Length) or chunked.
+
+    The body is read in full before the app runs (bodies here are bounded JSON), so an oversized chunked upload
+    is refused with 413 JSON instead of failing inside the app after a response may have started.
+    """
 
     def __init__(self, app: ASGIApp, max_bytes: int) -> None:
         self.app, self.max_bytes = app, max_bytes
@@ -72,33 +76,29 @@ class BodySizeLimitMiddleware:
         too_big = f"request body exceeds the {self.max_bytes}-byte limit"
         if declared is not None and declared.isdigit() and int(declared) > self.max_bytes:
             return await send_json_error(send, 413, too_big, "invalid_request_error")
+        chunks: list[bytes] = []
         seen = 0
-        started = False
-
-        async def limited_receive():
-            nonlocal seen
+        while True:
             message = await receive()
-            if message["type"] == "http.request":
-                seen += len(message.get("body", b""))
-                if seen > self.max_bytes:
-                    raise _TooLarge
-            return message
+            if message["type"] != "http.request":  # the client went away before the body was complete
+                return
+            chunk = message.get("body", b"")
+            seen += len(chunk)
+            if seen > self.max_bytes:
+                return await send_json_error(send, 413, too_big, "invalid_request_error")
+            chunks.append(chunk)
+            if not message.get("more_body", False):
+                break
+        replayed = False
 
-        async def tracking_send(message):
-            nonlocal started
-            if message["type"] == "http.response.start":
-                started = True
-            await send(message)
+        async def replay() -> dict:
+            nonlocal replayed
+            if not replayed:
+                replayed = True
+                return {"type": "http.request", "body": b"".join(chunks), "more_body": False}
+            return await receive()  # later calls: disconnect detection
 
-        try:
-            await self.app(scope, limited_receive, tracking_send)
-        except _TooLarge:
-            if not started:
-                await send_json_error(send, 413, too_big, "invalid_request_error")
-
-
-class _TooLarge(Exception):
-    pass
+        await self.app(scope, replay, send)
 
 
 def confine_path(root: str | os.PathLike, user_path: str | os.PathLike, field: str = "path") -> Path:

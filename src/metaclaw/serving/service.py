@@ -149,7 +149,6 @@ class PolicyService:
                 "completion_tokens": completion,
                 "total_tokens": len(ids) + completion,
             },  # fmt: skip
-            "adapter_version": version,
         }
         yield {"status": 200, "headers": version_headers(version), "body": body}
 
@@ -177,7 +176,7 @@ class PolicyService:
         def card(model_id: str, root: str, parent: str | None) -> dict[str, Any]:
             return {"id": model_id, "object": "model", "created": self.created, "owned_by": "metaclaw",
                     "root": root, "parent": parent, "max_model_len": self.engine.max_seq_len,
-                    "permission": []}  # fmt: skip
+                    "input_modalities": ["text"], "permission": []}  # fmt: skip
 
         data = [card(self.engine.model_name, self.model_root, None)]
         for name, version in sorted(self.engine.adapters().items()):
