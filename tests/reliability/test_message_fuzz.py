@@ -4,12 +4,14 @@ JSON error body, and the proxy still answers a normal turn afterwards."""
 
 from __future__ import annotations
 
+import json
+
 import httpx
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 JSON = st.recursive(
-    st.none() | st.booleans() | st.integers(-(2**70), 2**70) | st.floats(allow_nan=False) | st.text(max_size=8),
+    st.none() | st.booleans() | st.integers(-(2**70), 2**70) | st.floats() | st.text(max_size=8),
     lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=6), inner, max_size=3),
     max_leaves=8,
 )
@@ -84,7 +86,8 @@ FUZZ = settings(max_examples=60, deadline=None, suppress_health_check=list(Healt
 
 
 def check(http: httpx.Client, path: str, body) -> None:
-    r = http.post(path, json=body)
+    content = json.dumps(body).encode()  # as Python writes it: NaN and Infinity included
+    r = http.post(path, content=content, headers={"content-type": "application/json"})
     assert r.status_code < 500, (path, body, r.status_code, r.text)
     if r.status_code >= 400:
         assert r.headers["content-type"].startswith("application/json") and r.json()["error"]["message"], r.text

@@ -124,6 +124,14 @@ def test_deeply_nested_json_is_a_400(harness):
     assert chat(harness, {"model": "m", "messages": [{"role": "user", "content": "x"}]}).status_code == 200
 
 
+def test_nan_and_infinity_are_a_400_not_a_500(harness):
+    for constant in (b"NaN", b"Infinity", b"-Infinity"):
+        body = b'{"model": "m", "temperature": ' + constant + b', "messages": [{"role": "user", "content": "x"}]}'
+        r = httpx.post(f"{harness.url}/v1/chat/completions", content=body, timeout=30)
+        assert r.status_code == 400 and "not a JSON number" in r.json()["error"]["message"], r.text
+    assert harness.store.count() == 0
+
+
 def test_chunked_body_over_the_limit_is_a_413(tmp_path, upstream):
     for h in make_harness(tmp_path, upstream, max_body_bytes=4096):
 

@@ -33,10 +33,15 @@ def json_depth_exceeds(value: Any, max_depth: int) -> bool:
     return False
 
 
+def _no_constant(name: str) -> None:
+    raise BodyError(f"the request body is not valid JSON: {name} is not a JSON number")
+
+
 def load_json(raw: bytes, max_depth: int = MAX_JSON_DEPTH) -> Any:
-    """Parse a request body. Raises `BodyError` for invalid JSON or nesting deeper than `max_depth`."""
+    """Parse a request body. Raises `BodyError` for invalid JSON (NaN and Infinity included: Python's `json` reads
+    them, nothing downstream can send them on) or nesting deeper than `max_depth`."""
     try:
-        value = json.loads(raw)
+        value = json.loads(raw, parse_constant=_no_constant)
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise BodyError(f"the request body is not valid JSON: {e}") from e
     except RecursionError as e:
