@@ -50,7 +50,12 @@ CREATE TABLE IF NOT EXISTS samples (
 );
 CREATE INDEX IF NOT EXISTS samples_status ON samples(status, id);
 CREATE INDEX IF NOT EXISTS samples_session ON samples(agent_id, session_id, turn_index);
+CREATE INDEX IF NOT EXISTS samples_response_id ON samples(json_extract(meta, '$.response_id'));
+CREATE INDEX IF NOT EXISTS samples_conv_tail ON samples(json_extract(meta, '$.conv_tail'));
 """
+# Explicit feedback (`/v1/feedback`) may reopen a scored sample that was not trained on: ready ones, and ones
+# dropped only because the judge gave no signal or failed (the feedback is a signal).
+REOPENABLE_DROPS = ("no_hint", "no_reward", "judge_failed")
 
 
 BACKLOG_POLICIES = ("drop_oldest", "pause_capture")
@@ -297,11 +302,14 @@ class SampleStore:
         teacher_logprobs: Sequence[float] | None = None,
         status: str = "ready",
         meta: dict[str, Any] | None = None,
-    ) -> None:
+        expect_meta: dict[str, Any] | None = None,
+    ) -> bool:
         """Record a scorer's verdict and move the sample to `ready` (or `dropped`).
 
         Non-finite teacher logprobs or rewards raise `SampleValidationError` naming the field (one NaN would
-        become a NaN loss): nothing is written.
+        become a NaN loss): nothing is written. With `expect_meta`, nothing is written (and False returned)
+        unless the stored meta still has those values (a missing key reads as None): e.g. no feedback arrived
+        while the scorer worked.
         """
         if status not in ("ready", "dropped"):
             raise ValueError(f"status must be 'ready' or 'dropped', got {status!r}")
@@ -313,12 +321,15 @@ class SampleStore:
             row = c.execute("SELECT response_ids, meta FROM samples WHERE id=?", (sample_id,)).fetchone()
             if row is None:
                 raise KeyError(f"no sample with id {sample_id}")
+            stored = json.loads(row["meta"])
+            if expect_meta and any(stored.get(k) != v for k, v in expect_meta.items()):
+                return False
             n = len(_unpack(row["response_ids"], "i"))
             if teacher_logprobs is not None and len(teacher_logprobs) != n:
                 raise SampleValidationError(
                     f"teacher_logprobs has {len(teacher_logprobs)} entries but response_ids has {n}"
                 )
-            merged = {**json.loads(row["meta"]), **(meta or {})}
+            merged = {**stored, **(meta or {})}
             c.execute(
                 "UPDATE samples SET reward=COALESCE(?, reward), teacher_logprobs=COALESCE(?, teacher_logprobs),"
                 " status=?, meta=?, updated_at=? WHERE id=?",
@@ -326,6 +337,27 @@ class SampleStore:
             )
             if status == "ready":
                 self._ready.notify_all()
+        return True
+
+    def add_feedback(self, sample_id: int, feedback: dict[str, Any]) -> tuple[str, str]:
+        """Store `feedback` as the sample's `meta.feedback` (the latest wins); a sample scored but not trained
+        on goes back to `pending` so the scorer settles it again with the feedback. Returns (status before,
+        status after); `claimed`/`consumed` samples keep their status: they are trained on already."""
+        with self._tx() as c:
+            row = c.execute("SELECT status, meta FROM samples WHERE id=?", (sample_id,)).fetchone()
+            if row is None:
+                raise KeyError(f"no sample with id {sample_id}")
+            before, meta = row["status"], json.loads(row["meta"])
+            meta["feedback"] = feedback
+            after = before
+            if before == "ready" or (before == "dropped" and meta.get("dropped") in REOPENABLE_DROPS):
+                after = "pending"
+                meta.pop("dropped", None)
+            c.execute(
+                "UPDATE samples SET status=?, meta=?, updated_at=? WHERE id=?",
+                (after, json.dumps(meta), time.time(), sample_id),
+            )
+        return before, after
 
     def check_backlog(self) -> None:
         """Raise `BacklogFull` while capture is paused (pending + ready >= `capture_limit`); counted."""
@@ -472,6 +504,20 @@ class SampleStore:
             sql += f" LIMIT {int(limit)}"
         with self._read_lock:
             rows = self._reader.execute(sql, args).fetchall()
+        return [self._row(r) for r in rows]
+
+    def by_response_id(self, response_id: str) -> list[Sample]:
+        """The samples whose `meta.response_id` is `response_id` (the reply id the proxy gave the client)."""
+        return self._by_meta("response_id", response_id)
+
+    def by_conv_tail(self, fingerprint: str) -> list[Sample]:
+        """The samples whose `meta.conv_tail` is `fingerprint` (the conversation as it stood after their reply)."""
+        return self._by_meta("conv_tail", fingerprint)
+
+    def _by_meta(self, key: str, value: str) -> list[Sample]:
+        sql = f"SELECT * FROM samples WHERE json_extract(meta, '$.{key}')=? ORDER BY id"  # key: ours, indexed
+        with self._read_lock:
+            rows = self._reader.execute(sql, (value,)).fetchall()
         return [self._row(r) for r in rows]
 
     def count(self, status: str | None = None) -> int:

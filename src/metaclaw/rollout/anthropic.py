@@ -186,8 +186,9 @@ def to_anthropic_response(body: dict[str, Any], model: str | None) -> dict[str, 
 class AnthropicStream:
     """Turns OpenAI chunks into Anthropic SSE events, as they arrive."""
 
-    def __init__(self, model: str | None) -> None:
+    def __init__(self, model: str | None, message_id: str | None = None) -> None:
         self.model, self.index, self.open_kind = model, -1, None
+        self.message_id = message_id or f"msg_{uuid.uuid4().hex}"
         self.tool_index: dict[int, int] = {}
         self.finish: str | None = None
         self.stop_reason: Any = None
@@ -203,7 +204,7 @@ class AnthropicStream:
         if input_tokens is not None:
             self.usage = {**self.usage, "input_tokens": input_tokens}
         msg = {
-            "id": f"msg_{uuid.uuid4().hex}",
+            "id": self.message_id,
             "type": "message",
             "role": "assistant",
             "model": self.model,

@@ -1,5 +1,5 @@
 """The proxy's HTTP surface: OpenAI `/v1/chat/completions`, Anthropic `/v1/messages` (+ `/count_tokens`),
-`/v1/models`, `/health`, and `/v1/sessions/done`; wrapped in the shared auth and body-limit middlewares.
+`/v1/models`, `/health`, `/v1/feedback` and `/v1/sessions/done`; wrapped in the shared auth and body-limit middlewares.
 
 Error contract: a client's mistake is a 4xx JSON body naming the problem (OpenAI's `{"error": {...}}`, Anthropic's
 `{"type": "error", "error": {...}}` on `/v1/messages*`); anything unexpected is a 500 JSON body and a logged
@@ -19,9 +19,11 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.types import Send
 
+from metaclaw.rollout import feedback
 from metaclaw.rollout.anthropic import AnthropicStream, to_anthropic_response, to_openai_messages, to_openai_request
 from metaclaw.rollout.normalize import RequestError, normalize_messages, normalize_tools
 from metaclaw.rollout.proxy import SSE_DONE, RolloutProxy, UpstreamError
+from metaclaw.rollout.sessions import BODY_EXTRAS
 from metaclaw.serving.bodies import BodyError, load_json
 from metaclaw.serving.openapi import PROXY_BODIES, publish_request_bodies
 from metaclaw.serving.security import BearerAuthMiddleware, BodySizeLimitMiddleware, error_body
@@ -44,6 +46,18 @@ class SSEResponse(StreamingResponse):
             await send({"type": "http.response.body", "body": chunk, "more_body": not ended})
         if not ended:
             await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+
+def warn_open(url: str, host: str) -> None:
+    """Say loudly who can use a proxy that was started without an API key."""
+    loopback = host in ("127.0.0.1", "localhost", "::1") or host.startswith("127.")
+    who = "every user and process on this machine" if loopback else f"anyone who can reach {host} on the network"
+    log.warning(
+        "The rollout proxy on %s has no API key: %s can chat through it, send feedback and end sessions. Set "
+        "rollout.proxy.api_key or METACLAW_PROXY_API_KEY to require `Authorization: Bearer <key>`.",
+        url,
+        who,
+    )
 
 
 def _error(
@@ -89,7 +103,7 @@ def create_app(
         await proxy.stop()
 
     app = FastAPI(title="metaclaw rollout proxy", lifespan=lifespan)
-    publish_request_bodies(app, PROXY_BODIES)
+    publish_request_bodies(app, {**PROXY_BODIES, "/v1/feedback": feedback.FeedbackRequest.model_json_schema()})
 
     def anthropic(request: Request) -> bool:
         return request.url.path.startswith("/v1/messages")
@@ -106,7 +120,7 @@ def create_app(
 
     @app.get("/health")
     async def health() -> dict[str, Any]:
-        return {"status": "ok", "upstream": proxy.upstream_url, "capture": proxy.capture, **proxy.stats}
+        return {"status": "ok", "capture": proxy.capture, **proxy.stats}  # no internal URLs: this route is open
 
     @app.get("/v1/models")
     async def models() -> dict[str, Any]:
@@ -128,6 +142,10 @@ def create_app(
     async def messages(request: Request) -> Response:
         body = await _json(request)
         openai_body = to_openai_request(body)
+        openai_body.update({k: body[k] for k in BODY_EXTRAS if k in body})  # session keys, as on the OpenAI route
+        user = (body.get("metadata") or {}).get("user_id") if isinstance(body.get("metadata"), dict) else None
+        if user is not None:
+            openai_body["user"] = user  # Anthropic's end-user field: a session key like OpenAI's `user`
         turn = await proxy.prepare(openai_body, _headers(request))
         model = body.get("model")
         try:
@@ -139,7 +157,7 @@ def create_app(
             return _upstream_error(e)
 
         async def events() -> AsyncIterator[bytes]:
-            conv = AnthropicStream(model)
+            conv = AnthropicStream(model, f"msg_{turn.response_id}" if turn.response_id else None)
             started, seen = False, 0
             async for chunk in chunks:
                 if not started:  # after the first chunk: the prompt's length as the server rendered it
@@ -175,6 +193,15 @@ def create_app(
         except Exception as e:  # noqa: BLE001 - a conversation the chat template refuses is the request's fault
             raise RequestError(f"cannot render the conversation with the chat template: {e}") from e
         return JSONResponse({"input_tokens": n})
+
+    @app.post("/v1/feedback")
+    async def post_feedback(request: Request) -> JSONResponse:
+        """A score in [-1, 1] (and optional correction text) for one captured turn; see `rollout.feedback`."""
+        agent_id = _headers(request).get("x-agent-id") or proxy.default_agent_id
+        try:
+            return JSONResponse(await feedback.arecord(proxy.store, await _json(request), agent_id))
+        except feedback.FeedbackNotFound as e:
+            return _error(404, str(e), "not_found_error")
 
     @app.post("/v1/sessions/done")
     async def session_done(request: Request) -> JSONResponse:

@@ -18,9 +18,10 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig
 
 from metaclaw.datamodules.store import SampleStore
-from metaclaw.rollout.app import create_app
+from metaclaw.rollout.app import create_app, warn_open
 from metaclaw.rollout.fit import build_fit
 from metaclaw.rollout.policy_server import PolicyServerProcess
+from metaclaw.rollout.probe import probe_capture
 from metaclaw.rollout.proxy import RolloutProxy
 from metaclaw.rollout.replay import ReplayDriver
 from metaclaw.rollout.server import ThreadedServer
@@ -122,6 +123,8 @@ def live_loop(cfg: DictConfig, store: SampleStore, tokenizer: Any) -> Iterator[L
             server = PolicyServerProcess(**serving.process, run_dir=cfg.run_dir)
             live.server_url = stack.enter_context(server).url
         p = rollout.proxy
+        if cfg.mode.train:  # refuse a run the upstream cannot feed, before any agent is pointed at the proxy
+            probe_capture(live.server_url, serving.get("api_key"), p.get("base_model"), p.request_timeout_s)
         live.proxy = RolloutProxy(
             store,
             live.server_url,
@@ -134,10 +137,14 @@ def live_loop(cfg: DictConfig, store: SampleStore, tokenizer: Any) -> Iterator[L
             capture=bool(cfg.mode.train),
             skills=build_injector(cfg),
             fit=build_fit(p, tokenizer),
+            max_sessions=p.sessions.max_open,
+            session_idle_s=p.sessions.idle_s,
         )
         app = create_app(live.proxy, p.get("api_key"), p.max_body_bytes, p.served_model)
         proxy_srv = stack.enter_context(ThreadedServer(app, host=p.host, port=p.port))
         live.proxy_url = proxy_srv.url
+        if not p.get("api_key"):
+            warn_open(live.proxy_url, p.host)
         log.info(
             "Rollout proxy ready: point your agent at base_url=%s/v1 (policy server %s)",
             live.proxy_url,

@@ -1,12 +1,14 @@
 """`RolloutProxy`: forwards chat turns to the policy server and captures every main turn in the `SampleStore`.
 
-Per request: normalise messages, resolve session/turn (headers or derived), inject skills, ask upstream for
-`logprobs` and `return_token_ids`, pass the stream through as it arrives, and write the sample before the final
-`[DONE]` / JSON goes out. The previous main turn of the session gets its `next_state`.
+Per request: normalise messages, resolve session/turn (headers, body fields, `user`, or derived from the
+conversation: `rollout.sessions`), inject skills, ask upstream for `logprobs` and `return_token_ids`, pass the
+stream through as it arrives, and write the sample before the final `[DONE]` / JSON goes out. The previous main
+turn of the session gets its `next_state`. Every main turn's reply carries a fresh unique `id` (also in the
+`x-metaclaw-response-id` header and on the sample as `meta.response_id`) that `/v1/feedback` refers to.
 
-The hot path is kept lean: one shared keep-alive HTTP client; each SSE event parsed once (for the capture) and
-re-serialised only when the proxy's own extras must be stripped; side turns pass upstream bytes through
-untouched; writes go to a `GroupCommitWriter`, so concurrent turns share one fsync instead of queueing.
+The hot path is kept lean: one shared keep-alive HTTP client; each SSE event parsed once; a main turn's events
+re-serialised with the turn's id and without the proxy's own extras, a side turn's only when the client's model
+id must be restored; writes go to a `GroupCommitWriter`, so concurrent turns share one fsync instead of queueing.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import itertools
 import json
 import logging
 import time
+import uuid
 from collections.abc import AsyncIterator
 from concurrent.futures import Future
 from contextlib import aclosing
@@ -27,21 +30,24 @@ import httpx
 from metaclaw.datamodules.store import Sample, SampleStore
 from metaclaw.datamodules.writer import GroupCommitWriter
 from metaclaw.rollout.capture import TurnCapture, split_sse, sse_data, strip_extras
+from metaclaw.rollout.conversation import Query, Tail
 from metaclaw.rollout.fit import ClientFit, ContextPolicy, ImagePolicy
 from metaclaw.rollout.normalize import RequestError, next_state_text, normalize_messages, normalize_tools
 from metaclaw.rollout.sessions import (
+    BODY_EXTRAS,
     SessionLog,
     SessionState,
     SessionTracker,
-    derive_session_id,
     new_messages_since_last_assistant,
+    session_keys,
 )
 from metaclaw.rollout.skills_hook import SkillInjectorLike
 
 log = logging.getLogger(__name__)
 
 ADAPTER_HEADER = "x-metaclaw-adapter-version"
-TRUE = ("1", "true", "yes", "on")
+RESPONSE_ID_HEADER = "x-metaclaw-response-id"
+SESSION_HEADER, TURN_HEADER = "x-metaclaw-session-id", "x-metaclaw-turn-index"  # where a main turn was filed
 SSE_DONE = b"data: [DONE]\n\n"
 # httpcore scans every pooled connection (quadratically) on each request and response close; at 32 concurrent
 # streams that cost ~2 ms CPU per request in one pool, so requests are spread round-robin over small pools.
@@ -79,6 +85,9 @@ class Turn:
     capture: TurnCapture = field(default_factory=TurnCapture)
     sample_id: int | None = None
     client_model: Any = None  # the model id the client asked for: replies carry it, not the upstream's
+    response_id: str | None = None  # main turns: the reply's `id`, unique, stored with the sample
+    query: Query | None = None  # derived sessions: the conversation, to leave its tail for the next request
+    claimed_tail: Tail | None = None  # the tail this turn took from its session (restored if the turn fails)
 
     @property
     def strips(self) -> bool:
@@ -90,6 +99,8 @@ class Turn:
         if self.client_model is not None and "model" in body:
             body["model"] = self.client_model
         body.pop("adapter_version", None)  # in the x-metaclaw-adapter-version header instead
+        if self.response_id:
+            body["id"] = self.response_id  # unique per turn, stored with the sample (`/v1/feedback` takes it)
         return strip_extras(body, self.keep_logprobs, self.keep_token_ids) if self.strips else body
 
 
@@ -110,6 +121,8 @@ class RolloutProxy:
         skills: optional skill injector (called on main turns).
         fit: image and context policies (`metaclaw.rollout.fit`); default: images per the upstream's model card,
             no context policy (no tokenizer).
+        max_sessions: the most sessions remembered at once (least recently used evicted first).
+        session_idle_s: a session not seen for this long is forgotten by the proxy.
     """
 
     def __init__(
@@ -126,12 +139,14 @@ class RolloutProxy:
         model_refresh_s: float = 2.0,
         skills: SkillInjectorLike | None = None,
         fit: ClientFit | None = None,
+        max_sessions: int = 10000,
+        session_idle_s: float = 3600.0,
     ) -> None:
         self.store, self.upstream_url = store, upstream_url.rstrip("/")
         self.upstream_api_key, self.policy_model, self.base_model = upstream_api_key, policy_model, base_model
         self.capture, self.default_temperature, self.default_agent_id = capture, default_temperature, default_agent_id
         self.request_timeout_s, self.model_refresh_s, self.skills = request_timeout_s, model_refresh_s, skills
-        self.sessions = SessionTracker(store, SessionLog(store.path))
+        self.sessions = SessionTracker(store, SessionLog(store.path), max_sessions, session_idle_s)
         self.client: httpx.AsyncClient | None = None  # the first pool: model refreshes
         self._clients: list[httpx.AsyncClient] = []
         self._next_client = iter(())
@@ -196,10 +211,8 @@ class RolloutProxy:
         messages, has_image = normalize_messages(body.get("messages"))
         tools = normalize_tools(body.get("tools"))
         agent_id = headers.get("x-agent-id") or self.default_agent_id
-        turn_type = (headers.get("x-turn-type") or "main").lower()
-        if turn_type not in ("main", "side"):
-            raise RequestError(f"X-Turn-Type must be main or side, got {turn_type!r}")
-        session_id = headers.get("x-session-id") or derive_session_id(messages, agent_id)
+        keys = session_keys(body, headers)
+        turn_type, session_id = keys.turn_type, keys.session_id or ""
         temperature = body.get("temperature")
         if temperature is None:
             temperature = self.default_temperature
@@ -209,6 +222,8 @@ class RolloutProxy:
         meta: dict[str, Any] = {"finish_reason": None}
         if has_image:
             meta["has_image"] = True
+        derive = self.capture and not keys.session_id
+        query = Query.of(messages, agent_id) if derive else None  # taken before skills change the messages
         if turn_type == "main" and self.skills is not None:  # also in skills_only (capture off)
             messages, names = await asyncio.to_thread(self.skills.inject, messages, agent_id)
             meta["skills"] = names
@@ -220,7 +235,7 @@ class RolloutProxy:
             limit = limit if isinstance(limit, int) and not isinstance(limit, bool) and limit > 0 else None
             card = self.upstream_cards.get(model) if isinstance(model, str) else None
             messages = await asyncio.to_thread(self.fit.apply, messages, tools, has_image, card, limit, meta)
-        upstream = {k: v for k, v in body.items() if k not in ("messages", "tools")}
+        upstream = {k: v for k, v in body.items() if k not in ("messages", "tools", *BODY_EXTRAS)}
         upstream.update(messages=messages, temperature=temperature, model=model)
         if tools:
             upstream["tools"] = tools
@@ -235,18 +250,30 @@ class RolloutProxy:
             main=main,
             agent_id=agent_id,
             session_id=session_id,
-            done=(headers.get("x-session-done") or "").lower() in TRUE,
+            done=keys.done,
             messages=messages,
             temperature=float(temperature) if temperature > 0 else 1.0,
             meta=meta,
             client_model=body.get("model") if isinstance(body.get("model"), str) else None,
         )
         if main:
-            turn.state = self.sessions.state(agent_id, session_id)
+            if query is not None:
+                turn.state, turn.claimed_tail = self.sessions.claim(query, create=False)
+                if turn.state is None and query.last_assistant >= 0:  # forgotten here (restart)? ask the store
+                    turn.state = await asyncio.to_thread(self.sessions.recover, query)
+                if turn.state is None:
+                    turn.state, _ = self.sessions.claim(query)
+                turn.query, turn.session_id = query, turn.state.session_id
+            else:
+                turn.state = self.sessions.state(agent_id, session_id)
+            meta["session_source"] = keys.source
+            turn.response_id = meta["response_id"] = f"chatcmpl-{uuid.uuid4().hex}"
             turn.turn_index, prev_id = self.sessions.begin_turn(turn.state)
             new = new_messages_since_last_assistant(messages)
             if prev_id is not None and new:  # committed with the next group; awaited before this turn replies
                 turn.next_state_write = self.writer.submit_next_state(prev_id, next_state_text(new))
+        elif query is not None:
+            turn.session_id = self.sessions.peek(query) or "auto"
         return turn
 
     # ---- forwarding ---------------------------------------------------------------------------------------
@@ -292,7 +319,8 @@ class RolloutProxy:
         """Streaming, as the client's SSE bytes: events as they arrive, `[DONE]` only once the turn is stored.
 
         Events that arrive together are forwarded in one write; an event is re-serialised only when the proxy
-        must strip its own extras or restore the client's model id (side turns are parsed, not captured).
+        must strip its own extras, set the turn's id or restore the client's model id (side turns are parsed,
+        not captured).
         """
         resp = await self._send(turn)
 
@@ -360,18 +388,22 @@ class RolloutProxy:
 
     @staticmethod
     def _client_event(turn: Turn, event: bytes, data: bytes) -> bytes:
-        """Capture one upstream event; what the client gets of it (upstream's bytes unless extras are stripped)."""
+        """Capture one upstream event; what the client gets of it (with the turn's own id, extras stripped)."""
         chunk = json.loads(data)
         if turn.main:
             turn.capture.feed_chunk(chunk)
         model_ok = turn.client_model is None or chunk.get("model", turn.client_model) == turn.client_model
-        if not turn.strips and model_ok and "adapter_version" not in chunk:
+        if not turn.response_id and not turn.strips and model_ok and "adapter_version" not in chunk:
             return event + b"\n\n"
         return b"data: " + dumps(turn.for_client(chunk)).encode() + b"\n\n"
 
     def _headers(self, turn: Turn) -> dict[str, str]:
         v = turn.capture.adapter_version
-        return {} if v is None else {ADAPTER_HEADER: str(v)}
+        out = {} if v is None else {ADAPTER_HEADER: str(v)}
+        if turn.response_id:
+            out[RESPONSE_ID_HEADER] = turn.response_id
+            out[SESSION_HEADER], out[TURN_HEADER] = turn.session_id, str(turn.turn_index)
+        return out
 
     # ---- capture ------------------------------------------------------------------------------------------
     async def finish(self, turn: Turn, ok: bool = True) -> None:
@@ -382,6 +414,11 @@ class RolloutProxy:
         if not turn.main or turn.state is None:
             return
         state, turn.state = turn.state, None
+        if turn.query is not None:  # derived session: the next request of this conversation extends this reply
+            tail = turn.query.tail(turn.capture.assistant_message()) if ok else turn.claimed_tail
+            self.sessions.set_tail(state, tail)
+            if tail is not None:
+                turn.meta["conv_tail"] = tail.full  # lets a restarted proxy find the session again
         sample = self._sample(turn) if ok else None
         write = None
         if sample is not None:

@@ -71,7 +71,7 @@ class ReplayDriver:
         stream = (cycle + index) % 2 == 1
         system = conv.get("system", "")
         session = f"{conv.get('name', index)}-c{cycle}"
-        if not with_headers:  # the proxy derives the session from the conversation: make each cycle distinct
+        if not with_headers:  # the proxy derives the session from the conversation; the system line is a label
             system = f"{system}\n(replay {session})"
         messages: list[dict[str, Any]] = [{"role": "system", "content": system}] if system else []
         turns = conv["turns"]

@@ -7,17 +7,18 @@ table beside the samples, so the scorer (another thread or process) sees them to
 
 from __future__ import annotations
 
-import hashlib
-import json
 import sqlite3
 import threading
 import time
+import uuid
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from metaclaw.datamodules.store import SampleStore
-from metaclaw.rollout.normalize import content_text
+from metaclaw.rollout.conversation import Query, Tail
+from metaclaw.rollout.normalize import RequestError
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS rollout_sessions (
@@ -30,12 +31,60 @@ CREATE TABLE IF NOT EXISTS rollout_sessions (
 """
 
 
-def derive_session_id(messages: list[dict[str, Any]], agent_id: str) -> str:
-    """A stable id for a client that sends no `X-Session-Id`: hash of agent, system prompt and first user message."""
-    system = next((content_text(m.get("content")) for m in messages if m.get("role") == "system"), "")
-    first_user = next((content_text(m.get("content")) for m in messages if m.get("role") == "user"), "")
-    digest = hashlib.sha256(json.dumps([agent_id, system, first_user]).encode()).hexdigest()[:16]
-    return f"auto-{digest}"
+BODY_EXTRAS = ("session_id", "turn_type", "session_done")  # read here, never forwarded upstream
+TRUE, FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off", "")
+MAX_ID_CHARS = 256
+
+
+@dataclass(frozen=True)
+class SessionKeys:
+    """What the client said about the session: `session_id` None means "derive it from the conversation"."""
+
+    session_id: str | None
+    source: str  # header | body | user | derived
+    turn_type: str
+    done: bool
+
+
+def _flag(value: Any, name: str) -> bool:
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, str) and value.strip().lower() in TRUE + FALSE:
+        return value.strip().lower() in TRUE
+    raise RequestError(f"{name} must be true or false, got {value!r}")
+
+
+def _id(value: Any, name: str) -> str:
+    if not isinstance(value, str) or not value.strip() or len(value) > MAX_ID_CHARS:
+        raise RequestError(f"{name} must be a non-empty string of at most {MAX_ID_CHARS} characters")
+    return value
+
+
+def session_keys(body: dict[str, Any], headers: dict[str, str]) -> SessionKeys:
+    """Session id, turn type and done flag; precedence: `X-*` headers > body fields > OpenAI `user` > derived.
+
+    Body fields are MetaClaw's own (`session_id`, `turn_type`, `session_done`); `user` is OpenAI's end-user
+    field, which some clients (OpenClaw-RL's simulator) set per conversation.
+    """
+    if headers.get("x-session-id"):
+        session_id, source = _id(headers["x-session-id"], "X-Session-Id"), "header"
+    elif body.get("session_id") is not None:
+        session_id, source = _id(body["session_id"], "session_id"), "body"
+    elif body.get("user") is not None:
+        session_id, source = _id(body["user"], "user"), "user"
+    else:
+        session_id, source = None, "derived"
+    if headers.get("x-turn-type"):
+        turn_type, field_name = headers["x-turn-type"], "X-Turn-Type"
+    else:
+        turn_type, field_name = body.get("turn_type") or "main", "turn_type"
+    if not isinstance(turn_type, str) or turn_type.lower() not in ("main", "side"):
+        raise RequestError(f"{field_name} must be main or side, got {turn_type!r}")
+    if headers.get("x-session-done") is not None:
+        done = _flag(headers["x-session-done"], "X-Session-Done")
+    else:
+        done = _flag(body.get("session_done", False), "session_done")
+    return SessionKeys(session_id, source, turn_type.lower(), done)
 
 
 def new_messages_since_last_assistant(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -46,14 +95,18 @@ def new_messages_since_last_assistant(messages: list[dict[str, Any]]) -> list[di
     return []
 
 
-@dataclass
+@dataclass(eq=False)  # identity: a state sits in the table and in the tail index by reference
 class SessionState:
     """What the proxy remembers about one session."""
 
+    agent_id: str = ""
+    session_id: str = ""
     next_turn: int = 0
     last_sample_id: int | None = None
     last_turn: int = -1
     pending: set[int] = field(default_factory=set)  # turn indices in flight
+    tail: Tail | None = None  # derived sessions: what the next request of the conversation extends
+    seen_at: float = field(default_factory=time.monotonic)
 
 
 class SessionLog:
@@ -87,29 +140,79 @@ class SessionLog:
 
 
 class SessionTracker:
-    """Allocates turn indices and remembers each session's last main-turn sample (cache over the store)."""
+    """Allocates turn indices, remembers each session's last main-turn sample, and finds derived sessions.
 
-    def __init__(self, store: SampleStore, log: SessionLog) -> None:
-        self.store, self.log = store, log
-        self._sessions: dict[tuple[str, str], SessionState] = {}
+    The table is a cache over the store, bounded: at most `max_sessions` entries, least recently used evicted
+    first, and an entry idle for `idle_s` is dropped. A session with a turn in flight is never evicted. An
+    evicted session with an explicit id is reloaded from the store when it comes back; a derived one (no ids
+    from the client) is forgotten, so its conversation continues as a new session.
+
+    Args:
+        store: the sample store (source of truth for explicit-id sessions).
+        log: the durable record of finished sessions.
+        max_sessions: the most sessions remembered at once.
+        idle_s: a session not seen for this long is forgotten.
+    """
+
+    def __init__(self, store: SampleStore, log: SessionLog, max_sessions: int = 10000, idle_s: float = 3600.0) -> None:
+        if max_sessions < 1 or idle_s <= 0:
+            raise ValueError("sessions need max_sessions >= 1 and idle_s > 0")
+        self.store, self.log, self.max_sessions, self.idle_s = store, log, max_sessions, idle_s
+        self._sessions: OrderedDict[tuple[str, str], SessionState] = OrderedDict()
+        self._tails: dict[tuple[str, str], list[SessionState]] = {}  # (kind, fingerprint) -> open sessions
         self._lock = threading.Lock()
+        self.stats = {"evicted": 0, "expired": 0, "derived_new": 0, "derived_continued": 0, "derived_recovered": 0}
+
+    def __len__(self) -> int:
+        return len(self._sessions)
+
+    # ---- the table ------------------------------------------------------------------------------------------
+    def _touch(self, st: SessionState) -> None:
+        """Mark `st` used now and enforce the bounds; call with the lock held."""
+        st.seen_at = time.monotonic()
+        key = (st.agent_id, st.session_id)
+        self._sessions[key] = st
+        self._sessions.move_to_end(key)
+        horizon, excess = st.seen_at - self.idle_s, len(self._sessions) - self.max_sessions
+        victims = []
+        for old_key, old in self._sessions.items():  # least recently used first
+            idle = old.seen_at < horizon
+            if excess <= len(victims) and not idle:
+                break  # the rest were used more recently
+            if not old.pending and old is not st:
+                victims.append((old_key, old, idle))
+        for old_key, old, idle in victims:
+            del self._sessions[old_key]
+            self._unindex(old)
+            self.stats["expired" if idle else "evicted"] += 1
+
+    def _unindex(self, st: SessionState) -> None:
+        if st.tail is None:
+            return
+        for key in st.tail.fingerprints():
+            bucket = self._tails.get(key)
+            if bucket and st in bucket:
+                bucket.remove(st)
+                if not bucket:
+                    del self._tails[key]
 
     def state(self, agent_id: str, session_id: str) -> SessionState:
-        """The cached state, loaded from the store on first sight (e.g. after a restart)."""
+        """The cached state, loaded from the store on first sight (e.g. after a restart or an eviction)."""
         key = (agent_id, session_id)
         with self._lock:
             st = self._sessions.get(key)
             if st is not None:
+                self._touch(st)
                 return st
         samples = self.store.select(agent_id=agent_id, session_id=session_id)
         with self._lock:
             st = self._sessions.get(key)
             if st is None:
-                st = SessionState()
+                st = SessionState(agent_id, session_id)
                 if samples:
                     last = max(samples, key=lambda s: s.turn_index)
                     st.next_turn, st.last_sample_id, st.last_turn = last.turn_index + 1, last.id, last.turn_index
-                self._sessions[key] = st
+            self._touch(st)
             return st
 
     def known(self, agent_id: str, session_id: str) -> bool:
@@ -117,6 +220,68 @@ class SessionTracker:
             return True
         return bool(self.store.select(agent_id=agent_id, session_id=session_id, limit=1))
 
+    # ---- derived sessions -----------------------------------------------------------------------------------
+    def claim(self, query: Query, create: bool = True) -> tuple[SessionState | None, Tail | None]:
+        """The open session `query` continues (its tail taken, so no other request claims the same state), or a
+        new derived session (None if not `create`). Returns the state and the tail it had (given back with
+        `set_tail` if the turn fails)."""
+        with self._lock:
+            for key in query.candidates():
+                bucket = self._tails.get(key)
+                if bucket:
+                    st = bucket[0]  # the oldest of equals: interleaved identical conversations pair up in order
+                    tail = st.tail
+                    self._unindex(st)
+                    st.tail = None
+                    self._touch(st)
+                    self.stats["derived_continued"] += 1
+                    return st, tail
+            if not create:
+                return None, None
+            st = SessionState(query.agent_id, f"auto-{uuid.uuid4().hex[:16]}")
+            self._touch(st)
+            self.stats["derived_new"] += 1
+            return st, None
+
+    def recover(self, query: Query) -> SessionState | None:
+        """A session forgotten by this process (restart, eviction) whose last stored turn this request extends.
+
+        Reads the store (call off the event loop). Only the strongest match counts (the whole history), and only
+        when that turn is still its session's last and the session is not live here (else it is a fork).
+        """
+        full = next((fp for kind, fp in query.candidates() if kind == "full"), None)
+        if full is None:
+            return None
+        for sample in reversed(self.store.by_conv_tail(full)):
+            if (sample.agent_id, sample.session_id) in self._sessions:
+                continue
+            st = self.state(sample.agent_id, sample.session_id)
+            if st.last_sample_id == sample.id:
+                with self._lock:
+                    self.stats["derived_recovered"] += 1
+                return st
+        return None
+
+    def peek(self, query: Query) -> str | None:
+        """The session `query` would continue, without claiming it (side turns)."""
+        with self._lock:
+            for key in query.candidates():
+                bucket = self._tails.get(key)
+                if bucket:
+                    return bucket[0].session_id
+        return None
+
+    def set_tail(self, st: SessionState, tail: Tail | None) -> None:
+        """Record what the next request of `st`'s conversation extends (None: nothing to extend)."""
+        with self._lock:
+            self._unindex(st)
+            st.tail = tail
+            if tail is None or (st.agent_id, st.session_id) not in self._sessions:
+                return  # evicted meanwhile: forgotten
+            for key in tail.fingerprints():
+                self._tails.setdefault(key, []).append(st)
+
+    # ---- turns ----------------------------------------------------------------------------------------------
     def begin_turn(self, state: SessionState) -> tuple[int, int | None]:
         """Allocate the next turn index; returns it and the previous turn's sample id (None if none yet)."""
         with self._lock:

@@ -11,6 +11,7 @@ import asyncio
 import json
 import time
 import zlib
+from collections.abc import Callable
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -24,9 +25,11 @@ def word_ids(text: str) -> list[int]:
 
 
 def scripted_upstream(
-    reply: str = "Sure, here is the answer.", delay_s: float = 0.0, base_model: str = "tiny"
+    reply: str | Callable[[dict[str, Any]], str] = "Sure, here is the answer.",
+    delay_s: float = 0.0,
+    base_model: str = "tiny",
 ) -> FastAPI:
-    """The app; `delay_s` sleeps between streamed chunks (0 for overhead benchmarks)."""
+    """The app; `reply` may be a function of the request body; `delay_s` sleeps between streamed chunks."""
     app = FastAPI()
     state: dict[str, Any] = {"version": 0, "adapters": {}, "requests": []}
     app.state.scripted = state
@@ -66,7 +69,7 @@ def scripted_upstream(
             (content_text(m.get("content")) for m in reversed(body["messages"]) if m["role"] == "user"), ""
         )
         tool = bool(body.get("tools")) and "tool" in last_user
-        text = "" if tool else reply
+        text = "" if tool else (reply(body) if callable(reply) else reply)
         words = text.split(" ") if text else []
         call = {
             "id": "call_1",

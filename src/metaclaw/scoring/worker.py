@@ -26,6 +26,7 @@ from typing import Any
 from metaclaw.datamodules.store import Sample, SampleStore, SampleValidationError
 from metaclaw.rollout.sessions import SessionLog
 from metaclaw.rollout.skills_hook import EvolutionScheduler, SkillEvolverLike
+from metaclaw.scoring.feedback import FeedbackRule, feedback_of
 from metaclaw.scoring.judges import Judge
 from metaclaw.scoring.teacher import TeacherClient
 
@@ -39,6 +40,7 @@ class TurnScore:
     teacher: list[float] | None = None
     meta: dict[str, Any] = field(default_factory=dict)
     failed: bool = False  # scoring failed `max_attempts` times: settled as dropped, never trained on
+    feedback: dict[str, Any] | None = None  # the feedback this score was computed with
 
 
 class ScoringWorker:
@@ -60,6 +62,9 @@ class ScoringWorker:
         evolver: optional skill evolver, given an agent's turns with judge reward ≤ 0 (before at-least-one).
         evolve_every_n_turns: besides at session end, evolve after this many scored main turns of an agent
             (None or 0: only at session end).
+        feedback: how explicit feedback (`meta.feedback`) combines with the judge: `{mode, weight}`
+            (`scoring.feedback.FeedbackRule`). A turn with feedback is scored without waiting for its next state
+            and never takes part in at-least-one.
     """
 
     def __init__(
@@ -78,6 +83,7 @@ class ScoringWorker:
         concurrency: int = 4,
         evolver: SkillEvolverLike | None = None,
         evolve_every_n_turns: int | None = None,
+        feedback: FeedbackRule | Any = None,
     ) -> None:
         if needs_teacher and (teacher is None or render_teacher_prompt is None):
             raise ValueError("a method that needs teacher logprobs needs a teacher client and a prompt renderer")
@@ -88,6 +94,7 @@ class ScoringWorker:
         self.evolution = EvolutionScheduler(evolver, evolve_every_n_turns) if evolver is not None else None
         self.sessions = SessionLog(store.path)
         self.concurrency = concurrency
+        self.feedback = FeedbackRule.of(feedback)
         self._scores: dict[int, TurnScore] = {}
         self._attempts: dict[int, int] = {}
         self._last_change: dict[tuple[str, str], tuple[int, float]] = {}
@@ -111,7 +118,14 @@ class ScoringWorker:
             if self._last_change.get(key, (None,))[0] != newest:
                 self._last_change[key] = (newest, now)
             finished[key] = key in done or now - self._last_change[key][1] >= self.session_idle_s
-            todo += [s for s in samples if s.id not in self._scores and (s.next_state is not None or finished[key])]
+            for s in samples:  # feedback that arrived after a score was computed: score again
+                if s.id in self._scores and self._scores[s.id].feedback != feedback_of(s.meta):
+                    del self._scores[s.id]
+            todo += [
+                s
+                for s in samples
+                if s.id not in self._scores and (s.next_state is not None or finished[key] or feedback_of(s.meta))
+            ]
         sem = asyncio.Semaphore(self.concurrency)
 
         async def guarded(s: Sample) -> None:
@@ -126,17 +140,20 @@ class ScoringWorker:
 
     async def _score(self, s: Sample) -> None:
         try:
-            score = TurnScore()
-            if self.needs_reward:
+            score, fb = TurnScore(), feedback_of(s.meta)
+            if self.needs_reward and (fb is None or self.feedback.needs_judge):
                 verdict = await asyncio.wait_for(self.judge.reward(s), self.timeout_s)
                 score.reward, score.meta["judge"] = verdict.reward, verdict.detail
-            if self.needs_teacher and s.next_state:
+            if fb is not None:
+                score.meta["judge_reward"] = score.reward
+                score.reward = self.feedback.reward(score.reward, fb["score"]) if self.needs_reward else None
+                score.hint = fb.get("text") or None
+            if self.needs_teacher and score.hint is None and s.next_state:
                 score.hint = await asyncio.wait_for(self.judge.hint(s), self.timeout_s)
-                if score.hint:
-                    prompt = await asyncio.to_thread(self.render, s, score.hint)
-                    score.teacher = await asyncio.wait_for(
-                        self.teacher.logprobs(prompt, s.response_ids), self.timeout_s
-                    )
+            if self.needs_teacher and score.hint:
+                prompt = await asyncio.to_thread(self.render, s, score.hint)
+                score.teacher = await asyncio.wait_for(self.teacher.logprobs(prompt, s.response_ids), self.timeout_s)
+            score.feedback = fb
             self._scores[s.id] = score
             self.stats["scored"] += 1
             if self.evolution is not None:
@@ -146,8 +163,13 @@ class ScoringWorker:
             self.stats["errors"] += 1
             log.warning("Scoring sample %d failed (attempt %d/%d): %r", s.id, n, self.max_attempts, e)
             if n >= self.max_attempts:
-                self._scores[s.id] = TurnScore(meta={"judge_error": repr(e)[:300]}, failed=True)
-                self.stats["judge_failed"] += 1
+                fb = feedback_of(s.meta)
+                if fb is not None and self.needs_reward:  # the user's score stands without the judge
+                    reward = self.feedback.reward(None, fb["score"])
+                    self._scores[s.id] = TurnScore(reward=reward, meta={"judge_error": repr(e)[:300]}, feedback=fb)
+                else:
+                    self._scores[s.id] = TurnScore(meta={"judge_error": repr(e)[:300]}, failed=True, feedback=fb)
+                    self.stats["judge_failed"] += 1
                 if self.evolution is not None:  # counted as a turn, but no verdict to learn from
                     self.evolution.note(s.agent_id, s.id, None)
 
@@ -156,7 +178,8 @@ class ScoringWorker:
         scored = [s for s in samples if s.id in self._scores]
         complete = finished and len(scored) == len(samples)
         hold = self.needs_reward and self.at_least_one
-        if hold:
+        explicit = all(feedback_of(s.meta) for s in samples)  # re-opened by feedback: nothing to wait for
+        if hold and not explicit:
             if not complete:
                 return 0
             self._at_least_one(scored)
@@ -178,7 +201,8 @@ class ScoringWorker:
         rewards = [self._scores[s.id].reward for s in judged]
         if not judged or not all(r is not None and r <= 0 for r in rewards):
             return
-        candidates = [i for i, s in enumerate(judged) if s.next_state is not None]
+        # a turn with explicit feedback counts towards "all <= 0" but is never lifted: the user has spoken
+        candidates = [i for i, s in enumerate(judged) if s.next_state is not None and not feedback_of(s.meta)]
         if not candidates:
             return
         best = max(candidates, key=lambda i: (rewards[i], judged[i].turn_index))
@@ -199,9 +223,12 @@ class ScoringWorker:
         elif not usable:
             meta["dropped"] = "no_hint" if self.needs_teacher else "no_reward"
         try:
-            self.store.set_score(
-                s.id, reward=reward, teacher_logprobs=teacher, status="ready" if usable else "dropped", meta=meta
-            )
+            settled = self.store.set_score(
+                s.id, reward=reward, teacher_logprobs=teacher, status="ready" if usable else "dropped", meta=meta,
+                expect_meta={"feedback": score.feedback},
+            )  # fmt: skip
+            if not settled:
+                return  # feedback arrived while this was scored: scored again with it on the next pass
         except SampleValidationError as e:  # e.g. a teacher that returned -inf: refused, named, never trained on
             log.warning("Sample %d: the score was refused (%s); dropping the turn", s.id, e)
             usable, reward = False, None

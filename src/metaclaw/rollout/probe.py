@@ -1,0 +1,78 @@
+"""Refuse, at start, a training run whose upstream cannot feed it.
+
+Capture needs the server to report the prompt as it rendered it (`prompt_token_ids`), the sampled `token_ids`
+and one logprob per token. An OpenAI-compatible server that returns none of these would make every turn fail
+capture while training waits on nothing; a strict one refuses the extra fields with 400 on every turn. One
+tiny completion asking for exactly what capture needs tells which, before any agent is pointed at the proxy.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import httpx
+
+from metaclaw.rollout.capture import TurnCapture
+
+log = logging.getLogger(__name__)
+
+FIX = (
+    "Training needs the sampled token ids and per-token logprobs of every turn: use metaclaw's own policy "
+    "server (leave serving.url unset so train.py starts it, or run `python serve.py` and set serving.url to it), "
+    "or a vLLM server that honours `return_token_ids` and `logprobs`; to only proxy and inject skills without "
+    "training, run with mode=skills_only."
+)
+
+
+class UpstreamCannotTrain(RuntimeError):
+    """The upstream cannot supply what training needs; the message says why and what to do."""
+
+
+def _first_model(client: httpx.Client) -> str | None:
+    try:
+        data = client.get("/v1/models").json().get("data") or []
+        return data[0]["id"] if data else None
+    except (httpx.HTTPError, ValueError, KeyError, TypeError, AttributeError):
+        return None
+
+
+def probe_capture(url: str, api_key: str | None = None, model: str | None = None, timeout_s: float = 120.0) -> None:
+    """Ask `url` for a 1-token completion with `logprobs` and `return_token_ids`; raise if capture would fail.
+
+    Raises:
+        UpstreamCannotTrain: unreachable, refused the request, or answered without token ids / logprobs.
+    """
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    with httpx.Client(base_url=url.rstrip("/"), headers=headers, timeout=timeout_s) as client:
+        model = model or _first_model(client) or "default"
+        body = {
+            "model": model,
+            "messages": [{"role": "user", "content": "Say OK."}],
+            "max_tokens": 1,
+            "temperature": 1.0,
+            "logprobs": True,
+            "return_token_ids": True,
+        }
+        try:
+            r = client.post("/v1/chat/completions", json=body)
+        except httpx.HTTPError as e:
+            raise UpstreamCannotTrain(f"the policy server at {url} cannot be reached ({e!r}). {FIX}") from e
+    if r.status_code >= 400:
+        why = r.text[:300]
+        if r.status_code in (400, 422):
+            raise UpstreamCannotTrain(
+                f"the policy server at {url} refused a completion asking for logprobs and return_token_ids "
+                f"({r.status_code}: {why}). {FIX}"
+            )
+        raise UpstreamCannotTrain(f"the policy server at {url} answered the probe with {r.status_code}: {why}. {FIX}")
+    capture = TurnCapture()
+    try:
+        capture.feed_response(r.json())
+    except (ValueError, TypeError, AttributeError) as e:
+        raise UpstreamCannotTrain(
+            f"the policy server at {url} answered the probe with no chat completion. {FIX}"
+        ) from e
+    problem = capture.problems()
+    if problem is not None:
+        raise UpstreamCannotTrain(f"the policy server at {url} cannot be trained from: {problem}. {FIX}")
+    log.info("Upstream %s returns token ids and logprobs (model %s): capture will work", url, model)
