@@ -99,6 +99,8 @@ class StreamingSampleDataset(IterableDataset):
         world_size: int = 1,
         min_adapter_version: Callable[[], int | None] = lambda: None,
         max_backlog: int | None = None,
+        gate: Callable[[], bool] | None = None,
+        latest_skill_generation_only: bool = False,
     ) -> None:
         if batch_size < world_size:
             raise ValueError(f"data.batch_size ({batch_size}) must be >= the number of processes ({world_size})")
@@ -109,6 +111,7 @@ class StreamingSampleDataset(IterableDataset):
         self.batch_size, self.max_tokens, self.max_sample_tokens = batch_size, max_tokens, max_sample_tokens
         self.wait_timeout_s, self.rank, self.world_size = wait_timeout_s, rank, world_size
         self.min_adapter_version, self.max_backlog = min_adapter_version, max_backlog
+        self.gate, self.latest_skill_generation_only = gate, latest_skill_generation_only
 
     def __iter__(self) -> Iterator[dict[str, Tensor]]:
         store = SampleStore(self.store_path)
@@ -127,6 +130,12 @@ class StreamingSampleDataset(IterableDataset):
     def _claim(self, store: SampleStore, step: int) -> list[Sample] | None:
         deadline = time.monotonic() + (self.wait_timeout_s if self.wait_timeout_s is not None else float("inf"))
         while True:
+            if self.gate is not None:  # the scheduler: nothing is claimed outside a training window
+                closed_since = time.monotonic()
+                if not self.gate():
+                    log.info("The scheduler is stopping: the stream ends")
+                    return None
+                deadline += time.monotonic() - closed_since  # time spent outside a window is not "no samples"
             batch = store.claim_batch(
                 step,
                 self.batch_size,
@@ -135,6 +144,7 @@ class StreamingSampleDataset(IterableDataset):
                 self.min_adapter_version(),
                 min_samples=self.world_size,
                 max_backlog=self.max_backlog,
+                latest_skill_generation_only=self.latest_skill_generation_only,
             )
             if batch:
                 return batch
@@ -163,7 +173,10 @@ class RolloutDataModule(L.LightningDataModule):
         backlog_policy: `drop_oldest` (each claim first drops the oldest ready samples beyond `max_backlog`,
             reason `backlog`) or `pause_capture` (the proxy stops capturing new turns while pending + ready
             reach `max_backlog`; they are still answered). See `SampleStore.capture_limit`.
+        latest_skill_generation_only: drop samples gathered under an agent's older skill generation.
         pad_id: padding token id.
+
+    `gate` (set by the scheduler callback) is called before every claim and blocks outside training windows.
     """
 
     def __init__(
@@ -176,6 +189,7 @@ class RolloutDataModule(L.LightningDataModule):
         max_staleness: int | None = None,
         max_backlog: int | None = None,
         backlog_policy: str = "drop_oldest",
+        latest_skill_generation_only: bool = True,
         pad_id: int = 0,
     ) -> None:
         super().__init__()
@@ -190,6 +204,8 @@ class RolloutDataModule(L.LightningDataModule):
         # The adapter version the policy server serves: staleness counts against it. The publisher sets it after
         # each publish (only to what the server confirmed loading); on resume it starts at the checkpoint's step.
         self.adapter_version = 0
+        self.latest_skill_generation_only = latest_skill_generation_only
+        self.gate: Callable[[], bool] | None = None  # set by `metaclaw.scheduler.IdleScheduler`
 
     def _min_adapter_version(self) -> int | None:
         return None if self.max_staleness is None else self.adapter_version - self.max_staleness
@@ -214,5 +230,7 @@ class RolloutDataModule(L.LightningDataModule):
             trainer.world_size,
             self._min_adapter_version,
             self.max_backlog if self.backlog_policy == "drop_oldest" else None,
+            self.gate,
+            self.latest_skill_generation_only,
         )
         return DataLoader(dataset, batch_size=None, num_workers=0)

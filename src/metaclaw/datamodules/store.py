@@ -391,6 +391,7 @@ class SampleStore:
         min_adapter_version: int | None = None,
         min_samples: int = 1,
         max_backlog: int | None = None,
+        latest_skill_generation_only: bool = False,
     ) -> list[Sample]:
         """The samples of optimizer step `step`; idempotent, so every DDP rank gets the same batch.
 
@@ -400,6 +401,9 @@ class SampleStore:
         Nothing is claimed while fewer than `min_samples` would be (e.g. one per DDP rank). With `max_backlog`
         (`data.backlog_policy=drop_oldest`), the oldest ready samples beyond that many are dropped first
         (`backlog`): training keeps up with the newest data instead of a queue that only grows.
+        With `latest_skill_generation_only`, a sample whose `meta.skill_generation` is older than the newest one
+        its agent has recorded is dropped too (support/query separation: it was gathered under skills that
+        evolution has since changed).
         """
         with self._tx() as c:
             rows = c.execute("SELECT * FROM samples WHERE status='claimed' AND claimed_step=? ORDER BY id", (step,))
@@ -415,13 +419,17 @@ class SampleStore:
                 )
             batch: list[Sample] = []
             tokens = 0
+            generations = self._latest_skill_generations(c) if latest_skill_generation_only else {}
             for row in c.execute("SELECT * FROM samples WHERE status='ready' ORDER BY id").fetchall():
                 s = self._row(row)
                 reason = None
+                gen, newest = s.meta.get("skill_generation"), generations.get(s.agent_id)
                 if max_sample_tokens is not None and s.num_tokens > max_sample_tokens:
                     reason = f"too_long:{s.num_tokens}>{max_sample_tokens}"
                 elif min_adapter_version is not None and s.adapter_version < min_adapter_version:
                     reason = f"stale:v{s.adapter_version}<v{min_adapter_version}"
+                elif isinstance(gen, int) and newest is not None and gen < newest:
+                    reason = f"old_skill_generation:{gen}<{newest}"
                 if reason:
                     c.execute(
                         "UPDATE samples SET status='dropped', meta=json_set(meta, '$.dropped', ?) WHERE id=?",
@@ -444,6 +452,27 @@ class SampleStore:
             for s in batch:
                 s.status, s.claimed_step = "claimed", step
             return batch
+
+    @staticmethod
+    def _latest_skill_generations(c: sqlite3.Connection) -> dict[str, int]:
+        """Each agent's newest `meta.skill_generation` over every captured sample (pending ones included)."""
+        rows = c.execute(
+            "SELECT agent_id, MAX(CAST(json_extract(meta, '$.skill_generation') AS INTEGER)) FROM samples"
+            " WHERE json_type(meta, '$.skill_generation') = 'integer' GROUP BY agent_id"
+        ).fetchall()
+        return {r[0]: r[1] for r in rows}
+
+    def release_claims(self, step: int) -> int:
+        """Hand the samples claimed for `step` back as `ready` (an abandoned step); returns how many."""
+        with self._tx() as c:
+            released = c.execute(
+                "UPDATE samples SET status='ready', claimed_step=NULL, updated_at=? WHERE status='claimed'"
+                " AND claimed_step=?",
+                (time.time(), step),
+            ).rowcount
+            if released:
+                self._ready.notify_all()
+        return released
 
     def mark_consumed(self, below_step: int) -> int:
         """A checkpoint after `below_step` optimizer steps exists: claims of earlier steps are consumed."""

@@ -1,0 +1,97 @@
+"""The control HTTP API, `/control/*` on the proxy's port, behind the proxy's key and reachable from loopback only.
+
+`mount_control(app, plane, api_key)` wraps the proxy's ASGI app: `/control/*` goes to the control routes, every
+other request goes to the proxy untouched (and `/v1/*` requests count as user activity for the scheduler).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel, ConfigDict, Field
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from metaclaw.control.plane import ControlError, ControlPlane
+from metaclaw.serving.security import BearerAuthMiddleware, BodySizeLimitMiddleware, send_json_error
+
+LOOPBACK = frozenset({"127.0.0.1", "::1", "localhost", "testclient"})
+
+
+class TrainNowBody(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    minutes: float | None = Field(default=None, gt=0, le=24 * 60)
+
+
+class RollbackBody(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    step: int = Field(ge=0, le=10**9)
+
+
+def _error(status: int, message: str) -> JSONResponse:
+    return JSONResponse({"error": {"message": message, "type": "control_error", "code": status}}, status_code=status)
+
+
+def create_control_app(plane: ControlPlane) -> FastAPI:
+    """The `/control/*` routes (no auth here: `mount_control` adds it)."""
+    app = FastAPI(title="metaclaw control", openapi_url=None, docs_url=None, redoc_url=None)
+
+    @app.exception_handler(ControlError)
+    async def _control_error(request: Request, exc: ControlError) -> JSONResponse:
+        return _error(exc.status, str(exc))
+
+    @app.exception_handler(RequestValidationError)
+    async def _bad_body(request: Request, exc: RequestValidationError) -> JSONResponse:
+        problems = "; ".join(f"{'.'.join(str(p) for p in e['loc'][1:]) or 'body'}: {e['msg']}" for e in exc.errors())
+        return _error(400, f"invalid request: {problems}")
+
+    async def run(fn, *args) -> Any:  # the plane does blocking I/O (SQLite, the policy server)
+        return await asyncio.to_thread(fn, *args)
+
+    @app.get("/control/status")
+    async def status() -> dict[str, Any]:
+        return await run(plane.status)
+
+    @app.post("/control/pause")
+    async def pause() -> dict[str, Any]:
+        return await run(plane.pause)
+
+    @app.post("/control/resume")
+    async def resume() -> dict[str, Any]:
+        return await run(plane.resume)
+
+    @app.post("/control/train-now")
+    async def train_now(body: TrainNowBody | None = None) -> dict[str, Any]:
+        return await run(plane.train_now, body.minutes if body else None)
+
+    @app.post("/control/rollback")
+    async def rollback(body: RollbackBody) -> dict[str, Any]:
+        return await run(plane.rollback, body.step)
+
+    return app
+
+
+def mount_control(app: ASGIApp, plane: ControlPlane, api_key: str | None, max_body_bytes: int = 65536) -> ASGIApp:
+    """`app` with `/control/*` mounted in front of it (same key as the proxy, loopback clients only)."""
+    control = BearerAuthMiddleware(
+        BodySizeLimitMiddleware(create_control_app(plane), max_body_bytes), api_key, open_paths=()
+    )
+    activity = plane.activity
+
+    async def dispatch(scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http":
+            path = scope["path"]
+            if path.startswith("/control/") or path == "/control":
+                client = (scope.get("client") or ("",))[0]
+                if client not in LOOPBACK:
+                    return await send_json_error(send, 403, "the control API answers loopback clients only",
+                                                 "permission_error")  # fmt: skip
+                return await control(scope, receive, send)
+            if activity is not None and path.startswith("/v1/"):
+                activity.touch()
+        return await app(scope, receive, send)
+
+    return dispatch

@@ -1,0 +1,112 @@
+"""`python -m metaclaw status|pause|resume|train-now|rollback STEP`: control the running service over loopback.
+
+The service is found by `--url`, `$METACLAW_CONTROL_URL`, `--run-dir DIR` (its `control.json`), or the proxy's
+default `http://127.0.0.1:30000`; the key comes from `--key` or `$METACLAW_PROXY_API_KEY`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from metaclaw.control.plane import CONTROL_FILE
+
+DEFAULT_URL = "http://127.0.0.1:30000"
+
+
+def resolve_url(url: str | None, run_dir: str | None) -> str:
+    if url:
+        return url.rstrip("/")
+    if os.environ.get("METACLAW_CONTROL_URL"):
+        return os.environ["METACLAW_CONTROL_URL"].rstrip("/")
+    if run_dir:
+        path = Path(run_dir) / CONTROL_FILE
+        try:
+            return str(json.loads(path.read_text())["url"]).rstrip("/")
+        except (OSError, ValueError, KeyError) as e:
+            raise SystemExit(f"no running service found in {run_dir} ({path}: {e})") from e
+    return DEFAULT_URL
+
+
+def format_status(s: dict[str, Any]) -> str:
+    w = s.get("window") or {}
+    since = f" since {w['since']}" if w.get("since") else ""
+    lines = [f"window:        {'OPEN' if w.get('open') else 'closed'}{since} - {'; '.join(w.get('reasons', []))}"]
+    nxt = w.get("next_window")
+    if not w.get("open"):
+        lines.append(f"next window:   {nxt['start']} ({nxt['reason']})" if nxt else "next window:   not predictable")
+    if w.get("paused"):
+        lines.append("paused:        yes (python -m metaclaw resume)")
+    if w.get("train_now_until"):
+        lines.append(f"train-now:     until {w['train_now_until']}")
+    counts = s.get("samples") or {}
+    by_status = ", ".join(f"{k} {v}" for k, v in counts.items())
+    lines.append(f"samples:       {s.get('samples_waiting')} waiting ({by_status})")
+    lines.append(f"steps done:    {s.get('steps_done')}")
+    a = s.get("served_adapter") or {}
+    served = Path(a["path"]).name if a.get("path") else "base model (no adapter yet)"
+    version = f", version {a['adapter_version']}" if a.get("adapter_version") is not None else ""
+    lines.append(f"serving:       {served}{version} [{a.get('source')}]")
+    if s.get("rollback_step") is not None:
+        lines.append(f"rolled back:   to step {s['rollback_step']}")
+    evals = s.get("eval") or []
+    if evals:
+        lines.append("recent eval:")
+        lines += [f"  {json.dumps(e, sort_keys=True)[:200]}" for e in evals]
+    else:
+        lines.append("recent eval:   none (no eval.jsonl yet)")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m metaclaw", description=__doc__.splitlines()[0])
+    parser.add_argument("--url", help="the service's proxy URL (default: $METACLAW_CONTROL_URL, --run-dir, :30000)")
+    parser.add_argument("--run-dir", help="the run directory of the service (reads its control.json)")
+    parser.add_argument("--key", default=os.environ.get("METACLAW_PROXY_API_KEY"), help="the proxy's API key")
+    parser.add_argument("--json", action="store_true", help="print the raw JSON answer")
+    parser.add_argument("--timeout", type=float, default=90.0)
+    sub = parser.add_subparsers(dest="command", required=True)
+    sub.add_parser("status", help="window, next window, samples waiting, steps, served adapter, eval")
+    sub.add_parser("pause", help="stop training (a step in progress finishes); survives restarts")
+    sub.add_parser("resume", help="let the scheduler's windows decide again")
+    tn = sub.add_parser("train-now", help="open a training window now")
+    tn.add_argument("--minutes", type=float, default=None, help="how long (default: scheduler.train_now_minutes)")
+    rb = sub.add_parser("rollback", help="serve an earlier step's adapter again (pauses training)")
+    rb.add_argument("step", type=int)
+    args = parser.parse_args(argv)
+
+    url = resolve_url(args.url, args.run_dir)
+    headers = {"Authorization": f"Bearer {args.key}"} if args.key else {}
+    method, body = "POST", None
+    if args.command == "status":
+        method = "GET"
+    elif args.command == "train-now":
+        body = {"minutes": args.minutes} if args.minutes is not None else {}
+    elif args.command == "rollback":
+        body = {"step": args.step}
+    try:
+        r = httpx.request(method, f"{url}/control/{args.command}", json=body, headers=headers, timeout=args.timeout)
+    except httpx.HTTPError as e:
+        print(f"cannot reach the metaclaw service at {url}: {e}", file=sys.stderr)
+        return 2
+    try:
+        data = r.json()
+    except ValueError:
+        data = {"error": {"message": r.text[:500]}}
+    if r.status_code != 200:
+        message = (data.get("error") or {}).get("message", r.text[:500]) if isinstance(data, dict) else r.text[:500]
+        print(f"{args.command} failed ({r.status_code}): {message}", file=sys.stderr)
+        return 1
+    if args.json:
+        print(json.dumps(data, indent=1))
+    elif args.command == "status":
+        print(format_status(data))
+    else:
+        print(data.get("message") or json.dumps(data))
+    return 0

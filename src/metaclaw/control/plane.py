@@ -1,0 +1,195 @@
+"""`ControlPlane`: what `python -m metaclaw status|pause|resume|train-now|rollback` acts on in the running service.
+
+It reads the live state (scheduler window, sample counts, steps, the served adapter, recent eval figures)
+and changes it (pause / resume / train-now through the scheduler; rollback re-points the policy server's
+adapter to an earlier step's directory with `/v1/load_lora_adapter`, which swaps atomically under load).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from metaclaw.datamodules.store import SampleStore
+from metaclaw.modules.publisher import adapter_name
+
+log = logging.getLogger(__name__)
+CONTROL_FILE = "control.json"
+
+
+class ControlError(Exception):
+    """A control request that cannot be done; `status` is the HTTP status to answer with."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+def tail_jsonl(path: Path, n: int, max_bytes: int = 65536) -> list[dict[str, Any]]:
+    """The last `n` JSON objects of a JSONL file (reads at most its last `max_bytes`; bad lines skipped)."""
+    if n <= 0 or not path.exists():
+        return []
+    with path.open("rb") as fh:
+        fh.seek(0, os.SEEK_END)
+        size = fh.tell()
+        fh.seek(max(0, size - max_bytes))
+        lines = fh.read().decode("utf-8", errors="replace").splitlines()
+    if size > max_bytes:
+        lines = lines[1:]  # the first line is probably cut
+    out = []
+    for line in lines:
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if isinstance(obj, dict):
+            out.append(obj)
+    return out[-n:]
+
+
+class ControlPlane:
+    """The running service's control surface (mounted on the proxy under `/control/*`).
+
+    Args:
+        run_dir: the run directory (`adapters/`, `eval.jsonl`, `control.json`).
+        store: the sample store (counts); None: not reported.
+        scheduler: the `IdleScheduler` (pause / resume / train-now need one; mode=rl has none).
+        lora_name: the adapter's served name.
+        server_api_key: the policy server's key (for `/v1/load_lora_adapter`).
+        eval_tail: how many recent `eval.jsonl` records `status` shows.
+        timeout_s: how long an adapter load may take.
+    """
+
+    def __init__(
+        self,
+        run_dir: str | Path,
+        store: SampleStore | None = None,
+        scheduler: Any = None,
+        lora_name: str = "policy",
+        server_api_key: str | None = None,
+        eval_tail: int = 3,
+        timeout_s: float = 60.0,
+    ) -> None:
+        self.run_dir, self.store, self.scheduler = Path(run_dir), store, scheduler
+        self.lora_name, self.server_api_key, self.eval_tail, self.timeout_s = (
+            lora_name, server_api_key, eval_tail, timeout_s)  # fmt: skip
+        self.server_url: str | None = None  # set once the policy server is up
+        self.trainer: Any = None  # set by train(): steps done
+
+    @property
+    def activity(self) -> Any:
+        """The scheduler's proxy-activity tracker (None without a scheduler)."""
+        return getattr(self.scheduler, "activity", None)
+
+    def announce(self, url: str) -> Path:
+        """Write `<run dir>/control.json` so `python -m metaclaw --run-dir DIR` finds the service (no key in it)."""
+        path = self.run_dir / CONTROL_FILE
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps({"url": url, "pid": os.getpid()}))
+        return path
+
+    # ---- reads --------------------------------------------------------------------------------------------
+    def _latest(self) -> dict[str, Any] | None:
+        try:
+            latest = json.loads((self.run_dir / "adapters" / "latest.json").read_text())
+        except (OSError, json.JSONDecodeError):
+            return None
+        return {"version": latest.get("version"), "path": latest.get("path")} if isinstance(latest, dict) else None
+
+    def served_adapter(self) -> dict[str, Any]:
+        """What the policy server serves under `lora_name` (asked live; the last published one otherwise)."""
+        if self.server_url:
+            try:
+                r = httpx.get(f"{self.server_url}/v1/models", headers=self._headers(), timeout=5)
+                r.raise_for_status()
+                for card in r.json().get("data", []):
+                    if card.get("id") == self.lora_name:
+                        return {"name": self.lora_name, "path": card.get("root"),
+                                "adapter_version": card.get("adapter_version"), "source": "policy server"}  # fmt: skip
+                return {"name": self.lora_name, "path": None, "source": "policy server (base model only)"}
+            except (httpx.HTTPError, ValueError) as e:
+                log.warning("Control: policy server did not list its adapters: %s", e)
+        latest = self._latest()
+        return {"name": self.lora_name, **(latest or {"path": None}), "source": "last published"}
+
+    def steps_done(self) -> int | None:
+        if self.trainer is not None:
+            return int(self.trainer.global_step)
+        latest = self._latest()
+        return latest.get("version") if latest else None
+
+    def status(self) -> dict[str, Any]:
+        rollback = self.scheduler.state.rollback_step if self.scheduler is not None else None
+        return {
+            "window": self.scheduler.status() if self.scheduler is not None else {
+                "open": True, "reasons": ["no scheduler in this mode: always open"], "next_window": None},
+            "samples": self.store.counts() if self.store is not None else None,
+            "samples_waiting": self.store.count("ready") if self.store is not None else None,
+            "steps_done": self.steps_done(),
+            "served_adapter": self.served_adapter(),
+            "rollback_step": rollback,
+            "eval": tail_jsonl(self.run_dir / "eval.jsonl", self.eval_tail),
+        }  # fmt: skip
+
+    # ---- changes ------------------------------------------------------------------------------------------
+    def _need_scheduler(self, what: str) -> Any:
+        if self.scheduler is None:
+            raise ControlError(409, f"{what} needs the scheduler: run with mode=auto (this mode has none)")
+        return self.scheduler
+
+    def pause(self) -> dict[str, Any]:
+        self._need_scheduler("pause").pause()
+        return {"paused": True, "message": "training paused (a step in progress finishes)"}
+
+    def resume(self) -> dict[str, Any]:
+        sched = self._need_scheduler("resume")
+        sched.resume()
+        return {"paused": False, "window": sched.status()}
+
+    def train_now(self, minutes: float | None = None) -> dict[str, Any]:
+        until = self._need_scheduler("train-now").train_now(minutes)
+        return {"train_now_until": until.isoformat(), "message": f"training window open until {until:%H:%M %Z}"}
+
+    def available_steps(self) -> list[int]:
+        steps = []
+        for d in (self.run_dir / "adapters").glob("step-*"):
+            if d.is_dir() and d.name[5:].isdigit():
+                steps.append(int(d.name[5:]))
+        return sorted(steps)
+
+    def rollback(self, step: int) -> dict[str, Any]:
+        """Serve the adapter of `step` again (training pauses so the next publish does not replace it)."""
+        target = self.run_dir / "adapters" / adapter_name(step)
+        if not (target / "adapter_config.json").exists():
+            kept = self.available_steps()
+            raise ControlError(404, f"no adapter for step {step} in {target.parent} (kept: {kept or 'none'})")
+        if not self.server_url:
+            raise ControlError(409, "no policy server to load the adapter into")
+        try:
+            r = httpx.post(
+                f"{self.server_url}/v1/load_lora_adapter",
+                json={"lora_name": self.lora_name, "lora_path": str(target.resolve())},
+                headers=self._headers(),
+                timeout=self.timeout_s,
+            )
+        except httpx.HTTPError as e:
+            raise ControlError(502, f"policy server unreachable: {e}") from e
+        if r.status_code != 200:
+            raise ControlError(502, f"policy server refused the adapter ({r.status_code}): {r.text[:300]}")
+        message = f"serving {target.name}"
+        if self.scheduler is not None:
+            self.scheduler.record_rollback(step)
+            message += "; training paused (resume trains on from the latest weights and publishes them)"
+        else:
+            message += "; the next published step will replace it (no scheduler to pause training)"
+        log.info("Control: rolled back to %s", target)
+        return {"step": step, "path": str(target), "adapter_version": r.json().get("adapter_version"),
+                "message": message}  # fmt: skip
+
+    def _headers(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.server_api_key}"} if self.server_api_key else {}
