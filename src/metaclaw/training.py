@@ -13,6 +13,7 @@ from lightning.pytorch.utilities import rank_zero_only
 from omegaconf import DictConfig
 
 from metaclaw.config import trainer_device_kwargs, validate_train_config
+from metaclaw.control import build_control
 from metaclaw.datamodules.seed import seed_store
 from metaclaw.datamodules.store import SampleStore
 from metaclaw.modules.online_rl import OnlineRLModule
@@ -65,24 +66,28 @@ def train(cfg: DictConfig) -> tuple[dict[str, Any], dict[str, Any]]:
     )
     publisher = instantiate(cfg.publish)
     health = instantiate(cfg.health) if cfg.get("health") else None
-    scheduler = [instantiate(cfg.mode.scheduler)] if cfg.mode.get("scheduler") else []
+    scheduler = instantiate(cfg.mode.scheduler) if cfg.mode.get("scheduler") else None
+    control = build_control(cfg, store, scheduler)  # `python -m metaclaw status|pause|...` on the proxy's port
     trainer = L.Trainer(
         **cfg.trainer,
         **trainer_device_kwargs(cfg.devices),
         default_root_dir=str(run_dir),
         logger=build_loggers(cfg),
-        callbacks=[publisher, *scheduler, *([health] if health else [])],
+        callbacks=[publisher, *([scheduler] if scheduler else []), *([health] if health else [])],
     )
     ckpt = publisher.checkpoint_path if publisher.checkpoint_path.exists() else None
     if ckpt:
         log.info("Resuming from %s", ckpt)
     # rollout=proxy|replay: server, proxy, scorer, replay. DDP workers re-run this script: only rank 0 serves.
-    services = live_loop(cfg, store, tokenizer) if rank_zero_only.rank == 0 else nullcontext(Live())
+    wrap_app = control.mount if control else None
+    services = live_loop(cfg, store, tokenizer, wrap_app) if rank_zero_only.rank == 0 else nullcontext(Live())
     with services as live:
         if live.server_url:
             publisher.server_url = live.server_url
         if health is not None:
             health.attach(proxy=live.proxy, worker=live.worker, capture_store=store)
+        if control:
+            control.attach(live, trainer)
         trainer.fit(module, datamodule=datamodule, ckpt_path=ckpt, weights_only=True)
     for lg in trainer.loggers:  # one W&B run per multirun job
         if hasattr(lg, "experiment") and type(lg).__name__ == "WandbLogger":
@@ -98,4 +103,6 @@ def train(cfg: DictConfig) -> tuple[dict[str, Any], dict[str, Any]]:
         "tokenizer": tokenizer,
         "spec": spec,
         "live": live,
+        "scheduler": scheduler,
+        "control": control,
     }

@@ -74,12 +74,28 @@ class ControlPlane:
         server_api_key: str | None = None,
         eval_tail: int = 3,
         timeout_s: float = 60.0,
+        api_key: str | None = None,
     ) -> None:
-        self.run_dir, self.store, self.scheduler = Path(run_dir), store, scheduler
+        self.run_dir, self.store, self.scheduler, self.api_key = Path(run_dir), store, scheduler, api_key
         self.lora_name, self.server_api_key, self.eval_tail, self.timeout_s = (
             lora_name, server_api_key, eval_tail, timeout_s)  # fmt: skip
         self.server_url: str | None = None  # set once the policy server is up
         self.trainer: Any = None  # set by train(): steps done
+
+    def mount(self, app: Any) -> Any:
+        """The proxy's ASGI app with `/control/*` in front (same key as the proxy, loopback only)."""
+        from metaclaw.control.api import mount_control
+
+        return mount_control(app, self, self.api_key)
+
+    def attach(self, live: Any, trainer: Any = None) -> None:
+        """Point at the running services (`metaclaw.rollout.live.Live`) and trainer; announce the URL."""
+        self.server_url = live.server_url.rstrip("/") if live.server_url else None
+        self.server_api_key = getattr(live, "server_key", None) or self.server_api_key
+        self.trainer = trainer
+        if live.proxy_url:
+            log.info("Control: python -m metaclaw status --run-dir %s (or --url %s)", self.run_dir, live.proxy_url)
+            self.announce(live.proxy_url)
 
     @property
     def activity(self) -> Any:
@@ -193,3 +209,20 @@ class ControlPlane:
 
     def _headers(self) -> dict[str, str]:
         return {"Authorization": f"Bearer {self.server_api_key}"} if self.server_api_key else {}
+
+
+def build_control(cfg: Any, store: SampleStore, scheduler: Any) -> ControlPlane | None:
+    """The control plane for a live run (`rollout=proxy|replay` with `control.enabled`), else None."""
+    control = cfg.get("control")
+    if not control or not control.enabled or not cfg.rollout.get("proxy"):
+        return None
+    return ControlPlane(
+        cfg.run_dir,
+        store,
+        scheduler,
+        lora_name=cfg.publish.lora_name,
+        server_api_key=cfg.serving.get("api_key"),
+        eval_tail=control.eval_tail,
+        timeout_s=control.timeout_s,
+        api_key=cfg.rollout.proxy.get("api_key"),
+    )

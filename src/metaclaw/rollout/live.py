@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from typing import Any
@@ -104,8 +104,13 @@ def build_worker(cfg: DictConfig, store: SampleStore, tokenizer: Any, server_url
 
 
 @contextmanager
-def live_loop(cfg: DictConfig, store: SampleStore, tokenizer: Any) -> Iterator[Live]:
-    """Start the online loop's services for the duration of the block; everything is stopped on exit."""
+def live_loop(
+    cfg: DictConfig, store: SampleStore, tokenizer: Any, wrap_app: Callable[[Any], Any] | None = None
+) -> Iterator[Live]:
+    """Start the online loop's services for the duration of the block; everything is stopped on exit.
+
+    `wrap_app` wraps the proxy's ASGI app (the control plane mounts `/control/*` with it).
+    """
     rollout = cfg.rollout
     if not rollout.get("proxy"):
         yield Live()
@@ -141,6 +146,7 @@ def live_loop(cfg: DictConfig, store: SampleStore, tokenizer: Any) -> Iterator[L
             session_idle_s=p.sessions.idle_s,
         )
         app = create_app(live.proxy, p.get("api_key"), p.max_body_bytes, p.served_model)
+        app = wrap_app(app) if wrap_app else app
         proxy_srv = stack.enter_context(ThreadedServer(app, host=p.host, port=p.port))
         live.proxy_url = proxy_srv.url
         if not p.get("api_key"):

@@ -104,6 +104,7 @@ class IdleScheduler(L.Callback):
         self._lock = threading.RLock()
         self._wake = threading.Event()
         self._stop = threading.Event()
+        self.should_stop: Callable[[], bool] = lambda: False  # the run's stop request (set by `train()`)
         self.state = SchedulerState.load(self.state_path)
         self.trainer: L.Trainer | None = None
         self.waited_s = 0.0
@@ -187,7 +188,8 @@ class IdleScheduler(L.Callback):
         self._wake.set()
 
     def _stopping(self) -> bool:
-        return self._stop.is_set() or bool(self.trainer is not None and self.trainer.should_stop)
+        trainer_stops = bool(self.trainer is not None and self.trainer.should_stop)
+        return self._stop.is_set() or trainer_stops or self.should_stop()
 
     def wait_until_open(self) -> bool:
         """Block until a window is open; False when the service is stopping instead. Never spins."""
@@ -208,7 +210,9 @@ class IdleScheduler(L.Callback):
                     f"{nxt.start.isoformat()} ({nxt.reason})" if nxt else "not predictable",
                 )
                 announced = True
-            self._wake.wait(self.poll_s)
+            deadline = time.monotonic() + self.poll_s
+            while not self._stopping() and not self._wake.is_set() and time.monotonic() < deadline:
+                self._wake.wait(min(0.5, max(0.0, deadline - time.monotonic())))
             self._wake.clear()
         return False
 
