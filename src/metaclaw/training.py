@@ -13,7 +13,7 @@ from lightning.pytorch.utilities import rank_zero_only
 from omegaconf import DictConfig
 
 from metaclaw.config import trainer_device_kwargs, validate_train_config
-from metaclaw.control import build_control
+from metaclaw.control.plane import build_control
 from metaclaw.datamodules.seed import seed_store
 from metaclaw.datamodules.store import SampleStore
 from metaclaw.modules.online_rl import OnlineRLModule

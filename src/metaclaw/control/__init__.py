@@ -1,6 +1,6 @@
-"""Control the running service: `python -m metaclaw status|pause|resume|train-now|rollback STEP`."""
+"""Control the running service: `python -m metaclaw status|pause|resume|train-now|rollback STEP`.
 
-from metaclaw.control.api import create_control_app, mount_control
-from metaclaw.control.plane import ControlError, ControlPlane, build_control
-
-__all__ = ["ControlError", "ControlPlane", "build_control", "create_control_app", "mount_control"]
+`plane.ControlPlane` (what the commands act on), `api.mount_control` (`/control/*` on the proxy's port),
+`cli.main` (the command; it imports no torch, so it answers in a blink). Nothing is imported here, so the
+command stays light.
+"""

@@ -64,22 +64,32 @@ def format_status(s: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def _common(parser: argparse.ArgumentParser, default: Any) -> None:
+    """The connection options, accepted before or after the command."""
+    parser.add_argument("--url", default=default, help="the service's proxy URL (else $METACLAW_CONTROL_URL, "
+                        "--run-dir, http://127.0.0.1:30000)")  # fmt: skip
+    parser.add_argument("--run-dir", default=default, help="the service's run directory (reads its control.json)")
+    parser.add_argument("--key", default=default, help="the proxy's API key (else $METACLAW_PROXY_API_KEY)")
+    parser.add_argument("--json", action="store_true", default=default, help="print the raw JSON answer")
+    parser.add_argument("--timeout", type=float, default=default, help="seconds (default 90)")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m metaclaw", description=__doc__.splitlines()[0])
-    parser.add_argument("--url", help="the service's proxy URL (default: $METACLAW_CONTROL_URL, --run-dir, :30000)")
-    parser.add_argument("--run-dir", help="the run directory of the service (reads its control.json)")
-    parser.add_argument("--key", default=os.environ.get("METACLAW_PROXY_API_KEY"), help="the proxy's API key")
-    parser.add_argument("--json", action="store_true", help="print the raw JSON answer")
-    parser.add_argument("--timeout", type=float, default=90.0)
+    _common(parser, None)
+    common = argparse.ArgumentParser(add_help=False)
+    _common(common, argparse.SUPPRESS)
     sub = parser.add_subparsers(dest="command", required=True)
-    sub.add_parser("status", help="window, next window, samples waiting, steps, served adapter, eval")
-    sub.add_parser("pause", help="stop training (a step in progress finishes); survives restarts")
-    sub.add_parser("resume", help="let the scheduler's windows decide again")
-    tn = sub.add_parser("train-now", help="open a training window now")
+    sub.add_parser("status", parents=[common], help="window, next window, samples waiting, steps, adapter, eval")
+    sub.add_parser("pause", parents=[common], help="stop training (a step in progress finishes); survives restarts")
+    sub.add_parser("resume", parents=[common], help="let the scheduler's windows decide again")
+    tn = sub.add_parser("train-now", parents=[common], help="open a training window now")
     tn.add_argument("--minutes", type=float, default=None, help="how long (default: scheduler.train_now_minutes)")
-    rb = sub.add_parser("rollback", help="serve an earlier step's adapter again (pauses training)")
+    rb = sub.add_parser("rollback", parents=[common], help="serve an earlier step's adapter again (pauses training)")
     rb.add_argument("step", type=int)
     args = parser.parse_args(argv)
+    args.key = args.key or os.environ.get("METACLAW_PROXY_API_KEY")
+    args.timeout = args.timeout or 90.0
 
     url = resolve_url(args.url, args.run_dir)
     headers = {"Authorization": f"Bearer {args.key}"} if args.key else {}

@@ -16,7 +16,6 @@ from typing import Any
 import httpx
 
 from metaclaw.datamodules.store import SampleStore
-from metaclaw.modules.publisher import adapter_name
 
 log = logging.getLogger(__name__)
 CONTROL_FILE = "control.json"
@@ -180,6 +179,8 @@ class ControlPlane:
 
     def rollback(self, step: int) -> dict[str, Any]:
         """Serve the adapter of `step` again (training pauses so the next publish does not replace it)."""
+        from metaclaw.modules.publisher import adapter_name  # torch: imported by the service, not by the CLI
+
         target = self.run_dir / "adapters" / adapter_name(step)
         if not (target / "adapter_config.json").exists():
             kept = self.available_steps()

@@ -1,0 +1,169 @@
+"""`python -m metaclaw` against a running service: a real policy server (serve.py, tiny model), the rollout proxy
+with `/control/*` mounted, the scheduler and the store; rollback while the real `openai` client keeps sending."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import openai
+import pytest
+import torch
+
+from metaclaw.control.plane import ControlPlane
+from metaclaw.datamodules.store import Sample, SampleStore
+from metaclaw.rollout.app import create_app
+from metaclaw.rollout.proxy import RolloutProxy
+from metaclaw.rollout.server import ThreadedServer
+from metaclaw.scheduler import IdleScheduler
+from tests.e2e.conftest import running_policy_server
+
+REPO = Path(__file__).resolve().parents[2]
+KEY = "control-test-key"
+
+
+@dataclass
+class Service:
+    url: str
+    server_url: str
+    run_dir: Path
+    store: SampleStore
+    scheduler: IdleScheduler
+    plane: ControlPlane
+
+
+def cli(service: Service, *args: str, key: str | None = KEY) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": str(REPO / "src")}
+    env.pop("METACLAW_PROXY_API_KEY", None)
+    if key:
+        env["METACLAW_PROXY_API_KEY"] = key
+    return subprocess.run([sys.executable, "-m", "metaclaw", "--run-dir", str(service.run_dir), *args], cwd=REPO,
+                          env=env, capture_output=True, text=True, timeout=120)  # fmt: skip
+
+
+def publish(run_dir: Path, server_url: str, policy, step: int) -> Path:
+    """Save an adapter as the trainer does (`adapters/step-NNNNNN`), load it, record it in latest.json."""
+    with torch.no_grad():
+        for p in policy.parameters():
+            if p.requires_grad:
+                p.add_(0.01 * step)
+    target = policy.save_adapter(run_dir / "adapters" / f"step-{step:06d}")
+    r = httpx.post(f"{server_url}/v1/load_lora_adapter", json={"lora_name": "policy", "lora_path": str(target)},
+                   timeout=60)  # fmt: skip
+    assert r.status_code == 200, r.text
+    (run_dir / "adapters" / "latest.json").write_text(json.dumps({"version": step, "path": str(target)}))
+    return target
+
+
+@pytest.fixture(scope="module")
+def service(tmp_path_factory) -> Iterator[Service]:
+    from metaclaw.modules.loading import ModelSpec
+    from metaclaw.modules.policy import LoraPolicy
+
+    tmp_path = tmp_path_factory.mktemp("control")
+    with running_policy_server(tmp_path) as (server_url, run_dir):
+        policy = LoraPolicy(ModelSpec(name="tiny", path="tiny", dtype="float32", max_seq_len=1024).load_model(),
+                            rank=4, alpha=8)  # fmt: skip
+        for step in (1, 2):
+            publish(run_dir, server_url, policy, step)
+        store = SampleStore(run_dir / "samples.sqlite")
+        scheduler = IdleScheduler(str(run_dir), str(store.path), sleep_start=None, sleep_end=None,
+                                  idle_threshold_minutes=30, idle_source="proxy", poll_s=0.1)  # fmt: skip
+        plane = ControlPlane(run_dir, store, scheduler, lora_name="policy", api_key=KEY)
+        plane.server_url = server_url
+        proxy = RolloutProxy(store, server_url, base_model="tiny", policy_model="policy")
+        with ThreadedServer(plane.mount(create_app(proxy, api_key=KEY))) as srv:
+            plane.announce(srv.url)
+            yield Service(srv.url, server_url, run_dir, store, scheduler, plane)
+        store.close()
+
+
+def test_status_shows_window_samples_steps_adapter_and_eval(service):
+    service.store.insert_many([Sample(prompt_ids=[1, 2], response_ids=[3], behaviour_logprobs=[-1.0], reward=1.0,
+                                      status="ready") for _ in range(3)])  # fmt: skip
+    records = [json.dumps({"step": 1, "eval/reward_mean": 0.25}), "not json"]
+    records.append(json.dumps({"step": 2, "eval/reward_mean": 0.5}))
+    (service.run_dir / "eval.jsonl").write_text("\n".join(records) + "\n")
+    out = cli(service, "status")
+    assert out.returncode == 0, out.stderr
+    text = out.stdout
+    assert "window:        closed" in text and "no idle window" in text  # the service just started
+    assert "next window:" in text and "if the user stays idle (proxy)" in text
+    assert "samples:       3 waiting" in text
+    assert "steps done:    2" in text
+    assert "serving:       step-000002" in text and "[policy server]" in text
+    assert '"eval/reward_mean": 0.5' in text and '"eval/reward_mean": 0.25' in text
+    data = json.loads(cli(service, "status", "--json").stdout)
+    assert data["window"]["open"] is False and data["samples"]["ready"] == 3 and data["steps_done"] == 2
+
+
+def test_pause_resume_and_train_now(service):
+    out = cli(service, "train-now", "--minutes", "5")
+    assert out.returncode == 0 and "training window open until" in out.stdout, out.stderr
+    assert service.scheduler.refresh().open
+    assert cli(service, "pause").returncode == 0
+    assert service.scheduler.state.paused and not service.scheduler.refresh().open
+    assert "paused:        yes" in cli(service, "status").stdout
+    # the state is on disk for the next start
+    assert json.loads((service.run_dir / "scheduler_state.json").read_text())["paused"] is True
+    assert cli(service, "resume").returncode == 0 and not service.scheduler.state.paused
+
+
+def test_auth_bad_input_and_unknown_step(service):
+    out = cli(service, "status", key="wrong")
+    assert out.returncode == 1 and "401" in out.stderr
+    auth = {"Authorization": f"Bearer {KEY}"}
+    r = httpx.post(f"{service.url}/control/rollback", json={"step": "latest"}, headers=auth)
+    assert r.status_code == 400 and "step" in r.json()["error"]["message"]
+    r = httpx.post(f"{service.url}/control/train-now", json={"minutes": 5, "then": "rm -rf"},
+                   headers={"Authorization": f"Bearer {KEY}"})  # fmt: skip
+    assert r.status_code == 400 and "then" in r.json()["error"]["message"]
+    out = cli(service, "rollback", "7")
+    assert out.returncode == 1 and "404" in out.stderr and "kept: [1, 2]" in out.stderr
+    assert httpx.get(f"{service.url}/health").status_code == 200  # the proxy is untouched
+
+
+def test_rollback_under_concurrent_requests_fails_none(service):
+    client = openai.OpenAI(base_url=f"{service.url}/v1", api_key=KEY, max_retries=0, timeout=120)
+    stop, errors, done = threading.Event(), [], []
+
+    def chat(i: int) -> None:
+        n = 0
+        while not stop.is_set() or n < 2:
+            try:
+                messages = [{"role": "user", "content": f"hello {i}-{n}"}]
+                r = client.chat.completions.create(
+                    model="metaclaw", max_tokens=4, messages=messages, extra_headers={"X-Session-Id": f"rb{i}-{n}"}
+                )
+                assert r.choices[0].message.content is not None
+                done.append(1)
+            except Exception as e:  # noqa: BLE001 - every failure is reported
+                errors.append(repr(e))
+            n += 1
+
+    threads = [threading.Thread(target=chat, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    try:
+        out = cli(service, "rollback", "1")
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(120)
+    assert out.returncode == 0, out.stderr
+    assert "serving step-000001" in out.stdout and "training paused" in out.stdout
+    assert errors == [] and len(done) >= 8
+    models = httpx.get(f"{service.server_url}/v1/models", timeout=10).json()["data"]
+    served = next(m for m in models if m["id"] == "policy")
+    assert served["root"].endswith("step-000001")
+    status = json.loads(cli(service, "status", "--json").stdout)
+    assert status["served_adapter"]["path"].endswith("step-000001") and status["rollback_step"] == 1
+    assert status["window"]["paused"] is True
+    assert cli(service, "resume").returncode == 0
