@@ -94,7 +94,7 @@ def test_status_shows_window_samples_steps_adapter_and_eval(service):
     out = cli(service, "status")
     assert out.returncode == 0, out.stderr
     text = out.stdout
-    assert "window:        closed" in text and "no idle window" in text  # the service just started
+    assert "window:        closed" in text and "user active: idle 0 min < 30 min (proxy)" in text  # just started
     assert "next window:" in text and "if the user stays idle (proxy)" in text
     assert "samples:       3 waiting" in text
     assert "steps done:    2" in text
@@ -110,7 +110,8 @@ def test_pause_resume_and_train_now(service):
     assert service.scheduler.refresh().open
     assert cli(service, "pause").returncode == 0
     assert service.scheduler.state.paused and not service.scheduler.refresh().open
-    assert "paused:        yes" in cli(service, "status").stdout
+    status = cli(service, "status").stdout
+    assert "paused:        yes" in status and "next window:   after resume" in status
     # the state is on disk for the next start
     assert json.loads((service.run_dir / "scheduler_state.json").read_text())["paused"] is True
     assert cli(service, "resume").returncode == 0 and not service.scheduler.state.paused

@@ -39,7 +39,9 @@ def format_status(s: dict[str, Any]) -> str:
     since = f" since {w['since']}" if w.get("since") else ""
     lines = [f"window:        {'OPEN' if w.get('open') else 'closed'}{since} - {'; '.join(w.get('reasons', []))}"]
     nxt = w.get("next_window")
-    if not w.get("open"):
+    if not w.get("open") and w.get("paused"):
+        lines.append("next window:   after resume")
+    elif not w.get("open"):
         lines.append(f"next window:   {nxt['start']} ({nxt['reason']})" if nxt else "next window:   not predictable")
     if w.get("paused"):
         lines.append("paused:        yes (python -m metaclaw resume)")

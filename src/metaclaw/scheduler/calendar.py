@@ -163,6 +163,9 @@ class CalendarWindows:
         self._maybe_refresh(now)
         return next((i for i in self._intervals if i.start > now), None)
 
+    def why_closed(self, now: datetime) -> str:
+        return "no meeting now"
+
     def intervals(self, now: datetime) -> list[Interval]:
         """Every window in the expanded range (for tests and `status`)."""
         self._maybe_refresh(now)

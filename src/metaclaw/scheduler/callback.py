@@ -147,7 +147,8 @@ class IdleScheduler(L.Callback):
             elif interval is not None:
                 closed.append(f"{interval.reason} is shorter than min_window_minutes={self.min_window_minutes:g}")
             else:
-                closed.append(f"no {source.name} window")
+                why = getattr(source, "why_closed", None)
+                closed.append(why(now) if why else f"no {source.name} window")
         if not self.sources:
             reasons.append("no window source configured: always open")
         return Window(True, reasons) if reasons else Window(False, closed)
@@ -188,7 +189,8 @@ class IdleScheduler(L.Callback):
         self._wake.set()
 
     def _stopping(self) -> bool:
-        trainer_stops = bool(self.trainer is not None and self.trainer.should_stop)
+        t = self.trainer
+        trainer_stops = t is not None and bool(t.should_stop or getattr(t, "received_sigterm", False))
         return self._stop.is_set() or trainer_stops or self.should_stop()
 
     def wait_until_open(self) -> bool:
@@ -249,7 +251,7 @@ class IdleScheduler(L.Callback):
     def status(self) -> dict[str, Any]:
         """What `python -m metaclaw status` shows about the window."""
         window = self.refresh()
-        nxt = self.next_window()
+        nxt = None if self.state.paused else self.next_window()
         return {
             "open": window.open,
             "reasons": window.reasons,

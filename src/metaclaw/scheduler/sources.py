@@ -110,6 +110,9 @@ class SleepHours:
     def upcoming(self, now: datetime) -> Interval | None:
         return next((n for n in self._nights(now) if n.start > now), None)
 
+    def why_closed(self, now: datetime) -> str:
+        return f"outside sleep hours {self.start:%H:%M}-{self.end:%H:%M} ({self.zone})"
+
 
 class IdleSource(Protocol):
     """Seconds since the user's last input (keyboard, mouse, or a request to the proxy)."""
@@ -135,6 +138,10 @@ class IdleWindow:
             return None
         start = now - timedelta(seconds=idle_s - self.threshold_s)
         return Interval(start, None, f"user idle {idle_s / 60:.0f} min ({self.idle.name})")
+
+    def why_closed(self, now: datetime) -> str:
+        idle_min = self.idle.idle_seconds(now) / 60
+        return f"user active: idle {idle_min:.0f} min < {self.threshold_s / 60:g} min ({self.idle.name})"
 
     def upcoming(self, now: datetime) -> Interval | None:
         left = self.threshold_s - self.idle.idle_seconds(now)
