@@ -12,6 +12,7 @@ from zoneinfo import ZoneInfo
 import lightning as L
 from hydra import compose, initialize_config_dir
 from hydra.utils import instantiate
+from lightning.pytorch.loggers import CSVLogger
 from safetensors.torch import load_file
 
 from metaclaw.datamodules import RolloutDataModule
@@ -56,7 +57,8 @@ def build(tmp_path: Path, tiny_policy, on_user_return: str, max_steps: int):
                             optimizer=instantiate(cfg.optimizer), kl=instantiate(cfg.kl))  # fmt: skip
     datamodule = RolloutDataModule(store_path, batch_size=2, max_tokens=None, wait_timeout_s=30.0, pad_id=0)
     returns = UserReturnsDuringStep(1, idle)
-    trainer = L.Trainer(max_steps=max_steps, accelerator="cpu", devices=1, logger=False, enable_checkpointing=False,
+    logger = CSVLogger(str(tmp_path), name="csv", version="")
+    trainer = L.Trainer(max_steps=max_steps, accelerator="cpu", devices=1, logger=logger, enable_checkpointing=False,
                         enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0,
                         callbacks=[AdapterPublisher(str(tmp_path), store_path), scheduler, returns])  # fmt: skip
     return trainer, module, datamodule, scheduler, clock, idle, returns
@@ -93,6 +95,8 @@ def test_returning_user_pauses_training_after_the_step_is_published(tmp_path, ti
         fit.join(120)
         assert not fit.is_alive() and trainer.global_step == 4
         assert store.counts()["consumed"] == 8
+        metrics = (tmp_path / "csv" / "metrics.csv").read_text()
+        assert all(f"sched/{m}" in metrics for m in ("window_open", "waited_s", "samples_waiting"))
     finally:
         scheduler.stop()
         fit.join(30)
