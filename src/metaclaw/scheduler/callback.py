@@ -107,6 +107,8 @@ class IdleScheduler(L.Callback):
         self.should_stop: Callable[[], bool] = lambda: False  # the run's stop request (set by `train()`)
         self.state = SchedulerState.load(self.state_path)
         self.trainer: L.Trainer | None = None
+        self._trainer_thread: threading.Thread | None = None
+        self._pending_metrics: dict[str, float] = {}
         self.waited_s = 0.0
         self._gating_datamodule = False
         log.info(
@@ -271,7 +273,7 @@ class IdleScheduler(L.Callback):
 
     # ---- Lightning hooks ----------------------------------------------------------------------------------
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
-        self.trainer = trainer
+        self.trainer, self._trainer_thread = trainer, threading.current_thread()
         datamodule = trainer.datamodule
         if datamodule is not None and hasattr(datamodule, "gate"):
             datamodule.gate = self.wait_until_open
@@ -305,8 +307,14 @@ class IdleScheduler(L.Callback):
         self.trainer = None
 
     def _log_metrics(self, metrics: dict[str, float]) -> None:
-        trainer = self.trainer
-        if trainer is None or not trainer.is_global_zero:
-            return
-        for lg in trainer.loggers:
-            lg.log_metrics(metrics, step=trainer.global_step)
+        """Log through the trainer's loggers, from the trainer's thread only (a control request's change is
+        logged by the trainer at its next check)."""
+        with self._lock:
+            self._pending_metrics.update(metrics)
+            trainer = self.trainer
+            if trainer is None or threading.current_thread() is not self._trainer_thread:
+                return
+            metrics, self._pending_metrics = self._pending_metrics, {}
+        if trainer.is_global_zero:
+            for lg in trainer.loggers:
+                lg.log_metrics(metrics, step=trainer.global_step)
