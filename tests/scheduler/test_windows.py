@@ -3,6 +3,7 @@ min_window_minutes, and the state surviving a restart."""
 
 from __future__ import annotations
 
+import os
 from datetime import datetime, timedelta, timezone
 from zoneinfo import ZoneInfo
 
@@ -198,3 +199,25 @@ def test_wait_blocks_until_open_and_stops_on_request(tmp_path):
     s.stop()
     t.join(5)
     assert results == [True, False]
+
+
+def test_logind_idle_hint_through_loginctl(tmp_path, monkeypatch):
+    """A stand-in `loginctl` on PATH: IdleHint=yes since 10 minutes ago → 600 s; IdleHint=no → 0."""
+    from metaclaw.scheduler.idle import LogindIdle
+
+    now = datetime.now(timezone.utc)
+    since_us = int((now.timestamp() - 600) * 1e6)
+    hint = tmp_path / "hint"
+    hint.write_text(f"IdleHint=yes\nIdleSinceHint={since_us}\n")
+    fake = tmp_path / "loginctl"
+    fake.write_text(f'#!/bin/sh\n[ "$1 $2" = "show-session 7" ] || exit 1\ncat {hint}\n')
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}:{os.environ['PATH']}")
+    monkeypatch.setenv("XDG_SESSION_ID", "7")
+    source = detect_host_idle("logind")
+    assert isinstance(source, LogindIdle) and abs(source.idle_seconds(now) - 600) < 1
+    hint.write_text("IdleHint=no\nIdleSinceHint=0\n")
+    assert source.idle_seconds(now) == 0.0
+    monkeypatch.setenv("XDG_SESSION_ID", "8")  # loginctl fails for this session
+    with pytest.raises(ValueError, match="logind does not work"):
+        detect_host_idle("logind")

@@ -286,7 +286,10 @@ class IdleScheduler(L.Callback):
             self.wait_until_open()
 
     def on_before_optimizer_step(self, trainer: L.Trainer, pl_module: L.LightningModule, optimizer: Any) -> None:
-        if self.on_user_return != "abandon" or self.refresh().open:
+        if self.on_user_return != "abandon":
+            return
+        # rank 0 decides for every rank: replicas that stepped differently would drift apart
+        if trainer.strategy.broadcast(self.refresh().open, src=0):
             return
         optimizer.zero_grad(set_to_none=True)  # no gradient: the optimizer leaves every weight as it was
         if self.store_path and trainer.is_global_zero:
