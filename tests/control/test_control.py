@@ -88,8 +88,9 @@ def service(tmp_path_factory) -> Iterator[Service]:
 def test_status_shows_window_samples_steps_adapter_and_eval(service):
     service.store.insert_many([Sample(prompt_ids=[1, 2], response_ids=[3], behaviour_logprobs=[-1.0], reward=1.0,
                                       status="ready") for _ in range(3)])  # fmt: skip
-    records = [json.dumps({"step": 1, "eval/reward_mean": 0.25}), "not json"]
-    records.append(json.dumps({"step": 2, "eval/reward_mean": 0.5}))
+    records = [json.dumps({"step": 1, "adapter": "step-000001", "compliance": 0.25, "time": 1.0}), "not json"]
+    gate = {"decision": "accepted"}
+    records.append(json.dumps({"step": 2, "adapter": "step-000002", "compliance": 0.5, "gate": gate}))
     (service.run_dir / "eval.jsonl").write_text("\n".join(records) + "\n")
     out = cli(service, "status")
     assert out.returncode == 0, out.stderr
@@ -99,7 +100,8 @@ def test_status_shows_window_samples_steps_adapter_and_eval(service):
     assert "samples:       3 waiting" in text
     assert "steps done:    2" in text
     assert "serving:       step-000002" in text and "[policy server]" in text
-    assert '"eval/reward_mean": 0.5' in text and '"eval/reward_mean": 0.25' in text
+    assert "step 1 (step-000001): compliance=0.25" in text
+    assert "step 2 (step-000002): compliance=0.5 gate=accepted" in text
     data = json.loads(cli(service, "status", "--json").stdout)
     assert data["window"]["open"] is False and data["samples"]["ready"] == 3 and data["steps_done"] == 2
 

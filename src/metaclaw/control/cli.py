@@ -34,6 +34,18 @@ def resolve_url(url: str | None, run_dir: str | None) -> str:
     return DEFAULT_URL
 
 
+def format_eval(record: dict[str, Any]) -> str:
+    """One `eval.jsonl` record on a line: step, adapter, its scalar figures, the gate's decision."""
+    head = f"step {record.get('step', '?')}" + (f" ({record['adapter']})" if record.get("adapter") else "")
+    scalars = {k: v for k, v in record.items() if isinstance(v, int | float) and not isinstance(v, bool)}
+    figures = [f"{k}={v:.3g}" if isinstance(v, float) else f"{k}={v}" for k, v in scalars.items()
+               if k not in ("step", "time")]  # fmt: skip
+    gate = record.get("gate")
+    if isinstance(gate, dict) and gate.get("decision"):
+        figures.append(f"gate={gate['decision']}")
+    return f"{head}: {' '.join(figures)}"[:200]
+
+
 def format_status(s: dict[str, Any]) -> str:
     w = s.get("window") or {}
     since = f" since {w['since']}" if w.get("since") else ""
@@ -60,7 +72,7 @@ def format_status(s: dict[str, Any]) -> str:
     evals = s.get("eval") or []
     if evals:
         lines.append("recent eval:")
-        lines += [f"  {json.dumps(e, sort_keys=True)[:200]}" for e in evals]
+        lines += [f"  {format_eval(e)}" for e in evals]
     else:
         lines.append("recent eval:   none (no eval.jsonl yet)")
     return "\n".join(lines)
