@@ -78,10 +78,14 @@ def test_control_a_running_service(tmp_path):
         s = status(run_dir)
         assert s["window"]["open"] is False and s["steps_done"] == 0
         client = openai.OpenAI(base_url=f"{url}/v1", api_key=KEY, max_retries=0, timeout=120)
-        for i in range(6):
-            messages = [{"role": "user", "content": f"2+{i}?"}]
-            headers = {"X-Session-Id": f"s{i}", "X-Session-Done": "true"}
-            client.chat.completions.create(model="metaclaw", max_tokens=4, messages=messages, extra_headers=headers)
+
+        def sessions(first: int, n: int) -> None:
+            for i in range(first, first + n):
+                messages = [{"role": "user", "content": f"2+{i}?"}]
+                headers = {"X-Session-Id": f"s{i}", "X-Session-Done": "true"}
+                client.chat.completions.create(model="metaclaw", max_tokens=4, messages=messages, extra_headers=headers)
+
+        sessions(0, 6)
         wait_for(lambda: status(run_dir)["samples_waiting"] >= 4)
         time.sleep(2)
         assert status(run_dir)["steps_done"] == 0  # closed: samples wait, nothing trains
@@ -91,11 +95,16 @@ def test_control_a_running_service(tmp_path):
         assert out.returncode == 0 and "serving step-000001" in out.stdout, out.stderr
         s = status(run_dir)
         assert s["served_adapter"]["path"].endswith("step-000001") and s["window"]["paused"] is True
+        steps = s["steps_done"]
+        sessions(6, 4)  # paused: they are captured and scored, and wait
+        wait_for(lambda: status(run_dir)["samples_waiting"] >= 2)
+        time.sleep(2)
+        assert status(run_dir)["steps_done"] == steps
         assert stop(proc) == 0
+        assert "sched/window_open" in (run_dir / "csv" / "metrics.csv").read_text()
         proc = start(run_dir, port)  # a restart keeps the pause
         wait_for(lambda: httpx.get(f"{url}/health").status_code == 200 and status(run_dir))
         s = status(run_dir)
         assert s["window"]["paused"] is True and s["rollback_step"] == 1
-        assert "sched/window_open" in (run_dir / "csv" / "metrics.csv").read_text()
     finally:
         stop(proc)
