@@ -28,6 +28,7 @@ from metaclaw.rollout.sessions import SessionLog
 from metaclaw.rollout.skills_hook import EvolutionScheduler, SkillEvolverLike
 from metaclaw.scoring.judges import Judge
 from metaclaw.scoring.teacher import TeacherClient
+from metaclaw.serving.distribution import sample_distribution
 
 log = logging.getLogger(__name__)
 
@@ -134,8 +135,9 @@ class ScoringWorker:
                 score.hint = await asyncio.wait_for(self.judge.hint(s), self.timeout_s)
                 if score.hint:
                     prompt = await asyncio.to_thread(self.render, s, score.hint)
+                    dist = sample_distribution(s.temperature, s.meta)  # the student's: docs/training.md
                     score.teacher = await asyncio.wait_for(
-                        self.teacher.logprobs(prompt, s.response_ids), self.timeout_s
+                        self.teacher.logprobs(prompt, s.response_ids, **dist), self.timeout_s
                     )
             self._scores[s.id] = score
             self.stats["scored"] += 1
