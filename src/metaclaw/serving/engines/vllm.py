@@ -257,9 +257,11 @@ def _processed_scores(
     rows, ranks = [], []
     for i, target in enumerate(targets):
         lo, hi = flat.start_indices[start + i], flat.end_indices[start + i]
-        tokens, values = flat.token_ids[lo:hi], flat.logprobs[lo:hi]
+        # the target comes first, then the top-k, which may hold it again: one value per token
+        by_token = dict(zip(flat.token_ids[lo:hi], flat.logprobs[lo:hi], strict=True))
+        tokens, values = list(by_token), list(by_token.values())
         rows.append((tokens.index(target), values))
-        ranks.append(int(flat.ranks[lo + tokens.index(target)] or 1))
+        ranks.append(int(flat.ranks[lo] or 1))
     width = max(len(v) for _, v in rows)
     logits = torch.full((len(rows), width), float("-inf"))
     for r, (_, values) in enumerate(rows):
