@@ -67,13 +67,14 @@ def _noise_adapter(tiny_spec, directory):
     return policy.save_adapter(directory)
 
 
-def test_streams_that_outlive_swaps_or_disconnect_never_freeze_the_server(vllm_server, tiny_spec, tmp_path):
+def test_streams_that_outlive_swaps_or_disconnect_never_freeze_the_server(vllm_server, tiny_spec, adapter_root):
     """Issue 11.4: a stream releases a replaced adapter version on the engine loop; that must not wait on it."""
     import shutil
 
-    paths = [_noise_adapter(tiny_spec, tmp_path / "step-000001")]
+    root = adapter_root / "noise"
+    paths = [_noise_adapter(tiny_spec, root / "step-000001")]
     for step in (2, 3, 4):
-        paths.append(tmp_path / f"step-{step:06d}")
+        paths.append(root / f"step-{step:06d}")
         shutil.copytree(paths[0], paths[-1])
 
     def load(path) -> None:
