@@ -41,7 +41,7 @@ def truncation_mask(scaled: Tensor, top_p: Tensor, top_k: Tensor) -> Tensor:
     cumulative probability is <= 1 - p and always keeps the most likely one. `top_k <= 0` or `>= V` and
     `top_p >= 1` are off for their row.
     """
-    n, vocab = scaled.shape
+    vocab = scaled.shape[-1]
     keep = torch.ones_like(scaled, dtype=torch.bool)
     k_on = (top_k > 0) & (top_k < vocab)
     if k_on.any():
@@ -116,7 +116,6 @@ class SamplingParams:
             raise ValueError(f"top_k must be -1 (off) or a positive integer, got {self.top_k!r}")
         if not isinstance(self.n, int) or not 1 <= self.n <= 16:
             raise ValueError(f"n must be an integer in [1, 16], got {self.n!r}")
-
 
     def distribution(self) -> tuple[float, float, int]:
         """`(temperature, top_p, top_k)` the logprobs are over: greedy counts as `(1, 1, -1)`."""
