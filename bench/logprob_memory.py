@@ -132,6 +132,8 @@ def main() -> None:
                    "--checkpointing", ckpt, "--path", path]  # fmt: skip
             out = subprocess.run(cmd, check=True, capture_output=True, text=True, env=env).stdout
             cases[f"{path}/checkpointing_{ckpt}"] = json.loads(out.strip().splitlines()[-1])
+            print(json.dumps({f"{path}/checkpointing_{ckpt}": cases[f"{path}/checkpointing_{ckpt}"]}),
+                  file=sys.stderr, flush=True)  # fmt: skip - each case as it ends (a long run keeps what it measured)
     ratios = {
         f"checkpointing_{ckpt}": {
             "peak_memory_old_over_new": round(cases[f"old/checkpointing_{ckpt}"]["peak_step_mib"]
