@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 TEXT_PART_TYPES = ("text", "input_text", "output_text")
@@ -28,3 +29,22 @@ def content_text(content: Any, sep: str = "") -> str:
                 out.append(content_text(part.get("content", part.get("text")), sep))
         return sep.join(out)
     return str(content)
+
+
+_THINK = re.compile(r"<think>(.*?)(?:</think>|$)", re.S)
+
+
+def answer_and_reasoning(message: dict[str, Any] | None) -> tuple[str, str]:
+    """A chat reply's answer and its reasoning, kept apart.
+
+    Reasoning is what a thinking model writes before answering: the server's `reasoning_content` (vLLM,
+    DeepSeek) or `reasoning` field, or `<think>...</think>` blocks left inline in `content` (an unclosed one runs
+    to the end). The answer is `content` without them, so reasoning never passes for the answer.
+    """
+    message = message or {}
+    content = content_text(message.get("content"))
+    inline = [m.strip() for m in _THINK.findall(content)]
+    answer = _THINK.sub("", content).replace("</think>", "").strip()
+    fields = [content_text(message.get(k)) for k in ("reasoning_content", "reasoning")]
+    reasoning = "\n".join(x for x in [*fields, *inline] if x and x.strip())
+    return answer, reasoning

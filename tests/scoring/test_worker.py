@@ -251,7 +251,7 @@ def test_evolution_runs_off_the_scoring_loop_and_its_failures_are_logged(tmp_pat
 class InfiniteTeacher:
     """A teacher endpoint that answers -inf for a token (e.g. a token its top-p cut away)."""
 
-    async def logprobs(self, prompt, response_ids):
+    async def logprobs(self, prompt, response_ids, **distribution):
         return [float("-inf")] + [-0.5] * (len(response_ids) - 1)
 
 

@@ -51,3 +51,58 @@ def test_token_ids_logprobs_and_hot_swap(vllm_server, fixed_adapter):
         client.chat.completions.create(model="policy", messages=messages, max_tokens=16, stream=True, temperature=0)
     )
     assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices).strip() == FIXED_ANSWER
+
+
+def _noise_adapter(tiny_spec, directory):
+    """A LoRA that leaves the random model rambling (no early end-of-turn), so a stream outlives swaps."""
+    import torch
+
+    from metaclaw.modules.policy import LoraPolicy
+
+    torch.manual_seed(0)
+    policy = LoraPolicy(tiny_spec.load_model(), rank=8, alpha=16)
+    for name, p in policy.named_parameters():
+        if "lora_B" in name:
+            p.data.normal_(0, 0.01)
+    return policy.save_adapter(directory)
+
+
+def test_streams_that_outlive_swaps_or_disconnect_never_freeze_the_server(vllm_server, tiny_spec, adapter_root):
+    """Issue 11.4: a stream releases a replaced adapter version on the engine loop; that must not wait on it."""
+    import shutil
+
+    root = adapter_root / "noise"
+    paths = [_noise_adapter(tiny_spec, root / "step-000001")]
+    for step in (2, 3, 4):
+        paths.append(root / f"step-{step:06d}")
+        shutil.copytree(paths[0], paths[-1])
+
+    def load(path) -> None:
+        r = httpx.post(f"{vllm_server.url}/v1/load_lora_adapter", headers=vllm_server.headers(),
+                       json={"lora_name": "noise", "lora_path": str(path)}, timeout=60)  # fmt: skip
+        assert r.status_code == 200, r.text
+
+    body = {"model": "noise", "messages": [{"role": "user", "content": "hi"}], "stream": True, "temperature": 1.0}
+    load(paths[0])
+    url = f"{vllm_server.url}/v1/chat/completions"
+    with httpx.Client(timeout=60, headers=vllm_server.headers()) as http:
+        first = http.send(http.build_request("POST", url, json={**body, "max_tokens": 400}), stream=True)
+        lines = first.iter_lines()
+        next(lines)
+        load(paths[1])  # the first stream outlives this swap ...
+        with http.stream("POST", url, json={**body, "max_tokens": 40}) as second:
+            load(paths[2])  # ... and this one; the second stream outlives it and ends normally
+            assert any("[DONE]" in line for line in second.iter_lines())
+        for _ in range(3):
+            next(lines)
+        first.close()  # the client goes away mid-stream
+    client = openai.OpenAI(base_url=f"{vllm_server.url}/v1", api_key=vllm_server.api_key, timeout=60, max_retries=0)
+    for model in ("noise", "tiny"):
+        reply = client.chat.completions.create(model=model, messages=[{"role": "user", "content": "hi"}], max_tokens=4)
+        assert reply.choices[0].finish_reason in ("stop", "length")
+    teacher = {"model": "tiny", "prompt": [1, 2, 3, 4], "max_tokens": 1, "prompt_logprobs": 0}
+    scored = httpx.post(f"{vllm_server.url}/v1/completions", headers=vllm_server.headers(), timeout=60, json=teacher)
+    assert scored.status_code == 200 and len(scored.json()["choices"][0]["prompt_logprobs"]) == 4
+    load(paths[3])
+    models = httpx.get(f"{vllm_server.url}/v1/models", headers=vllm_server.headers(), timeout=60).json()
+    assert "noise" in {m["id"] for m in models["data"]}

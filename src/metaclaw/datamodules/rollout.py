@@ -13,6 +13,7 @@ from torch import Tensor
 from torch.utils.data import DataLoader, IterableDataset
 
 from metaclaw.datamodules.store import BACKLOG_POLICIES, Sample, SampleStore
+from metaclaw.serving.distribution import sample_distribution
 
 log = logging.getLogger(__name__)
 
@@ -22,7 +23,8 @@ def collate_samples(samples: list[Sample], pad_id: int, group: list[Sample] | No
 
     `mask` is 1 exactly on the positions whose target is a response token, so `behaviour_logprobs[b, t]` is the
     sampler's logprob of `target_ids[b, t]`. Rows without a teacher have NaN `teacher_logprobs`; samples without
-    a reward have NaN `reward`.
+    a reward have NaN `reward`. `temperature`, `top_p`, `top_k` are the sampler's (`meta["sampling"]`), so the
+    trainer's logprobs are over the behaviour distribution.
 
     `group` is the whole step's batch when `samples` is one DDP rank's slice of it (default: `samples`): its
     rewards (`group_reward`, NaN when unscored), response tokens (`group_tokens`) and sequences
@@ -37,6 +39,7 @@ def collate_samples(samples: list[Sample], pad_id: int, group: list[Sample] | No
     mask = torch.zeros(B, T)
     behaviour = torch.zeros(B, T)
     teacher = torch.full((B, T), float("nan"))
+    dists = [sample_distribution(s.temperature, s.meta) for s in samples]
     for b, s in enumerate(samples):
         seq = torch.tensor(s.prompt_ids + s.response_ids, dtype=torch.long)
         n, p, r = lengths[b], len(s.prompt_ids), len(s.response_ids)
@@ -57,7 +60,9 @@ def collate_samples(samples: list[Sample], pad_id: int, group: list[Sample] | No
         "reward": torch.tensor([float("nan") if s.reward is None else s.reward for s in samples]),
         "has_reward": torch.tensor([s.reward is not None for s in samples]),
         "has_teacher": torch.tensor([s.teacher_logprobs is not None for s in samples]),
-        "temperature": torch.tensor([s.temperature for s in samples]),
+        "temperature": torch.tensor([d["temperature"] for d in dists]),
+        "top_p": torch.tensor([d["top_p"] for d in dists]),
+        "top_k": torch.tensor([d["top_k"] for d in dists]),
         "adapter_version": torch.tensor([s.adapter_version for s in samples]),
         "sample_ids": torch.tensor([s.id for s in samples]),
         "group_reward": torch.tensor([float("nan") if s.reward is None else s.reward for s in group]),

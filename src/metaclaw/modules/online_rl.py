@@ -94,18 +94,14 @@ class OnlineRLModule(L.LightningModule):
     def training_step(self, batch: dict[str, Tensor], batch_idx: int) -> Tensor | None:
         mask = batch["mask"]
         world_size = self.trainer.world_size if self._trainer is not None else 1
-        logprobs = self.policy.logprobs(
-            batch["input_ids"], batch["target_ids"], batch["attention_mask"], batch["temperature"]
-        )
+        logprobs = self._logprobs(batch)
         advantages, adv_metrics = self.advantage(batch)
         out = self.loss_fn(logprobs, batch["behaviour_logprobs"], advantages.detach(), mask)
         loss, metrics = out.loss, dict(out.metrics)
         loss = loss * global_scale(getattr(self.loss_fn, "aggregation", "token-mean"), mask, batch, world_size)
         if self.kl is not None and self.kl.coef > 0:
             with torch.no_grad(), self.policy.reference():
-                ref = self.policy.logprobs(
-                    batch["input_ids"], batch["target_ids"], batch["attention_mask"], batch["temperature"]
-                )
+                ref = self._logprobs(batch)
             kl_out = self.kl(logprobs, ref, mask)
             loss = loss + kl_out.loss * global_scale(self.kl.aggregation, mask, batch, world_size)
             metrics.update(kl_out.metrics)
@@ -132,6 +128,19 @@ class OnlineRLModule(L.LightningModule):
         if flags[1] == 0:
             return "zero_advantage"
         return None
+
+    def _logprobs(self, batch: dict[str, Tensor]) -> Tensor:
+        """Policy logprobs at the response positions, over the distribution each sample was drawn from."""
+        ones = torch.ones_like(batch["temperature"])
+        return self.policy.logprobs(
+            batch["input_ids"],
+            batch["target_ids"],
+            batch["attention_mask"],
+            batch["temperature"],
+            batch.get("top_p", ones),
+            batch.get("top_k", -ones.long()),
+            mask=batch["mask"],
+        )
 
     def on_train_batch_end(self, outputs: Any, batch: dict[str, Tensor], batch_idx: int) -> None:
         elapsed = time.perf_counter() - self._t0

@@ -12,8 +12,12 @@ import torch
 from peft import LoraConfig, get_peft_model, set_peft_model_state_dict
 from safetensors.torch import load_file
 from torch import Tensor, nn
+from torch.utils.checkpoint import checkpoint
 
 from metaclaw.atomic import write_dir_atomically
+from metaclaw.serving.sampling import Param, token_logprobs, truncation_mask
+
+__all__ = ["LoraPolicy", "token_logprobs", "truncation_mask"]
 
 log = logging.getLogger(__name__)
 
@@ -21,25 +25,10 @@ DEFAULT_TARGET_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
 
 
-def token_logprobs(logits: Tensor, target_ids: Tensor, temperature: Tensor | float = 1.0) -> Tensor:
-    """Log-probability of each target token under `softmax(logits / temperature)`.
-
-    Args:
-        logits: `[B, T, V]` next-token logits.
-        target_ids: `[B, T]` the token that follows each position.
-        temperature: scalar or `[B]`; the sampler's temperature, so behaviour and training logprobs are over
-            the same distribution.
-
-    Returns:
-        `[B, T]` float32 logprobs.
-    """
-    logits = logits.float()
-    if isinstance(temperature, Tensor):
-        logits = logits / temperature.to(logits).view(-1, 1, 1)
-    elif temperature != 1.0:
-        logits = logits / temperature
-    picked = torch.gather(logits, -1, target_ids.unsqueeze(-1)).squeeze(-1)
-    return picked - torch.logsumexp(logits, dim=-1)
+def _head_logprobs(head: nn.Module, hidden: Tensor, targets: Tensor, temperature: Tensor, top_p: Tensor,
+                   top_k: Tensor) -> Tensor:  # fmt: skip
+    """Logprobs of `targets` from `[N, H]` final hidden states: the LM head, then `token_logprobs`."""
+    return token_logprobs(head(hidden), targets, temperature, top_p, top_k)
 
 
 class LoraPolicy(nn.Module):
@@ -52,6 +41,7 @@ class LoraPolicy(nn.Module):
         dropout: LoRA dropout.
         target_modules: module names to adapt; default: every attention and MLP projection.
         gradient_checkpointing: trade compute for memory; works with PEFT (inputs require grad, embeddings frozen).
+        logprob_chunk_size: response positions whose logits are computed at once (memory: this x vocabulary).
     """
 
     def __init__(
@@ -62,8 +52,12 @@ class LoraPolicy(nn.Module):
         dropout: float = 0.0,
         target_modules: Sequence[str] = DEFAULT_TARGET_MODULES,
         gradient_checkpointing: bool = False,
+        logprob_chunk_size: int = 512,
     ) -> None:
         super().__init__()
+        if logprob_chunk_size < 1:
+            raise ValueError(f"logprob_chunk_size must be >= 1, got {logprob_chunk_size}")
+        self.logprob_chunk_size = logprob_chunk_size
         config = LoraConfig(
             r=rank,
             lora_alpha=alpha,
@@ -83,10 +77,53 @@ class LoraPolicy(nn.Module):
         return self.model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).logits
 
     def logprobs(
-        self, input_ids: Tensor, target_ids: Tensor, attention_mask: Tensor, temperature: Tensor | float = 1.0
+        self,
+        input_ids: Tensor,
+        target_ids: Tensor,
+        attention_mask: Tensor,
+        temperature: Param = 1.0,
+        top_p: Param = 1.0,
+        top_k: Param = -1,
+        mask: Tensor | None = None,
     ) -> Tensor:
-        """`[B, T]` logprob of `target_ids[b, t]` after `input_ids[b, :t+1]`."""
-        return token_logprobs(self(input_ids, attention_mask), target_ids, temperature)
+        """`[B, T]` logprob of `target_ids[b, t]` after `input_ids[b, :t+1]` (see `token_logprobs`).
+
+        Only the positions in `mask` (default: `attention_mask`) get logits: the decoder's hidden states are
+        taken there and the LM head is applied in chunks of `logprob_chunk_size` rows, each recomputed in the
+        backward pass instead of kept, so memory grows with the response tokens, not prompt x vocabulary.
+        Other positions are 0.
+        """
+        where = (attention_mask if mask is None else mask).bool()
+        base = self.model.get_base_model()
+        head = base.get_output_embeddings()
+        if head is None or getattr(base.config, "final_logit_softcapping", None):  # logits are not lm_head(h)
+            logits = self(input_ids, attention_mask)[where]
+            flat = token_logprobs(logits, target_ids[where], *self._at(where, temperature, top_p, top_k))
+            return torch.zeros(where.shape, device=flat.device).masked_scatter(where, flat)
+        hidden = base.get_decoder()(input_ids=input_ids, attention_mask=attention_mask, use_cache=False)
+        hidden = hidden.last_hidden_state[where]  # [N, H]
+        targets, params = target_ids[where], self._at(where, temperature, top_p, top_k)
+        pieces = []
+        for i in range(0, hidden.shape[0], self.logprob_chunk_size):
+            part = slice(i, i + self.logprob_chunk_size)
+            args = (hidden[part], targets[part], *(x[part] for x in params))
+            if torch.is_grad_enabled() and hidden.requires_grad:
+                pieces.append(checkpoint(_head_logprobs, head, *args, use_reentrant=False))
+            else:
+                pieces.append(_head_logprobs(head, *args))
+        flat = torch.cat(pieces) if pieces else hidden.new_zeros(0, dtype=torch.float32)
+        return torch.zeros(where.shape, device=flat.device, dtype=flat.dtype).masked_scatter(where, flat)
+
+    @staticmethod
+    def _at(where: Tensor, *values: Param) -> list[Tensor]:
+        """Each scalar / `[B]` / `[B, T]` parameter as one value per selected position."""
+        out = []
+        for v in values:
+            t = torch.as_tensor(v, device=where.device)
+            if t.dim() == 1:
+                t = t.view(-1, 1)
+            out.append(t.expand(where.shape)[where])
+        return out
 
     @contextmanager
     def reference(self) -> Iterator[None]:

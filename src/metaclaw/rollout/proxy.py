@@ -42,6 +42,7 @@ from metaclaw.rollout.sessions import (
     session_keys,
 )
 from metaclaw.rollout.skills_hook import SkillInjectorLike
+from metaclaw.serving.distribution import distribution
 
 log = logging.getLogger(__name__)
 
@@ -102,6 +103,22 @@ class Turn:
         if self.response_id:
             body["id"] = self.response_id  # unique per turn, stored with the sample (`/v1/feedback` takes it)
         return strip_extras(body, self.keep_logprobs, self.keep_token_ids) if self.strips else body
+
+
+def sampling_fields(body: dict[str, Any]) -> tuple[float, int, dict[str, Any]]:
+    """`top_p`, `top_k` and `chat_template_kwargs` of a chat request (defaults 1, -1, {}); bad values → 400."""
+    top_p, top_k = body.get("top_p", 1.0), body.get("top_k", -1)
+    top_p = 1.0 if top_p is None else top_p
+    top_k = -1 if top_k is None else top_k
+    if isinstance(top_p, bool) or not isinstance(top_p, int | float) or not 0 < top_p <= 1:
+        raise RequestError(f"top_p must be a number in (0, 1], got {top_p!r}")
+    if isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < -1:
+        raise RequestError(f"top_k must be -1, 0 (off) or a positive integer, got {top_k!r}")
+    kwargs = body.get("chat_template_kwargs") or {}
+    ok = isinstance(kwargs, dict) and len(kwargs) <= 16 and all(isinstance(k, str) for k in kwargs)
+    if not ok or not all(v is None or isinstance(v, str | int | float | bool) for v in kwargs.values()):
+        raise RequestError("chat_template_kwargs must be an object of at most 16 string/number/boolean values")
+    return float(top_p), top_k, dict(kwargs)
 
 
 class RolloutProxy:
@@ -218,8 +235,15 @@ class RolloutProxy:
             temperature = self.default_temperature
         if not isinstance(temperature, int | float) or isinstance(temperature, bool) or temperature < 0:
             raise RequestError("temperature must be a non-negative number")
+        top_p, top_k, template_kwargs = sampling_fields(body)
         main = turn_type == "main" and self.capture
-        meta: dict[str, Any] = {"finish_reason": None}
+        # The distribution the behaviour logprobs are over, and how the prompt was rendered: the trainer and the
+        # teacher reuse both (docs/training.md, "One distribution").
+        temp, top_p, top_k = distribution(float(temperature), top_p, top_k)
+        sampling = {"temperature": temp, "top_p": top_p, "top_k": top_k}
+        meta: dict[str, Any] = {"finish_reason": None, "sampling": sampling}
+        if template_kwargs:
+            meta["chat_template_kwargs"] = template_kwargs
         if has_image:
             meta["has_image"] = True
         derive = self.capture and not keys.session_id
@@ -240,8 +264,8 @@ class RolloutProxy:
         if tools:
             upstream["tools"] = tools
             meta["tools"] = tools
-        if main:
-            upstream.update(logprobs=True, return_token_ids=True)
+        if main:  # explicit top_p/top_k: an upstream's own defaults (generation_config) would go unrecorded
+            upstream.update(logprobs=True, return_token_ids=True, top_p=top_p, top_k=top_k)
         turn = Turn(
             upstream_body=upstream,
             stream=bool(body.get("stream")),

@@ -9,8 +9,11 @@ HINT_TEMPLATE = "\n\n[Hint from hindsight: {hint}]"
 
 
 def hinted_messages(messages: list[dict[str, Any]], hint: str) -> list[dict[str, Any]]:
-    """A copy of `messages` whose last user turn ends with the hint (list-of-parts content handled)."""
+    """A copy of `messages` whose last user turn ends with the hint (list-of-parts content handled); an empty
+    hint leaves them as they are (the teacher then sees exactly the student's prompt)."""
     out = copy.deepcopy(messages)
+    if not hint or not hint.strip():
+        return out
     for msg in reversed(out):
         if msg.get("role") == "user":
             content = msg.get("content")

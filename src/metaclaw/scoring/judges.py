@@ -17,6 +17,7 @@ from typing import Any, Protocol
 import httpx
 
 from metaclaw.datamodules.store import Sample
+from metaclaw.messages import answer_and_reasoning
 from metaclaw.rollout.normalize import content_text
 
 log = logging.getLogger(__name__)
@@ -131,6 +132,9 @@ class LLMJudge:
         max_tokens: per judge reply.
         timeout_s: per request.
         max_retries: retries on transport errors / 5xx.
+        chat_template_kwargs: sent with every request (`{enable_thinking: false}` for Qwen3: a thinking judge
+            can spend its whole budget before the verdict); a verdict or hint found only in the reasoning is
+            used when the answer has none.
     """
 
     def __init__(
@@ -143,26 +147,31 @@ class LLMJudge:
         max_tokens: int = 512,
         timeout_s: float = 60.0,
         max_retries: int = 2,
+        chat_template_kwargs: dict[str, Any] | None = None,
     ) -> None:
         if votes < 1:
             raise ValueError(f"judge.votes must be >= 1, got {votes}")
         self.base_url, self.model, self.api_key = (base_url or "").rstrip("/") or None, model, api_key
         self.votes, self.temperature, self.max_tokens = votes, temperature, max_tokens
         self.timeout_s, self.max_retries = timeout_s, max_retries
+        self.chat_template_kwargs = {str(k): v for k, v in (chat_template_kwargs or {}).items()}
 
     def bind(self, server_url: str) -> None:
         """Point a judge configured with `base_url: null` at the policy server."""
         if self.base_url is None:
             self.base_url = server_url.rstrip("/")
 
-    async def _ask(self, system: str, user: str, temperature: float) -> str:
+    async def _ask(self, system: str, user: str, temperature: float) -> tuple[str, str]:
+        """`(answer, reasoning)` of one judge reply (see `answer_and_reasoning`)."""
         headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
-        body = {
+        body: dict[str, Any] = {
             "model": self.model,
             "messages": [{"role": "system", "content": system}, {"role": "user", "content": user}],
             "temperature": temperature,
             "max_tokens": self.max_tokens,
         }
+        if self.chat_template_kwargs:  # e.g. {enable_thinking: false}: Qwen3 answers without thinking first
+            body["chat_template_kwargs"] = self.chat_template_kwargs
         last: Exception | None = None
         async with httpx.AsyncClient(timeout=self.timeout_s, headers=headers) as client:
             for attempt in range(self.max_retries + 1):
@@ -172,7 +181,15 @@ class LLMJudge:
                     r = await client.post(f"{self.base_url}/v1/chat/completions", json=body)
                     if r.status_code < 500:
                         r.raise_for_status()
-                        return r.json()["choices"][0]["message"].get("content") or ""
+                        choice = r.json()["choices"][0]
+                        answer, reasoning = answer_and_reasoning(choice.get("message"))
+                        if not answer and choice.get("finish_reason") == "length":
+                            log.warning(
+                                "The judge used its whole budget (judge.max_tokens=%d) %s; raise judge.max_tokens "
+                                "or ask for no thinking (judge.chat_template_kwargs: {enable_thinking: false})",
+                                self.max_tokens, "thinking" if reasoning else "without an answer",
+                            )  # fmt: skip
+                        return answer, reasoning
                     last = httpx.HTTPStatusError(f"HTTP {r.status_code}", request=r.request, response=r)
                 except httpx.TransportError as e:
                     last = e
@@ -183,7 +200,7 @@ class LLMJudge:
         replies = await asyncio.gather(
             *(self._ask(PRM_SYSTEM, user, self.temperature) for _ in range(self.votes)), return_exceptions=True
         )
-        votes = [None if isinstance(r, BaseException) else parse_boxed(r) for r in replies]
+        votes = [None if isinstance(r, BaseException) else _verdict(*r) for r in replies]
         errors = [repr(r) for r in replies if isinstance(r, BaseException)]
         if errors and len(errors) == len(replies):
             raise RuntimeError(f"every judge vote failed: {errors[0]}")
@@ -192,9 +209,16 @@ class LLMJudge:
     async def hint(self, sample: Sample) -> str | None:
         if not sample.next_state:
             return None
-        found = HINT.findall(await self._ask(HINT_SYSTEM, _transcript(sample), 0.0))
+        answer, reasoning = await self._ask(HINT_SYSTEM, _transcript(sample), 0.0)
+        found = HINT.findall(answer) or HINT.findall(reasoning)  # the answer's tag wins; the reasoning's if none
         hint = found[-1].strip() if found else ""
         return None if not hint or hint.upper() == "NONE" else hint
+
+
+def _verdict(answer: str, reasoning: str) -> int | None:
+    """The answer's `\\boxed{}` verdict; the reasoning's last one only when the answer has none."""
+    vote = parse_boxed(answer)
+    return vote if vote is not None else parse_boxed(reasoning)
 
 
 def select_judge(model: str, rule_for_models: list[str], rule: Judge, llm: Judge) -> Judge:

@@ -7,7 +7,6 @@ import asyncio
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from metaclaw.datamodules.seed import render_prompt
 from metaclaw.datamodules.store import Sample
 from metaclaw.scoring.hints import hinted_messages
 from metaclaw.serving.client import teacher_logprobs
@@ -26,23 +25,34 @@ class TeacherClient:
     def __init__(self, base_url: str, model: str, api_key: str | None = None, timeout_s: float = 120.0) -> None:
         self.base_url, self.model, self.api_key, self.timeout_s = base_url.rstrip("/"), model, api_key, timeout_s
 
-    async def logprobs(self, prompt_ids: Sequence[int], target_ids: Sequence[int]) -> list[float]:
-        """Teacher logprob of each target token (the policy server's client helper, run in a thread)."""
+    async def logprobs(
+        self,
+        prompt_ids: Sequence[int],
+        target_ids: Sequence[int],
+        temperature: float = 1.0,
+        top_p: float = 1.0,
+        top_k: int = -1,
+    ) -> list[float]:
+        """Teacher logprob of each target token under the student's sampling distribution (pass the sample's
+        `sample_distribution`), so OPD's `teacher - behaviour` compares like with like."""
         return await asyncio.to_thread(
-            teacher_logprobs, self.base_url, self.model, prompt_ids, target_ids, self.api_key, self.timeout_s
-        )
+            teacher_logprobs, self.base_url, self.model, prompt_ids, target_ids, self.api_key, self.timeout_s,
+            temperature, top_p, top_k,
+        )  # fmt: skip
 
 
 def hinted_prompt_ids(tokenizer: Any, sample: Sample, hint: str) -> list[int]:
-    """The teacher's prompt: the sample's messages with the hint, through the chat template (tools kept)."""
+    """The teacher's prompt: the sample's messages plus the hint, rendered as the server rendered the student's
+    (same tools, same `chat_template_kwargs`, generation prompt). An empty hint gives the student's prompt."""
     messages = hinted_messages(sample.messages or [], hint)
+    kwargs = dict(sample.meta.get("chat_template_kwargs") or {})
     tools = sample.meta.get("tools")
     if tools:
-        out = tokenizer.apply_chat_template(
-            messages, tools=tools, add_generation_prompt=True, tokenize=True, return_dict=False
-        )
-        return list(out)
-    return render_prompt(tokenizer, messages)
+        kwargs["tools"] = tools
+    out = tokenizer.apply_chat_template(
+        messages, add_generation_prompt=True, tokenize=True, return_dict=False, **kwargs
+    )
+    return list(out)
 
 
 PromptRenderer = Callable[[Sample, str], list[int]]

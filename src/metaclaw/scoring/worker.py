@@ -29,6 +29,7 @@ from metaclaw.rollout.skills_hook import EvolutionScheduler, SkillEvolverLike
 from metaclaw.scoring.feedback import FeedbackRule, feedback_of
 from metaclaw.scoring.judges import Judge
 from metaclaw.scoring.teacher import TeacherClient
+from metaclaw.serving.distribution import sample_distribution
 
 log = logging.getLogger(__name__)
 
@@ -152,7 +153,10 @@ class ScoringWorker:
                 score.hint = await asyncio.wait_for(self.judge.hint(s), self.timeout_s)
             if self.needs_teacher and score.hint:
                 prompt = await asyncio.to_thread(self.render, s, score.hint)
-                score.teacher = await asyncio.wait_for(self.teacher.logprobs(prompt, s.response_ids), self.timeout_s)
+                dist = sample_distribution(s.temperature, s.meta)  # the student's: docs/training.md
+                score.teacher = await asyncio.wait_for(
+                    self.teacher.logprobs(prompt, s.response_ids, **dist), self.timeout_s
+                )
             score.feedback = fb
             self._scores[s.id] = score
             self.stats["scored"] += 1

@@ -6,6 +6,8 @@ from collections.abc import Sequence
 
 import httpx
 
+from metaclaw.serving.distribution import distribution
+
 
 def _v1(base_url: str) -> str:
     base = base_url.rstrip("/")
@@ -19,40 +21,56 @@ def teacher_logprobs(
     target_ids: Sequence[int],
     api_key: str | None = None,
     timeout: float = 120.0,
+    temperature: float = 1.0,
+    top_p: float = 1.0,
+    top_k: int = -1,
 ) -> list[float]:
-    """Logprob of each `target_ids[t]` after `prompt_ids + target_ids[:t]` under `model` (base or adapter name).
+    """Logprob of each `target_ids[t]` after `prompt_ids + target_ids[:t]` under `model` (base or adapter name),
+    over the distribution `(temperature, top_p, top_k)` the student's tokens were sampled from.
 
     Sends the request form both servers accept: `POST /v1/completions` with the token ids as `prompt`,
-    `max_tokens: 1`, `temperature: 1.0`, `echo: true`, `logprobs: 0` and vLLM's `prompt_logprobs: 0`; reads
-    `choices[0].prompt_logprobs` (vLLM's shape: one `{token_id: {logprob, rank, decoded_token}}` per prompt
-    token, the first null), falling back to `choices[0].logprobs.token_logprobs` (OpenAI's echo shape).
+    `max_tokens: 1`, `echo: true`, `logprobs: 0` and vLLM's `prompt_logprobs: 0`; reads `choices[0].
+    prompt_logprobs` (vLLM's shape: one `{token_id: {logprob, rank, decoded_token}}` per prompt token, the
+    first null), falling back to `choices[0].logprobs.token_logprobs` (OpenAI's echo shape). Prompt logprobs
+    are raw on vLLM; for any other distribution the request adds `logprobs_mode: processed_logprobs` with the
+    sampling fields, which the metaclaw policy server honours and echoes in the choice.
 
     Raises:
         httpx.HTTPStatusError: the server refused the request (unknown model, too long, ...).
-        ValueError: the response holds neither field.
+        ValueError: the response holds neither field, or the server cannot score under that distribution.
     """
     prompt, target = [int(t) for t in prompt_ids], [int(t) for t in target_ids]
     if not prompt:
         raise ValueError("prompt_ids must hold at least one token")
     if not target:
         return []
+    dist = distribution(temperature, top_p, top_k)
+    raw = dist == (1.0, 1.0, -1)
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     body = {
         "model": model,
         "prompt": prompt + target,
         "max_tokens": 1,
-        "temperature": 1.0,
+        "temperature": dist[0],
         "echo": True,
         "logprobs": 0,
         "prompt_logprobs": 0,
     }
+    if not raw:
+        body.update(top_p=dist[1], top_k=dist[2], logprobs_mode="processed_logprobs")
     response = httpx.post(f"{_v1(base_url)}/completions", json=body, headers=headers, timeout=timeout)
     response.raise_for_status()
     choice = response.json()["choices"][0]
+    if not raw and choice.get("logprobs_mode") != "processed_logprobs":
+        raise ValueError(
+            f"the teacher server at {base_url} returns raw prompt logprobs only; it cannot score the response under "
+            f"temperature={dist[0]}, top_p={dist[1]}, top_k={dist[2]} (the sampling distribution). Point the "
+            "teacher at a metaclaw policy server, or sample at temperature 1 without top-p/top-k."
+        )
     entries = choice.get("prompt_logprobs")
     if entries:
         return [float(entry[str(tok)]["logprob"]) for entry, tok in zip(entries[len(prompt) :], target, strict=True)]
     legacy = (choice.get("logprobs") or {}).get("token_logprobs")
-    if legacy:
+    if legacy and raw:
         return [float(x) for x in legacy[len(prompt) : len(prompt) + len(target)]]
     raise ValueError("the response has neither choices[0].prompt_logprobs nor choices[0].logprobs.token_logprobs")

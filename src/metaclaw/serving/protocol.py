@@ -202,6 +202,10 @@ class CompletionRequest:
     logprobs: int | None = None
     prompt_logprobs: int | None = None
     return_token_ids: bool = False
+    logprobs_mode: str = "raw_logprobs"
+
+
+LOGPROBS_MODES = ("raw_logprobs", "processed_logprobs")
 
 
 def _prompt(value: Any) -> str | list[int]:
@@ -229,7 +233,10 @@ def parse_completion_request(body: Any, default_max_tokens: int = 16) -> Complet
         logprobs=_int(body, "logprobs", None, 0, 20),
         prompt_logprobs=_int(body, "prompt_logprobs", None, 0, 20),
         return_token_ids=_bool(body, "return_token_ids"),
+        logprobs_mode=body.get("logprobs_mode") or "raw_logprobs",
     )
+    if req.logprobs_mode not in LOGPROBS_MODES:
+        raise RequestError(f"logprobs_mode must be one of {', '.join(LOGPROBS_MODES)}", param="logprobs_mode")
     if req.params.max_tokens == 0 and not (req.echo or req.prompt_logprobs is not None):
         raise RequestError("max_tokens=0 needs echo=true or prompt_logprobs", param="max_tokens")
     return req

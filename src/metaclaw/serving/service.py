@@ -113,7 +113,11 @@ class PolicyService:
             version = outputs[0].adapter_version
         scores = None
         if req.prompt_logprobs is not None or (req.echo and req.logprobs is not None):
-            scores = self.engine.score_tokens(ids[:1], ids[1:], adapter, temperature=1.0)
+            # vLLM's prompt logprobs are raw; `logprobs_mode: processed_logprobs` (our extension, echoed in the
+            # choice) scores them under the request's temperature/top-p/top-k, as sampled tokens are.
+            p = req.params
+            dist = (p.temperature, p.top_p, p.top_k) if req.logprobs_mode == "processed_logprobs" else (1.0, 1.0, -1)
+            scores = self.engine.score_tokens(ids[:1], ids[1:], adapter, *dist)
         decoder = TextDecoder(tok, req.params.stop)
         prompt_text = tok.decode(ids, skip_special_tokens=False)
         choices = []
@@ -127,6 +131,7 @@ class PolicyService:
                 "prompt_logprobs": None,
             }
             if req.prompt_logprobs is not None and scores is not None:
+                choice["logprobs_mode"] = req.logprobs_mode
                 choice["prompt_logprobs"] = [None] + [
                     {str(t): {"logprob": s.logprob, "rank": s.rank, "decoded_token": decoder.token_text(t)}}
                     for t, s in zip(ids[1:], scores, strict=True)

@@ -17,6 +17,7 @@ from typing import Any
 
 import httpx
 
+from metaclaw.messages import answer_and_reasoning
 from metaclaw.skills.library import DEFAULT_AGENT_ID, SkillLibrary, default_root
 from metaclaw.skills.proposals import ProposalError, parse_reply, validate_proposal
 from metaclaw.skills.query import content_text
@@ -131,6 +132,8 @@ class SkillEvolver:
         temperature: sampling temperature of the request.
         max_tokens: cap on the reply's length (bounds the time the endpoint spends); None sends no cap.
         seed_bank: seed `_shared/` from the starter bank on first use.
+        chat_template_kwargs: sent with the request (`{enable_thinking: false}`: a thinking model answers without
+            spending `max_tokens` on reasoning first); a reply with reasoning but no answer is read from it.
     """
 
     def __init__(
@@ -151,6 +154,7 @@ class SkillEvolver:
         temperature: float = 0.2,
         max_tokens: int | None = 2048,
         seed_bank: bool = True,
+        chat_template_kwargs: dict[str, Any] | None = None,
     ) -> None:
         self.root = Path(library_root).expanduser() if library_root is not None else default_root()
         self.base_url, self.model = base_url.rstrip("/"), model
@@ -162,6 +166,7 @@ class SkillEvolver:
         self.max_proposals, self.max_turns, self.max_turn_chars = max_proposals, max_turns, max_turn_chars
         self.max_description_chars, self.max_body_chars = max_description_chars, max_body_chars
         self.seed_bank = seed_bank
+        self.chat_template_kwargs = {str(k): v for k, v in (chat_template_kwargs or {}).items()}
 
     # ------------------------------------------------------------------ LLM call
     def build_messages(self, library: SkillLibrary, turns: Sequence[FailedTurn]) -> list[dict[str, str]]:
@@ -182,6 +187,8 @@ class SkillEvolver:
         payload: dict[str, Any] = {"model": self.model, "messages": messages, "temperature": self.temperature}
         if self.max_tokens is not None:
             payload["max_tokens"] = self.max_tokens
+        if self.chat_template_kwargs:
+            payload["chat_template_kwargs"] = self.chat_template_kwargs
         last = "no attempt made"
         with httpx.Client(timeout=self.timeout_s) as client:
             for attempt in range(self.max_retries + 1):
@@ -198,10 +205,10 @@ class SkillEvolver:
                 if resp.status_code >= 400:
                     raise RuntimeError(f"HTTP {resp.status_code}: {resp.text[:200]}")
                 try:
-                    content = resp.json()["choices"][0]["message"]["content"]
+                    answer, reasoning = answer_and_reasoning(resp.json()["choices"][0]["message"])
                 except (ValueError, KeyError, IndexError, TypeError) as exc:
                     raise RuntimeError(f"unexpected response shape: {exc!r}") from exc
-                return content_text(content)
+                return answer or reasoning
         raise RuntimeError(f"request failed after {self.max_retries + 1} attempts: {last}")
 
     # ------------------------------------------------------------------ evolve

@@ -149,7 +149,13 @@ class ServedAdapters:
         return version
 
     def prompt_logprobs(
-        self, prompt_ids: Sequence[int], target_ids: Sequence[int], adapter: str | None = None, temperature: float = 1.0
+        self,
+        prompt_ids: Sequence[int],
+        target_ids: Sequence[int],
+        adapter: str | None = None,
+        temperature: float = 1.0,
+        top_p: float = 1.0,
+        top_k: int = -1,
     ) -> list[float]:
         """`[len(target_ids)]` teacher logprobs: `score_tokens` without the ranks."""
-        return [s.logprob for s in self.score_tokens(prompt_ids, target_ids, adapter, temperature)]
+        return [s.logprob for s in self.score_tokens(prompt_ids, target_ids, adapter, temperature, top_p, top_k)]

@@ -5,8 +5,9 @@ thread-safe: callers (the LitServe worker, the training server) run it in a work
 re-pointable: `load_adapter("policy", ".../step-000042")` swaps the weights behind `policy` atomically; a request
 keeps the version it resolved when it started, so nothing fails and nothing mixes versions during a swap.
 
-Behaviour logprobs are `log softmax(logits / temperature)` of each sampled token (temperature 0 counts as 1),
-the distribution `metaclaw.modules.policy.token_logprobs` recomputes at training time.
+Behaviour logprobs are each sampled token's logprob under the distribution it was drawn from: logits / temperature,
+cut by top-k then top-p, renormalised (temperature 0 counts as 1, untruncated). `score_tokens` takes the same
+three parameters, and the trainer recomputes with `metaclaw.serving.sampling.token_logprobs`: one distribution.
 """
 
 from __future__ import annotations
@@ -113,8 +114,12 @@ class Engine(Protocol):
         target_ids: Sequence[int],
         adapter: str | None = None,
         temperature: float = 1.0,
+        top_p: float = 1.0,
+        top_k: int = -1,
     ) -> list[TokenScore]:
-        """Logprob and rank of each `target_ids[t]` after `prompt_ids + target_ids[:t]` (teacher-forced)."""
+        """Logprob and rank of each `target_ids[t]` after `prompt_ids + target_ids[:t]` (teacher-forced), under
+        the tempered, truncated distribution of `metaclaw.serving.sampling.token_logprobs`; the rank is over the
+        raw logits."""
         ...
 
     def prompt_logprobs(
@@ -123,6 +128,8 @@ class Engine(Protocol):
         target_ids: Sequence[int],
         adapter: str | None = None,
         temperature: float = 1.0,
+        top_p: float = 1.0,
+        top_k: int = -1,
     ) -> list[float]:
         """`[len(target_ids)]` logprobs of the target tokens (teacher logprobs); see `score_tokens`."""
         ...

