@@ -15,8 +15,10 @@ from omegaconf import DictConfig
 from metaclaw.config import trainer_device_kwargs, validate_train_config
 from metaclaw.datamodules.seed import seed_store
 from metaclaw.datamodules.store import SampleStore
+from metaclaw.devices import resolve_devices
 from metaclaw.modules.online_rl import OnlineRLModule
 from metaclaw.rollout.live import Live, live_loop, run_skills_only
+from metaclaw.stopping import GracefulStop, RunAbandoned, RunFailed, StopController
 
 log = logging.getLogger(__name__)
 
@@ -41,7 +43,12 @@ def prepare_store(cfg: DictConfig, tokenizer, policy) -> SampleStore:
 
 
 def train(cfg: DictConfig) -> tuple[dict[str, Any], dict[str, Any]]:
-    """Train the adapter; returns `(metrics, objects)` so tests can inspect what was built."""
+    """Train the adapter; returns `(metrics, objects)` so tests can inspect what was built.
+
+    SIGTERM / SIGINT stop it cleanly (`metaclaw.stopping`); a component that died raises `RunFailed`.
+    """
+    if cfg.mode.train:
+        resolve_devices(cfg)
     validate_train_config(cfg)
     if not cfg.mode.train:  # mode=skills_only: proxy + skills, no policy, no training
         return run_skills_only(cfg)
@@ -66,24 +73,35 @@ def train(cfg: DictConfig) -> tuple[dict[str, Any], dict[str, Any]]:
     publisher = instantiate(cfg.publish)
     health = instantiate(cfg.health) if cfg.get("health") else None
     scheduler = [instantiate(cfg.mode.scheduler)] if cfg.mode.get("scheduler") else []
+    stop = StopController(cfg.get("stop", {}).get("on_signal", "finish"))
+    datamodule.should_stop = stop.should_stop
     trainer = L.Trainer(
         **cfg.trainer,
         **trainer_device_kwargs(cfg.devices),
         default_root_dir=str(run_dir),
         logger=build_loggers(cfg),
-        callbacks=[publisher, *scheduler, *([health] if health else [])],
+        callbacks=[publisher, *scheduler, *([health] if health else []), GracefulStop(stop)],
     )
     ckpt = publisher.checkpoint_path if publisher.checkpoint_path.exists() else None
     if ckpt:
         log.info("Resuming from %s", ckpt)
     # rollout=proxy|replay: server, proxy, scorer, replay. DDP workers re-run this script: only rank 0 serves.
-    services = live_loop(cfg, store, tokenizer) if rank_zero_only.rank == 0 else nullcontext(Live())
-    with services as live:
+    services = live_loop(cfg, store, tokenizer, stop) if rank_zero_only.rank == 0 else nullcontext(Live(stop=stop))
+    with stop.signals_installed(), services as live:
         if live.server_url:
-            publisher.server_url = live.server_url
+            publisher.server_url, publisher.api_key = live.server_url, live.server_key
         if health is not None:
             health.attach(proxy=live.proxy, worker=live.worker, capture_store=store)
-        trainer.fit(module, datamodule=datamodule, ckpt_path=ckpt, weights_only=True)
+        try:
+            with stop.fitting():
+                trainer.fit(module, datamodule=datamodule, ckpt_path=ckpt, weights_only=True)
+        except RunAbandoned as why:
+            log.warning("%s: samples of unpublished steps go back to the queue", why)
+        if stop.stopping and trainer.is_global_zero:
+            log.info("Stopped (%s) at step %d: %s", stop.reason, trainer.global_step,
+                     SampleStore(cfg.store_path).reconcile(trainer.global_step))  # fmt: skip
+    if stop.error:
+        raise RunFailed(stop.error)
     for lg in trainer.loggers:  # one W&B run per multirun job
         if hasattr(lg, "experiment") and type(lg).__name__ == "WandbLogger":
             lg.experiment.finish()

@@ -99,6 +99,7 @@ class StreamingSampleDataset(IterableDataset):
         world_size: int = 1,
         min_adapter_version: Callable[[], int | None] = lambda: None,
         max_backlog: int | None = None,
+        should_stop: Callable[[], bool] = lambda: False,
     ) -> None:
         if batch_size < world_size:
             raise ValueError(f"data.batch_size ({batch_size}) must be >= the number of processes ({world_size})")
@@ -109,6 +110,7 @@ class StreamingSampleDataset(IterableDataset):
         self.batch_size, self.max_tokens, self.max_sample_tokens = batch_size, max_tokens, max_sample_tokens
         self.wait_timeout_s, self.rank, self.world_size = wait_timeout_s, rank, world_size
         self.min_adapter_version, self.max_backlog = min_adapter_version, max_backlog
+        self.should_stop = should_stop
 
     def __iter__(self) -> Iterator[dict[str, Tensor]]:
         store = SampleStore(self.store_path)
@@ -117,7 +119,10 @@ class StreamingSampleDataset(IterableDataset):
             while True:
                 batch = self._claim(store, step)
                 if batch is None:
-                    log.info("No ready samples for %.0fs: the stream ends", self.wait_timeout_s)
+                    if self.should_stop():
+                        log.info("Stop requested: the sample stream ends")
+                    else:
+                        log.info("No ready samples for %.0fs: the stream ends", self.wait_timeout_s)
                     return
                 yield collate_samples(batch[self.rank :: self.world_size], self.pad_id, group=batch)
                 step += 1
@@ -127,6 +132,8 @@ class StreamingSampleDataset(IterableDataset):
     def _claim(self, store: SampleStore, step: int) -> list[Sample] | None:
         deadline = time.monotonic() + (self.wait_timeout_s if self.wait_timeout_s is not None else float("inf"))
         while True:
+            if self.should_stop():
+                return None
             batch = store.claim_batch(
                 step,
                 self.batch_size,
@@ -144,7 +151,7 @@ class StreamingSampleDataset(IterableDataset):
             if store.count("ready"):  # some are ready, but no batch could be formed yet (fewer than one per rank)
                 time.sleep(min(left, 0.2))  # poll gently: each claim attempt is a write transaction
             else:
-                store.wait_for_ready(min(left, 3600.0))  # blocks; the deadline check above ends the stream
+                store.wait_for_ready(min(left, 0.5))  # short waits: a stop request is seen within 0.5 s
 
 
 class RolloutDataModule(L.LightningDataModule):
@@ -190,6 +197,7 @@ class RolloutDataModule(L.LightningDataModule):
         # The adapter version the policy server serves: staleness counts against it. The publisher sets it after
         # each publish (only to what the server confirmed loading); on resume it starts at the checkpoint's step.
         self.adapter_version = 0
+        self.should_stop: Callable[[], bool] = lambda: False  # set by `train()`: the run's stop request
 
     def _min_adapter_version(self) -> int | None:
         return None if self.max_staleness is None else self.adapter_version - self.max_staleness
@@ -214,5 +222,6 @@ class RolloutDataModule(L.LightningDataModule):
             trainer.world_size,
             self._min_adapter_version,
             self.max_backlog if self.backlog_policy == "drop_oldest" else None,
+            should_stop=lambda: self.should_stop(),
         )
         return DataLoader(dataset, batch_size=None, num_workers=0)
