@@ -113,7 +113,8 @@ def plan_devices(
     cpu_processes = int(devices.get("cpu_processes", 1) or 1)
     if train and cpu_processes != 1:
         raise DevicePlanError("devices.cpu_processes applies only when devices.train is empty (CPU training)")
-    num_nodes = int(devices.get("num_nodes", 1) or 1)
+    nodes = devices.get("num_nodes", 1)
+    num_nodes = 1 if nodes is None else int(nodes)
     if num_nodes < 1:
         raise DevicePlanError(f"devices.num_nodes must be >= 1, got {num_nodes}")
 
