@@ -29,6 +29,11 @@ def build_loggers(cfg: DictConfig) -> list:
     return [instantiate(cfg.logger)]
 
 
+def build_callbacks(cfg: DictConfig) -> list:
+    """The extra Lightning callbacks named under `callbacks:` (null entries are skipped)."""
+    return [instantiate(c) for c in (cfg.get("callbacks") or {}).values() if c]
+
+
 def prepare_store(cfg: DictConfig, tokenizer, policy) -> SampleStore:
     """Open the run's store; fill it from `rollout.seed_file` when it is empty (first run, not a resume).
 
@@ -80,7 +85,7 @@ def train(cfg: DictConfig) -> tuple[dict[str, Any], dict[str, Any]]:
         **trainer_device_kwargs(cfg.devices),
         default_root_dir=str(run_dir),
         logger=build_loggers(cfg),
-        callbacks=[publisher, *scheduler, *([health] if health else []), GracefulStop(stop)],
+        callbacks=[publisher, *scheduler, *([health] if health else []), GracefulStop(stop), *build_callbacks(cfg)],
     )
     ckpt = publisher.checkpoint_path if publisher.checkpoint_path.exists() else None
     if ckpt:
