@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -92,14 +93,10 @@ def kill_tree(proc: subprocess.Popen) -> None:
     """Test cleanup: SIGKILL the launcher's group and every descendant left."""
     pids = descendants(proc.pid)
     for pid in [proc.pid, *pids]:
-        try:
+        with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-    try:
+    with contextlib.suppress(ProcessLookupError):
         os.killpg(proc.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
     proc.wait()
 
 

@@ -101,10 +101,16 @@ def test_a_dead_server_is_restarted_then_the_run_stops_nonzero_naming_it(tmp_pat
     adapters = tmp_path / "run" / "adapters"
     try:
         wait_for("a published adapter", lambda: (adapters / "latest.json").exists(), proc=proc, log=out, timeout=300)
-        os.kill(server_pid(proc), signal.SIGKILL)
-        wait_for("the restarted server", lambda: models(url, KEY) is not None, proc=proc, log=out)
-        served = {m["id"] for m in models(url, KEY)["data"]}
-        assert "policy" in served  # the newest adapter was loaded into the new server
+        first = server_pid(proc)
+        os.kill(first, signal.SIGKILL)
+
+        def restarted_with_adapter() -> bool:  # a new serve.py, with the newest adapter loaded into it
+            listing = models(url, KEY)
+            return server_pid(proc) not in (None, first) and listing is not None and \
+                "policy" in {m["id"] for m in listing["data"]}  # fmt: skip
+
+        wait_for("the restarted server with the adapter", restarted_with_adapter, proc=proc, log=out)
+        assert "restarting it (1/1" in out.read_text()
         os.kill(server_pid(proc), signal.SIGKILL)
         code = proc.wait(timeout=120)
         text = out.read_text()
