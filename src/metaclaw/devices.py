@@ -17,10 +17,11 @@ gets the same resolved values. The rules (docs/training.md, "Device plan"):
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import importlib.util
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -263,3 +264,18 @@ def train_processes(devices: Mapping[str, Any]) -> int:
     """Training processes across all nodes: GPUs (or CPU processes) × `devices.num_nodes`."""
     per_node = len(train_gpu_ids(devices)) or int(devices.get("cpu_processes", 1) or 1)
     return per_node * int(devices.get("num_nodes", 1) or 1)
+
+
+@contextlib.contextmanager
+def full_params(trainer: Any) -> Iterator[None]:
+    """Under FSDP: the full (unsharded) parameters on rank 0 for the block (collective: every rank enters);
+    elsewhere a no-op. The publisher writes the adapter inside it."""
+    from lightning.pytorch.strategies import FSDPStrategy
+
+    if not isinstance(trainer.strategy, FSDPStrategy):
+        yield
+        return
+    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+
+    with FSDP.summon_full_params(trainer.strategy.model, writeback=False, rank0_only=True, offload_to_cpu=True):
+        yield

@@ -8,6 +8,7 @@ import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
 
 import pytest
 import yaml
@@ -21,8 +22,12 @@ from metaclaw.stopping import RunAbandoned, StopController
 
 
 def test_server_config_file_holds_the_resolved_nodes_as_data_and_no_key(tmp_path):
-    nodes = {"model": {"name": "m", "path": "/models/${oc.env:HOME}"}, "backend": {"name": "hf"},
-             "devices": {"train": [], "infer": []}, "serve": {"port": 0, "api_key": "secret", "max_concurrency": 3}}  # fmt: skip
+    nodes = {
+        "model": {"name": "m", "path": "/models/${oc.env:HOME}"},
+        "backend": {"name": "hf"},
+        "devices": {"train": [], "infer": []},
+        "serve": {"port": 0, "api_key": "secret", "max_concurrency": 3},
+    }
     server = PolicyServerProcess(nodes, run_dir=tmp_path, api_key="secret")
     server._write_config()
     text = server.config_path.read_text()
@@ -90,7 +95,7 @@ def test_a_bound_child_dies_with_its_parent_even_by_sigkill(tmp_path):
 
 def _running(pid: int) -> bool:
     try:
-        state = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0]
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
     except FileNotFoundError:
         return False
     return state not in ("Z", "X")

@@ -25,6 +25,7 @@ import lightning as L
 import torch
 
 from metaclaw.datamodules.store import SampleStore
+from metaclaw.devices import full_params
 
 log = logging.getLogger(__name__)
 
@@ -129,8 +130,9 @@ class AdapterPublisher(L.Callback):
     def publish(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         step = trainer.global_step
         target = self.run_dir / "adapters" / adapter_name(step)
-        if trainer.is_global_zero:
-            pl_module.policy.save_adapter(target)
+        with full_params(trainer):  # FSDP: gather the shards (collective); a no-op otherwise
+            if trainer.is_global_zero:
+                pl_module.policy.save_adapter(target)
         fingerprints = self._rank_fingerprints(trainer, pl_module)
         tmp = self.checkpoint_path.with_suffix(".ckpt.tmp")
         trainer.save_checkpoint(tmp, weights_only=False)  # collective: every rank calls it, rank 0 writes
