@@ -10,6 +10,7 @@ from typing import Any
 import lightning as L
 from hydra.utils import instantiate
 from lightning.pytorch.utilities import rank_zero_only
+from lightning.pytorch.utilities.exceptions import SIGTERMException
 from omegaconf import DictConfig
 
 from metaclaw.config import trainer_device_kwargs, validate_train_config
@@ -102,6 +103,8 @@ def train(cfg: DictConfig) -> tuple[dict[str, Any], dict[str, Any]]:
                 trainer.fit(module, datamodule=datamodule, ckpt_path=ckpt, weights_only=True)
         except RunAbandoned as why:
             log.warning("%s: samples of unpublished steps go back to the queue", why)
+        except SIGTERMException:  # Lightning's own SIGTERM handling: raised after the step (already published)
+            stop.request("received SIGTERM")
         if stop.stopping and trainer.is_global_zero:
             log.info("Stopped (%s) at step %d: %s", stop.reason, trainer.global_step,
                      SampleStore(cfg.store_path).reconcile(trainer.global_step))  # fmt: skip

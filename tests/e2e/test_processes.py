@@ -122,6 +122,13 @@ def test_a_dead_server_is_restarted_then_the_run_stops_nonzero_naming_it(tmp_pat
         kill_tree(proc)
 
 
+def _up(url: str) -> bool:
+    try:
+        return httpx.get(url, timeout=2).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
 def _gate(tmp_path, seconds: float) -> tuple[str, object]:
     marker = tmp_path / "in-step"
     gate = f"+callbacks.gate={{_target_:tests.e2e.step_gate.HoldStep,marker:'{marker}',step:2,seconds:{seconds}}}"
@@ -161,7 +168,7 @@ def test_sigterm_mid_request_lets_it_finish(tmp_path):
     run = tmp_path / "run"
     proc, out = launch_train(run, "rollout=proxy", f"rollout.proxy.port={proxy_port}", *_serve_overrides(port))
     try:
-        wait_for("the policy server", lambda: models(f"http://127.0.0.1:{port}", KEY) is not None, proc=proc, log=out)
+        wait_for("the proxy", lambda: _up(f"http://127.0.0.1:{proxy_port}/health"), proc=proc, log=out)
         client = openai.OpenAI(base_url=f"http://127.0.0.1:{proxy_port}/v1", api_key="unused", max_retries=0)
         stream = client.chat.completions.create(
             model="metaclaw", messages=[{"role": "user", "content": "Count to a thousand."}], max_tokens=300,
