@@ -9,12 +9,13 @@ the freshly saved adapter in, and prints JSON:
   the usual dense-training accounting;
 - `train.mfu_4n_frozen_base`: counting 4·N: with a frozen base, backward needs activation gradients (2·N) but no
   weight gradients, so 4·N is the work LoRA training really asks for (the LoRA matrices add < 1%);
+- (model FLOPs: recomputation under `--grad-ckpt` is not counted, so MFU stays comparable across settings);
 - `peak_memory_gib` for the training phase and for serving; `serve.swap_latency_ms` (median and max over swaps)
   and `serve.decode_tokens_per_s` with the adapter active.
 
 On a GPU host (bf16, the full 36 layers):
 
-    python bench/gpu_check.py                      # Qwen3-4B shape on cuda:0
+    python bench/gpu_check.py                      # Qwen3-4B shape on cuda:0, batch 2 × 2048 tokens
     python bench/gpu_check.py --batch 8 --seq 2048 --grad-ckpt --peak-tflops 989
 
 `--layers N` shrinks the depth (a quick run); `--smoke` is a tiny CPU configuration for CI (checks the JSON, not
@@ -155,7 +156,7 @@ def main(argv: list[str] | None = None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--device", default="cuda:0" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--layers", type=int, default=None, help="decoder layers (Qwen3-4B: 36)")
-    ap.add_argument("--batch", type=int, default=4)
+    ap.add_argument("--batch", type=int, default=2)
     ap.add_argument("--seq", type=int, default=2048)
     ap.add_argument("--steps", type=int, default=8)
     ap.add_argument("--warmup", type=int, default=2)
