@@ -17,6 +17,7 @@ import json
 import logging
 import os
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -94,6 +95,7 @@ class AdapterPublisher(L.Callback):
         self.cleaned: list[Path] = []
         self.served_version = 0  # the adapter version the policy server confirmed (published, without a server)
         self.stats = {"hot_load_failures": 0, "hot_load_failures_in_a_row": 0}
+        self.server_restarting: Callable[[], bool] = lambda: False  # set by the live loop (rollout/live.py)
         self._last_hot_load_error = ""
 
     @property
@@ -198,6 +200,9 @@ class AdapterPublisher(L.Callback):
             reply = r.json()
             version = reply.get("adapter_version", step) if isinstance(reply, dict) else step
         except (httpx.HTTPError, ValueError) as e:  # serving keeps the previous adapter; training goes on
+            if self.server_restarting():  # the watchdog restarts it and reloads the newest adapter itself
+                log.warning("Policy server is restarting: %s will be loaded when it is back (%s)", path.name, e)
+                return self.served_version
             self.stats["hot_load_failures"] += 1
             self.stats["hot_load_failures_in_a_row"] += 1
             self._last_hot_load_error = f"{path.name}: {e}"[:300]

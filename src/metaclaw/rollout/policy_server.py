@@ -100,6 +100,7 @@ class PolicyServerProcess:
                      *(extra_args or [])]  # fmt: skip
         self.startup_timeout_s, self.max_restarts, self.poll_s = startup_timeout_s, max_restarts, poll_s
         self.restarts = 0
+        self.restarting = threading.Event()  # set while the watchdog brings a dead server back
         self.proc: subprocess.Popen | None = None
         self._closing = threading.Event()
         self._watcher: threading.Thread | None = None
@@ -159,6 +160,7 @@ class PolicyServerProcess:
             if proc is None or proc.poll() is None:
                 continue
             reason = f"the policy server (serve.py, pid {proc.pid}) exited with code {proc.returncode}"
+            self.restarting.set()
             while self.restarts < self.max_restarts and not self._closing.is_set():
                 self.restarts += 1
                 log.error("%s; restarting it (%d/%d, log %s)", reason, self.restarts, self.max_restarts,
@@ -167,11 +169,13 @@ class PolicyServerProcess:
                 try:
                     self.start()
                     on_restart()
+                    self.restarting.clear()
                     break
                 except Exception as exc:  # noqa: BLE001 - counted as a failed attempt
                     reason = f"the policy server could not be restarted: {exc}"
                     proc = self.proc or proc
             else:
+                self.restarting.clear()
                 if not self._closing.is_set():
                     on_death(f"{reason}; gave up after {self.restarts} restart(s) (serving.process.max_restarts); "
                              f"see {self.logfile}")  # fmt: skip
