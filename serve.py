@@ -7,13 +7,22 @@ from hydra.utils import get_method
 from omegaconf import DictConfig
 
 from metaclaw.config import register_resolvers
+from metaclaw.lifecycle import bind_children, bind_to_launcher, bind_to_spawning_parent
 
 register_resolvers()
+
+if __name__ == "__mp_main__":  # a LitServe worker (multiprocessing spawn re-imports this script): die with us
+    bind_to_spawning_parent()
 
 
 @hydra.main(version_base="1.3", config_path="conf", config_name="serve")
 def main(cfg: DictConfig) -> None:
+    from metaclaw.devices import resolve_devices
+
     logging.getLogger("metaclaw").setLevel(logging.INFO)
+    bind_to_launcher()  # started by train.py: die with it
+    bind_children()  # LitServe's forked children die with this process
+    resolve_devices(cfg)
     get_method(cfg.app.entry)(cfg)
 
 

@@ -67,14 +67,16 @@ def test_every_option_composes_and_instantiates(config_name, group, option, tmp_
 
 
 def test_readme_composition_on_cpu(tmp_path):
-    """`python train.py method=combine model=qwen3_8b devices.train=[0,1]` composes without a GPU."""
+    """`python train.py method=combine model=qwen3_8b devices.train=[0,1]` composes without a GPU (the plan for
+    a GPU host: tests/test_device_plan.py)."""
     cfg = _compose("train", ["method=combine", "model=qwen3_8b", "devices.train=[0,1]"], tmp_path)
     validate_train_config(cfg)
     assert trainer_device_kwargs(cfg.devices) == {
         "accelerator": "gpu",
         "devices": [0, 1],
         "strategy": "ddp",
-        "precision": "32-true",
+        "precision": "bf16-mixed",
+        "num_nodes": 1,
     }
     assert cfg.model.path == "Qwen/Qwen3-8B" and cfg.method.advantage.w_opd == 1.0
 

@@ -8,6 +8,8 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
+from metaclaw.devices import train_gpu_ids, train_processes, trainer_kwargs
+
 DATA_DIR = Path(__file__).parent / "data"
 
 
@@ -40,7 +42,7 @@ def validate_train_config(cfg: DictConfig) -> None:
         raise ConfigError(f"method={method.name} needs a teacher, but teacher.source is not set")
     if cfg.trainer.get("accumulate_grad_batches", 1) != 1:
         raise ConfigError("trainer.accumulate_grad_batches must be 1: each claimed batch is one optimizer step")
-    procs = len(cfg.devices.train) or cfg.devices.cpu_processes
+    procs = train_processes(cfg.devices)
     if cfg.data.batch_size < procs:
         raise ConfigError(
             f"data.batch_size ({cfg.data.batch_size}) must be >= the training processes ({procs}, "
@@ -53,19 +55,10 @@ def validate_train_config(cfg: DictConfig) -> None:
             f"devices.cpu_processes) x data.max_sample_tokens ({max_sample_tokens}) = {procs * max_sample_tokens}: "
             "otherwise a step may never hold one sample per process"
         )
-    if cfg.devices.train and cfg.devices.cpu_processes != 1:
+    if train_gpu_ids(cfg.devices) and cfg.devices.cpu_processes != 1:
         raise ConfigError("devices.cpu_processes applies only when devices.train is empty (CPU training)")
 
 
 def trainer_device_kwargs(devices: DictConfig) -> dict:
-    """Accelerator/devices/strategy for `lightning.Trainer` from `devices.train` (GPU ids) or CPU processes."""
-    if devices.train:
-        ids = list(devices.train)
-        return {
-            "accelerator": "gpu",
-            "devices": ids,
-            "strategy": "ddp" if len(ids) > 1 else "auto",
-            "precision": devices.precision,
-        }
-    n = devices.cpu_processes
-    return {"accelerator": "cpu", "devices": n, "strategy": "ddp" if n > 1 else "auto", "precision": devices.precision}
+    """Accelerator/devices/strategy/precision/num_nodes for `lightning.Trainer` (see `metaclaw.devices`)."""
+    return trainer_kwargs(devices)

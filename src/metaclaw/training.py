@@ -10,14 +10,17 @@ from typing import Any
 import lightning as L
 from hydra.utils import instantiate
 from lightning.pytorch.utilities import rank_zero_only
+from lightning.pytorch.utilities.exceptions import SIGTERMException
 from omegaconf import DictConfig
 
 from metaclaw.config import trainer_device_kwargs, validate_train_config
 from metaclaw.control.plane import build_control
 from metaclaw.datamodules.seed import seed_store
 from metaclaw.datamodules.store import SampleStore
+from metaclaw.devices import resolve_devices
 from metaclaw.modules.online_rl import OnlineRLModule
 from metaclaw.rollout.live import Live, live_loop, run_skills_only
+from metaclaw.stopping import GracefulStop, RunAbandoned, RunFailed, StopController
 
 log = logging.getLogger(__name__)
 
@@ -26,6 +29,11 @@ def build_loggers(cfg: DictConfig) -> list:
     if not cfg.get("logger") or not cfg.logger.get("_target_"):
         return []
     return [instantiate(cfg.logger)]
+
+
+def build_callbacks(cfg: DictConfig) -> list:
+    """The extra Lightning callbacks named under `callbacks:` (null entries are skipped)."""
+    return [instantiate(c) for c in (cfg.get("callbacks") or {}).values() if c]
 
 
 def prepare_store(cfg: DictConfig, tokenizer, policy) -> SampleStore:
@@ -42,7 +50,12 @@ def prepare_store(cfg: DictConfig, tokenizer, policy) -> SampleStore:
 
 
 def train(cfg: DictConfig) -> tuple[dict[str, Any], dict[str, Any]]:
-    """Train the adapter; returns `(metrics, objects)` so tests can inspect what was built."""
+    """Train the adapter; returns `(metrics, objects)` so tests can inspect what was built.
+
+    SIGTERM / SIGINT stop it cleanly (`metaclaw.stopping`); a component that died raises `RunFailed`.
+    """
+    if cfg.mode.train:
+        resolve_devices(cfg)
     validate_train_config(cfg)
     if not cfg.mode.train:  # mode=skills_only: proxy + skills, no policy, no training
         return run_skills_only(cfg)
@@ -68,27 +81,52 @@ def train(cfg: DictConfig) -> tuple[dict[str, Any], dict[str, Any]]:
     health = instantiate(cfg.health) if cfg.get("health") else None
     scheduler = instantiate(cfg.mode.scheduler) if cfg.mode.get("scheduler") else None
     control = build_control(cfg, store, scheduler)  # `python -m metaclaw status|pause|...` on the proxy's port
+    stop = StopController(cfg.get("stop", {}).get("on_signal", "finish"))
+    datamodule.should_stop = stop.should_stop
+    if scheduler is not None:
+        scheduler.should_stop = stop.should_stop  # a stop request ends the wait for a training window
     trainer = L.Trainer(
         **cfg.trainer,
         **trainer_device_kwargs(cfg.devices),
         default_root_dir=str(run_dir),
         logger=build_loggers(cfg),
-        callbacks=[publisher, *([scheduler] if scheduler else []), *([health] if health else [])],
+        callbacks=[
+            publisher,
+            *([scheduler] if scheduler else []),
+            *([health] if health else []),
+            GracefulStop(stop),
+            *build_callbacks(cfg),
+        ],
     )
     ckpt = publisher.checkpoint_path if publisher.checkpoint_path.exists() else None
     if ckpt:
         log.info("Resuming from %s", ckpt)
     # rollout=proxy|replay: server, proxy, scorer, replay. DDP workers re-run this script: only rank 0 serves.
     wrap_app = control.mount if control else None
-    services = live_loop(cfg, store, tokenizer, wrap_app) if rank_zero_only.rank == 0 else nullcontext(Live())
-    with services as live:
+    services = (
+        live_loop(cfg, store, tokenizer, stop, wrap_app) if rank_zero_only.rank == 0 else nullcontext(Live(stop=stop))
+    )
+    with stop.signals_installed(), services as live:
         if live.server_url:
-            publisher.server_url = live.server_url
+            publisher.server_url, publisher.api_key = live.server_url, live.server_key
+            if live.server is not None:
+                publisher.server_restarting = live.server.restarting.is_set
         if health is not None:
             health.attach(proxy=live.proxy, worker=live.worker, capture_store=store)
         if control:
             control.attach(live, trainer)
-        trainer.fit(module, datamodule=datamodule, ckpt_path=ckpt, weights_only=True)
+        try:
+            with stop.fitting():
+                trainer.fit(module, datamodule=datamodule, ckpt_path=ckpt, weights_only=True)
+        except RunAbandoned as why:
+            log.warning("%s: samples of unpublished steps go back to the queue", why)
+        except SIGTERMException:  # Lightning's own SIGTERM handling: raised after the step (already published)
+            stop.request("received SIGTERM")
+        if stop.stopping and trainer.is_global_zero:
+            log.info("Stopped (%s) at step %d: %s", stop.reason, trainer.global_step,
+                     SampleStore(cfg.store_path).reconcile(trainer.global_step))  # fmt: skip
+    if stop.error:
+        raise RunFailed(stop.error)
     for lg in trainer.loggers:  # one W&B run per multirun job
         if hasattr(lg, "experiment") and type(lg).__name__ == "WandbLogger":
             lg.experiment.finish()

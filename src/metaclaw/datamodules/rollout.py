@@ -106,6 +106,7 @@ class StreamingSampleDataset(IterableDataset):
         max_backlog: int | None = None,
         gate: Callable[[], bool] | None = None,
         latest_skill_generation_only: bool = False,
+        should_stop: Callable[[], bool] = lambda: False,
     ) -> None:
         if batch_size < world_size:
             raise ValueError(f"data.batch_size ({batch_size}) must be >= the number of processes ({world_size})")
@@ -117,6 +118,7 @@ class StreamingSampleDataset(IterableDataset):
         self.wait_timeout_s, self.rank, self.world_size = wait_timeout_s, rank, world_size
         self.min_adapter_version, self.max_backlog = min_adapter_version, max_backlog
         self.gate, self.latest_skill_generation_only = gate, latest_skill_generation_only
+        self.should_stop = should_stop
 
     def __iter__(self) -> Iterator[dict[str, Tensor]]:
         store = SampleStore(self.store_path)
@@ -125,7 +127,10 @@ class StreamingSampleDataset(IterableDataset):
             while True:
                 batch = self._claim(store, step)
                 if batch is None:
-                    log.info("No ready samples for %.0fs: the stream ends", self.wait_timeout_s)
+                    if self.should_stop():
+                        log.info("Stop requested: the sample stream ends")
+                    else:
+                        log.info("No ready samples for %.0fs: the stream ends", self.wait_timeout_s)
                     return
                 yield collate_samples(batch[self.rank :: self.world_size], self.pad_id, group=batch)
                 step += 1
@@ -135,6 +140,8 @@ class StreamingSampleDataset(IterableDataset):
     def _claim(self, store: SampleStore, step: int) -> list[Sample] | None:
         deadline = time.monotonic() + (self.wait_timeout_s if self.wait_timeout_s is not None else float("inf"))
         while True:
+            if self.should_stop():
+                return None
             if self.gate is not None:  # the scheduler: nothing is claimed outside a training window
                 closed_since = time.monotonic()
                 if not self.gate():
@@ -159,7 +166,7 @@ class StreamingSampleDataset(IterableDataset):
             if store.count("ready"):  # some are ready, but no batch could be formed yet (fewer than one per rank)
                 time.sleep(min(left, 0.2))  # poll gently: each claim attempt is a write transaction
             else:
-                store.wait_for_ready(min(left, 3600.0))  # blocks; the deadline check above ends the stream
+                store.wait_for_ready(min(left, 0.5))  # short waits: a stop request is seen within 0.5 s
 
 
 class RolloutDataModule(L.LightningDataModule):
@@ -211,6 +218,7 @@ class RolloutDataModule(L.LightningDataModule):
         self.adapter_version = 0
         self.latest_skill_generation_only = latest_skill_generation_only
         self.gate: Callable[[], bool] | None = None  # set by `metaclaw.scheduler.IdleScheduler`
+        self.should_stop: Callable[[], bool] = lambda: False  # set by `train()`: the run's stop request
 
     def _min_adapter_version(self) -> int | None:
         return None if self.max_staleness is None else self.adapter_version - self.max_staleness
@@ -237,5 +245,6 @@ class RolloutDataModule(L.LightningDataModule):
             self.max_backlog if self.backlog_policy == "drop_oldest" else None,
             self.gate,
             self.latest_skill_generation_only,
+            should_stop=lambda: self.should_stop(),
         )
         return DataLoader(dataset, batch_size=None, num_workers=0)

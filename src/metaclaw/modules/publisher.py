@@ -17,6 +17,7 @@ import json
 import logging
 import os
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +26,7 @@ import lightning as L
 import torch
 
 from metaclaw.datamodules.store import SampleStore
+from metaclaw.devices import full_params
 
 log = logging.getLogger(__name__)
 
@@ -93,6 +95,7 @@ class AdapterPublisher(L.Callback):
         self.cleaned: list[Path] = []
         self.served_version = 0  # the adapter version the policy server confirmed (published, without a server)
         self.stats = {"hot_load_failures": 0, "hot_load_failures_in_a_row": 0}
+        self.server_restarting: Callable[[], bool] = lambda: False  # set by the live loop (rollout/live.py)
         self._last_hot_load_error = ""
 
     @property
@@ -129,8 +132,9 @@ class AdapterPublisher(L.Callback):
     def publish(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         step = trainer.global_step
         target = self.run_dir / "adapters" / adapter_name(step)
-        if trainer.is_global_zero:
-            pl_module.policy.save_adapter(target)
+        with full_params(trainer):  # FSDP: gather the shards (collective); a no-op otherwise
+            if trainer.is_global_zero:
+                pl_module.policy.save_adapter(target)
         fingerprints = self._rank_fingerprints(trainer, pl_module)
         tmp = self.checkpoint_path.with_suffix(".ckpt.tmp")
         trainer.save_checkpoint(tmp, weights_only=False)  # collective: every rank calls it, rank 0 writes
@@ -196,6 +200,9 @@ class AdapterPublisher(L.Callback):
             reply = r.json()
             version = reply.get("adapter_version", step) if isinstance(reply, dict) else step
         except (httpx.HTTPError, ValueError) as e:  # serving keeps the previous adapter; training goes on
+            if self.server_restarting():  # the watchdog restarts it and reloads the newest adapter itself
+                log.warning("Policy server is restarting: %s will be loaded when it is back (%s)", path.name, e)
+                return self.served_version
             self.stats["hot_load_failures"] += 1
             self.stats["hot_load_failures_in_a_row"] += 1
             self._last_hot_load_error = f"{path.name}: {e}"[:300]

@@ -7,20 +7,23 @@ and with `rollout=replay` drives the proxy with the shipped example conversation
 
 from __future__ import annotations
 
+import json
 import logging
-import time
+import secrets
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
+import httpx
 from hydra.utils import instantiate
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 from metaclaw.datamodules.store import SampleStore
 from metaclaw.rollout.app import create_app, warn_open
 from metaclaw.rollout.fit import build_fit
-from metaclaw.rollout.policy_server import PolicyServerProcess
+from metaclaw.rollout.policy_server import SERVER_NODES, PolicyServerProcess
 from metaclaw.rollout.probe import probe_capture
 from metaclaw.rollout.proxy import RolloutProxy
 from metaclaw.rollout.replay import ReplayDriver
@@ -28,6 +31,7 @@ from metaclaw.rollout.server import ThreadedServer
 from metaclaw.rollout.skills_hook import FailSafeInjector
 from metaclaw.scoring.teacher import TeacherClient, hinted_prompt_ids
 from metaclaw.scoring.worker import ScoringWorker
+from metaclaw.stopping import StopController
 
 log = logging.getLogger(__name__)
 
@@ -37,6 +41,9 @@ class Live:
     """What the live loop started (all None for `rollout=store`)."""
 
     server_url: str | None = None
+    server_key: str | None = None  # the key of `server_url`: per run for the server we start (never logged)
+    server: PolicyServerProcess | None = None
+    stop: StopController = field(default_factory=StopController)
     proxy_url: str | None = None
     proxy: RolloutProxy | None = None
     worker: ScoringWorker | None = None
@@ -54,7 +61,7 @@ def build_injector(cfg: DictConfig) -> FailSafeInjector | None:
     return FailSafeInjector(injector)
 
 
-def build_evolver(cfg: DictConfig, server_url: str | None) -> Any:
+def build_evolver(cfg: DictConfig, server_url: str | None, server_key: str | None = None) -> Any:
     """The skill evolver when `skills.enabled` and `skills.evolver` are set; `base_url: null` means our server."""
     skills = cfg.get("skills")
     if not skills or not skills.enabled or not skills.get("evolver"):
@@ -66,7 +73,7 @@ def build_evolver(cfg: DictConfig, server_url: str | None) -> Any:
             raise ValueError("skills.evolver.base_url is null and there is no policy server: set the base URL")
         overrides["base_url"] = f"{server_url.rstrip('/')}/v1"
         if ev.get("api_key") is None:
-            overrides["api_key"] = cfg.serving.get("api_key")
+            overrides["api_key"] = server_key
     evolver = instantiate(ev, **overrides)
     every = skills.get("evolve_every_n_turns")
     log.info(
@@ -78,18 +85,34 @@ def build_evolver(cfg: DictConfig, server_url: str | None) -> Any:
     return evolver
 
 
-def build_worker(cfg: DictConfig, store: SampleStore, tokenizer: Any, server_url: str | None) -> ScoringWorker:
-    """The scoring worker for `cfg.method`, judge from `cfg.judge`, teacher from `cfg.teacher`, skill evolver."""
+def build_judge(cfg: DictConfig, server_url: str | None, server_key: str | None) -> Any:
+    """The judge; one configured with `base_url: null` is pointed at the policy server, with its key."""
     judge = instantiate(cfg.judge)
     if hasattr(judge, "bind") and server_url:
         judge.bind(server_url)
-    teacher = None
-    if cfg.method.needs_teacher:
-        t = cfg.teacher
-        url = t.get("url") or server_url
-        if not url:
-            raise ValueError("method needs teacher logprobs: set teacher.url or run with a policy server")
-        teacher = TeacherClient(url, t.model, t.get("api_key"), t.timeout_s)
+        if getattr(judge, "base_url", None) == server_url.rstrip("/") and getattr(judge, "api_key", "") is None:
+            judge.api_key = server_key
+    return judge
+
+
+def build_teacher(cfg: DictConfig, server_url: str | None, server_key: str | None) -> TeacherClient | None:
+    """The teacher client when the method needs one: `teacher.url` or, when null, our policy server."""
+    if not cfg.method.needs_teacher:
+        return None
+    t = cfg.teacher
+    url = t.get("url") or server_url
+    if not url:
+        raise ValueError("method needs teacher logprobs: set teacher.url or run with a policy server")
+    key = t.get("api_key") if t.get("url") else server_key
+    return TeacherClient(url, t.model, key, t.timeout_s)
+
+
+def build_worker(
+    cfg: DictConfig, store: SampleStore, tokenizer: Any, server_url: str | None, server_key: str | None = None
+) -> ScoringWorker:
+    """The scoring worker for `cfg.method`, judge from `cfg.judge`, teacher from `cfg.teacher`, skill evolver."""
+    judge = build_judge(cfg, server_url, server_key)
+    teacher = build_teacher(cfg, server_url, server_key)
     return ScoringWorker(
         store,
         judge,
@@ -97,43 +120,86 @@ def build_worker(cfg: DictConfig, store: SampleStore, tokenizer: Any, server_url
         needs_teacher=cfg.method.needs_teacher,
         teacher=teacher,
         render_teacher_prompt=lambda sample, hint: hinted_prompt_ids(tokenizer, sample, hint),
-        evolver=build_evolver(cfg, server_url),
+        evolver=build_evolver(cfg, server_url, server_key),
         evolve_every_n_turns=cfg.skills.evolve_every_n_turns if cfg.get("skills") else None,
         **cfg.rollout.scoring,
     )
 
 
+def server_nodes(cfg: DictConfig) -> dict[str, Any]:
+    """The resolved settings the policy server gets: every field of `model`, `backend`, `devices` and `serve`."""
+    return {name: OmegaConf.to_container(cfg[name], resolve=True) for name in SERVER_NODES if name in cfg}
+
+
+def reload_latest_adapter(run_dir: str | Path, server_url: str, api_key: str | None, timeout_s: float = 60.0) -> None:
+    """After a restart: hot-load the newest published adapter (`adapters/latest.json`) into the new server."""
+    latest = Path(run_dir) / "adapters" / "latest.json"
+    if not latest.exists():
+        return
+    info = json.loads(latest.read_text())
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    r = httpx.post(f"{server_url}/v1/load_lora_adapter", json={"lora_name": info["name"], "lora_path": info["path"]},
+                   headers=headers, timeout=timeout_s)  # fmt: skip
+    r.raise_for_status()
+    log.info("Policy server restarted: adapter v%s reloaded", info.get("version"))
+
+
+def start_policy_server(cfg: DictConfig, live: Live, stack: ExitStack) -> None:
+    """Start serve.py from this run's config with a per-run key; watch it (restart, or stop the run)."""
+    process = cfg.serving.process
+    key = cfg.serve.get("api_key") or secrets.token_urlsafe(32)
+    server = PolicyServerProcess(
+        server_nodes(cfg),
+        run_dir=cfg.run_dir,
+        api_key=key,
+        script=process.get("script"),
+        extra_args=list(process.get("extra_args") or []),
+        startup_timeout_s=process.startup_timeout_s,
+        max_restarts=process.get("max_restarts", 0),
+        poll_s=process.get("poll_s", 1.0),
+    )
+    live.server, live.server_url, live.server_key = stack.enter_context(server), server.url, key
+    server.watch(
+        on_restart=lambda: reload_latest_adapter(cfg.run_dir, server.url, key),
+        on_death=lambda reason: live.stop.request(reason, error=True),
+    )
+
+
 @contextmanager
 def live_loop(
-    cfg: DictConfig, store: SampleStore, tokenizer: Any, wrap_app: Callable[[Any], Any] | None = None
+    cfg: DictConfig,
+    store: SampleStore,
+    tokenizer: Any,
+    stop: StopController | None = None,
+    wrap_app: Callable[[Any], Any] | None = None,
 ) -> Iterator[Live]:
     """Start the online loop's services for the duration of the block; everything is stopped on exit.
 
+    `stop` is the run's stop controller: a policy server that dies past its restarts requests a failed stop.
     `wrap_app` wraps the proxy's ASGI app (the control plane mounts `/control/*` with it).
     """
+    live = Live(stop=stop or StopController())
     rollout = cfg.rollout
     if not rollout.get("proxy"):
-        yield Live()
+        yield live
         return
     for name in ("httpx", "httpx2"):  # one line per proxied request drowns the progress
         logging.getLogger(name).setLevel(logging.WARNING)
     with ExitStack() as stack:
-        live = Live()
         serving = cfg.serving
         if serving.get("url"):
-            live.server_url = serving.url.rstrip("/")
+            live.server_url, live.server_key = serving.url.rstrip("/"), serving.get("api_key")
         elif not cfg.mode.train:
             raise ValueError("mode=skills_only forwards to serving.url: set it to an OpenAI-compatible base URL")
         else:
-            server = PolicyServerProcess(**serving.process, run_dir=cfg.run_dir)
-            live.server_url = stack.enter_context(server).url
+            start_policy_server(cfg, live, stack)
         p = rollout.proxy
         if cfg.mode.train:  # refuse a run the upstream cannot feed, before any agent is pointed at the proxy
-            probe_capture(live.server_url, serving.get("api_key"), p.get("base_model"), p.request_timeout_s)
+            probe_capture(live.server_url, live.server_key, p.get("base_model"), p.request_timeout_s)
         live.proxy = RolloutProxy(
             store,
             live.server_url,
-            upstream_api_key=serving.get("api_key"),
+            upstream_api_key=live.server_key,
             policy_model=p.policy_model,
             base_model=p.base_model,
             default_temperature=p.default_temperature,
@@ -147,19 +213,16 @@ def live_loop(
         )
         app = create_app(live.proxy, p.get("api_key"), p.max_body_bytes, p.served_model)
         app = wrap_app(app) if wrap_app else app
-        proxy_srv = stack.enter_context(ThreadedServer(app, host=p.host, port=p.port))
+        drain_s = cfg.get("stop", {}).get("drain_timeout_s", 30.0)
+        proxy_srv = stack.enter_context(ThreadedServer(app, host=p.host, port=p.port, drain_timeout_s=drain_s))
         live.proxy_url = proxy_srv.url
         if not p.get("api_key"):
             warn_open(live.proxy_url, p.host)
-        log.info(
-            "Rollout proxy ready: point your agent at base_url=%s/v1 (policy server %s)",
-            live.proxy_url,
-            live.server_url,
-        )
+        log.info("Rollout proxy ready: point your agent at base_url=%s/v1", live.proxy_url)
         if not cfg.mode.train:  # skills_only: forward and inject, nothing to score, train or evolve
             yield live
             return
-        live.worker = build_worker(cfg, store, tokenizer, live.server_url).start()
+        live.worker = build_worker(cfg, store, tokenizer, live.server_url, live.server_key).start()
         stack.callback(live.worker.stop)
         if rollout.get("replay"):
             r = rollout.replay
@@ -170,15 +233,12 @@ def live_loop(
 
 
 def run_skills_only(cfg: DictConfig, report_every_s: float = 30.0) -> tuple[dict[str, Any], dict[str, Any]]:
-    """`mode=skills_only`: serve the proxy (skills injected, nothing trained) until interrupted."""
+    """`mode=skills_only`: serve the proxy (skills injected, nothing trained) until SIGTERM / SIGINT."""
     if not cfg.rollout.get("proxy"):
         raise ValueError("mode=skills_only needs a proxy: use rollout=proxy")
     store = SampleStore(cfg.store_path)
-    with live_loop(cfg, store, tokenizer=None) as live:
-        try:
-            while True:
-                time.sleep(report_every_s)
-                log.info("Proxy: %s", live.proxy.stats)
-        except KeyboardInterrupt:
-            log.info("Stopping")
+    stop = StopController()
+    with stop.signals_installed(), live_loop(cfg, store, tokenizer=None, stop=stop) as live:
+        while not stop.wait(report_every_s):
+            log.info("Proxy: %s", live.proxy.stats)
     return {}, {"store": store, "live": live}

@@ -1,30 +1,36 @@
-"""Start `serve.py` (the policy server) as a subprocess for the live loop and wait until it is healthy."""
+"""Start `serve.py` (the policy server) for the live loop from the run's own config, and watch it.
+
+One config, every process: the resolved `model`, `backend`, `devices` and `serve` nodes of the composed training
+config are written to `<run_dir>/server/serve_config.yaml` and serve.py is started on that file
+(`--config-dir <run_dir>/server --config-name serve_config`), so no field is forwarded by hand. The server's key
+travels in its environment, never in the file. The child is bound to this process (`metaclaw.lifecycle`): it
+dies when `train.py` dies, even by SIGKILL. `watch()` restarts a server that died (bounded) or reports it.
+"""
 
 from __future__ import annotations
 
-import contextlib
-import ctypes
 import logging
 import os
 import signal
 import subprocess
 import sys
+import threading
 import time
+from collections.abc import Callable, Mapping
 from pathlib import Path
+from typing import Any
 
 import httpx
+import yaml
 
 import metaclaw
+from metaclaw.lifecycle import PARENT_ENV
 from metaclaw.rollout.server import free_port
 
 log = logging.getLogger(__name__)
 
-
-def _die_with_parent() -> None:
-    """Child setup: own process group, and SIGTERM when the trainer dies (even by SIGKILL; Linux only)."""
-    os.setsid()
-    with contextlib.suppress(OSError):
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+CONFIG_NAME = "serve_config"
+SERVER_NODES = ("model", "backend", "devices", "serve")  # every field of these reaches the server
 
 
 def default_script() -> Path:
@@ -32,76 +38,170 @@ def default_script() -> Path:
     return Path(metaclaw.__file__).resolve().parents[2] / "serve.py"
 
 
+def _escape(value: Any) -> Any:
+    """Resolved values are data: `${` in a string must not become an interpolation when serve.py reads the file."""
+    if isinstance(value, str):
+        return value.replace("${", "\\${")
+    if isinstance(value, dict):
+        return {k: _escape(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_escape(v) for v in value]
+    return value
+
+
+def server_config(nodes: Mapping[str, Any], run_dir: Path, port: int) -> dict[str, Any]:
+    """The serve.py primary config for this run: the given resolved nodes, this port, adapters of this run."""
+    cfg = {k: _escape(dict(v) if isinstance(v, Mapping) else v) for k, v in nodes.items()}
+    serve = dict(cfg.get("serve") or {})
+    serve.update(port=port, api_key=None, adapter_root=str((run_dir / "adapters").resolve()))
+    cfg["serve"] = serve
+    return {
+        "defaults": [{"app": "policy_server"}, "_self_"],
+        **cfg,
+        "run_dir": str((run_dir / "server").resolve()),
+        "hydra": {"run": {"dir": str((run_dir / "server").resolve())}, "job": {"chdir": False}},
+    }
+
+
 class PolicyServerProcess:
-    """`with PolicyServerProcess(model="tiny", run_dir=...) as srv:` runs serve.py on `srv.url`.
+    """`with PolicyServerProcess(nodes, run_dir=...) as srv:` runs serve.py on `srv.url` with the run's settings.
 
     Args:
-        model: the `model=` config option of serve.py (e.g. `tiny`, `smollm2_135m`).
-        run_dir: the training run's directory: adapters are loaded from `<run_dir>/adapters`, logs and Hydra
-            output go to `<run_dir>/server`.
-        port: 0 picks a free port.
+        nodes: resolved `model`, `backend`, `devices`, `serve` (plain dicts) of the training config.
+        run_dir: the training run's directory: adapters are loaded from `<run_dir>/adapters`, the config, log
+            and Hydra output go to `<run_dir>/server`.
+        api_key: the key the server requires (given in its environment); None: an open server (warned about).
         script: path to serve.py; None: the checkout's.
-        extra_args: more Hydra overrides for serve.py (e.g. `backend=vllm`).
+        extra_args: more Hydra overrides for serve.py.
         startup_timeout_s: how long to wait for `/health`.
+        max_restarts: how many times `watch()` restarts a server that died.
+        poll_s: how often `watch()` looks at the process.
     """
 
     def __init__(
         self,
-        model: str,
-        run_dir: str,
-        port: int = 0,
+        nodes: Mapping[str, Any],
+        run_dir: str | Path,
+        api_key: str | None = None,
         script: str | None = None,
         extra_args: list[str] | None = None,
         startup_timeout_s: float = 600.0,
+        max_restarts: int = 2,
+        poll_s: float = 1.0,
     ) -> None:
-        self.port = port or free_port()
         self.run_dir = Path(run_dir)
+        self.port = int((nodes.get("serve") or {}).get("port") or 0) or free_port()
+        self.config = server_config(nodes, self.run_dir, self.port)
+        self.api_key = api_key
         self.script = Path(script) if script else default_script()
-        self.args = [
-            sys.executable,
-            str(self.script),
-            f"model={model}",
-            f"serve.port={self.port}",
-            f"serve.adapter_root={(self.run_dir / 'adapters').resolve()}",
-            f"hydra.run.dir={(self.run_dir / 'server').resolve()}",
-            *(extra_args or []),
-        ]
-        self.startup_timeout_s = startup_timeout_s
+        server_dir = (self.run_dir / "server").resolve()
+        self.config_path = server_dir / f"{CONFIG_NAME}.yaml"
+        self.args = [sys.executable, str(self.script), "--config-dir", str(server_dir), "--config-name", CONFIG_NAME,
+                     *(extra_args or [])]  # fmt: skip
+        self.startup_timeout_s, self.max_restarts, self.poll_s = startup_timeout_s, max_restarts, poll_s
+        self.restarts = 0
+        self.restarting = threading.Event()  # set while the watchdog brings a dead server back
         self.proc: subprocess.Popen | None = None
+        self._closing = threading.Event()
+        self._watcher: threading.Thread | None = None
 
     @property
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
-    def __enter__(self) -> PolicyServerProcess:
-        (self.run_dir / "server").mkdir(parents=True, exist_ok=True)
+    @property
+    def logfile(self) -> Path:
+        return self.run_dir / "server" / "server.log"
+
+    def _write_config(self) -> None:
+        self.config_path.parent.mkdir(parents=True, exist_ok=True)
         (self.run_dir / "adapters").mkdir(parents=True, exist_ok=True)
-        logfile = open(self.run_dir / "server" / "server.log", "ab")  # noqa: SIM115 - lives as long as the child
-        log.info("Starting policy server: %s (log: %s)", " ".join(self.args[1:]), logfile.name)
-        self.proc = subprocess.Popen(self.args, stdout=logfile, stderr=subprocess.STDOUT, preexec_fn=_die_with_parent)
-        logfile.close()
+        fd = os.open(self.config_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write("# Written by train.py: this run's resolved model/backend/devices/serve settings.\n")
+            yaml.safe_dump(self.config, f, sort_keys=False)
+
+    def start(self) -> PolicyServerProcess:
+        """Start serve.py and wait until `/health` answers (raises with the log's path when it does not)."""
+        self._write_config()
+        env = {**os.environ, PARENT_ENV: str(os.getpid())}
+        env.pop("METACLAW_API_KEY", None)
+        if self.api_key:
+            env["METACLAW_API_KEY"] = self.api_key
+        with open(self.logfile, "ab") as logfile:
+            log.info("Starting policy server: %s (config %s, log %s)", " ".join(self.args[1:]), self.config_path,
+                     self.logfile)  # fmt: skip
+            self.proc = subprocess.Popen(
+                self.args, stdout=logfile, stderr=subprocess.STDOUT, env=env, start_new_session=True
+            )
         deadline = time.monotonic() + self.startup_timeout_s
-        while time.monotonic() < deadline:
+        while time.monotonic() < deadline and not self._closing.is_set():
             if self.proc.poll() is not None:
-                raise RuntimeError(f"policy server exited with {self.proc.returncode}; see {logfile.name}")
+                raise RuntimeError(f"policy server exited with {self.proc.returncode}; see {self.logfile}")
             try:
                 if httpx.get(f"{self.url}/health", timeout=2.0).status_code == 200:
-                    log.info("Policy server ready on %s", self.url)
+                    log.info("Policy server ready on %s (pid %d)", self.url, self.proc.pid)
                     return self
             except httpx.HTTPError:
                 pass
             time.sleep(0.5)
-        self.__exit__()
-        raise TimeoutError(f"policy server not healthy after {self.startup_timeout_s}s; see {logfile.name}")
+        self._kill_group(self.proc)
+        raise TimeoutError(f"policy server not healthy after {self.startup_timeout_s}s; see {self.logfile}")
 
-    def __exit__(self, *exc) -> None:
-        if self.proc is None or self.proc.poll() is not None:
-            return
+    def watch(self, on_restart: Callable[[], None], on_death: Callable[[str], None]) -> None:
+        """Watch the process in a thread: restart it up to `max_restarts` times, then call `on_death(reason)`."""
+        self._watcher = threading.Thread(target=self._watch, args=(on_restart, on_death), name="server-watch",
+                                         daemon=True)  # fmt: skip
+        self._watcher.start()
+
+    def _watch(self, on_restart: Callable[[], None], on_death: Callable[[str], None]) -> None:
+        while not self._closing.wait(self.poll_s):
+            proc = self.proc
+            if proc is None or proc.poll() is None:
+                continue
+            reason = f"the policy server (serve.py, pid {proc.pid}) exited with code {proc.returncode}"
+            self.restarting.set()
+            while self.restarts < self.max_restarts and not self._closing.is_set():
+                self.restarts += 1
+                log.error("%s; restarting it (%d/%d, log %s)", reason, self.restarts, self.max_restarts,
+                          self.logfile)  # fmt: skip
+                self._kill_group(proc)
+                try:
+                    self.start()
+                    on_restart()
+                    self.restarting.clear()
+                    break
+                except Exception as exc:  # noqa: BLE001 - counted as a failed attempt
+                    reason = f"the policy server could not be restarted: {exc}"
+                    proc = self.proc or proc
+            else:
+                self.restarting.clear()
+                if not self._closing.is_set():
+                    on_death(f"{reason}; gave up after {self.restarts} restart(s) (serving.process.max_restarts); "
+                             f"see {self.logfile}")  # fmt: skip
+                return
+
+    @staticmethod
+    def _kill_group(proc: subprocess.Popen, timeout: float = 15.0) -> None:
         try:
-            os.killpg(self.proc.pid, signal.SIGTERM)
-            self.proc.wait(timeout=15)
+            os.killpg(proc.pid, signal.SIGTERM)
+            proc.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-            self.proc.wait()
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
         except ProcessLookupError:
             pass
+
+    def stop(self) -> None:
+        """Stop the watcher, then SIGTERM the server's process group (SIGKILL if it lingers)."""
+        self._closing.set()
+        if self._watcher is not None and self._watcher is not threading.current_thread():
+            self._watcher.join(timeout=self.startup_timeout_s + 30)
+        if self.proc is not None:
+            self._kill_group(self.proc)
+
+    def __enter__(self) -> PolicyServerProcess:
+        return self.start()
+
+    def __exit__(self, *exc: Any) -> None:
+        self.stop()

@@ -23,9 +23,17 @@ class ThreadedServer:
         host: bind address (127.0.0.1 by default, as every metaclaw surface).
         port: 0 picks a free port.
         startup_timeout_s: how long to wait for the server to accept connections.
+        drain_timeout_s: on stop, the listening socket closes at once and requests in flight get this long.
     """
 
-    def __init__(self, app, host: str = "127.0.0.1", port: int = 0, startup_timeout_s: float = 30.0) -> None:
+    def __init__(
+        self,
+        app,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        startup_timeout_s: float = 30.0,
+        drain_timeout_s: float = 30.0,
+    ) -> None:
         self.host, self.port = host, port or free_port(host)
         config = uvicorn.Config(
             app,
@@ -35,10 +43,11 @@ class ThreadedServer:
             lifespan="on",
             access_log=False,
             timeout_keep_alive=30,
+            timeout_graceful_shutdown=drain_timeout_s,
         )
         self.server = uvicorn.Server(config)
         self.thread = threading.Thread(target=self.server.run, name=f"uvicorn:{self.port}", daemon=True)
-        self.startup_timeout_s = startup_timeout_s
+        self.startup_timeout_s, self.drain_timeout_s = startup_timeout_s, drain_timeout_s
 
     @property
     def url(self) -> str:
@@ -55,7 +64,7 @@ class ThreadedServer:
 
     def stop(self) -> None:
         self.server.should_exit = True
-        self.thread.join(timeout=10)
+        self.thread.join(timeout=self.drain_timeout_s + 10)
 
     def __enter__(self) -> ThreadedServer:
         return self.start()

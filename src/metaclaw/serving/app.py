@@ -9,6 +9,7 @@ from __future__ import annotations
 import importlib.util
 import logging
 from pathlib import Path
+from typing import Any
 
 import litserve as ls
 import litserve.server
@@ -18,9 +19,27 @@ from omegaconf import DictConfig, OmegaConf
 from metaclaw.serving.engines import EngineFactory
 from metaclaw.serving.litapi import PolicyAPI
 from metaclaw.serving.openapi import POLICY_SERVER_BODIES, publish_request_bodies
-from metaclaw.serving.security import BearerAuthMiddleware, BodySizeLimitMiddleware, resolve_api_key
+from metaclaw.serving.security import (
+    BearerAuthMiddleware,
+    BodySizeLimitMiddleware,
+    open_server_warning,
+    resolve_api_key,
+)
 
 log = logging.getLogger(__name__)
+
+
+def effective_config(cfg: DictConfig, spec: Any, factory: EngineFactory, api_key: str | None) -> dict[str, Any]:
+    """What this server runs with (reported in `/v1/models` as `metaclaw`): its resolved `model`, `backend`,
+    `devices` and `serve` settings (no key) and what they resolve to (device, dtype, context)."""
+    nodes = {k: OmegaConf.to_container(cfg[k], resolve=True) for k in ("model", "backend", "devices", "serve")}
+    nodes["serve"].pop("api_key", None)
+    nodes["serve"]["auth"] = "bearer key" if api_key else "none"
+    device = factory.device()
+    nodes["effective"] = {"model_path": str(spec.path), "max_seq_len": int(spec.max_seq_len),
+                          "backend": factory.backend["name"], "device": device,
+                          "dtype": str(spec.torch_dtype(device)).removeprefix("torch.")}  # fmt: skip
+    return nodes
 
 
 def build_server(cfg: DictConfig) -> tuple[ls.LitServer, dict]:
@@ -33,6 +52,7 @@ def build_server(cfg: DictConfig) -> tuple[ls.LitServer, dict]:
     adapter_root.mkdir(parents=True, exist_ok=True)
     api_key = resolve_api_key(serve.api_key)
     api = PolicyAPI(
+        info=effective_config(cfg, spec, factory, api_key),
         engine_factory=factory,
         adapter_root=str(adapter_root),
         default_max_tokens=serve.default_max_tokens,
@@ -70,5 +90,7 @@ def run(cfg: DictConfig) -> None:
         "Policy server: model %s (backend %s, %s), adapters under %s, auth: %s",
         summary["model"], summary["backend"], summary["device"], summary["adapter_root"], summary["auth"],
     )  # fmt: skip
+    if summary["auth"].startswith("none"):
+        log.warning(open_server_warning("The policy server", host, port, "METACLAW_API_KEY or serve.api_key"))
     log.info("Listening on http://%s:%d (OpenAI API at /v1, health at /health)", host, port)
     server.run(host=host, port=port, generate_client_file=False, num_api_servers=1, log_level="warning")

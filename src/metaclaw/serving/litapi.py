@@ -159,6 +159,7 @@ class PolicyAPI(ls.LitAPI):
         model_root: the base model's `root` in `/v1/models`.
         request_timeout_s: see `PolicySpec`.
         max_concurrency: engine calls running or waiting at once in the worker.
+        info: the server's effective config, reported in `/v1/models` (the base model's `metaclaw` field).
     """
 
     def __init__(
@@ -169,8 +170,10 @@ class PolicyAPI(ls.LitAPI):
         model_root: str = "",
         request_timeout_s: float = 300.0,
         max_concurrency: int = 64,
+        info: dict[str, Any] | None = None,
     ) -> None:
         super().__init__(spec=PolicySpec(request_timeout_s), enable_async=True)
+        self.info = info
         self.engine_factory = engine_factory
         self.adapter_root = adapter_root
         self.default_max_tokens = default_max_tokens
@@ -184,7 +187,9 @@ class PolicyAPI(ls.LitAPI):
             logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
             logging.getLogger("metaclaw").setLevel(logging.INFO)
         self.engine = self.engine_factory(device)
-        self.service = PolicyService(self.engine, self.adapter_root, self.default_max_tokens, self.model_root)
+        self.service = PolicyService(
+            self.engine, self.adapter_root, self.default_max_tokens, self.model_root, info=self.info
+        )
         self.pool = ThreadPoolExecutor(max_workers=self.max_concurrency, thread_name_prefix="engine")
         log.info("Engine ready: %s on %s (adapter root %s)", self.engine.model_name, device, self.adapter_root)
 

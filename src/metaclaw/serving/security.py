@@ -120,3 +120,11 @@ def confine_path(root: str | os.PathLike, user_path: str | os.PathLike, field: s
 def resolve_api_key(configured: str | None, env_var: str = "METACLAW_API_KEY") -> str | None:
     """The key from the environment, else the config; None when neither sets one."""
     return os.environ.get(env_var) or configured or None
+
+
+def open_server_warning(server: str, host: str, port: int, how_to_set: str = "METACLAW_API_KEY") -> str:
+    """The WARNING a server started without a key logs: who can reach it, and how to close it."""
+    loopback = host in ("127.0.0.1", "::1", "localhost")
+    who = "every user and process on this machine" if loopback else f"anyone who can reach {host} on the network"
+    return (f"{server} on {host}:{port} has no API key: {who} can use every route (chat, adapters, ...). "
+            f"Set {how_to_set} to require `Authorization: Bearer <key>`.")  # fmt: skip

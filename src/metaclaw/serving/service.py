@@ -42,11 +42,18 @@ class PolicyService:
         adapter_root: `/v1/load_lora_adapter` paths must resolve inside it.
         default_max_tokens: completion budget when a chat request sets none (None: the rest of the context).
         model_root: shown as the base model's `root` in `/v1/models`.
+        info: the server's effective config, shown as the base model's `metaclaw` field in `/v1/models`.
     """
 
     def __init__(
-        self, engine: Engine, adapter_root: str | Path, default_max_tokens: int | None = None, model_root: str = ""
+        self,
+        engine: Engine,
+        adapter_root: str | Path,
+        default_max_tokens: int | None = None,
+        model_root: str = "",
+        info: dict[str, Any] | None = None,
     ) -> None:
+        self.info = info
         self.engine = engine
         self.adapter_root = Path(adapter_root)
         self.default_max_tokens = default_max_tokens
@@ -184,6 +191,8 @@ class PolicyService:
                     "input_modalities": ["text"], "permission": []}  # fmt: skip
 
         data = [card(self.engine.model_name, self.model_root, None)]
+        if self.info is not None:
+            data[0]["metaclaw"] = self.info
         for name, version in sorted(self.engine.adapters().items()):
             data.append({**card(name, self._paths.get(name, name), self.engine.model_name), "adapter_version": version})
         yield {"status": 200, "headers": {}, "body": {"object": "list", "data": data}}

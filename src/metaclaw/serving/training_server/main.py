@@ -6,6 +6,7 @@ import logging
 
 from omegaconf import DictConfig, OmegaConf
 
+from metaclaw.serving.security import open_server_warning
 from metaclaw.serving.training_server.settings import ServerSettings
 
 log = logging.getLogger(__name__)
@@ -48,5 +49,7 @@ def run(cfg: DictConfig) -> None:
 
     logging.getLogger("metaclaw").setLevel(str(cfg.app.log_level).upper())
     app, settings = build(cfg)
+    if not settings.api_key:
+        log.warning(open_server_warning("The training server", settings.host, settings.port))
     log.info("Listening on http://%s:%d (health: /v1/health)", settings.host, settings.port)
     uvicorn.run(app, host=settings.host, port=settings.port, log_level=settings.log_level.lower())

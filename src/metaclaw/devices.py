@@ -1,0 +1,281 @@
+"""The device plan: `devices.*` + `backend.name` + what the host has → where training and serving run.
+
+`plan_devices` is a pure function of the config, the number of visible GPUs and whether vLLM is importable, so
+every rule is unit-tested on CPU with fake counts. `resolve_devices(cfg)` applies the plan to a composed config
+(concrete GPU ids, backend, precision, strategy) before anything is started, so every process `train.py` starts
+gets the same resolved values. The rules (docs/training.md, "Device plan"):
+
+- `devices.train: auto` trains on GPU 0 when there is a GPU, else on CPU; a list names GPU ids (empty: CPU).
+- `devices.infer: auto` serves on the first GPU not used for training; when every GPU trains, it shares
+  `devices.train[0]` (colocated: vLLM gets `devices.colocate_infer_memory` of that GPU); CPU when there is no GPU.
+- `backend: auto` is vLLM when inference runs on a GPU and vLLM is installed, else HF `generate` (with a warning
+  on a GPU host). `backend=vllm` without vLLM installed, or a GPU id the host does not have, fails at start.
+- `devices.precision: auto` is bf16-mixed when training on GPUs, 32-true on CPU.
+- `devices.strategy: auto` is DDP for more than one training process (GPUs × nodes, or CPU processes); `fsdp`
+  shards the frozen base and the adapter over the training GPUs (Lightning's FSDPStrategy).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import importlib.util
+import logging
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf, open_dict
+
+log = logging.getLogger(__name__)
+
+BACKENDS = ("auto", "hf", "vllm")
+STRATEGIES = ("auto", "ddp", "fsdp")
+
+
+class DevicePlanError(ValueError):
+    """A device plan the host cannot run; the message names the config fields."""
+
+
+@dataclass(frozen=True)
+class DevicePlan:
+    """Where training and inference run (GPU ids; empty tuples mean CPU)."""
+
+    train: tuple[int, ...]
+    infer: tuple[int, ...]
+    backend: str
+    precision: str
+    strategy: str
+    num_nodes: int = 1
+    cpu_processes: int = 1
+    infer_memory_fraction: float | None = None  # vLLM's gpu_memory_utilization when colocated with training
+    warnings: tuple[str, ...] = field(default_factory=tuple)
+
+    @property
+    def colocated(self) -> bool:
+        return bool(set(self.train) & set(self.infer))
+
+    @property
+    def train_processes(self) -> int:
+        return (len(self.train) or self.cpu_processes) * self.num_nodes
+
+    def describe(self) -> str:
+        """One line for the log, e.g. `train: DDP on cuda:0,1, bf16-mixed; serve: vLLM on cuda:2`."""
+        where = "cuda:" + ",".join(map(str, self.train)) if self.train else f"cpu ×{self.cpu_processes}"
+        nodes = f" × {self.num_nodes} nodes" if self.num_nodes > 1 else ""
+        strategy = {"auto": "single process", "ddp": "DDP", "fsdp": "FSDP"}[self.strategy]
+        serve_on = "cuda:" + ",".join(map(str, self.infer)) if self.infer else "cpu"
+        engine = {"hf": "HF generate", "vllm": "vLLM"}[self.backend]
+        shared = ""
+        if self.colocated:
+            share = f"{self.infer_memory_fraction:.0%} of the GPU" if self.infer_memory_fraction else "shared GPU"
+            shared = f" (colocated with training: {share})"
+        return f"train: {strategy} on {where}{nodes}, {self.precision}; serve: {engine} on {serve_on}{shared}"
+
+
+def _ids(value: Any, name: str, gpu_count: int) -> list[int] | None:
+    """A GPU id list from the config (None for `auto`), checked against the host."""
+    if value is None or (isinstance(value, str) and value.strip().lower() == "auto"):
+        return None
+    if isinstance(value, str | int) or not isinstance(value, Sequence):
+        raise DevicePlanError(f"{name} must be a list of GPU ids or 'auto', got {value!r}")
+    ids = []
+    for v in value:
+        if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+            raise DevicePlanError(f"{name} must list GPU ids (integers >= 0), got {list(value)!r}")
+        ids.append(v)
+    if len(set(ids)) != len(ids):
+        raise DevicePlanError(f"{name} lists a GPU twice: {ids}")
+    missing = [i for i in ids if i >= gpu_count]
+    if missing:
+        have = f"GPUs 0..{gpu_count - 1}" if gpu_count else "no GPU"
+        raise DevicePlanError(
+            f"{name}={ids} names GPU {missing[0]}, but this host has {have} visible (CUDA_VISIBLE_DEVICES)"
+        )
+    return ids
+
+
+def plan_devices(
+    devices: Mapping[str, Any], backend: Mapping[str, Any], gpu_count: int, vllm_available: bool
+) -> DevicePlan:
+    """Resolve `devices` and `backend` for a host with `gpu_count` visible GPUs.
+
+    Raises:
+        DevicePlanError: naming the fields, for a plan the host cannot run.
+    """
+    warnings: list[str] = []
+    train = _ids(devices.get("train", []), "devices.train", gpu_count)
+    if train is None:
+        train = [0] if gpu_count else []
+    infer = _ids(devices.get("infer", []), "devices.infer", gpu_count)
+    if infer is None:
+        free = [i for i in range(gpu_count) if i not in train]
+        infer = free[:1] or train[:1]
+    cpu_processes = int(devices.get("cpu_processes", 1) or 1)
+    if train and cpu_processes != 1:
+        raise DevicePlanError("devices.cpu_processes applies only when devices.train is empty (CPU training)")
+    nodes = devices.get("num_nodes", 1)
+    num_nodes = 1 if nodes is None else int(nodes)
+    if num_nodes < 1:
+        raise DevicePlanError(f"devices.num_nodes must be >= 1, got {num_nodes}")
+
+    name = str(backend.get("name", "hf")).lower()
+    if name not in BACKENDS:
+        raise DevicePlanError(f"backend must be one of {BACKENDS}, got {name!r}")
+    if name == "auto":
+        if infer and vllm_available:
+            name = "vllm"
+        else:
+            name = "hf"
+            if infer:
+                warnings.append(
+                    "backend=auto: vLLM is not installed, serving with HF generate on the GPU "
+                    "(pip install 'metaclaw[vllm]' for batched serving)"
+                )
+    elif name == "vllm" and not vllm_available:
+        raise DevicePlanError(
+            "backend=vllm needs the vllm package, which is not installed: pip install 'metaclaw[vllm]' or backend=hf"
+        )
+
+    memory = None
+    if set(train) & set(infer):
+        if name == "vllm":
+            share = float(devices.get("colocate_infer_memory", 0.3))
+            memory = min(share, float(backend.get("gpu_memory_utilization", 0.9)))
+        warnings.append(
+            f"inference shares cuda:{infer[0]} with training (devices.infer={infer}, devices.train={train}): "
+            + (f"vLLM takes {memory:.0%} of its memory (devices.colocate_infer_memory)" if memory else
+               "the HF engine holds a second copy of the base model")  # fmt: skip
+        )
+
+    precision = str(devices.get("precision", "auto"))
+    if precision == "auto":
+        precision = "bf16-mixed" if train else "32-true"
+    strategy = str(devices.get("strategy", "auto")).lower()
+    if strategy not in STRATEGIES:
+        raise DevicePlanError(f"devices.strategy must be one of {STRATEGIES}, got {strategy!r}")
+    procs = (len(train) or cpu_processes) * num_nodes
+    if strategy == "auto":
+        strategy = "ddp" if procs > 1 else "auto"
+    if strategy == "fsdp" and not train:
+        raise DevicePlanError("devices.strategy=fsdp needs GPUs in devices.train (Lightning's FSDP runs on CUDA)")
+    return DevicePlan(
+        train=tuple(train),
+        infer=tuple(infer),
+        backend=name,
+        precision=precision,
+        strategy=strategy,
+        num_nodes=num_nodes,
+        cpu_processes=cpu_processes,
+        infer_memory_fraction=memory,
+        warnings=tuple(warnings),
+    )
+
+
+def host_gpu_count() -> int:
+    import torch
+
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+def vllm_installed() -> bool:
+    return importlib.util.find_spec("vllm") is not None
+
+
+def resolve_devices(cfg: DictConfig, gpu_count: int | None = None, vllm_available: bool | None = None) -> DevicePlan:
+    """Plan for this host and write it back into `cfg.devices` / `cfg.backend` (concrete values), logged once."""
+    plan = plan_devices(
+        OmegaConf.to_container(cfg.devices, resolve=True),
+        OmegaConf.to_container(cfg.backend, resolve=True),
+        host_gpu_count() if gpu_count is None else gpu_count,
+        vllm_installed() if vllm_available is None else vllm_available,
+    )
+    with open_dict(cfg):
+        cfg.devices.train = list(plan.train)
+        cfg.devices.infer = list(plan.infer)
+        cfg.devices.precision = plan.precision
+        cfg.devices.strategy = plan.strategy
+        cfg.devices.num_nodes = plan.num_nodes
+        cfg.backend.name = plan.backend
+        if plan.infer_memory_fraction is not None:
+            cfg.backend.gpu_memory_utilization = plan.infer_memory_fraction
+    log.info("Device plan: %s", plan.describe())
+    for warning in plan.warnings:
+        log.warning("Device plan: %s", warning)
+    return plan
+
+
+def _is_decoder_layer(module: Any) -> bool:
+    return type(module).__name__.endswith("DecoderLayer")
+
+
+def fsdp_strategy(options: Mapping[str, Any] | None = None) -> Any:
+    """Lightning's FSDPStrategy set up for LoRA: one FSDP unit per decoder layer, original parameters kept.
+
+    `use_orig_params=True` lets the frozen base and the trainable LoRA weights share a flat parameter (PEFT's
+    requirement under FSDP); `devices.fsdp` adds Lightning's own options (sharding_strategy, cpu_offload,
+    state_dict_type, activation_checkpointing_policy ...).
+    """
+    from lightning.pytorch.strategies import FSDPStrategy
+    from torch.distributed.fsdp.wrap import lambda_auto_wrap_policy
+
+    opts = dict(options or {})
+    opts.setdefault("use_orig_params", True)
+    opts.setdefault("sharding_strategy", "FULL_SHARD")
+    opts.setdefault("state_dict_type", "full")
+    policy = functools.partial(lambda_auto_wrap_policy, lambda_fn=_is_decoder_layer)
+    opts.setdefault("auto_wrap_policy", policy)
+    if opts.pop("activation_checkpointing", False):
+        opts["activation_checkpointing_policy"] = policy
+    return FSDPStrategy(**opts)
+
+
+def trainer_kwargs(devices: Mapping[str, Any]) -> dict[str, Any]:
+    """accelerator / devices / strategy / precision / num_nodes for `lightning.Trainer` from resolved `devices`."""
+    train = list(devices.get("train") or [])
+    strategy = str(devices.get("strategy", "auto"))
+    num_nodes = int(devices.get("num_nodes", 1) or 1)
+    precision = devices.get("precision", "32-true")
+    if precision == "auto":
+        precision = "bf16-mixed" if train else "32-true"
+    if train:
+        procs = len(train) * num_nodes
+        if strategy == "fsdp":
+            fsdp = devices.get("fsdp")
+            plugin: Any = fsdp_strategy(OmegaConf.to_container(fsdp) if isinstance(fsdp, DictConfig) else fsdp)
+        else:
+            plugin = "ddp" if strategy == "ddp" or procs > 1 else "auto"
+        return {"accelerator": "gpu", "devices": train, "strategy": plugin, "precision": precision,
+                "num_nodes": num_nodes}  # fmt: skip
+    n = int(devices.get("cpu_processes", 1) or 1)
+    plugin = "ddp" if strategy == "ddp" or n * num_nodes > 1 else "auto"
+    return {"accelerator": "cpu", "devices": n, "strategy": plugin, "precision": precision, "num_nodes": num_nodes}
+
+
+def train_gpu_ids(devices: Mapping[str, Any]) -> list[int]:
+    """`devices.train` as GPU ids (`auto`: GPU 0 when this host has one)."""
+    value = devices.get("train") or []
+    if isinstance(value, str):
+        return [0] if value.strip().lower() == "auto" and host_gpu_count() else []
+    return list(value)
+
+
+def train_processes(devices: Mapping[str, Any]) -> int:
+    """Training processes across all nodes: GPUs (or CPU processes) × `devices.num_nodes`."""
+    per_node = len(train_gpu_ids(devices)) or int(devices.get("cpu_processes", 1) or 1)
+    return per_node * int(devices.get("num_nodes", 1) or 1)
+
+
+@contextlib.contextmanager
+def full_params(trainer: Any) -> Iterator[None]:
+    """Under FSDP: the full (unsharded) parameters on rank 0 for the block (collective: every rank enters);
+    elsewhere a no-op. The publisher writes the adapter inside it."""
+    from lightning.pytorch.strategies import FSDPStrategy
+
+    if not isinstance(trainer.strategy, FSDPStrategy):
+        yield
+        return
+    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+
+    with FSDP.summon_full_params(trainer.strategy.model, writeback=False, rank0_only=True, offload_to_cpu=True):
+        yield

@@ -1,0 +1,154 @@
+"""The device plan is a pure function of (config, visible GPUs, vLLM importable): every rule on CPU, fake counts."""
+
+from __future__ import annotations
+
+import pytest
+from omegaconf import OmegaConf
+
+from metaclaw.config import trainer_device_kwargs, validate_train_config
+from metaclaw.devices import DevicePlanError, plan_devices, resolve_devices, trainer_kwargs
+from tests.test_configs import _compose
+
+CARD = ["method=combine", "model=qwen3_8b", "devices.train=[0,1]"]
+AUTO = {"train": "auto", "infer": "auto", "precision": "auto", "strategy": "auto", "colocate_infer_memory": 0.3}
+VLLM = {"name": "auto", "gpu_memory_utilization": 0.85}
+
+
+def test_card_command_on_a_four_gpu_host_trains_ddp_and_serves_vllm_on_a_free_gpu(tmp_path):
+    cfg = _compose("train", CARD, tmp_path)
+    plan = resolve_devices(cfg, gpu_count=4, vllm_available=True)
+    assert plan.describe() == "train: DDP on cuda:0,1, bf16-mixed; serve: vLLM on cuda:2"
+    assert (cfg.devices.train, cfg.devices.infer, cfg.backend.name) == ([0, 1], [2], "vllm")
+    assert cfg.backend.gpu_memory_utilization == 0.85  # a GPU of its own: the backend's setting stands
+    validate_train_config(cfg)
+    assert trainer_device_kwargs(cfg.devices) == {
+        "accelerator": "gpu", "devices": [0, 1], "strategy": "ddp", "precision": "bf16-mixed", "num_nodes": 1,
+    }  # fmt: skip
+
+
+def test_card_command_on_a_two_gpu_host_colocates_serving_with_a_memory_split(tmp_path):
+    cfg = _compose("train", CARD, tmp_path)
+    plan = resolve_devices(cfg, gpu_count=2, vllm_available=True)
+    assert plan.colocated and plan.infer == (0,) and plan.backend == "vllm"
+    assert cfg.backend.gpu_memory_utilization == pytest.approx(0.3)  # devices.colocate_infer_memory
+    assert "colocated with training: 30% of the GPU" in plan.describe()
+    assert any("shares cuda:0" in w for w in plan.warnings)
+
+
+def test_card_command_on_a_cpu_host_names_the_missing_gpu(tmp_path):
+    cfg = _compose("train", CARD, tmp_path)
+    with pytest.raises(DevicePlanError, match=r"devices\.train=\[0, 1\] names GPU 0, but this host has no GPU"):
+        resolve_devices(cfg, gpu_count=0, vllm_available=False)
+
+
+@pytest.mark.parametrize(
+    ("gpus", "vllm", "train", "infer", "backend", "precision"),
+    [
+        (0, False, (), (), "hf", "32-true"),  # CPU only when there is no GPU
+        (0, True, (), (), "hf", "32-true"),  # vllm installed but no GPU: auto stays on HF
+        (1, True, (0,), (0,), "vllm", "bf16-mixed"),  # one GPU: colocated
+        (2, True, (0,), (1,), "vllm", "bf16-mixed"),  # seed 000's split
+        (8, True, (0,), (1,), "vllm", "bf16-mixed"),
+        (2, False, (0,), (1,), "hf", "bf16-mixed"),  # GPUs but no vllm: HF, with a warning
+    ],
+)
+def test_auto_rules(gpus, vllm, train, infer, backend, precision):
+    plan = plan_devices(AUTO, VLLM, gpus, vllm)
+    assert (plan.train, plan.infer, plan.backend, plan.precision) == (train, infer, backend, precision)
+    if gpus and not vllm:
+        assert any("vLLM is not installed" in w for w in plan.warnings)
+
+
+def test_explicit_backend_and_devices_win_over_auto():
+    plan = plan_devices({**AUTO, "train": [0, 1], "infer": [2]}, {"name": "hf"}, 4, True)
+    assert (plan.backend, plan.infer, plan.strategy) == ("hf", (2,), "ddp")
+    cpu = plan_devices({**AUTO, "train": [], "infer": []}, VLLM, 4, True)
+    assert (cpu.train, cpu.infer, cpu.backend, cpu.precision) == ((), (), "hf", "32-true")
+
+
+@pytest.mark.parametrize(
+    ("devices", "backend", "gpus", "vllm", "message"),
+    [
+        ({"infer": [3]}, VLLM, 2, True, r"devices\.infer=\[3\] names GPU 3, but this host has GPUs 0\.\.1"),
+        ({"train": [0, 0]}, VLLM, 2, True, r"devices\.train lists a GPU twice"),
+        ({"train": "0,1"}, VLLM, 2, True, r"devices\.train must be a list of GPU ids or 'auto'"),
+        ({}, {"name": "vllm"}, 1, False, r"backend=vllm needs the vllm package"),
+        ({}, {"name": "tgi"}, 1, False, r"backend must be one of"),
+        ({"train": []}, VLLM, 0, False, None),  # fine: CPU
+        ({"train": [], "strategy": "fsdp"}, VLLM, 0, False, r"devices\.strategy=fsdp needs GPUs in devices\.train"),
+        ({"strategy": "zero9"}, VLLM, 1, False, r"devices\.strategy must be one of"),
+        ({"train": [0], "cpu_processes": 2}, VLLM, 1, False, r"devices\.cpu_processes applies only"),
+        ({"num_nodes": 0}, VLLM, 1, False, r"devices\.num_nodes must be >= 1"),
+    ],
+)
+def test_impossible_plans_fail_at_start_naming_the_fields(devices, backend, gpus, vllm, message):
+    if message is None:
+        plan_devices({**AUTO, **devices}, backend, gpus, vllm)
+        return
+    with pytest.raises(DevicePlanError, match=message):
+        plan_devices({**AUTO, **devices}, backend, gpus, vllm)
+
+
+def test_split_gpu_preset_on_a_one_gpu_host_fails_naming_devices_infer(tmp_path):
+    cfg = _compose("train", ["devices=split_gpu"], tmp_path)
+    with pytest.raises(DevicePlanError, match=r"devices\.infer=\[1\]"):
+        resolve_devices(cfg, gpu_count=1, vllm_available=True)
+
+
+def test_fsdp_builds_lightnings_strategy_for_lora(tmp_path):
+    from lightning.pytorch.strategies import FSDPStrategy
+    from transformers import Qwen3Config
+    from transformers.models.qwen3.modeling_qwen3 import Qwen3DecoderLayer, Qwen3MLP
+
+    cfg = _compose("train", ["model=qwen3_4b", "devices.train=[0,1]", "devices.strategy=fsdp",
+                             "devices.fsdp.activation_checkpointing=true"], tmp_path)  # fmt: skip
+    resolve_devices(cfg, gpu_count=2, vllm_available=True)
+    kwargs = trainer_device_kwargs(cfg.devices)
+    strategy = kwargs["strategy"]
+    assert isinstance(strategy, FSDPStrategy) and kwargs["devices"] == [0, 1]
+    assert strategy.kwargs["use_orig_params"] is True  # LoRA: frozen and trainable weights in one flat param
+    assert strategy.sharding_strategy.name == "FULL_SHARD" and strategy._state_dict_type == "full"
+    layer = Qwen3DecoderLayer(Qwen3Config(hidden_size=64, intermediate_size=128, num_attention_heads=2,
+                                          num_key_value_heads=1, head_dim=32), 0)  # fmt: skip
+    wrap = strategy.kwargs["auto_wrap_policy"]
+    assert wrap(module=layer, recurse=False, nonwrapped_numel=0)  # one FSDP unit per decoder layer
+    assert not wrap(module=Qwen3MLP(layer.mlp.config), recurse=False, nonwrapped_numel=0)
+    assert strategy._activation_checkpointing_kwargs  # activation checkpointing per decoder layer
+
+
+def test_multi_node_config_path(tmp_path):
+    """`devices.num_nodes=2` (one train.py per GPU per node under torchrun / SLURM) reaches the Trainer."""
+    cfg = _compose("train", ["devices.train=[0,1,2,3]", "devices.num_nodes=2", "data.batch_size=8"], tmp_path)
+    plan = resolve_devices(cfg, gpu_count=4, vllm_available=False)
+    assert plan.train_processes == 8 and "× 2 nodes" in plan.describe()
+    validate_train_config(cfg)
+    kwargs = trainer_device_kwargs(cfg.devices)
+    assert (kwargs["num_nodes"], kwargs["strategy"], kwargs["devices"]) == (2, "ddp", [0, 1, 2, 3])
+    small = _compose("train", ["devices.train=[0,1,2,3]", "devices.num_nodes=2", "data.batch_size=4"], tmp_path)
+    resolve_devices(small, gpu_count=4, vllm_available=False)
+    with pytest.raises(ValueError, match=r"data\.batch_size \(4\) must be >= the training processes \(8"):
+        validate_train_config(small)
+
+
+def test_cpu_ddp_and_single_process_kwargs():
+    assert trainer_kwargs(OmegaConf.create({"train": [], "cpu_processes": 2, "precision": "32-true"}))["strategy"] \
+        == "ddp"  # fmt: skip
+    one = trainer_kwargs({"train": [], "cpu_processes": 1, "precision": "auto"})
+    assert one == {"accelerator": "cpu", "devices": 1, "strategy": "auto", "precision": "32-true", "num_nodes": 1}
+
+
+@pytest.mark.gpu
+def test_fsdp_trains_lora_on_gpus(tmp_path):
+    """Two GPUs: FSDP through Lightning trains the adapter (run with -m gpu on a host with >= 2 GPUs)."""
+    import subprocess
+    import sys
+
+    import torch
+
+    if torch.cuda.device_count() < 2:
+        pytest.skip("needs 2 GPUs")
+    out = subprocess.run([sys.executable, "train.py", "model=tiny", "rollout=store", "devices.train=[0,1]",
+                          "devices.strategy=fsdp", "trainer.max_steps=2", f"hydra.run.dir={tmp_path}"],
+                         capture_output=True, text=True, timeout=900)  # fmt: skip
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert (tmp_path / "adapters" / "step-000002" / "adapter_model.safetensors").exists()
