@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import time
 from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
@@ -15,6 +16,8 @@ from omegaconf import DictConfig
 from metaclaw.config import trainer_device_kwargs, validate_train_config
 from metaclaw.datamodules.seed import seed_store
 from metaclaw.datamodules.store import SampleStore
+from metaclaw.evaluation.build import build_evaluator
+from metaclaw.evaluation.report import write_report
 from metaclaw.modules.online_rl import OnlineRLModule
 from metaclaw.rollout.live import Live, live_loop, run_skills_only
 
@@ -65,25 +68,34 @@ def train(cfg: DictConfig) -> tuple[dict[str, Any], dict[str, Any]]:
     )
     publisher = instantiate(cfg.publish)
     health = instantiate(cfg.health) if cfg.get("health") else None
+    # Live evaluation and the publish gate: rank 0 only (it is the one that serves and hot-loads).
+    evaluator = build_evaluator(cfg) if rank_zero_only.rank == 0 else None
+    publisher.release = evaluator
     scheduler = [instantiate(cfg.mode.scheduler)] if cfg.mode.get("scheduler") else []
     trainer = L.Trainer(
         **cfg.trainer,
         **trainer_device_kwargs(cfg.devices),
         default_root_dir=str(run_dir),
         logger=build_loggers(cfg),
-        callbacks=[publisher, *scheduler, *([health] if health else [])],
+        callbacks=[publisher, *([evaluator] if evaluator else []), *scheduler, *([health] if health else [])],
     )
     ckpt = publisher.checkpoint_path if publisher.checkpoint_path.exists() else None
     if ckpt:
         log.info("Resuming from %s", ckpt)
     # rollout=proxy|replay: server, proxy, scorer, replay. DDP workers re-run this script: only rank 0 serves.
-    services = live_loop(cfg, store, tokenizer) if rank_zero_only.rank == 0 else nullcontext(Live())
+    t0 = time.monotonic()
+    services = live_loop(cfg, store, tokenizer, evaluator) if rank_zero_only.rank == 0 else nullcontext(Live())
     with services as live:
         if live.server_url:
             publisher.server_url = live.server_url
         if health is not None:
             health.attach(proxy=live.proxy, worker=live.worker, capture_store=store)
         trainer.fit(module, datamodule=datamodule, ckpt_path=ckpt, weights_only=True)
+        driver_stats = dict(getattr(live.driver, "stats", {}) or {})
+    report = None
+    if evaluator is not None:
+        report = write_report(run_dir, evaluator.results, store, trainer.global_step, time.monotonic() - t0, driver_stats)
+        print(report["text"], flush=True)
     for lg in trainer.loggers:  # one W&B run per multirun job
         if hasattr(lg, "experiment") and type(lg).__name__ == "WandbLogger":
             lg.experiment.finish()
@@ -98,4 +110,6 @@ def train(cfg: DictConfig) -> tuple[dict[str, Any], dict[str, Any]]:
         "tokenizer": tokenizer,
         "spec": spec,
         "live": live,
+        "evaluator": evaluator,
+        "report": report,
     }

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from hydra.utils import instantiate
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 from metaclaw.datamodules.store import SampleStore
 from metaclaw.rollout.app import create_app
@@ -27,6 +27,7 @@ from metaclaw.rollout.server import ThreadedServer
 from metaclaw.rollout.skills_hook import FailSafeInjector
 from metaclaw.scoring.teacher import TeacherClient, hinted_prompt_ids
 from metaclaw.scoring.worker import ScoringWorker
+from metaclaw.simulate.user import SimulatedUser
 
 log = logging.getLogger(__name__)
 
@@ -39,7 +40,7 @@ class Live:
     proxy_url: str | None = None
     proxy: RolloutProxy | None = None
     worker: ScoringWorker | None = None
-    driver: ReplayDriver | None = None
+    driver: ReplayDriver | SimulatedUser | None = None
     extras: dict[str, Any] = field(default_factory=dict)
 
 
@@ -103,8 +104,11 @@ def build_worker(cfg: DictConfig, store: SampleStore, tokenizer: Any, server_url
 
 
 @contextmanager
-def live_loop(cfg: DictConfig, store: SampleStore, tokenizer: Any) -> Iterator[Live]:
-    """Start the online loop's services for the duration of the block; everything is stopped on exit."""
+def live_loop(cfg: DictConfig, store: SampleStore, tokenizer: Any, evaluator: Any = None) -> Iterator[Live]:
+    """Start the online loop's services for the duration of the block; everything is stopped on exit.
+
+    `evaluator` (a `LiveEvaluator`) is bound to the policy server and started before the simulated user.
+    """
     rollout = cfg.rollout
     if not rollout.get("proxy"):
         yield Live()
@@ -148,7 +152,19 @@ def live_loop(cfg: DictConfig, store: SampleStore, tokenizer: Any) -> Iterator[L
             return
         live.worker = build_worker(cfg, store, tokenizer, live.server_url).start()
         stack.callback(live.worker.stop)
-        if rollout.get("replay"):
+        if evaluator is not None:
+            from metaclaw.evaluation.build import bind_evaluator
+
+            bind_evaluator(cfg, evaluator, live.server_url)
+            stack.callback(evaluator.stop)
+        if rollout.get("simulated_user"):
+            user_cfg = OmegaConf.to_container(rollout.simulated_user, resolve=True)
+            live.driver = SimulatedUser(f"{live.proxy_url}/v1", api_key=p.get("api_key"), **user_cfg)
+            stack.callback(live.driver.stop)
+            live.driver.start()
+            if evaluator is not None:  # the final evaluations need the CPU more than more turns
+                evaluator.before_final_wait = live.driver.stop
+        elif rollout.get("replay"):
             r = rollout.replay
             live.driver = ReplayDriver(f"{live.proxy_url}/v1", api_key=p.get("api_key"), **r).start()
             stack.callback(live.driver.stop)
