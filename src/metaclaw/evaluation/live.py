@@ -82,6 +82,8 @@ class LiveEvaluator(L.Callback):
         self._stop = False
         self._thread: threading.Thread | None = None
         self._seen = 0
+        self._last: tuple[int, Path] | None = None
+        self._queued_steps: set[int] = set()
         self.before_final_wait: Callable[[], Any] | None = None  # e.g. stop the simulated user first
 
     # ---- wiring ---------------------------------------------------------------------------------------------
@@ -106,6 +108,7 @@ class LiveEvaluator(L.Callback):
     def submit(self, step: int, path: Path, hot_load: HotLoad) -> None:
         """A new adapter was written: hot-load it now (gate off) or after it passed evaluation (gate on)."""
         self._seen += 1
+        self._last = (step, path)
         if not self.gate:
             hot_load(path)
             if self.evaluator is not None and self._seen % self.every_n_adapters == 0:
@@ -120,6 +123,7 @@ class LiveEvaluator(L.Callback):
                 self.counts["skipped"] += 1
                 log.info("Eval: skipping adapter v%d (a newer one is waiting)", dropped[0])
             self._queue.append((step, path, hot_load))
+            self._queued_steps.add(step)
             self._cond.notify_all()
 
     # ---- worker ---------------------------------------------------------------------------------------------
@@ -224,6 +228,8 @@ class LiveEvaluator(L.Callback):
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if self.before_final_wait is not None:
             self.before_final_wait()
+        if self._last is not None and self._last[0] not in self._queued_steps and self.evaluator is not None:
+            self._put(*self._last, None)  # the final adapter is always measured (it is already served)
         self.wait(self.final_timeout_s)
         self.flush(trainer)
         for lg in trainer.loggers:
