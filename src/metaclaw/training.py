@@ -94,7 +94,8 @@ def train(cfg: DictConfig) -> tuple[dict[str, Any], dict[str, Any]]:
         driver_stats = dict(getattr(live.driver, "stats", {}) or {})
     report = None
     if evaluator is not None:
-        report = write_report(run_dir, evaluator.results, store, trainer.global_step, time.monotonic() - t0, driver_stats)
+        wall = time.monotonic() - t0
+        report = write_report(run_dir, evaluator.results, store, trainer.global_step, wall, driver_stats)
         print(report["text"], flush=True)
     for lg in trainer.loggers:  # one W&B run per multirun job
         if hasattr(lg, "experiment") and type(lg).__name__ == "WandbLogger":

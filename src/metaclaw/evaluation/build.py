@@ -25,7 +25,7 @@ def build_evaluator(cfg: DictConfig) -> LiveEvaluator | None:
                 "publish.gate.enabled needs a verifier to score candidates: use rollout=simulated_user "
                 "(a preference), or turn the gate off"
             )
-        log.info("Live evaluation off: rollout=%s has no verifier (eval needs rollout=simulated_user)", cfg.rollout.name)
+        log.info("Live evaluation off: rollout=%s has no verifier (needs rollout=simulated_user)", cfg.rollout.name)
         return None
     return LiveEvaluator(
         evaluator=None,
@@ -43,6 +43,8 @@ def build_evaluator(cfg: DictConfig) -> LiveEvaluator | None:
 
 def bind_evaluator(cfg: DictConfig, evaluator: LiveEvaluator, server_url: str) -> None:
     """Point the evaluator at the running policy server and start it (the base model is measured first)."""
+    from metaclaw.rollout.live import build_injector
+
     ev, user = cfg.eval, cfg.rollout.simulated_user
     prefs: Any = OmegaConf.to_container(cfg.preference.rules, resolve=True)
     evaluator.bind(
@@ -59,6 +61,8 @@ def bind_evaluator(cfg: DictConfig, evaluator: LiveEvaluator, server_url: str) -
             api_key=cfg.serving.get("api_key"),
             concurrency=ev.concurrency,
             seed=ev.seed,
+            injector=build_injector(cfg),
+            agent_id=user.get("agent_id", "simulated-user"),
         ),
     )
     evaluator.start(baseline=True)

@@ -52,6 +52,9 @@ class ComplianceEvaluator:
         concurrency: requests in flight.
         seed: which prompts.
         keep_examples: replies kept in the result for the log.
+        injector: with skills on, the proxy's skill injector: held-out prompts get the skills the agent would
+            (`inject(messages, agent_id)`), so the figure is what the user sees.
+        agent_id: whose skills.
     """
 
     def __init__(
@@ -70,6 +73,8 @@ class ComplianceEvaluator:
         concurrency: int = 2,
         seed: int = 0,
         keep_examples: int = 3,
+        injector: Any = None,
+        agent_id: str = "simulated-user",
     ) -> None:
         from openai import OpenAI
 
@@ -87,10 +92,13 @@ class ComplianceEvaluator:
         )
         self.samples_per_prompt, self.max_tokens, self.temperature = samples_per_prompt, max_tokens, temperature
         self.system, self.concurrency, self.keep_examples = system, concurrency, keep_examples
+        self.injector, self.agent_id = injector, agent_id
 
     def _reply(self, model: str, prompt: str) -> str | None:
         messages = [{"role": "system", "content": self.system}] if self.system else []
         messages.append({"role": "user", "content": prompt})
+        if self.injector is not None:
+            messages, _ = self.injector.inject(messages, self.agent_id)
         try:
             out = self.client.chat.completions.create(
                 model=model, messages=messages, max_tokens=self.max_tokens, temperature=self.temperature

@@ -152,7 +152,8 @@ class SimulatedUser:
             violations = self.prefs.check(reply)
             self._record(not violations)
             nxt = tasks[t + 1].prompt if t + 1 < len(tasks) else None
-            messages += [{"role": "assistant", "content": reply}, {"role": "user", "content": feedback(violations, nxt)}]
+            messages.append({"role": "assistant", "content": reply})
+            messages.append({"role": "user", "content": feedback(violations, nxt)})
         # The last feedback ends the session; the agent's acknowledgement is not worth more than one token.
         self.ask(messages, {**base, "X-Session-Done": "true"}, anthropic, 1)
         with self._lock:
