@@ -105,7 +105,14 @@ class SimulatedUser:
         self._lock = threading.Lock()
         self._recent: deque[bool] = deque(maxlen=window)
         self._started_sessions = 0
-        self.stats: dict[str, Any] = {"sessions": 0, "replies": 0, "complied": 0, "corrected": 0, "errors": 0}
+        self.stats: dict[str, Any] = {
+            "sessions": 0,
+            "anthropic_sessions": 0,
+            "replies": 0,
+            "complied": 0,
+            "corrected": 0,
+            "errors": 0,
+        }
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
 
@@ -158,6 +165,7 @@ class SimulatedUser:
         self.ask(messages, {**base, "X-Session-Done": "true"}, anthropic, 1)
         with self._lock:
             self.stats["sessions"] += 1
+            self.stats["anthropic_sessions"] += anthropic
 
     def _record(self, ok: bool) -> None:
         with self._lock:
