@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from functools import partial
 
 import pytest
 from openai import OpenAI
@@ -55,13 +56,14 @@ def test_gate_serves_a_better_adapter_and_refuses_a_worse_one(served):
         return out.choices[0].message.content or ""
 
     try:
-        live.submit(1, good, publisher._hot_load)  # 100% vs the base model's 0%: served
+        live.submit(1, good, partial(publisher._serve, step=1))  # 100% vs the base model's 0%: served
         assert live.wait(120)
         assert ask().startswith(FIXED_ANSWER[:10])
-        live.submit(2, bad, publisher._hot_load)  # the base model's behaviour again: 0% < 100% - margin
+        live.submit(2, bad, partial(publisher._serve, step=2))  # the base model's behaviour again: 0% < 100% - margin
         assert live.wait(120)
         assert ask().startswith(FIXED_ANSWER[:10])  # still the good adapter: the worse one was never swapped in
         assert bad.exists() and (bad / "adapter_model.safetensors").exists()  # kept on disk
+        assert publisher.served_version == 1
     finally:
         live.stop()
     assert live.counts["gate_accepted"] == 1 and live.counts["gate_rejected"] == 1
