@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import time
 from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
@@ -18,6 +19,8 @@ from metaclaw.control.plane import build_control
 from metaclaw.datamodules.seed import seed_store
 from metaclaw.datamodules.store import SampleStore
 from metaclaw.devices import resolve_devices
+from metaclaw.evaluation.build import build_evaluator
+from metaclaw.evaluation.report import write_report
 from metaclaw.modules.online_rl import OnlineRLModule
 from metaclaw.rollout.live import Live, live_loop, run_skills_only
 from metaclaw.stopping import GracefulStop, RunAbandoned, RunFailed, StopController
@@ -85,6 +88,9 @@ def train(cfg: DictConfig) -> tuple[dict[str, Any], dict[str, Any]]:
     datamodule.should_stop = stop.should_stop
     if scheduler is not None:
         scheduler.should_stop = stop.should_stop  # a stop request ends the wait for a training window
+    # Live evaluation and the publish gate: rank 0 only (it is the one that serves and hot-loads).
+    evaluator = build_evaluator(cfg) if rank_zero_only.rank == 0 else None
+    publisher.release = evaluator
     trainer = L.Trainer(
         **cfg.trainer,
         **trainer_device_kwargs(cfg.devices),
@@ -92,6 +98,7 @@ def train(cfg: DictConfig) -> tuple[dict[str, Any], dict[str, Any]]:
         logger=build_loggers(cfg),
         callbacks=[
             publisher,
+            *([evaluator] if evaluator else []),
             *([scheduler] if scheduler else []),
             *([health] if health else []),
             GracefulStop(stop),
@@ -103,8 +110,11 @@ def train(cfg: DictConfig) -> tuple[dict[str, Any], dict[str, Any]]:
         log.info("Resuming from %s", ckpt)
     # rollout=proxy|replay: server, proxy, scorer, replay. DDP workers re-run this script: only rank 0 serves.
     wrap_app = control.mount if control else None
+    t0 = time.monotonic()
     services = (
-        live_loop(cfg, store, tokenizer, stop, wrap_app) if rank_zero_only.rank == 0 else nullcontext(Live(stop=stop))
+        live_loop(cfg, store, tokenizer, stop, wrap_app, evaluator)
+        if rank_zero_only.rank == 0
+        else nullcontext(Live(stop=stop))
     )
     with stop.signals_installed(), services as live:
         if live.server_url:
@@ -125,8 +135,14 @@ def train(cfg: DictConfig) -> tuple[dict[str, Any], dict[str, Any]]:
         if stop.stopping and trainer.is_global_zero:
             log.info("Stopped (%s) at step %d: %s", stop.reason, trainer.global_step,
                      SampleStore(cfg.store_path).reconcile(trainer.global_step))  # fmt: skip
+        driver_stats = dict(getattr(live.driver, "stats", {}) or {})
     if stop.error:
         raise RunFailed(stop.error)
+    report = None
+    if evaluator is not None:
+        wall = time.monotonic() - t0
+        report = write_report(run_dir, evaluator.results, store, trainer.global_step, wall, driver_stats)
+        print(report["text"], flush=True)
     for lg in trainer.loggers:  # one W&B run per multirun job
         if hasattr(lg, "experiment") and type(lg).__name__ == "WandbLogger":
             lg.experiment.finish()
@@ -143,4 +159,6 @@ def train(cfg: DictConfig) -> tuple[dict[str, Any], dict[str, Any]]:
         "live": live,
         "scheduler": scheduler,
         "control": control,
+        "evaluator": evaluator,
+        "report": report,
     }

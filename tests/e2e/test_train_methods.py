@@ -1,4 +1,4 @@
-"""The issue's command for each method: `python train.py model=tiny method=M trainer.max_steps=2 hydra.run.dir=DIR`
+"""The issue's command for each method: `python train.py model=tiny rollout=replay method=M trainer.max_steps=2 ...`
 runs the whole live loop (own policy server, proxy, scorer, replay) and leaves the store and the adapters."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from tests.e2e.conftest import ENV, REPO
 
 @pytest.mark.parametrize("method", ["rl", "opd", "combine"])
 def test_train_cli_live_loop_per_method(tmp_path, method):
-    cmd = [sys.executable, "train.py", "model=tiny", f"method={method}", "trainer.max_steps=2",
+    cmd = [sys.executable, "train.py", "model=tiny", "rollout=replay", f"method={method}", "trainer.max_steps=2",
            f"hydra.run.dir={tmp_path}"]  # fmt: skip
     out = subprocess.run(cmd, cwd=REPO, env=ENV, capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr[-3000:]

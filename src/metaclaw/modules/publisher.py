@@ -18,6 +18,7 @@ import logging
 import os
 import shutil
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -68,6 +69,11 @@ class AdapterPublisher(L.Callback):
         timeout_s: how long a load request may take.
         keep_last: keep only the newest this many adapter directories (None keeps all).
         max_hot_load_failures: stop the run after this many failed hot-loads in a row (None: only warn).
+        gate: config of the publish gate (`enabled`, `margin`), read by `metaclaw.evaluation.build`; the
+            object that evaluates and gates is attached as `release` (see below).
+
+    `release`: None, or an object with `submit(step, path, hot_load)` (`metaclaw.evaluation.LiveEvaluator`)
+    that decides when `hot_load(path)` runs: at once (evaluation only) or after the candidate passed the gate.
     """
 
     def __init__(
@@ -81,6 +87,7 @@ class AdapterPublisher(L.Callback):
         timeout_s: float = 30.0,
         keep_last: int | None = None,
         max_hot_load_failures: int | None = 3,
+        gate: Any = None,
     ) -> None:
         if every_n_steps < 1:
             raise ValueError(f"publish.every_n_steps must be >= 1, got {every_n_steps}")
@@ -97,6 +104,8 @@ class AdapterPublisher(L.Callback):
         self.stats = {"hot_load_failures": 0, "hot_load_failures_in_a_row": 0}
         self.server_restarting: Callable[[], bool] = lambda: False  # set by the live loop (rollout/live.py)
         self._last_hot_load_error = ""
+        self.gate_config = gate
+        self.release: Any = None
 
     @property
     def checkpoint_path(self) -> Path:
@@ -147,7 +156,10 @@ class AdapterPublisher(L.Callback):
                 )
             )
             log.info("Published adapter v%d at %s", step, target)
-            self.served_version = self._hot_load(target, step) if self.server_url else step
+            if self.release is not None:  # it decides when the adapter is served (gate) and measures it
+                self.release.submit(step, target, partial(self._serve, step=step))
+            else:
+                self._serve(target, step)
             self._prune()
         self.published.append(target)
         self._sync_served(trainer)
@@ -184,6 +196,10 @@ class AdapterPublisher(L.Callback):
         mine = torch.stack([sum(w.sum() for w in weights), sum((w * w).sum() for w in weights)])
         gathered = trainer.strategy.all_gather(mine.to(pl_module.device))
         return gathered.reshape(-1, 2).tolist()
+
+    def _serve(self, path: Path, step: int) -> None:
+        """Serve `path` (hot-load it into the policy server when there is one)."""
+        self.served_version = self._hot_load(path, step) if self.server_url else step
 
     def _hot_load(self, path: Path, step: int) -> int:
         """Ask the server to load `path`; returns the version it now serves (unchanged when the load failed)."""

@@ -31,6 +31,7 @@ from metaclaw.rollout.server import ThreadedServer
 from metaclaw.rollout.skills_hook import FailSafeInjector
 from metaclaw.scoring.teacher import TeacherClient, hinted_prompt_ids
 from metaclaw.scoring.worker import ScoringWorker
+from metaclaw.simulate.user import SimulatedUser
 from metaclaw.stopping import StopController
 
 log = logging.getLogger(__name__)
@@ -47,7 +48,7 @@ class Live:
     proxy_url: str | None = None
     proxy: RolloutProxy | None = None
     worker: ScoringWorker | None = None
-    driver: ReplayDriver | None = None
+    driver: ReplayDriver | SimulatedUser | None = None
     extras: dict[str, Any] = field(default_factory=dict)
 
 
@@ -172,11 +173,13 @@ def live_loop(
     tokenizer: Any,
     stop: StopController | None = None,
     wrap_app: Callable[[Any], Any] | None = None,
+    evaluator: Any = None,
 ) -> Iterator[Live]:
     """Start the online loop's services for the duration of the block; everything is stopped on exit.
 
     `stop` is the run's stop controller: a policy server that dies past its restarts requests a failed stop.
     `wrap_app` wraps the proxy's ASGI app (the control plane mounts `/control/*` with it).
+    `evaluator` (a `LiveEvaluator`) is bound to the policy server and started before the simulated user.
     """
     live = Live(stop=stop or StopController())
     rollout = cfg.rollout
@@ -224,7 +227,19 @@ def live_loop(
             return
         live.worker = build_worker(cfg, store, tokenizer, live.server_url, live.server_key).start()
         stack.callback(live.worker.stop)
-        if rollout.get("replay"):
+        if evaluator is not None:
+            from metaclaw.evaluation.build import bind_evaluator
+
+            bind_evaluator(cfg, evaluator, live.server_url, live.server_key)
+            stack.callback(evaluator.stop)
+        if rollout.get("simulated_user"):
+            user_cfg = OmegaConf.to_container(rollout.simulated_user, resolve=True)
+            live.driver = SimulatedUser(f"{live.proxy_url}/v1", api_key=p.get("api_key"), **user_cfg)
+            stack.callback(live.driver.stop)
+            live.driver.start()
+            if evaluator is not None:  # the final evaluations need the CPU more than more turns
+                evaluator.before_final_wait = live.driver.stop
+        elif rollout.get("replay"):
             r = rollout.replay
             live.driver = ReplayDriver(f"{live.proxy_url}/v1", api_key=p.get("api_key"), **r).start()
             stack.callback(live.driver.stop)

@@ -50,6 +50,11 @@ def majority(votes: list[int | None]) -> float:
     return float(counts[0][0])
 
 
+def paragraphs(text: str) -> list[str]:
+    """`text` split on blank lines (non-empty parts, in order)."""
+    return [p for p in re.split(r"\n\s*\n", text) if p.strip()]
+
+
 def parse_boxed(text: str) -> int | None:
     """The last `\\boxed{1|-1|0}` in a judge's reply, or None."""
     found = BOXED.findall(text or "")
@@ -80,21 +85,25 @@ class RuleJudge:
         text = sample.next_state
         if text is None:
             return Verdict(self.no_next_state_reward, {"rule": "no_next_state"})
-        if self.negative.search(text):
-            return Verdict(-1.0, {"rule": "negative"})
-        if self.positive.search(text):
-            return Verdict(1.0, {"rule": "positive"})
+        for paragraph in paragraphs(text):  # the reaction comes first: "Thanks.\n\nNext: why did X fail?" is +1
+            if self.negative.search(paragraph):
+                return Verdict(-1.0, {"rule": "negative"})
+            if self.positive.search(paragraph):
+                return Verdict(1.0, {"rule": "positive"})
         return Verdict(0.0, {"rule": "neutral"})
 
     async def hint(self, sample: Sample) -> str | None:
-        """The sentences after the first one that signals a correction (or that sentence's remainder)."""
-        text = sample.next_state or ""
-        sentences = [s.strip() for s in re.split(r"(?<=[.!?])\s+|\n+", text) if s.strip()]
-        for i, sentence in enumerate(sentences):
-            m = self.negative.search(sentence)
-            if m:
-                after = " ".join(sentences[i + 1 :]) or sentence[m.end() :].strip(" ,.;:-")
-                return after if len(after) >= self.hint_min_chars else None
+        """The sentences after the first one that signals a correction (or that sentence's remainder), within
+        its paragraph: what follows a blank line (the next question) is not part of the correction."""
+        for paragraph in paragraphs(sample.next_state or ""):
+            sentences = [s.strip() for s in re.split(r"(?<=[.!?])\s+|\n+", paragraph) if s.strip()]
+            for i, sentence in enumerate(sentences):
+                m = self.negative.search(sentence)
+                if m:
+                    after = " ".join(sentences[i + 1 :]) or sentence[m.end() :].strip(" ,.;:-")
+                    return after if len(after) >= self.hint_min_chars else None
+            if self.positive.search(paragraph):  # the verdict was positive: no correction to learn from
+                return None
         return None
 
 

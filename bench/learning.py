@@ -1,0 +1,141 @@
+"""Learning curves: held-out compliance over wall time, per method, with and without skills (issue 13).
+
+Each run is the main job (`train.py`, simulated user through the proxy, live evaluation) with one method and
+skills on or off, for `--minutes` of training, in its own run directory under `--out`:
+
+    python bench/learning.py                                   # rl, opd, combine x skills off/on, 40 min each
+    python bench/learning.py --methods combine --skills off --minutes 15
+    python bench/learning.py --model tiny --minutes 1 --methods rl   # smoke
+
+Prints JSON (also written to `<out>/learning.json`): per run the base and final held-out compliance, the best,
+the minutes until compliance first reached `--target` (null if never), optimizer steps, trained samples,
+simulated-user replies, and throughput (trained samples and user replies per minute of training). Writes
+`<out>/learning.png` (every curve against wall minutes) beside each run's own `compliance.png`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def run_one(method: str, skills: bool, args: argparse.Namespace, out: Path) -> dict[str, Any]:
+    """One `train.py` run; its summary, curve against wall minutes, and throughput."""
+    run_dir = out / f"{method}-{'skills' if skills else 'noskills'}"
+    minutes = int(args.minutes)
+    seconds = int(round((args.minutes - minutes) * 60))
+    cmd = [
+        sys.executable,
+        "train.py",
+        f"model={args.model}",
+        f"method={method}",
+        f"preference={args.preference}",
+        f"rollout.max_time=00:00:{minutes:02d}:{seconds:02d}",
+        f"skills.enabled={str(skills).lower()}",
+        f"skills.library_root={run_dir / 'skills'}",
+        f"hydra.run.dir={run_dir}",
+        *args.override,
+    ]
+    t0 = time.time()
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "WANDB_MODE": "offline", "TOKENIZERS_PARALLELISM": "false"}
+    with open(out / f"{run_dir.name}.log", "w") as logf:
+        proc = subprocess.run(cmd, cwd=REPO, env=env, stdout=logf, stderr=subprocess.STDOUT)
+    wall = time.time() - t0
+    result: dict[str, Any] = {"method": method, "skills": skills, "returncode": proc.returncode, "wall_s": wall}
+    summary_path = run_dir / "summary.json"
+    if proc.returncode != 0 or not summary_path.exists():
+        result["error"] = f"train.py failed (rc {proc.returncode}): see {out / f'{run_dir.name}.log'}"
+        return result
+    summary = json.loads(summary_path.read_text())
+    rows = [json.loads(line) for line in (run_dir / "eval.jsonl").read_text().splitlines() if line.strip()]
+    start = rows[0]["time"] - rows[0].get("seconds", 0.0) if rows else t0
+    curve = [
+        {"minutes": round((r["time"] - start) / 60, 2), "step": r["step"], "adapter": r["adapter"],
+         "compliance": r["compliance"]}
+        for r in rows
+    ]  # fmt: skip
+    reached = next((p["minutes"] for p in curve if p["adapter"] != "base" and p["compliance"] >= args.target), None)
+    train_min = max(args.minutes, 1e-6)
+    result.update(
+        base=summary.get("base_compliance"),
+        final=summary.get("final_compliance"),
+        best=max((p["compliance"] for p in curve if p["adapter"] != "base"), default=None),
+        minutes_to_target=reached,
+        steps=summary.get("steps"),
+        samples_trained=summary.get("samples_trained"),
+        user_replies=summary.get("user", {}).get("replies"),
+        trained_samples_per_min=round(summary.get("samples_trained", 0) / train_min, 2),
+        user_replies_per_min=round(summary.get("user", {}).get("replies", 0) / train_min, 2),
+        curve=curve,
+        plot=summary.get("plot"),
+    )
+    return result
+
+
+def plot(results: list[dict[str, Any]], path: Path, title: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4), dpi=110)
+    for r in results:
+        if r.get("curve"):
+            xs = [p["minutes"] for p in r["curve"]]
+            ys = [100 * p["compliance"] for p in r["curve"]]
+            ax.plot(xs, ys, marker="o", label=f"{r['method']}{' + skills' if r['skills'] else ''}")
+    ax.set_xlabel("wall minutes since the run's first evaluation")
+    ax.set_ylabel("held-out compliance (%)")
+    ax.set_ylim(-3, 103)
+    ax.set_title(title, fontsize=9)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--methods", default="rl,opd,combine", help="comma-separated: rl, opd, combine")
+    p.add_argument("--skills", choices=["off", "on", "both"], default="both")
+    p.add_argument("--minutes", type=float, default=40.0, help="training wall time per run (rollout.max_time)")
+    p.add_argument("--model", default="smollm2_135m")
+    p.add_argument("--preference", default="concise")
+    p.add_argument("--target", type=float, default=0.8, help="held-out compliance to reach")
+    p.add_argument("--out", default=None, help="output dir (default: outputs/bench-learning/<time>)")
+    p.add_argument("override", nargs="*", help="more Hydra overrides for every run (e.g. optimizer.lr=2e-3)")
+    args = p.parse_args()
+    out = Path(args.out or REPO / "outputs" / "bench-learning" / time.strftime("%Y-%m-%d_%H-%M-%S")).resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    skills = {"off": [False], "on": [True], "both": [False, True]}[args.skills]
+    results = []
+    for method in [m.strip() for m in args.methods.split(",") if m.strip()]:
+        for sk in skills:
+            results.append(run_one(method, sk, args, out))
+            print(json.dumps({k: v for k, v in results[-1].items() if k != "curve"}), file=sys.stderr, flush=True)
+    report = {
+        "machine": {"cpus": os.cpu_count(), "load_avg_1m_at_end": os.getloadavg()[0]},
+        "model": args.model,
+        "preference": args.preference,
+        "minutes_per_run": args.minutes,
+        "target": args.target,
+        "overrides": args.override,
+        "runs": results,
+    }
+    plot(results, out / "learning.png", f"{args.model}, preference={args.preference}, {args.minutes:g} min per run")
+    report["plot"] = str(out / "learning.png")
+    (out / "learning.json").write_text(json.dumps(report, indent=1))
+    print(json.dumps(report, indent=1))
+
+
+if __name__ == "__main__":
+    main()

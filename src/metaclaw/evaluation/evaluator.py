@@ -1,0 +1,136 @@
+"""`ComplianceEvaluator`: sample held-out prompts from the policy server and score the replies with the verifier.
+
+It talks to the policy server directly (not through the proxy), so evaluation turns are never captured as
+training data. `score(model)` asks every chosen prompt `samples_per_prompt` times (the base model's name or an
+adapter's) and returns the share of replies that comply with every preference, plus per-rule failure rates.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from collections.abc import Mapping
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from metaclaw.simulate.preferences import PreferenceSet
+from metaclaw.simulate.tasks import load_tasks
+
+
+@dataclass
+class EvalResult:
+    """Compliance of one model on the held-out prompts."""
+
+    model: str
+    compliance: float
+    n: int
+    failures: dict[str, float] = field(default_factory=dict)  # per rule kind: share of replies breaking it
+    errors: int = 0
+    seconds: float = 0.0
+    examples: list[str] = field(default_factory=list)
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+class ComplianceEvaluator:
+    """Held-out compliance of a served model.
+
+    Args:
+        server_url: the policy server's base URL (no `/v1`).
+        preferences: the hidden rules (`[{kind, ...}]`) the replies are checked against.
+        tasks_file: JSONL of tasks; None: the packaged ones.
+        split: the held-out split's name.
+        n_prompts: prompts asked per evaluation (a fixed, seeded subset; all when larger than the split).
+        samples_per_prompt: replies sampled per prompt.
+        max_tokens: per reply (as the simulated user asks).
+        temperature: sampling temperature (as the simulated user asks, so the figure is what the user sees).
+        system: system prompt, as the simulated user sends it.
+        api_key: the server's key.
+        timeout_s: per request.
+        concurrency: requests in flight.
+        seed: which prompts.
+        keep_examples: replies kept in the result for the log.
+        injector: with skills on, the proxy's skill injector: held-out prompts get the skills the agent would
+            (`inject(messages, agent_id)`), so the figure is what the user sees.
+        agent_id: whose skills.
+    """
+
+    def __init__(
+        self,
+        server_url: str,
+        preferences: list[Mapping[str, Any]] | PreferenceSet,
+        tasks_file: str | None = None,
+        split: str = "heldout",
+        n_prompts: int = 16,
+        samples_per_prompt: int = 1,
+        max_tokens: int = 32,
+        temperature: float = 1.0,
+        system: str | None = None,
+        api_key: str | None = None,
+        timeout_s: float = 300.0,
+        concurrency: int = 2,
+        seed: int = 0,
+        keep_examples: int = 3,
+        injector: Any = None,
+        agent_id: str = "simulated-user",
+    ) -> None:
+        from openai import OpenAI
+
+        if n_prompts < 1 or samples_per_prompt < 1 or concurrency < 1:
+            raise ValueError("eval: n_prompts, samples_per_prompt and concurrency must be >= 1")
+        self.prefs = preferences if isinstance(preferences, PreferenceSet) else PreferenceSet(preferences)
+        tasks = load_tasks(tasks_file, split)
+        self.prompts = [t.prompt for t in random.Random(seed).sample(tasks, min(n_prompts, len(tasks)))]
+        base = server_url.rstrip("/")
+        self.client = OpenAI(
+            base_url=base if base.endswith("/v1") else f"{base}/v1",
+            api_key=api_key or "unused",
+            timeout=timeout_s,
+            max_retries=1,
+        )
+        self.samples_per_prompt, self.max_tokens, self.temperature = samples_per_prompt, max_tokens, temperature
+        self.system, self.concurrency, self.keep_examples = system, concurrency, keep_examples
+        self.injector, self.agent_id = injector, agent_id
+
+    def _reply(self, model: str, prompt: str) -> str | None:
+        messages = [{"role": "system", "content": self.system}] if self.system else []
+        messages.append({"role": "user", "content": prompt})
+        if self.injector is not None:
+            messages, _ = self.injector.inject(messages, self.agent_id)
+        try:
+            out = self.client.chat.completions.create(
+                model=model, messages=messages, max_tokens=self.max_tokens, temperature=self.temperature
+            )
+        except Exception:  # noqa: BLE001 - counted as an error, never as a compliant or failing reply
+            return None
+        return out.choices[0].message.content or ""
+
+    def score(self, model: str) -> EvalResult:
+        """Ask every held-out prompt; the share of replies that comply (errors excluded, and counted)."""
+        t0 = time.monotonic()
+        jobs = [p for p in self.prompts for _ in range(self.samples_per_prompt)]
+        with ThreadPoolExecutor(self.concurrency, thread_name_prefix="eval") as pool:
+            replies = list(pool.map(lambda p: self._reply(model, p), jobs))
+        ok_replies = [r for r in replies if r is not None]
+        errors = len(replies) - len(ok_replies)
+        if not ok_replies:
+            raise RuntimeError(f"eval: every request to {model!r} failed ({errors} errors)")
+        broken: dict[str, int] = {}
+        complied = 0
+        for reply in ok_replies:
+            violations = self.prefs.check(reply)
+            complied += not violations
+            for v in violations:
+                broken[v.kind] = broken.get(v.kind, 0) + 1
+        n = len(ok_replies)
+        return EvalResult(
+            model=model,
+            compliance=complied / n,
+            n=n,
+            failures={k: c / n for k, c in sorted(broken.items())},
+            errors=errors,
+            seconds=time.monotonic() - t0,
+            examples=ok_replies[: self.keep_examples],
+        )

@@ -1,0 +1,35 @@
+"""The main job (`python train.py`: simulated user + live evaluation + summary + plot), on the tiny model."""
+
+from __future__ import annotations
+
+import json
+
+from tests.entrypoints.test_train import run_cli
+
+
+def test_main_job_prints_the_summary_and_writes_the_plot(tmp_path):
+    out = run_cli(
+        "model=tiny",
+        "rollout=simulated_user",
+        "trainer.max_steps=2",
+        "eval.n_prompts=4",
+        "eval.every_n_adapters=1",
+        "rollout.simulated_user.anthropic_share=0.5",
+        f"hydra.run.dir={tmp_path}",
+        timeout=600,
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "=== metaclaw: what the agent learned ===" in out.stdout
+    assert "base model" in out.stdout and "adapter step-000002" in out.stdout
+    rows = [json.loads(line) for line in (tmp_path / "eval.jsonl").read_text().splitlines()]
+    assert rows[0]["adapter"] == "base" and {"step-000001", "step-000002"} <= {r["adapter"] for r in rows}
+    assert all(r["n"] == 4 and 0.0 <= r["compliance"] <= 1.0 for r in rows)
+    assert (tmp_path / "compliance.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["steps"] == 2 and summary["samples_trained"] > 0
+    user = summary["user"]
+    assert user["replies"] > 0 and user["errors"] == 0
+    assert 0 < user["anthropic_sessions"] < user["sessions"]  # both routes: /v1/messages and the openai client
+    assert summary["base_compliance"] == rows[0]["compliance"]
+    metrics = (tmp_path / "csv" / "metrics.csv").read_text()
+    assert "eval/compliance" in metrics

@@ -1,0 +1,91 @@
+"""The evaluator on the tiny model and the publish gate, against a real policy server with the real openai client."""
+
+from __future__ import annotations
+
+import json
+from functools import partial
+
+import pytest
+from openai import OpenAI
+
+from metaclaw.evaluation import ComplianceEvaluator, LiveEvaluator
+from metaclaw.modules.policy import LoraPolicy
+from metaclaw.modules.publisher import AdapterPublisher
+from tests.e2e.conftest import running_policy_server
+from tests.serving.conftest import FIXED_ANSWER, train_fixed_answer_adapter
+
+# The fixed-answer adapter says "The answer is 42." to anything; the random base model never does.
+PREFS = [{"kind": "starts_with", "text": "The answer is 42"}]
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory, tiny_spec):
+    tmp = tmp_path_factory.mktemp("gate")
+    with running_policy_server(tmp) as (url, run_dir):
+        good = train_fixed_answer_adapter(tiny_spec, run_dir / "adapters" / "step-000001", steps=40)
+        bad = LoraPolicy(tiny_spec.load_model(), rank=8, alpha=16).save_adapter(run_dir / "adapters" / "step-000002")
+        yield url, run_dir, good, bad
+
+
+def evaluator(url: str) -> ComplianceEvaluator:
+    return ComplianceEvaluator(url, PREFS, n_prompts=6, max_tokens=12, temperature=0.0, concurrency=2)
+
+
+def test_evaluator_scores_base_and_adapter_on_heldout_prompts(served):
+    url, run_dir, good, _ = served
+    ev = evaluator(url)
+    base = ev.score("tiny")
+    assert base.n == 6 and base.errors == 0 and base.compliance == 0.0
+    assert base.failures == {"starts_with": 1.0}
+    live = LiveEvaluator(ev, run_dir, base_model="tiny", server_url=url)
+    live._load_candidate(good)
+    adapted = ev.score(live.eval_name)
+    assert adapted.compliance == 1.0 and all(e.startswith(FIXED_ANSWER[:10]) for e in adapted.examples)
+
+
+def test_gate_serves_a_better_adapter_and_refuses_a_worse_one(served):
+    url, run_dir, good, bad = served
+    publisher = AdapterPublisher(str(run_dir), str(run_dir / "samples.sqlite"), server_url=url)
+    live = LiveEvaluator(evaluator(url), run_dir, base_model="tiny", gate=True, margin=0.1, server_url=url).start()
+    client = OpenAI(base_url=f"{url}/v1", api_key="unused")
+
+    def ask() -> str:
+        out = client.chat.completions.create(
+            model="policy", messages=[{"role": "user", "content": "Name a colour."}], max_tokens=12, temperature=0
+        )
+        return out.choices[0].message.content or ""
+
+    try:
+        live.submit(1, good, partial(publisher._serve, step=1))  # 100% vs the base model's 0%: served
+        assert live.wait(120)
+        assert ask().startswith(FIXED_ANSWER[:10])
+        live.submit(2, bad, partial(publisher._serve, step=2))  # the base model's behaviour again: 0% < 100% - margin
+        assert live.wait(120)
+        assert ask().startswith(FIXED_ANSWER[:10])  # still the good adapter: the worse one was never swapped in
+        assert bad.exists() and (bad / "adapter_model.safetensors").exists()  # kept on disk
+        assert publisher.served_version == 1
+    finally:
+        live.stop()
+    assert live.counts["gate_accepted"] == 1 and live.counts["gate_rejected"] == 1
+    rows = [json.loads(line) for line in (run_dir / "eval.jsonl").read_text().splitlines()]
+    assert [(r["adapter"], r.get("gate", {}).get("decision")) for r in rows] == [
+        ("base", None),
+        ("step-000001", "accepted"),
+        ("step-000002", "rejected"),
+    ]
+    assert rows[2]["gate"] == {"decision": "rejected", "served": 1.0, "candidate": 0.0}
+
+
+def test_gate_off_hot_loads_at_once_and_evaluates_on_cadence(served, tmp_path):
+    url, _, good, bad = served
+    loaded = []
+    live = LiveEvaluator(evaluator(url), tmp_path, base_model="tiny", every_n_adapters=2, server_url=url)
+    live.start(baseline=False)
+    try:
+        live.submit(1, good, loaded.append)
+        live.submit(2, bad, loaded.append)
+        assert loaded == [good, bad]  # never waits for an evaluation
+        assert live.wait(120)
+    finally:
+        live.stop()
+    assert [r["adapter"] for r in live.results] == ["step-000002"]  # every 2nd adapter
