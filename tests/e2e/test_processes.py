@@ -95,8 +95,9 @@ def test_sigkill_of_train_leaves_no_process_and_sigkill_of_serve_main_takes_its_
 def test_a_dead_server_is_restarted_then_the_run_stops_nonzero_naming_it(tmp_path):
     """Issue 9.4: a server that dies is restarted (bounded) with the newest adapter; past the bound the run exits 1."""
     port = free_port()
-    proc, out = launch_train(tmp_path / "run", "trainer.max_steps=1000", "serving.process.max_restarts=1",
-                             "serving.process.poll_s=0.5", *_serve_overrides(port))  # fmt: skip (rollout=replay)
+    proc, out = launch_train(tmp_path / "run", "rollout=replay", "trainer.max_steps=1000",
+                             "serving.process.max_restarts=1", "serving.process.poll_s=0.5",
+                             *_serve_overrides(port))  # fmt: skip
     url = f"http://127.0.0.1:{port}"
     adapters = tmp_path / "run" / "adapters"
     try:
