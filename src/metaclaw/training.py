@@ -120,7 +120,7 @@ def train(cfg: DictConfig) -> tuple[dict[str, Any], dict[str, Any]]:
         if live.server_url:
             publisher.server_url, publisher.api_key = live.server_url, live.server_key
             if live.server is not None:
-                publisher.server_restarting = live.server.restarting.is_set
+                publisher.server_restarting = live.server.unavailable
         if health is not None:
             health.attach(proxy=live.proxy, worker=live.worker, capture_store=store)
         if control:

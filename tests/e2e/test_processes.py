@@ -23,6 +23,13 @@ from tests.test_configs import _compose
 KEY = "test-server-key"
 
 
+def _up(url: str) -> bool:
+    try:
+        return httpx.get(url, timeout=2).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
 def _serve_overrides(port: int) -> list[str]:
     return [f"serve.port={port}", f"serve.api_key={KEY}"]
 
@@ -71,12 +78,13 @@ def test_every_override_given_to_train_reaches_the_server_it_starts_and_sigterm_
 
 def test_sigkill_of_train_leaves_no_process_and_sigkill_of_serve_main_takes_its_workers(tmp_path):
     """Issue 9.3: children die with their parent on every path (train.py SIGKILL; serve.py main SIGKILL)."""
-    port = free_port()
-    proc, out = launch_train(tmp_path / "run", "rollout=proxy", f"rollout.proxy.port={free_port()}",
+    port, proxy_port = free_port(), free_port()
+    proc, out = launch_train(tmp_path / "run", "rollout=proxy", f"rollout.proxy.port={proxy_port}",
                              "serving.process.max_restarts=1", *_serve_overrides(port))  # fmt: skip
     url = f"http://127.0.0.1:{port}"
     try:
-        wait_for("the policy server", lambda: models(url, KEY) is not None, proc=proc, log=out)
+        # the proxy comes up only after train.py has seen the server start: a kill before that is a failed start
+        wait_for("the proxy", lambda: _up(f"http://127.0.0.1:{proxy_port}/health"), proc=proc, log=out)
         main = server_pid(proc)
         workers = descendants(main)
         assert workers, "LitServe runs its engine and API server in child processes"

@@ -216,8 +216,9 @@ class AdapterPublisher(L.Callback):
             reply = r.json()
             version = reply.get("adapter_version", step) if isinstance(reply, dict) else step
         except (httpx.HTTPError, ValueError) as e:  # serving keeps the previous adapter; training goes on
-            if self.server_restarting():  # the watchdog restarts it and reloads the newest adapter itself
-                log.warning("Policy server is restarting: %s will be loaded when it is back (%s)", path.name, e)
+            if self.server_restarting():  # dead or restarting: the watchdog restarts it (and reloads the newest
+                # adapter) or stops the run naming what died; these are not hot-load failures
+                log.warning("Policy server is down: %s will be loaded if it comes back (%s)", path.name, e)
                 return self.served_version
             self.stats["hot_load_failures"] += 1
             self.stats["hot_load_failures_in_a_row"] += 1

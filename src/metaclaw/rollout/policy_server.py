@@ -148,6 +148,10 @@ class PolicyServerProcess:
         self._kill_group(self.proc)
         raise TimeoutError(f"policy server not healthy after {self.startup_timeout_s}s; see {self.logfile}")
 
+    def unavailable(self) -> bool:
+        """True while the watchdog owns the server: it is being restarted, or its process has exited."""
+        return self.restarting.is_set() or (self.proc is not None and self.proc.poll() is not None)
+
     def watch(self, on_restart: Callable[[], None], on_death: Callable[[str], None]) -> None:
         """Watch the process in a thread: restart it up to `max_restarts` times, then call `on_death(reason)`."""
         self._watcher = threading.Thread(target=self._watch, args=(on_restart, on_death), name="server-watch",
