@@ -135,6 +135,8 @@ def train(cfg: DictConfig) -> tuple[dict[str, Any], dict[str, Any]]:
         if stop.stopping and trainer.is_global_zero:
             log.info("Stopped (%s) at step %d: %s", stop.reason, trainer.global_step,
                      SampleStore(cfg.store_path).reconcile(trainer.global_step))  # fmt: skip
+        elif trainer.is_global_zero:  # a finished run: the batch Lightning fetched ahead goes back to the queue
+            SampleStore(cfg.store_path).release_claims(trainer.global_step)
         driver_stats = dict(getattr(live.driver, "stats", {}) or {})
     if stop.error:
         raise RunFailed(stop.error)
