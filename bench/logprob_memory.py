@@ -62,9 +62,9 @@ def worker(args: argparse.Namespace) -> dict:
     import torch
 
     from metaclaw.datamodules.rollout import collate_samples
-    from metaclaw.datamodules.store import Sample
     from metaclaw.modules.loading import ModelSpec
     from metaclaw.modules.policy import LoraPolicy, token_logprobs
+    from metaclaw.store import Sample
 
     torch.manual_seed(0)
     spec = ModelSpec(**MODELS[args.model], max_seq_len=args.prompt + args.response + 8)

@@ -54,9 +54,9 @@ def serve(kind: str, port: int, upstream: str | None, store_path: str | None, cp
     if kind == "upstream":
         app = scripted_upstream(reply=REPLY)
     else:
-        from metaclaw.datamodules.store import SampleStore
-        from metaclaw.rollout.app import create_app
         from metaclaw.rollout.proxy import RolloutProxy
+        from metaclaw.rollout.proxy_app import create_app
+        from metaclaw.store import SampleStore
 
         app = create_app(RolloutProxy(SampleStore(store_path), upstream, base_model="tiny"))
     uvicorn.run(app, host="127.0.0.1", port=port, log_level="warning", access_log=False)

@@ -25,11 +25,11 @@ from torch.utils.data import DataLoader
 
 from metaclaw.advantages import RLAdvantage
 from metaclaw.datamodules.rollout import collate_samples
-from metaclaw.datamodules.store import Sample
 from metaclaw.losses import ImportanceSamplingLoss
 from metaclaw.modules.loading import ModelSpec
 from metaclaw.modules.online_rl import OnlineRLModule
 from metaclaw.modules.policy import LoraPolicy
+from metaclaw.store import Sample
 
 MODELS = {
     "tiny": dict(name="tiny", path="tiny", dtype="float32"),

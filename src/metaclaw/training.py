@@ -17,13 +17,13 @@ from omegaconf import DictConfig
 from metaclaw.config import trainer_device_kwargs, validate_train_config
 from metaclaw.control.plane import build_control
 from metaclaw.datamodules.seed import seed_store
-from metaclaw.datamodules.store import SampleStore
 from metaclaw.devices import resolve_devices
-from metaclaw.evaluation.build import build_evaluator
 from metaclaw.evaluation.report import write_report
+from metaclaw.loop.eval_wiring import build_evaluator
+from metaclaw.loop.live import Live, live_loop, run_skills_only
 from metaclaw.modules.online_rl import OnlineRLModule
-from metaclaw.rollout.live import Live, live_loop, run_skills_only
 from metaclaw.stopping import GracefulStop, RunAbandoned, RunFailed, StopController
+from metaclaw.store import SampleStore, open_store
 
 log = logging.getLogger(__name__)
 
@@ -45,7 +45,7 @@ def prepare_store(cfg: DictConfig, tokenizer, policy) -> SampleStore:
     With `data.backlog_policy=pause_capture` the proxy's writes through this store pause at `data.max_backlog`.
     """
     pause = cfg.data.get("backlog_policy") == "pause_capture"
-    store = SampleStore(cfg.store_path, capture_limit=cfg.data.get("max_backlog") if pause else None)
+    store = open_store(cfg.store_path, capture_limit=cfg.data.get("max_backlog") if pause else None)
     seed_file = cfg.rollout.get("seed_file")
     if seed_file and store.count() == 0:
         seed_store(store, seed_file, tokenizer, policy, cfg.method.needs_reward, cfg.method.needs_teacher)
@@ -134,9 +134,9 @@ def train(cfg: DictConfig) -> tuple[dict[str, Any], dict[str, Any]]:
             stop.request("received SIGTERM")
         if stop.stopping and trainer.is_global_zero:
             log.info("Stopped (%s) at step %d: %s", stop.reason, trainer.global_step,
-                     SampleStore(cfg.store_path).reconcile(trainer.global_step))  # fmt: skip
+                     open_store(cfg.store_path).reconcile(trainer.global_step))  # fmt: skip
         elif trainer.is_global_zero:  # a finished run: the batch Lightning fetched ahead goes back to the queue
-            SampleStore(cfg.store_path).release_claims(trainer.global_step)
+            open_store(cfg.store_path).release_claims(trainer.global_step)
         driver_stats = dict(getattr(live.driver, "stats", {}) or {})
     if stop.error:
         raise RunFailed(stop.error)

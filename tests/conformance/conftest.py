@@ -8,11 +8,11 @@ from dataclasses import dataclass
 
 import pytest
 
-from metaclaw.datamodules.store import SampleStore
-from metaclaw.rollout.app import create_app
 from metaclaw.rollout.fit import ClientFit, ContextPolicy, ImagePolicy
 from metaclaw.rollout.proxy import RolloutProxy
+from metaclaw.rollout.proxy_app import create_app
 from metaclaw.rollout.server import ThreadedServer
+from metaclaw.store import SampleStore
 
 PROXY_KEY = "conformance-proxy-key"
 

@@ -18,11 +18,11 @@ import pytest
 import torch
 
 from metaclaw.control.plane import ControlPlane
-from metaclaw.datamodules.store import Sample, SampleStore
-from metaclaw.rollout.app import create_app
 from metaclaw.rollout.proxy import RolloutProxy
+from metaclaw.rollout.proxy_app import create_app
 from metaclaw.rollout.server import ThreadedServer
 from metaclaw.scheduler import IdleScheduler
+from metaclaw.store import Sample, SampleStore
 from tests.e2e.conftest import running_policy_server
 
 REPO = Path(__file__).resolve().parents[2]

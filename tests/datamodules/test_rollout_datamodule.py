@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from metaclaw.datamodules.rollout import StreamingSampleDataset, collate_samples
-from metaclaw.datamodules.store import Sample, SampleStore
+from metaclaw.store import Sample, SampleStore
 
 
 def test_collate_aligns_targets_and_logprobs():

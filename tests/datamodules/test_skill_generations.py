@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from metaclaw.datamodules.rollout import StreamingSampleDataset
-from metaclaw.datamodules.store import Sample, SampleStore
+from metaclaw.store import Sample, SampleStore
 
 
 def sample(agent: str, generation: int | None, status: str = "ready") -> Sample:

@@ -10,7 +10,7 @@ import sys
 import time
 from collections import Counter
 
-from metaclaw.datamodules.store import SampleStore
+from metaclaw.store import SampleStore
 from tests.e2e.conftest import ENV, REPO
 from tests.procs import stop_group
 

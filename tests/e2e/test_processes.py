@@ -13,9 +13,9 @@ import openai
 import pytest
 from omegaconf import OmegaConf
 
-from metaclaw.datamodules.store import SampleStore
 from metaclaw.devices import resolve_devices
 from metaclaw.modules.loading import ModelSpec
+from metaclaw.store import SampleStore
 from tests.e2e.lifecycle import descendants, kill_tree, launch_train, models, server_pid, wait_for, wait_gone
 from tests.procs import free_port
 from tests.test_configs import _compose

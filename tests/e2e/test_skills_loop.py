@@ -20,11 +20,11 @@ import pytest
 from fastapi import FastAPI, Request
 from hydra.utils import instantiate
 
-from metaclaw.datamodules.store import Sample, SampleStore
-from metaclaw.rollout.live import Live, live_loop
+from metaclaw.loop.live import Live, live_loop
 from metaclaw.rollout.server import ThreadedServer
 from metaclaw.rollout.testing import scripted_upstream
 from metaclaw.skills import SkillLibrary
+from metaclaw.store import Sample, SampleStore
 from tests.e2e.conftest import running_policy_server
 from tests.e2e.test_online_loop import compose_live
 

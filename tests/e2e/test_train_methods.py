@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from metaclaw.datamodules.store import SampleStore
+from metaclaw.store import SampleStore
 from tests.e2e.conftest import ENV, REPO
 
 

@@ -15,8 +15,8 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import open_dict
 
 from metaclaw.config import register_resolvers
-from metaclaw.datamodules.store import SampleStore
 from metaclaw.modules.policy import LoraPolicy
+from metaclaw.store import SampleStore
 
 REPO = Path(__file__).resolve().parents[2]
 register_resolvers()

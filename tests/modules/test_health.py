@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import asyncio
 
-from metaclaw.datamodules.store import Sample, SampleStore
 from metaclaw.modules.health import HealthMonitor
-from metaclaw.rollout.sessions import SessionLog
 from metaclaw.scoring.worker import ScoringWorker
+from metaclaw.store import Sample, SampleStore, SessionLog
 
 
 class DownJudge:

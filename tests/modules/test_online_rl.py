@@ -10,9 +10,9 @@ import torch
 
 from metaclaw.advantages import RLAdvantage
 from metaclaw.datamodules.rollout import collate_samples
-from metaclaw.datamodules.store import Sample
 from metaclaw.losses import ImportanceSamplingLoss
 from metaclaw.modules.online_rl import OnlineRLModule
+from metaclaw.store import Sample
 
 
 def _batch(rewards: list[float], behaviour: float = -2.0) -> dict[str, torch.Tensor]:

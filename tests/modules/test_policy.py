@@ -106,8 +106,8 @@ def _ratio_at_top_p_top_k(policy, tokenizer, max_tokens: int) -> torch.Tensor:
 
 def _truncated_samples(policy, tokenizer, params, streamed: bool):
     """Samples drawn by the HF engine serving `policy` itself, with the sampling params the proxy records."""
-    from metaclaw.datamodules.store import Sample
     from metaclaw.serving.engines.hf import HFEngine
+    from metaclaw.store import Sample
 
     engine = HFEngine(policy.model, tokenizer, "tiny")
     messages = [{"role": "user", "content": "Hello"}]

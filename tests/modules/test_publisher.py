@@ -46,7 +46,7 @@ def _closed_port() -> int:
 
 
 def test_resume_counts_staleness_from_the_resumed_version(tmp_path):
-    from metaclaw.datamodules.store import Sample, SampleStore
+    from metaclaw.store import Sample, SampleStore
     from metaclaw.training import train
     from tests.entrypoints.test_train import compose_train
 
@@ -68,8 +68,8 @@ def test_resume_counts_staleness_from_the_resumed_version(tmp_path):
 def test_failed_hot_loads_keep_samples_fresh_then_stop_the_run(tmp_path, caplog):
     import pytest
 
-    from metaclaw.datamodules.store import SampleStore
     from metaclaw.modules.publisher import HotLoadError
+    from metaclaw.store import SampleStore
     from metaclaw.training import train
     from tests.entrypoints.test_train import compose_train
 

@@ -12,11 +12,11 @@ import pytest
 from hydra import compose, initialize_config_dir
 
 from metaclaw.config import register_resolvers
-from metaclaw.datamodules.store import SampleStore
-from metaclaw.rollout.app import create_app
 from metaclaw.rollout.fit import ClientFit, ContextPolicy, ImagePolicy
 from metaclaw.rollout.proxy import RolloutProxy
+from metaclaw.rollout.proxy_app import create_app
 from metaclaw.rollout.server import ThreadedServer
+from metaclaw.store import SampleStore
 from tests.conftest import REPO
 
 PROXY_KEY = "reliability-proxy-key"
@@ -56,7 +56,7 @@ def serve_cfg(*overrides: str):
 @pytest.fixture(scope="session")
 def policy_surface(tiny_policy_server, tmp_path_factory) -> Surface:
     """The live policy server, and the route table of the same app built in-process from the same config."""
-    from metaclaw.serving.app import build_server
+    from metaclaw.serving.policy_app import build_server
 
     adapters = tmp_path_factory.mktemp("route-table-adapters")
     server, _ = build_server(serve_cfg("model=tiny", f"serve.adapter_root={adapters}"))

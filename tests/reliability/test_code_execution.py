@@ -4,8 +4,8 @@ Every entry point where outside data is parsed gets an interpolation (`${oc.env:
 must refuse it (4xx / a validation error) or keep it as inert text, and nothing may be written or resolved.
 
 Audit (grep of `src/` for instantiate / OmegaConf.create|merge|load / pickle / torch.load / eval / import_module /
-__import__ / _target_): `instantiate` is only called on the composed config (training.py, serving/app.py,
-rollout/live.py, the training server's settings and optimizer); the training server's loss registry resolves its
+__import__ / _target_): `instantiate` is only called on the composed config (training.py, serving/policy_app.py,
+loop/live.py, the training server's settings and optimizer); the training server's loss registry resolves its
 trusted `app.losses` nodes once at start and builds losses from validated kwargs; adapters and checkpoints are
 safetensors + JSON (no pickle, no torch.load); skill front matter is `yaml.safe_load`; evolver replies, store rows
 and checkpoint `state.json` are `json.loads` into validated structures.
@@ -204,7 +204,7 @@ def test_evolver_reply_target_and_interpolation_stay_text() -> None:
 
 # ---- sample store rows --------------------------------------------------------------------------------------
 def test_store_rows_keep_interpolations_and_targets_as_data(tmp_path: Path) -> None:
-    from metaclaw.datamodules.store import Sample, SampleStore
+    from metaclaw.store import Sample, SampleStore
 
     store = SampleStore(tmp_path / "samples.db")
     try:

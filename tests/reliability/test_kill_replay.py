@@ -22,7 +22,7 @@ import pytest
 import torch
 from safetensors import safe_open
 
-from metaclaw.datamodules.store import SampleStore
+from metaclaw.store import SampleStore
 from tests.e2e.conftest import ENV, REPO
 from tests.procs import stop_group
 

@@ -8,11 +8,11 @@ from typing import Any
 
 import pytest
 
-from metaclaw.datamodules.store import SampleStore
-from metaclaw.rollout.app import create_app
 from metaclaw.rollout.proxy import RolloutProxy
+from metaclaw.rollout.proxy_app import create_app
 from metaclaw.rollout.server import ThreadedServer
 from metaclaw.rollout.testing import scripted_upstream
+from metaclaw.store import SampleStore
 
 
 @dataclass

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import openai
 
-from metaclaw.datamodules.store import SampleStore
-from metaclaw.rollout.app import create_app
 from metaclaw.rollout.proxy import RolloutProxy
+from metaclaw.rollout.proxy_app import create_app
 from metaclaw.rollout.server import ThreadedServer
+from metaclaw.store import SampleStore
 
 
 def test_paused_capture_still_answers_the_agent(tmp_path, upstream):

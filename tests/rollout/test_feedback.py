@@ -11,11 +11,10 @@ import httpx
 import openai
 import pytest
 
-from metaclaw.datamodules.store import Sample, SampleStore
-from metaclaw.rollout.sessions import SessionLog
 from metaclaw.scoring.judges import RuleJudge
 from metaclaw.scoring.teacher import TeacherClient
 from metaclaw.scoring.worker import ScoringWorker
+from metaclaw.store import Sample, SampleStore, SessionLog
 from tests.rollout.conftest import make_harness
 
 

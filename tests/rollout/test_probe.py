@@ -15,10 +15,10 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import open_dict
 
 from metaclaw.config import register_resolvers
-from metaclaw.datamodules.store import SampleStore
-from metaclaw.rollout.live import live_loop
+from metaclaw.loop.live import live_loop
 from metaclaw.rollout.probe import UpstreamCannotTrain, probe_capture
 from metaclaw.rollout.server import ThreadedServer
+from metaclaw.store import SampleStore
 
 REPO = Path(__file__).resolve().parents[2]
 register_resolvers()
@@ -89,7 +89,7 @@ def test_skills_only_needs_no_token_ids_and_an_open_proxy_warns(tmp_path, caplog
     with ThreadedServer(plain_upstream(strict=True)) as up:
         cfg = compose_cfg(tmp_path, "mode=skills_only", f"serving.url={up.url}", "rollout.proxy.api_key=null")
         store = SampleStore(tmp_path / "s.sqlite")
-        with caplog.at_level(logging.WARNING, logger="metaclaw.rollout.app"), live_loop(cfg, store, None) as live:
+        with caplog.at_level(logging.WARNING, logger="metaclaw.rollout.proxy_app"), live_loop(cfg, store, None) as live:
             health = httpx.get(f"{live.proxy_url}/health").json()
             r = httpx.post(
                 f"{live.proxy_url}/v1/chat/completions",

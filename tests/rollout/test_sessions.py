@@ -17,11 +17,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from metaclaw.datamodules.store import SampleStore
 from metaclaw.rollout.conversation import Query
 from metaclaw.rollout.server import ThreadedServer
-from metaclaw.rollout.sessions import SessionLog, SessionTracker
+from metaclaw.rollout.session_tracker import SessionTracker
 from metaclaw.rollout.testing import scripted_upstream
+from metaclaw.store import SampleStore, SessionLog
 from tests.rollout.conftest import make_harness
 
 

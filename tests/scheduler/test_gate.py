@@ -16,10 +16,10 @@ from lightning.pytorch.loggers import CSVLogger
 from safetensors.torch import load_file
 
 from metaclaw.datamodules import RolloutDataModule
-from metaclaw.datamodules.store import Sample, SampleStore
 from metaclaw.modules.online_rl import OnlineRLModule
 from metaclaw.modules.publisher import AdapterPublisher
 from metaclaw.scheduler import IdleScheduler
+from metaclaw.store import Sample, SampleStore
 from tests.scheduler.fakes import FakeClock, FakeIdle
 
 CONF = Path(__file__).resolve().parents[2] / "conf"

@@ -7,9 +7,9 @@ import asyncio
 import pytest
 from fastapi import FastAPI, Request
 
-from metaclaw.datamodules.store import Sample
 from metaclaw.rollout.server import ThreadedServer
 from metaclaw.scoring.judges import LLMJudge, RuleJudge, majority, parse_boxed, select_judge
+from metaclaw.store import Sample
 
 
 def sample(next_state: str | None, response: str = "It is Munich.") -> Sample:

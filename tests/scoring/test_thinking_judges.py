@@ -16,10 +16,10 @@ import pytest
 from fastapi import FastAPI, Request
 from omegaconf import OmegaConf
 
-from metaclaw.datamodules.store import Sample
 from metaclaw.rollout.server import ThreadedServer
 from metaclaw.scoring.judges import HINT_SYSTEM, LLMJudge
 from metaclaw.skills.evolve import SkillEvolver
+from metaclaw.store import Sample
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -5,13 +5,12 @@ from __future__ import annotations
 import asyncio
 import threading
 
-from metaclaw.datamodules.store import Sample, SampleStore
 from metaclaw.rollout.server import ThreadedServer
-from metaclaw.rollout.sessions import SessionLog
 from metaclaw.rollout.testing import scripted_upstream
 from metaclaw.scoring.judges import RuleJudge, Verdict
 from metaclaw.scoring.teacher import TeacherClient
 from metaclaw.scoring.worker import ScoringWorker
+from metaclaw.store import Sample, SampleStore, SessionLog
 
 
 def add_session(store: SampleStore, session: str, next_states: list[str | None]) -> list[int]:

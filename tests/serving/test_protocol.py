@@ -4,12 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from metaclaw.serving.protocol import (
-    RequestError,
-    normalise_messages,
-    parse_chat_request,
-    parse_completion_request,
-)
+from metaclaw.serving.protocol import parse_chat_request, parse_completion_request
+from metaclaw.wire import RequestError
+from metaclaw.wire.normalize import chat_template_messages
 
 MSG = [{"role": "user", "content": "hi"}]
 
@@ -47,7 +44,7 @@ def test_bad_messages():
 
 
 def test_message_normalisation():
-    out = normalise_messages(
+    out = chat_template_messages(
         [{"role": "developer", "content": [{"type": "text", "text": "be "}, {"type": "text", "text": "brief"}]},
          {"role": "assistant", "content": None,
           "tool_calls": [{"id": "c", "function": {"name": "f", "arguments": "{}"}}]},

@@ -75,8 +75,8 @@ TRUNCATED = {"temperature": 0.7, "top_p": 0.8, "top_k": 20}
 def test_on_policy_ratio_is_one_with_top_p_and_top_k(vllm_engine, tiny_spec, fixed_adapter):
     """Issue 10.1: vLLM's processed behaviour logprobs = the trainer's logprobs over the same truncated distribution."""
     from metaclaw.datamodules.rollout import collate_samples
-    from metaclaw.datamodules.store import Sample
     from metaclaw.modules.policy import LoraPolicy
+    from metaclaw.store import Sample
 
     vllm_engine.load_adapter("fixed", str(fixed_adapter))
     tok = tiny_spec.load_tokenizer()

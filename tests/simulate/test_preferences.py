@@ -8,9 +8,9 @@ import asyncio
 import pytest
 from pydantic import ValidationError
 
-from metaclaw.datamodules.store import Sample
 from metaclaw.scoring.judges import RuleJudge
 from metaclaw.simulate import KINDS, PreferenceSet, feedback, load_tasks
+from metaclaw.store import Sample
 
 CASES = [
     ({"kind": "starts_with", "text": "Sure thing:"}, "Sure thing: Paris.", "The capital is Paris."),

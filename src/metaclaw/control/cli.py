@@ -16,6 +16,7 @@ from typing import Any
 import httpx
 
 from metaclaw.control.plane import CONTROL_FILE
+from metaclaw.wire import bearer_headers
 
 DEFAULT_URL = "http://127.0.0.1:30000"
 
@@ -106,7 +107,7 @@ def main(argv: list[str] | None = None) -> int:
     args.timeout = args.timeout or 90.0
 
     url = resolve_url(args.url, args.run_dir)
-    headers = {"Authorization": f"Bearer {args.key}"} if args.key else {}
+    headers = bearer_headers(args.key)
     method, body = "POST", None
     if args.command == "status":
         method = "GET"

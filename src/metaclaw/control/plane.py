@@ -15,7 +15,8 @@ from typing import Any
 
 import httpx
 
-from metaclaw.datamodules.store import SampleStore
+from metaclaw.store import SampleStore
+from metaclaw.wire import ADAPTER_CONFIG, bearer_headers
 
 log = logging.getLogger(__name__)
 CONTROL_FILE = "control.json"
@@ -88,7 +89,7 @@ class ControlPlane:
         return mount_control(app, self, self.api_key)
 
     def attach(self, live: Any, trainer: Any = None) -> None:
-        """Point at the running services (`metaclaw.rollout.live.Live`) and trainer; announce the URL."""
+        """Point at the running services (`metaclaw.loop.live.Live`) and trainer; announce the URL."""
         self.server_url = live.server_url.rstrip("/") if live.server_url else None
         self.server_api_key = getattr(live, "server_key", None) or self.server_api_key
         self.trainer = trainer
@@ -182,7 +183,7 @@ class ControlPlane:
         from metaclaw.modules.publisher import adapter_name  # torch: imported by the service, not by the CLI
 
         target = self.run_dir / "adapters" / adapter_name(step)
-        if not (target / "adapter_config.json").exists():
+        if not (target / ADAPTER_CONFIG).exists():
             kept = self.available_steps()
             raise ControlError(404, f"no adapter for step {step} in {target.parent} (kept: {kept or 'none'})")
         if not self.server_url:
@@ -209,7 +210,7 @@ class ControlPlane:
                 "message": message}  # fmt: skip
 
     def _headers(self) -> dict[str, str]:
-        return {"Authorization": f"Bearer {self.server_api_key}"} if self.server_api_key else {}
+        return bearer_headers(self.server_api_key)
 
 
 def build_control(cfg: Any, store: SampleStore, scheduler: Any) -> ControlPlane | None:

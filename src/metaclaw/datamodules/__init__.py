@@ -1,20 +1,9 @@
-"""The durable sample store and the streaming DataModule that trains from it.
+"""The streaming DataModule that trains from the sample store (`metaclaw.store`), and the seed filler.
 
-The DataModule (Lightning, torch) is imported lazily, so the proxy can use the store without loading them.
+The DataModule (Lightning, torch) is imported lazily, so `import metaclaw.datamodules` stays light.
 """
 
-from metaclaw.datamodules.store import BACKLOG_POLICIES, BacklogFull, Sample, SampleStore, SampleValidationError
-
-__all__ = [
-    "BACKLOG_POLICIES",
-    "BacklogFull",
-    "RolloutDataModule",
-    "Sample",
-    "SampleStore",
-    "SampleValidationError",
-    "StreamingSampleDataset",
-    "collate_samples",
-]
+__all__ = ["RolloutDataModule", "StreamingSampleDataset", "collate_samples"]
 
 
 def __getattr__(name: str):

@@ -12,8 +12,8 @@ import torch
 from torch import Tensor
 from torch.utils.data import DataLoader, IterableDataset
 
-from metaclaw.datamodules.store import BACKLOG_POLICIES, Sample, SampleStore
 from metaclaw.serving.distribution import sample_distribution
+from metaclaw.store import BACKLOG_POLICIES, Sample, SampleStore, open_store
 
 log = logging.getLogger(__name__)
 
@@ -121,7 +121,7 @@ class StreamingSampleDataset(IterableDataset):
         self.should_stop = should_stop
 
     def __iter__(self) -> Iterator[dict[str, Tensor]]:
-        store = SampleStore(self.store_path)
+        store = open_store(self.store_path)
         step = self.first_step()
         try:
             while True:
@@ -227,7 +227,7 @@ class RolloutDataModule(L.LightningDataModule):
         trainer = self.trainer
         # Called after a checkpoint is restored and before any rank claims (Lightning barriers right after).
         if trainer.is_global_zero:
-            outcome = SampleStore(self.store_path).reconcile(trainer.global_step)
+            outcome = open_store(self.store_path).reconcile(trainer.global_step)
             log.info("Sample store %s at step %d: %s", self.store_path, trainer.global_step, outcome)
         # Resumed: the checkpoint's adapter is the newest published one (the publisher serves it again at start).
         self.adapter_version = max(self.adapter_version, trainer.global_step)

@@ -13,17 +13,12 @@ from pathlib import Path
 
 import torch
 
-from metaclaw.datamodules.store import Sample, SampleStore
 from metaclaw.modules.policy import LoraPolicy
 from metaclaw.scoring.hints import hinted_messages
+from metaclaw.serving.render import chat_prompt_ids
+from metaclaw.store import Sample, SampleStore
 
 log = logging.getLogger(__name__)
-
-
-def render_prompt(tokenizer, messages: list[dict]) -> list[int]:
-    """Prompt token ids exactly as a chat server renders them (generation prompt included)."""
-    out = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=False)
-    return list(out)
 
 
 @torch.no_grad()
@@ -51,13 +46,13 @@ def seed_store(
         if not line.strip():
             continue
         row = json.loads(line)
-        prompt_ids = render_prompt(tokenizer, row["messages"])
+        prompt_ids = chat_prompt_ids(tokenizer, row["messages"])
         response_ids = tokenizer(row["response"], add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
         teacher = None
         if row.get("hint") and needs_teacher:
             with policy.reference():
                 teacher = response_logprobs(
-                    policy, render_prompt(tokenizer, hinted_messages(row["messages"], row["hint"])), response_ids
+                    policy, chat_prompt_ids(tokenizer, hinted_messages(row["messages"], row["hint"])), response_ids
                 )
         usable = (needs_reward and row.get("reward") is not None) or (needs_teacher and teacher is not None)
         store.insert(

@@ -29,6 +29,7 @@ import httpx
 import lightning as L
 
 from metaclaw.evaluation.evaluator import ComplianceEvaluator, EvalResult
+from metaclaw.wire import bearer_headers
 
 log = logging.getLogger(__name__)
 
@@ -153,7 +154,7 @@ class LiveEvaluator(L.Callback):
                     self._cond.notify_all()
 
     def _load_candidate(self, path: Path) -> None:
-        headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
+        headers = bearer_headers(self.api_key)
         r = httpx.post(
             f"{self.server_url}/v1/load_lora_adapter",
             json={"lora_name": self.eval_name, "lora_path": str(path.resolve())},

@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from metaclaw.datamodules.store import SampleStore
+from metaclaw.store import SampleStore
 
 
 def plot_curve(points: list[dict[str, Any]], path: Path, title: str) -> Path:

@@ -20,7 +20,7 @@ from typing import Any
 
 import lightning as L
 
-from metaclaw.datamodules.store import SampleStore
+from metaclaw.store import SampleStore, open_store
 
 PROGRESS_BAR = ("rollout/captured", "rollout/capture_failures", "rollout/judge_failures", "rollout/backlog")
 
@@ -49,7 +49,7 @@ class HealthMonitor(L.Callback):
     def snapshot(self) -> dict[str, float]:
         """The counters now."""
         if self._store is None:
-            self._store = SampleStore(self.store_path)
+            self._store = open_store(self.store_path)
         counts = self._store.counts()
         out = {
             "rollout/pending": counts["pending"],

@@ -16,13 +16,13 @@ from torch.utils.checkpoint import checkpoint
 
 from metaclaw.atomic import write_dir_atomically
 from metaclaw.serving.sampling import Param, token_logprobs, truncation_mask
+from metaclaw.wire import ADAPTER_WEIGHTS
 
 __all__ = ["LoraPolicy", "token_logprobs", "truncation_mask"]
 
 log = logging.getLogger(__name__)
 
 DEFAULT_TARGET_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
-ADAPTER_WEIGHTS = "adapter_model.safetensors"
 
 
 def _head_logprobs(head: nn.Module, hidden: Tensor, targets: Tensor, temperature: Tensor, top_p: Tensor,

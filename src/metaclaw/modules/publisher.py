@@ -26,8 +26,9 @@ import httpx
 import lightning as L
 import torch
 
-from metaclaw.datamodules.store import SampleStore
 from metaclaw.devices import full_params
+from metaclaw.store import open_store
+from metaclaw.wire import bearer_headers
 
 log = logging.getLogger(__name__)
 
@@ -69,7 +70,7 @@ class AdapterPublisher(L.Callback):
         timeout_s: how long a load request may take.
         keep_last: keep only the newest this many adapter directories (None keeps all).
         max_hot_load_failures: stop the run after this many failed hot-loads in a row (None: only warn).
-        gate: config of the publish gate (`enabled`, `margin`), read by `metaclaw.evaluation.build`; the
+        gate: config of the publish gate (`enabled`, `margin`), read by `metaclaw.loop.eval_wiring`; the
             object that evaluates and gates is attached as `release` (see below).
 
     `release`: None, or an object with `submit(step, path, hot_load)` (`metaclaw.evaluation.LiveEvaluator`)
@@ -102,7 +103,7 @@ class AdapterPublisher(L.Callback):
         self.cleaned: list[Path] = []
         self.served_version = 0  # the adapter version the policy server confirmed (published, without a server)
         self.stats = {"hot_load_failures": 0, "hot_load_failures_in_a_row": 0}
-        self.server_restarting: Callable[[], bool] = lambda: False  # set by the live loop (rollout/live.py)
+        self.server_restarting: Callable[[], bool] = lambda: False  # set by the live loop (loop/live.py)
         self._last_hot_load_error = ""
         self.gate_config = gate
         self.release: Any = None
@@ -136,7 +137,7 @@ class AdapterPublisher(L.Callback):
         if trainer.global_step > 0 and last != adapter_name(trainer.global_step):
             self.publish(trainer, pl_module)
         if trainer.is_global_zero:  # the prefetched next batch was never trained on: hand it back
-            SampleStore(self.store_path).reconcile(trainer.global_step)
+            open_store(self.store_path).reconcile(trainer.global_step)
 
     def publish(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         step = trainer.global_step
@@ -149,7 +150,7 @@ class AdapterPublisher(L.Callback):
         trainer.save_checkpoint(tmp, weights_only=False)  # collective: every rank calls it, rank 0 writes
         if trainer.is_global_zero:
             os.replace(tmp, self.checkpoint_path)
-            SampleStore(self.store_path).mark_consumed(step)
+            open_store(self.store_path).mark_consumed(step)
             (self.run_dir / "adapters" / "latest.json").write_text(
                 json.dumps(
                     {"version": step, "path": str(target), "name": self.lora_name, "rank_fingerprints": fingerprints}
@@ -203,7 +204,7 @@ class AdapterPublisher(L.Callback):
 
     def _hot_load(self, path: Path, step: int) -> int:
         """Ask the server to load `path`; returns the version it now serves (unchanged when the load failed)."""
-        headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
+        headers = bearer_headers(self.api_key)
         body = {"lora_name": self.lora_name, "lora_path": str(path.resolve())}
         try:
             r = httpx.post(

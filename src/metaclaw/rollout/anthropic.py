@@ -8,7 +8,8 @@ import uuid
 from collections.abc import Iterator
 from typing import Any
 
-from metaclaw.rollout.normalize import RequestError, content_text
+from metaclaw.messages import content_text
+from metaclaw.wire import RequestError
 
 STOP_REASONS = {"stop": "end_turn", "length": "max_tokens", "tool_calls": "tool_use", None: "end_turn"}
 

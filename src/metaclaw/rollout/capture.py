@@ -10,7 +10,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from metaclaw.datamodules.store import Sample
+from metaclaw.store import Sample
 
 EXTRA_CHOICE_FIELDS = ("token_ids",)
 EXTRA_TOP_FIELDS = ("prompt_token_ids",)

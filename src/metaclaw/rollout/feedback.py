@@ -14,8 +14,8 @@ from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from metaclaw.datamodules.store import Sample, SampleStore
-from metaclaw.rollout.normalize import RequestError
+from metaclaw.store import Sample, SampleStore
+from metaclaw.wire import RequestError
 
 TRAINED = ("claimed", "consumed")
 Id = Annotated[str, Field(min_length=1, max_length=256)]

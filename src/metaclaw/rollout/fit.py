@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from metaclaw.messages import content_text
+from metaclaw.serving.render import chat_prompt_ids
 
 log = logging.getLogger(__name__)
 
@@ -107,10 +108,7 @@ class ContextPolicy:
 
     def count(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> int:
         """Prompt tokens as the chat template renders them (the server renders the same way)."""
-        ids = self.tokenizer.apply_chat_template(messages, tools=tools, add_generation_prompt=True, tokenize=True)
-        if hasattr(ids, "keys"):
-            ids = ids["input_ids"]
-        return len(ids)
+        return len(chat_prompt_ids(self.tokenizer, messages, tools))
 
     def _tokens(self, text: str) -> list[int]:
         return self.tokenizer(text, add_special_tokens=False)["input_ids"]

@@ -13,6 +13,7 @@ import logging
 import httpx
 
 from metaclaw.rollout.capture import TurnCapture
+from metaclaw.wire import bearer_headers
 
 log = logging.getLogger(__name__)
 
@@ -42,7 +43,7 @@ def probe_capture(url: str, api_key: str | None = None, model: str | None = None
     Raises:
         UpstreamCannotTrain: unreachable, refused the request, or answered without token ids / logprobs.
     """
-    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    headers = bearer_headers(api_key)
     with httpx.Client(base_url=url.rstrip("/"), headers=headers, timeout=timeout_s) as client:
         model = model or _first_model(client) or "default"
         body = {

@@ -27,26 +27,24 @@ from typing import Any
 
 import httpx
 
-from metaclaw.datamodules.store import Sample, SampleStore
-from metaclaw.datamodules.writer import GroupCommitWriter
 from metaclaw.rollout.capture import TurnCapture, split_sse, sse_data, strip_extras
 from metaclaw.rollout.conversation import Query, Tail
 from metaclaw.rollout.fit import ClientFit, ContextPolicy, ImagePolicy
-from metaclaw.rollout.normalize import RequestError, next_state_text, normalize_messages, normalize_tools
-from metaclaw.rollout.sessions import (
+from metaclaw.rollout.session_tracker import (
     BODY_EXTRAS,
-    SessionLog,
     SessionState,
     SessionTracker,
     new_messages_since_last_assistant,
     session_keys,
 )
-from metaclaw.rollout.skills_hook import SkillInjectorLike
 from metaclaw.serving.distribution import distribution
+from metaclaw.skills.hooks import SkillInjectorLike
+from metaclaw.store import GroupCommitWriter, Sample, SampleStore, open_session_log
+from metaclaw.wire import ADAPTER_VERSION_HEADER, RequestError, bearer_headers, version_headers
+from metaclaw.wire.normalize import next_state_text, normalize_messages, normalize_tools
 
 log = logging.getLogger(__name__)
 
-ADAPTER_HEADER = "x-metaclaw-adapter-version"
 RESPONSE_ID_HEADER = "x-metaclaw-response-id"
 SESSION_HEADER, TURN_HEADER = "x-metaclaw-session-id", "x-metaclaw-turn-index"  # where a main turn was filed
 SSE_DONE = b"data: [DONE]\n\n"
@@ -163,7 +161,7 @@ class RolloutProxy:
         self.upstream_api_key, self.policy_model, self.base_model = upstream_api_key, policy_model, base_model
         self.capture, self.default_temperature, self.default_agent_id = capture, default_temperature, default_agent_id
         self.request_timeout_s, self.model_refresh_s, self.skills = request_timeout_s, model_refresh_s, skills
-        self.sessions = SessionTracker(store, SessionLog(store.path), max_sessions, session_idle_s)
+        self.sessions = SessionTracker(store, open_session_log(store), max_sessions, session_idle_s)
         self.client: httpx.AsyncClient | None = None  # the first pool: model refreshes
         self._clients: list[httpx.AsyncClient] = []
         self._next_client = iter(())
@@ -178,7 +176,7 @@ class RolloutProxy:
     # ---- lifecycle ----------------------------------------------------------------------------------------
     async def start(self) -> None:
         """Open the shared upstream clients (keep-alive pools) and the store's group-commit writer."""
-        headers = {"Authorization": f"Bearer {self.upstream_api_key}"} if self.upstream_api_key else {}
+        headers = bearer_headers(self.upstream_api_key)
         per_pool = MAX_UPSTREAM_CONNECTIONS // POOL_SHARDS
         limits = httpx.Limits(max_connections=per_pool, max_keepalive_connections=per_pool)
         kw = dict(base_url=self.upstream_url, headers=headers, timeout=self.request_timeout_s, limits=limits)
@@ -317,7 +315,7 @@ class RolloutProxy:
             self.stats["upstream_errors"] += 1
             await self.finish(turn, ok=False)
             raise UpstreamError(resp.status_code, body)
-        version = resp.headers.get(ADAPTER_HEADER)
+        version = resp.headers.get(ADAPTER_VERSION_HEADER)
         if version is not None and version.lstrip("-").isdigit():
             turn.capture.adapter_version = int(version)
         return resp
@@ -422,8 +420,7 @@ class RolloutProxy:
         return b"data: " + dumps(turn.for_client(chunk)).encode() + b"\n\n"
 
     def _headers(self, turn: Turn) -> dict[str, str]:
-        v = turn.capture.adapter_version
-        out = {} if v is None else {ADAPTER_HEADER: str(v)}
+        out = version_headers(turn.capture.adapter_version)
         if turn.response_id:
             out[RESPONSE_ID_HEADER] = turn.response_id
             out[SESSION_HEADER], out[TURN_HEADER] = turn.session_id, str(turn.turn_index)

@@ -17,7 +17,7 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
-from metaclaw.rollout.normalize import content_text
+from metaclaw.messages import content_text
 
 
 def word_ids(text: str) -> list[int]:

@@ -21,11 +21,11 @@ from typing import Any
 
 import lightning as L
 
-from metaclaw.datamodules.store import SampleStore
 from metaclaw.scheduler.calendar import CalendarWindows
 from metaclaw.scheduler.idle import ActivityTracker, CombinedIdle, detect_host_idle
 from metaclaw.scheduler.sources import UTC, IdleWindow, Interval, SleepHours, WindowSource, resolve_zone
 from metaclaw.scheduler.state import SchedulerState
+from metaclaw.store import open_store
 
 log = logging.getLogger(__name__)
 STATE_FILE = "scheduler_state.json"
@@ -293,13 +293,13 @@ class IdleScheduler(L.Callback):
             return
         optimizer.zero_grad(set_to_none=True)  # no gradient: the optimizer leaves every weight as it was
         if self.store_path and trainer.is_global_zero:
-            released = SampleStore(self.store_path).release_claims(trainer.global_step)
+            released = open_store(self.store_path).release_claims(trainer.global_step)
             log.info("User came back mid-step %d: step abandoned, %d samples released", trainer.global_step, released)
 
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, *args: Any) -> None:
         metrics = {"sched/window_open": float(self.state.window_open), "sched/waited_s": self.waited_s}
         if self.store_path:
-            store = SampleStore(self.store_path)
+            store = open_store(self.store_path)
             try:
                 metrics["sched/samples_waiting"] = float(store.count("ready"))
             finally:

@@ -16,9 +16,9 @@ from typing import Any, Protocol
 
 import httpx
 
-from metaclaw.datamodules.store import Sample
-from metaclaw.messages import answer_and_reasoning
-from metaclaw.rollout.normalize import content_text
+from metaclaw.messages import answer_and_reasoning, content_text
+from metaclaw.store import Sample
+from metaclaw.wire import bearer_headers
 
 log = logging.getLogger(__name__)
 
@@ -172,7 +172,7 @@ class LLMJudge:
 
     async def _ask(self, system: str, user: str, temperature: float) -> tuple[str, str]:
         """`(answer, reasoning)` of one judge reply (see `answer_and_reasoning`)."""
-        headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
+        headers = bearer_headers(self.api_key)
         body: dict[str, Any] = {
             "model": self.model,
             "messages": [{"role": "system", "content": system}, {"role": "user", "content": user}],

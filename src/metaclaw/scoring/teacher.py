@@ -7,9 +7,10 @@ import asyncio
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from metaclaw.datamodules.store import Sample
 from metaclaw.scoring.hints import hinted_messages
 from metaclaw.serving.client import teacher_logprobs
+from metaclaw.serving.render import chat_prompt_ids
+from metaclaw.store import Sample
 
 
 class TeacherClient:
@@ -45,14 +46,7 @@ def hinted_prompt_ids(tokenizer: Any, sample: Sample, hint: str) -> list[int]:
     """The teacher's prompt: the sample's messages plus the hint, rendered as the server rendered the student's
     (same tools, same `chat_template_kwargs`, generation prompt). An empty hint gives the student's prompt."""
     messages = hinted_messages(sample.messages or [], hint)
-    kwargs = dict(sample.meta.get("chat_template_kwargs") or {})
-    tools = sample.meta.get("tools")
-    if tools:
-        kwargs["tools"] = tools
-    out = tokenizer.apply_chat_template(
-        messages, add_generation_prompt=True, tokenize=True, return_dict=False, **kwargs
-    )
-    return list(out)
+    return chat_prompt_ids(tokenizer, messages, sample.meta.get("tools"), sample.meta.get("chat_template_kwargs"))
 
 
 PromptRenderer = Callable[[Sample, str], list[int]]

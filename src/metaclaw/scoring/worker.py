@@ -23,13 +23,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from metaclaw.datamodules.store import Sample, SampleStore, SampleValidationError
-from metaclaw.rollout.sessions import SessionLog
-from metaclaw.rollout.skills_hook import EvolutionScheduler, SkillEvolverLike
 from metaclaw.scoring.feedback import FeedbackRule, feedback_of
 from metaclaw.scoring.judges import Judge
 from metaclaw.scoring.teacher import TeacherClient
 from metaclaw.serving.distribution import sample_distribution
+from metaclaw.skills.hooks import EvolutionScheduler, SkillEvolverLike
+from metaclaw.store import Sample, SampleStore, SampleValidationError, open_session_log
 
 log = logging.getLogger(__name__)
 
@@ -93,7 +92,7 @@ class ScoringWorker:
         self.poll_s, self.session_idle_s, self.at_least_one = poll_s, session_idle_s, at_least_one
         self.timeout_s, self.max_attempts = timeout_s, max_attempts
         self.evolution = EvolutionScheduler(evolver, evolve_every_n_turns) if evolver is not None else None
-        self.sessions = SessionLog(store.path)
+        self.sessions = open_session_log(store)
         self.concurrency = concurrency
         self.feedback = FeedbackRule.of(feedback)
         self._scores: dict[int, TurnScore] = {}

@@ -7,6 +7,7 @@ from collections.abc import Sequence
 import httpx
 
 from metaclaw.serving.distribution import distribution
+from metaclaw.wire import bearer_headers
 
 
 def _v1(base_url: str) -> str:
@@ -46,7 +47,7 @@ def teacher_logprobs(
         return []
     dist = distribution(temperature, top_p, top_k)
     raw = dist == (1.0, 1.0, -1)
-    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    headers = bearer_headers(api_key)
     body = {
         "model": model,
         "prompt": prompt + target,

@@ -28,7 +28,7 @@ from litserve.specs.base import LitSpec
 from litserve.utils import LitAPIStatus, ResponseBufferItem
 
 from metaclaw.serving.bodies import BodyError, load_json
-from metaclaw.serving.protocol import RequestError
+from metaclaw.wire import RequestError
 
 log = logging.getLogger(__name__)
 

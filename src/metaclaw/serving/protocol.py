@@ -9,25 +9,9 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from metaclaw.messages import TEXT_PART_TYPES
 from metaclaw.serving.sampling import SamplingParams
-
-ROLES = ("system", "developer", "user", "assistant", "tool")
-
-
-class RequestError(Exception):
-    """A client error answered with `{"error": {"message", "type", "code", "param"}}` and `status`."""
-
-    def __init__(
-        self, message: str, status: int = 400, code: str | None = None, param: str | None = None,
-        type_: str = "invalid_request_error",
-    ) -> None:  # fmt: skip
-        super().__init__(message)
-        self.message, self.status, self.code, self.param, self.type = message, status, code, param, type_
-
-    def body(self) -> dict[str, Any]:
-        return {"error": {"message": self.message, "type": self.type, "code": self.code or self.status,
-                          "param": self.param}}  # fmt: skip
+from metaclaw.wire import RequestError
+from metaclaw.wire.normalize import chat_template_messages
 
 
 def model_not_found(name: str) -> RequestError:
@@ -101,53 +85,6 @@ def sampling_params(body: dict, default_max_tokens: int, allow_zero: bool = Fals
     )
 
 
-def _text_of(content: Any, where: str) -> str:
-    """String content, or the text parts of a list-of-parts content joined."""
-    if content is None:
-        return ""
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        texts = []
-        for part in content:
-            if isinstance(part, str):
-                texts.append(part)
-            elif isinstance(part, dict) and part.get("type") in TEXT_PART_TYPES and isinstance(part.get("text"), str):
-                texts.append(part["text"])
-            else:
-                kind = part.get("type") if isinstance(part, dict) else type(part).__name__
-                raise RequestError(f"{where}: content part of type {kind!r} is not supported (text only)", param=where)
-        return "".join(texts)
-    raise RequestError(f"{where}.content must be a string, a list of parts or null", param=where)
-
-
-def normalise_messages(messages: Any) -> list[dict[str, Any]]:
-    """Chat-template-ready messages: text content, `developer` as `system`, tool calls kept."""
-    if not isinstance(messages, list) or not messages:
-        raise RequestError("messages must be a non-empty list", param="messages")
-    out = []
-    for i, msg in enumerate(messages):
-        where = f"messages[{i}]"
-        if not isinstance(msg, dict):
-            raise RequestError(f"{where} must be an object", param=where)
-        role = msg.get("role")
-        if role not in ROLES:
-            raise RequestError(f"{where}.role must be one of {', '.join(ROLES)}, got {role!r}", param=where)
-        item: dict[str, Any] = {"role": "system" if role == "developer" else role}
-        item["content"] = _text_of(msg.get("content"), where)
-        if role == "assistant" and msg.get("tool_calls"):
-            calls = msg["tool_calls"]
-            if not isinstance(calls, list) or not all(isinstance(c, dict) and "function" in c for c in calls):
-                raise RequestError(f"{where}.tool_calls must be a list of {{function: ...}} objects", param=where)
-            item["tool_calls"] = calls
-        if role == "tool" and msg.get("tool_call_id") is not None:
-            item["tool_call_id"] = msg["tool_call_id"]
-        if msg.get("name") is not None:
-            item["name"] = msg["name"]
-        out.append(item)
-    return out
-
-
 @dataclass
 class ChatRequest:
     model: str
@@ -177,7 +114,7 @@ def parse_chat_request(body: Any, default_max_tokens: int) -> ChatRequest:
         raise RequestError("stream_options must be an object", param="stream_options")
     req = ChatRequest(
         model=_model(body),
-        messages=normalise_messages(body.get("messages")),
+        messages=chat_template_messages(body.get("messages")),
         params=sampling_params(body, default_max_tokens),
         tools=tools or None,
         parse_tools=bool(tools) and body.get("tool_choice") != "none",

@@ -1,6 +1,6 @@
 """The policy server's operations over one `Engine`, independent of the HTTP framework.
 
-`PolicyService.handle(op, body)` yields events (see `metaclaw.serving.chat`); every client mistake becomes an
+`PolicyService.handle(op, body)` yields events (see `metaclaw.serving.completions`); every client mistake becomes an
 OpenAI-style error event with a 4xx status, so the server never answers 500 for bad input.
 """
 
@@ -13,10 +13,9 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from metaclaw.serving.chat import TextDecoder, chat_completion, chat_completion_stream, version_headers
+from metaclaw.serving.completions import TextDecoder, chat_completion, chat_completion_stream
 from metaclaw.serving.engines.base import AdapterError, Engine, UnknownAdapterError
 from metaclaw.serving.protocol import (
-    RequestError,
     model_not_found,
     parse_chat_request,
     parse_completion_request,
@@ -24,6 +23,7 @@ from metaclaw.serving.protocol import (
     parse_unload_request,
 )
 from metaclaw.serving.security import confine_path
+from metaclaw.wire import RequestError, version_headers
 
 log = logging.getLogger(__name__)
 

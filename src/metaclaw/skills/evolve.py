@@ -1,6 +1,6 @@
 """Skill evolution: ask an LLM to turn a session's failed turns into new or edited skills.
 
-The live loop decides when (session end, every N main turns: `metaclaw.rollout.skills_hook.EvolutionScheduler`,
+The live loop decides when (session end, every N main turns: `metaclaw.skills.hooks.EvolutionScheduler`,
 driven by the scoring worker) and calls `SkillEvolver.evolve`. Every proposal,
 accepted or not, is logged in the agent's JSONL history; every accepted change bumps the agent's generation.
 """
@@ -23,6 +23,7 @@ from metaclaw.skills.proposals import ProposalError, parse_reply, validate_propo
 from metaclaw.skills.query import content_text
 from metaclaw.skills.ranking import BM25Ranker, SkillRanker
 from metaclaw.skills.skill import Skill
+from metaclaw.wire import bearer_headers
 
 logger = logging.getLogger(__name__)
 
@@ -183,7 +184,7 @@ class SkillEvolver:
         Raises:
             RuntimeError: when every attempt failed or the response has no message content.
         """
-        headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
+        headers = bearer_headers(self.api_key)
         payload: dict[str, Any] = {"model": self.model, "messages": messages, "temperature": self.temperature}
         if self.max_tokens is not None:
             payload["max_tokens"] = self.max_tokens

@@ -15,7 +15,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from metaclaw.serving.engines.base import UnknownAdapterError
+from metaclaw.serving.engines.base import AdapterError, UnknownAdapterError
+from metaclaw.wire import ADAPTER_CONFIG, ADAPTER_WEIGHTS
 
 log = logging.getLogger(__name__)
 
@@ -29,6 +30,19 @@ def step_from_path(path: str | Path) -> int | None:
     return int(match.group(1)) if match else None
 
 
+def check_adapter_files(path: str | Path) -> Path:
+    """The adapter directory, once it holds a config and safetensors weights; engines refuse anything else
+    (vLLM would fall back to a pickled `adapter_model.bin`)."""
+    directory = Path(path)
+    if not directory.is_dir():
+        raise AdapterError(f"adapter path {str(directory)!r} is not a directory")
+    if not (directory / ADAPTER_CONFIG).is_file():
+        raise AdapterError(f"{ADAPTER_CONFIG} is missing in {str(directory)!r}")
+    if not (directory / ADAPTER_WEIGHTS).is_file():
+        raise AdapterError(f"{ADAPTER_WEIGHTS} is missing in {str(directory)!r} (only safetensors adapters load)")
+    return directory
+
+
 def check_adapter_name(name: object) -> str:
     """Adapter names are short printable identifiers (they travel in the OpenAI `model` field)."""
     if not isinstance(name, str) or not _NAME.match(name):
@@ -37,7 +51,7 @@ def check_adapter_name(name: object) -> str:
 
 
 @dataclass
-class AdapterSlot:
+class LoadedAdapter:
     """One loaded version of a named adapter."""
 
     name: str
@@ -53,7 +67,7 @@ class AdapterRegistry:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._slots: dict[str, AdapterSlot] = {}
+        self._slots: dict[str, LoadedAdapter] = {}
         self._versions: dict[str, int] = {}  # last version per name, kept after unload so versions only grow
 
     def next_version(self, name: str, path: str | Path) -> int:
@@ -63,7 +77,7 @@ class AdapterRegistry:
         step = step_from_path(path)
         return step if step is not None and step > previous else previous + 1
 
-    def publish(self, slot: AdapterSlot) -> AdapterSlot | None:
+    def publish(self, slot: LoadedAdapter) -> LoadedAdapter | None:
         """Point `slot.name` at `slot`; returns the replaced slot if nothing uses it any more (free it now)."""
         with self._lock:
             old = self._slots.get(slot.name)
@@ -71,14 +85,14 @@ class AdapterRegistry:
             self._versions[slot.name] = max(slot.version, self._versions.get(slot.name, 0))
             return self._retire(old)
 
-    def remove(self, name: str) -> AdapterSlot | None:
+    def remove(self, name: str) -> LoadedAdapter | None:
         """Drop `name`; returns its slot if it can be freed now (else the last request frees it)."""
         with self._lock:
             if name not in self._slots:
                 raise UnknownAdapterError(name)
             return self._retire(self._slots.pop(name))
 
-    def acquire(self, name: str) -> AdapterSlot:
+    def acquire(self, name: str) -> LoadedAdapter:
         """The slot `name` points to now, pinned until `release`."""
         with self._lock:
             slot = self._slots.get(name)
@@ -87,13 +101,13 @@ class AdapterRegistry:
             slot.refs += 1
             return slot
 
-    def release(self, slot: AdapterSlot) -> AdapterSlot | None:
+    def release(self, slot: LoadedAdapter) -> LoadedAdapter | None:
         """Unpin; returns the slot when it was retired and this was the last user (free it now)."""
         with self._lock:
             slot.refs -= 1
             return slot if slot.retired and slot.refs == 0 else None
 
-    def current(self, name: str) -> AdapterSlot:
+    def current(self, name: str) -> LoadedAdapter:
         with self._lock:
             slot = self._slots.get(name)
         if slot is None:
@@ -105,7 +119,7 @@ class AdapterRegistry:
             return {name: slot.version for name, slot in self._slots.items()}
 
     @staticmethod
-    def _retire(old: AdapterSlot | None) -> AdapterSlot | None:
+    def _retire(old: LoadedAdapter | None) -> LoadedAdapter | None:
         if old is None:
             return None
         old.retired = True
@@ -118,7 +132,7 @@ class ServedAdapters:
 
     model_name: str
     _registry: AdapterRegistry
-    _free: Callable[[AdapterSlot], None]
+    _free: Callable[[LoadedAdapter], None]
 
     def adapters(self) -> dict[str, int]:
         return self._registry.versions()
@@ -142,7 +156,7 @@ class ServedAdapters:
 
     def _publish(self, name: str, internal: str, version: int, path: str, started: float) -> int:
         """Re-point `name` at the loaded `internal` weights; the old version is freed once no request uses it."""
-        old = self._registry.publish(AdapterSlot(name=name, internal=internal, version=version, path=str(path)))
+        old = self._registry.publish(LoadedAdapter(name=name, internal=internal, version=version, path=str(path)))
         if old is not None:
             self._free(old)
         log.info("Loaded adapter %s v%d from %s in %.0f ms", name, version, path, 1e3 * (time.perf_counter() - started))

@@ -23,7 +23,7 @@ from safetensors.torch import load_file
 from torch import nn
 
 from metaclaw.serving import sampling
-from metaclaw.serving.engines.adapters import AdapterRegistry, AdapterSlot, ServedAdapters
+from metaclaw.serving.engines.adapters import AdapterRegistry, LoadedAdapter, ServedAdapters, check_adapter_files
 from metaclaw.serving.engines.base import (
     AdapterError,
     SamplingParams,
@@ -32,22 +32,14 @@ from metaclaw.serving.engines.base import (
     TokenScore,
     TokenStream,
 )
+from metaclaw.wire import ADAPTER_WEIGHTS
 
 log = logging.getLogger(__name__)
-
-ADAPTER_WEIGHTS = "adapter_model.safetensors"
-ADAPTER_CONFIG = "adapter_config.json"
 
 
 def read_adapter(path: str | Path, device: torch.device | str = "cpu") -> tuple[LoraConfig, dict[str, torch.Tensor]]:
     """The LoRA config (JSON) and weights (safetensors) of a PEFT adapter directory; never unpickles anything."""
-    directory = Path(path)
-    if not directory.is_dir():
-        raise AdapterError(f"adapter path {str(directory)!r} is not a directory")
-    if not (directory / ADAPTER_CONFIG).is_file():
-        raise AdapterError(f"{ADAPTER_CONFIG} is missing in {str(directory)!r}")
-    if not (directory / ADAPTER_WEIGHTS).is_file():
-        raise AdapterError(f"{ADAPTER_WEIGHTS} is missing in {str(directory)!r} (only safetensors adapters load)")
+    directory = check_adapter_files(path)
     try:
         config = LoraConfig.from_pretrained(str(directory))
         state = load_file(str(directory / ADAPTER_WEIGHTS), device=str(device))
@@ -78,7 +70,7 @@ class HFEngine(ServedAdapters):
         self._base = model
         if self._peft is not None:
             for name in list(self._peft.peft_config):
-                self._registry.publish(AdapterSlot(name=name, internal=name, version=0, path="<in-memory>"))
+                self._registry.publish(LoadedAdapter(name=name, internal=name, version=0, path="<in-memory>"))
 
     @classmethod
     def from_spec(cls, spec: Any, device: torch.device | str = "cpu") -> HFEngine:
@@ -119,7 +111,7 @@ class HFEngine(ServedAdapters):
             raise
         self._peft.eval()
 
-    def _free(self, slot: AdapterSlot) -> None:
+    def _free(self, slot: LoadedAdapter) -> None:
         with self._lock:
             if self._peft is not None and slot.internal in self._peft.peft_config:
                 self._peft.delete_adapter(slot.internal)
@@ -127,7 +119,7 @@ class HFEngine(ServedAdapters):
     # ---------------------------------------------------------------- model access
 
     @contextmanager
-    def _pinned(self, adapter: str | None) -> Iterator[AdapterSlot | None]:
+    def _pinned(self, adapter: str | None) -> Iterator[LoadedAdapter | None]:
         """Resolve `adapter` to the version it points to now and keep that version alive until the block ends."""
         if self._is_base(adapter):
             yield None
@@ -140,7 +132,7 @@ class HFEngine(ServedAdapters):
                 self._free(slot)
 
     @contextmanager
-    def _model(self, slot: AdapterSlot | None) -> Iterator[nn.Module]:
+    def _model(self, slot: LoadedAdapter | None) -> Iterator[nn.Module]:
         """The model with `slot`'s adapter active (adapters disabled for None); hold only under `self._lock`."""
         if slot is None:
             if self._peft is None or not self._peft.peft_config:  # no adapter at all: the plain base model

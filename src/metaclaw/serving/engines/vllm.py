@@ -21,11 +21,10 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Sequence
 from contextlib import contextmanager
-from pathlib import Path
 from typing import Any
 
 from metaclaw.serving.distribution import distribution
-from metaclaw.serving.engines.adapters import AdapterRegistry, AdapterSlot, ServedAdapters
+from metaclaw.serving.engines.adapters import AdapterRegistry, LoadedAdapter, ServedAdapters, check_adapter_files
 from metaclaw.serving.engines.base import (
     AdapterError,
     SamplingParams,
@@ -37,15 +36,6 @@ from metaclaw.serving.engines.base import (
 from metaclaw.serving.sampling import token_logprobs
 
 log = logging.getLogger(__name__)
-
-
-def _check_adapter_dir(path: str | Path) -> None:
-    """vLLM would fall back to a pickled `adapter_model.bin`; we refuse anything but safetensors first."""
-    directory = Path(path)
-    if not (directory / "adapter_config.json").is_file():
-        raise AdapterError(f"adapter_config.json is missing in {str(directory)!r}")
-    if not (directory / "adapter_model.safetensors").is_file():
-        raise AdapterError(f"adapter_model.safetensors is missing in {str(directory)!r} (only safetensors load)")
 
 
 class VLLMEngine(ServedAdapters):
@@ -103,7 +93,7 @@ class VLLMEngine(ServedAdapters):
 
     def load_adapter(self, name: str, path: str) -> int:
         self._check_new_name(name)
-        _check_adapter_dir(path)
+        check_adapter_files(path)
         started = time.perf_counter()
         version = self._registry.next_version(name, path)
         lora_id = next(self._lora_ids)
@@ -116,7 +106,7 @@ class VLLMEngine(ServedAdapters):
         self._lora_requests[internal] = request
         return self._publish(name, internal, version, path, started)
 
-    def _free(self, slot: AdapterSlot) -> None:
+    def _free(self, slot: LoadedAdapter) -> None:
         """Remove a replaced version from vLLM. On the engine loop's own thread (a stream that outlived a swap,
         or a cancelled one, releases it there) the removal is scheduled, never waited for: waiting on the loop
         from inside it would freeze every request."""

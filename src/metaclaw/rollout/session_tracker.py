@@ -2,34 +2,21 @@
 
 The store is the source of truth (a session's turns are its samples); the tracker only caches it so the
 request path never waits on SQLite. Finished sessions are recorded durably in a small `rollout_sessions`
-table beside the samples, so the scorer (another thread or process) sees them too.
+table beside the samples (`metaclaw.store.SessionLog`), so the scorer (another thread or process) sees them too.
 """
 
 from __future__ import annotations
 
-import sqlite3
 import threading
 import time
 import uuid
 from collections import OrderedDict
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
-from metaclaw.datamodules.store import SampleStore
 from metaclaw.rollout.conversation import Query, Tail
-from metaclaw.rollout.normalize import RequestError
-
-_SCHEMA = """
-CREATE TABLE IF NOT EXISTS rollout_sessions (
-    agent_id TEXT NOT NULL,
-    session_id TEXT NOT NULL,
-    done_at REAL,
-    updated_at REAL NOT NULL,
-    PRIMARY KEY (agent_id, session_id)
-);
-"""
-
+from metaclaw.store import SampleStore, SessionLog
+from metaclaw.wire import RequestError
 
 BODY_EXTRAS = ("session_id", "turn_type", "session_done")  # read here, never forwarded upstream
 TRUE, FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off", "")
@@ -107,36 +94,6 @@ class SessionState:
     pending: set[int] = field(default_factory=set)  # turn indices in flight
     tail: Tail | None = None  # derived sessions: what the next request of the conversation extends
     seen_at: float = field(default_factory=time.monotonic)
-
-
-class SessionLog:
-    """Durable record of sessions marked done (`X-Session-Done` or the done endpoint)."""
-
-    def __init__(self, path: str | Path) -> None:
-        self._lock = threading.Lock()
-        self._conn = sqlite3.connect(path, timeout=30.0, isolation_level=None, check_same_thread=False)
-        self._conn.execute("PRAGMA journal_mode=WAL")
-        self._conn.execute("PRAGMA synchronous=FULL")
-        self._conn.executescript(_SCHEMA)
-
-    def touch(self, agent_id: str, session_id: str, done: bool = False) -> None:
-        now = time.time()
-        with self._lock:
-            self._conn.execute(
-                "INSERT INTO rollout_sessions (agent_id, session_id, done_at, updated_at) VALUES (?,?,?,?) "
-                "ON CONFLICT(agent_id, session_id) DO UPDATE SET updated_at=excluded.updated_at, "
-                "done_at=COALESCE(rollout_sessions.done_at, excluded.done_at)",
-                (agent_id, session_id, now if done else None, now),
-            )
-
-    def done_sessions(self) -> set[tuple[str, str]]:
-        with self._lock:
-            rows = self._conn.execute("SELECT agent_id, session_id FROM rollout_sessions WHERE done_at IS NOT NULL")
-            return {(a, s) for a, s in rows.fetchall()}
-
-    def close(self) -> None:
-        with self._lock:
-            self._conn.close()
 
 
 class SessionTracker:

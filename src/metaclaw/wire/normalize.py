@@ -5,6 +5,9 @@ its `toolResult` role, the `developer` role, and tools given in Anthropic's shap
 flattened to a string (chat templates render strings); images become canonical OpenAI `image_url` parts (what
 happens to them next is the proxy's image policy, `metaclaw.rollout.fit`). Every shape mistake is a
 `RequestError` naming the field (answered with 400), never an exception from deep inside.
+
+Two entry points: `normalize_messages` (the proxy: whatever an agent sends → OpenAI chat messages) and
+`chat_template_messages` (the policy server: refuses anything but text, so the template never sees a stranger).
 """
 
 from __future__ import annotations
@@ -12,13 +15,11 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from metaclaw.messages import content_text
+from metaclaw.messages import TEXT_PART_TYPES, content_text
+from metaclaw.wire import RequestError
 
 IMAGE_PARTS = ("image", "image_url", "input_image")
-
-
-class RequestError(ValueError):
-    """A request the proxy refuses with a 400; the message says which field is wrong."""
+ROLES = ("system", "developer", "user", "assistant", "tool")  # what the policy server's template accepts
 
 
 def _obj(value: Any, where: str) -> dict[str, Any]:
@@ -192,3 +193,51 @@ def next_state_text(new_messages: list[dict[str, Any]]) -> str:
         text = content_text(m.get("content"))
         parts.append(f"[tool result] {text}" if m.get("role") == "tool" else text)
     return "\n".join(p for p in parts if p)
+
+
+def _strict_text(content: Any, where: str) -> str:
+    """String content, or the text parts of a list-of-parts content joined."""
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        texts = []
+        for part in content:
+            if isinstance(part, str):
+                texts.append(part)
+            elif isinstance(part, dict) and part.get("type") in TEXT_PART_TYPES and isinstance(part.get("text"), str):
+                texts.append(part["text"])
+            else:
+                kind = part.get("type") if isinstance(part, dict) else type(part).__name__
+                raise RequestError(f"{where}: content part of type {kind!r} is not supported (text only)", param=where)
+        return "".join(texts)
+    raise RequestError(f"{where}.content must be a string, a list of parts or null", param=where)
+
+
+def chat_template_messages(messages: Any) -> list[dict[str, Any]]:
+    """The policy server's strict check: chat-template-ready messages (text content only, `developer` as
+    `system`, tool calls kept); anything else is a `RequestError` naming the field (`param`)."""
+    if not isinstance(messages, list) or not messages:
+        raise RequestError("messages must be a non-empty list", param="messages")
+    out = []
+    for i, msg in enumerate(messages):
+        where = f"messages[{i}]"
+        if not isinstance(msg, dict):
+            raise RequestError(f"{where} must be an object", param=where)
+        role = msg.get("role")
+        if role not in ROLES:
+            raise RequestError(f"{where}.role must be one of {', '.join(ROLES)}, got {role!r}", param=where)
+        item: dict[str, Any] = {"role": "system" if role == "developer" else role}
+        item["content"] = _strict_text(msg.get("content"), where)
+        if role == "assistant" and msg.get("tool_calls"):
+            calls = msg["tool_calls"]
+            if not isinstance(calls, list) or not all(isinstance(c, dict) and "function" in c for c in calls):
+                raise RequestError(f"{where}.tool_calls must be a list of {{function: ...}} objects", param=where)
+            item["tool_calls"] = calls
+        if role == "tool" and msg.get("tool_call_id") is not None:
+            item["tool_call_id"] = msg["tool_call_id"]
+        if msg.get("name") is not None:
+            item["name"] = msg["name"]
+        out.append(item)
+    return out

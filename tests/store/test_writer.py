@@ -7,9 +7,8 @@ import threading
 
 import pytest
 
-from metaclaw.datamodules.store import Sample, SampleStore, SampleValidationError
-from metaclaw.datamodules.writer import GroupCommitWriter
-from tests.datamodules.conftest import make
+from metaclaw.store import GroupCommitWriter, Sample, SampleStore, SampleValidationError
+from tests.store.conftest import make
 
 
 def test_insert_many_is_one_all_or_nothing_transaction(store):

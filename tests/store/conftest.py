@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from metaclaw.datamodules.store import Sample, SampleStore
+from metaclaw.store import Sample, SampleStore
 
 
 def make(n_resp: int = 3, **kw) -> Sample:

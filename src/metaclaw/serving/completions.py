@@ -13,9 +13,10 @@ from typing import Any
 
 from metaclaw.serving.engines.base import Engine, SequenceOutput, TokenDelta
 from metaclaw.serving.parsing import StreamParser, parse_completion
-from metaclaw.serving.protocol import ChatRequest, RequestError
+from metaclaw.serving.protocol import ChatRequest
+from metaclaw.serving.render import chat_prompt_ids
+from metaclaw.wire import RequestError, version_headers
 
-VERSION_HEADER = "x-metaclaw-adapter-version"
 _END_TOKENS = ("<|im_end|>", "<|endoftext|>", "<|eot_id|>", "<|end_of_text|>", "</s>")
 
 
@@ -25,10 +26,6 @@ def end_token_ids(tokenizer: Any) -> set[int]:
     vocab = tokenizer.get_vocab()
     ids.update(vocab[t] for t in _END_TOKENS if t in vocab)
     return {i for i in ids if i is not None}
-
-
-def version_headers(version: int | None) -> dict[str, str]:
-    return {} if version is None else {VERSION_HEADER: str(version)}
 
 
 class TextDecoder:
@@ -75,14 +72,9 @@ class TextDecoder:
 def render_prompt(engine: Engine, req: ChatRequest) -> list[int]:
     """The chat template applied to the messages (and tools) → prompt token ids; too long → 400."""
     try:
-        ids = engine.tokenizer.apply_chat_template(
-            req.messages, tools=req.tools, add_generation_prompt=True, tokenize=True, **req.template_kwargs
-        )
+        ids = chat_prompt_ids(engine.tokenizer, req.messages, req.tools, req.template_kwargs)
     except Exception as exc:  # noqa: BLE001 - a template that rejects the conversation is the request's fault
         raise RequestError(f"cannot render the conversation with the chat template: {exc}", param="messages") from exc
-    if isinstance(ids, dict) or hasattr(ids, "keys"):
-        ids = ids["input_ids"]
-    ids = list(ids)
     if len(ids) >= engine.max_seq_len:
         raise RequestError(
             f"the prompt is {len(ids)} tokens; this model's context (model.max_seq_len) is {engine.max_seq_len}",

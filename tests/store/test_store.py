@@ -8,8 +8,8 @@ import time
 
 import pytest
 
-from metaclaw.datamodules.store import Sample, SampleStore, SampleValidationError
-from tests.datamodules.conftest import make
+from metaclaw.store import Sample, SampleStore, SampleValidationError
+from tests.store.conftest import make
 
 
 def test_wal_and_full_sync(store):
@@ -177,8 +177,7 @@ def test_drop_oldest_keeps_the_newest_backlog_and_counts_what_it_dropped(store):
 
 
 def test_pause_capture_refuses_new_turns_at_the_bound(tmp_path):
-    from metaclaw.datamodules.store import BacklogFull
-    from metaclaw.datamodules.writer import GroupCommitWriter
+    from metaclaw.store import BacklogFull, GroupCommitWriter
 
     store = SampleStore(tmp_path / "s.sqlite", capture_limit=3)
     with GroupCommitWriter(store) as writer:

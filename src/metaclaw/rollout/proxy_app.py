@@ -21,12 +21,13 @@ from starlette.types import Send
 
 from metaclaw.rollout import feedback
 from metaclaw.rollout.anthropic import AnthropicStream, to_anthropic_response, to_openai_messages, to_openai_request
-from metaclaw.rollout.normalize import RequestError, normalize_messages, normalize_tools
 from metaclaw.rollout.proxy import SSE_DONE, RolloutProxy, UpstreamError
-from metaclaw.rollout.sessions import BODY_EXTRAS
+from metaclaw.rollout.session_tracker import BODY_EXTRAS
 from metaclaw.serving.bodies import BodyError, load_json
 from metaclaw.serving.openapi import PROXY_BODIES, publish_request_bodies
 from metaclaw.serving.security import BearerAuthMiddleware, BodySizeLimitMiddleware, error_body
+from metaclaw.wire import RequestError
+from metaclaw.wire.normalize import normalize_messages, normalize_tools
 
 log = logging.getLogger(__name__)
 

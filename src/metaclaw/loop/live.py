@@ -20,19 +20,20 @@ import httpx
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
-from metaclaw.datamodules.store import SampleStore
-from metaclaw.rollout.app import create_app, warn_open
+from metaclaw.loop.policy_server import SERVER_NODES, PolicyServerProcess
 from metaclaw.rollout.fit import build_fit
-from metaclaw.rollout.policy_server import SERVER_NODES, PolicyServerProcess
 from metaclaw.rollout.probe import probe_capture
 from metaclaw.rollout.proxy import RolloutProxy
+from metaclaw.rollout.proxy_app import create_app, warn_open
 from metaclaw.rollout.replay import ReplayDriver
 from metaclaw.rollout.server import ThreadedServer
-from metaclaw.rollout.skills_hook import FailSafeInjector
 from metaclaw.scoring.teacher import TeacherClient, hinted_prompt_ids
 from metaclaw.scoring.worker import ScoringWorker
 from metaclaw.simulate.user import SimulatedUser
+from metaclaw.skills.hooks import FailSafeInjector
 from metaclaw.stopping import StopController
+from metaclaw.store import SampleStore, open_store
+from metaclaw.wire import bearer_headers
 
 log = logging.getLogger(__name__)
 
@@ -138,7 +139,7 @@ def reload_latest_adapter(run_dir: str | Path, server_url: str, api_key: str | N
     if not latest.exists():
         return
     info = json.loads(latest.read_text())
-    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    headers = bearer_headers(api_key)
     r = httpx.post(f"{server_url}/v1/load_lora_adapter", json={"lora_name": info["name"], "lora_path": info["path"]},
                    headers=headers, timeout=timeout_s)  # fmt: skip
     r.raise_for_status()
@@ -228,7 +229,7 @@ def live_loop(
         live.worker = build_worker(cfg, store, tokenizer, live.server_url, live.server_key).start()
         stack.callback(live.worker.stop)
         if evaluator is not None:
-            from metaclaw.evaluation.build import bind_evaluator
+            from metaclaw.loop.eval_wiring import bind_evaluator
 
             bind_evaluator(cfg, evaluator, live.server_url, live.server_key)
             stack.callback(evaluator.stop)
@@ -251,7 +252,7 @@ def run_skills_only(cfg: DictConfig, report_every_s: float = 30.0) -> tuple[dict
     """`mode=skills_only`: serve the proxy (skills injected, nothing trained) until SIGTERM / SIGINT."""
     if not cfg.rollout.get("proxy"):
         raise ValueError("mode=skills_only needs a proxy: use rollout=proxy")
-    store = SampleStore(cfg.store_path)
+    store = open_store(cfg.store_path)
     stop = StopController()
     with stop.signals_installed(), live_loop(cfg, store, tokenizer=None, stop=stop) as live:
         while not stop.wait(report_every_s):

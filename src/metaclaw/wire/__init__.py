@@ -1,0 +1,53 @@
+"""The wire vocabulary shared by both sides of the proxy/server boundary: one spelling of every word.
+
+A leaf: it imports nothing from metaclaw but `metaclaw.messages`, so `serving/`, `rollout/`, `scoring/`,
+`modules/` and the tools all take their header names, error type, adapter file names and auth header from here.
+Message normalisation lives beside it in `metaclaw.wire.normalize`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+ADAPTER_VERSION_HEADER = "x-metaclaw-adapter-version"
+"""Response header: the adapter version that produced a completion (the policy server sets it, the proxy reads it)."""
+
+ADAPTER_WEIGHTS = "adapter_model.safetensors"
+"""A PEFT adapter directory's weights file (safetensors only: loading never unpickles)."""
+
+ADAPTER_CONFIG = "adapter_config.json"
+"""A PEFT adapter directory's config file."""
+
+
+class RequestError(ValueError):
+    """A client's mistake, answered with a 4xx that names the field.
+
+    Args:
+        message: what is wrong, naming the field.
+        status: the HTTP status (400 unless said otherwise).
+        code: OpenAI's `error.code` (the status when None).
+        param: the offending field, OpenAI's `error.param`.
+        type_: OpenAI's `error.type`.
+    """
+
+    def __init__(
+        self, message: str, status: int = 400, code: str | None = None, param: str | None = None,
+        type_: str = "invalid_request_error",
+    ) -> None:  # fmt: skip
+        super().__init__(message)
+        self.message, self.status, self.code, self.param, self.type = message, status, code, param, type_
+
+    def body(self) -> dict[str, Any]:
+        """OpenAI's error body: `{"error": {"message", "type", "code", "param"}}`."""
+        return {"error": {"message": self.message, "type": self.type, "code": self.code or self.status,
+                          "param": self.param}}  # fmt: skip
+
+
+def bearer_headers(api_key: str | None) -> dict[str, str]:
+    """`Authorization: Bearer <key>` when a key is set, else no header."""
+    return {"Authorization": f"Bearer {api_key}"} if api_key else {}
+
+
+def version_headers(version: int | None) -> dict[str, str]:
+    """The adapter-version response header, or none when no adapter answered."""
+    return {} if version is None else {ADAPTER_VERSION_HEADER: str(version)}
