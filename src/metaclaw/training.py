@@ -118,9 +118,7 @@ def train(cfg: DictConfig) -> tuple[dict[str, Any], dict[str, Any]]:
     )
     with stop.signals_installed(), services as live:
         if live.server_url:
-            publisher.server_url, publisher.api_key = live.server_url, live.server_key
-            if live.server is not None:
-                publisher.server_restarting = live.server.unavailable
+            publisher.connect(live.server_url, live.server_key, live.server.unavailable if live.server else None)
         if health is not None:
             health.attach(proxy=live.proxy, worker=live.worker, capture_store=store)
         if control:

@@ -180,7 +180,7 @@ class ControlPlane:
 
     def rollback(self, step: int) -> dict[str, Any]:
         """Serve the adapter of `step` again (training pauses so the next publish does not replace it)."""
-        from metaclaw.modules.publisher import adapter_name  # torch: imported by the service, not by the CLI
+        from metaclaw.modules.adapter_writer import adapter_name  # metaclaw.modules imports torch: not in the CLI
 
         target = self.run_dir / "adapters" / adapter_name(step)
         if not (target / ADAPTER_CONFIG).exists():

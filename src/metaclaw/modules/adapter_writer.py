@@ -1,0 +1,71 @@
+"""`AdapterWriter`: the run's adapter and checkpoint files: `adapters/step-NNNNNN` (atomic), `adapters/latest.json`,
+`checkpoints/last.ckpt` (written to `.tmp`, then renamed), pruning, and the leftovers a kill mid-write leaves."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+from typing import Any
+
+
+def adapter_name(step: int) -> str:
+    return f"step-{step:06d}"
+
+
+def clean_leftovers(run_dir: Path) -> list[Path]:
+    """Remove what a kill mid-write leaves in `run_dir` (relative paths of what was removed, sorted).
+
+    `write_dir_atomically` fills `adapters/.step-NNNNNN-xxxx` and parks the replaced copy in
+    `adapters/.step-NNNNNN.old`; the checkpoint is written to `checkpoints/last.ckpt.tmp` first.
+    """
+    removed = []
+    for path in [*(run_dir / "adapters").glob(".step-*"), *(run_dir / "checkpoints").glob("*.tmp")]:
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            path.unlink(missing_ok=True)
+        removed.append(path.relative_to(run_dir))
+    return sorted(removed)
+
+
+class AdapterWriter:
+    """Where a run's adapters and its resumable checkpoint live, and how they are written.
+
+    Args:
+        run_dir: the run's output directory.
+        keep_last: keep only the newest this many adapter directories (None keeps all).
+    """
+
+    def __init__(self, run_dir: str | Path, keep_last: int | None = None) -> None:
+        if keep_last is not None and keep_last < 1:
+            raise ValueError(f"publish.keep_last must be >= 1 or null, got {keep_last}")
+        self.run_dir, self.keep_last = Path(run_dir), keep_last
+
+    @property
+    def checkpoint_path(self) -> Path:
+        return self.run_dir / "checkpoints" / "last.ckpt"
+
+    @property
+    def checkpoint_tmp(self) -> Path:
+        """Where the checkpoint is written before `commit_checkpoint` renames it into place."""
+        return self.checkpoint_path.with_suffix(".ckpt.tmp")
+
+    def adapter_dir(self, step: int) -> Path:
+        return self.run_dir / "adapters" / adapter_name(step)
+
+    def commit_checkpoint(self) -> None:
+        os.replace(self.checkpoint_tmp, self.checkpoint_path)
+
+    def write_latest(self, step: int, target: Path, lora_name: str, fingerprints: Any) -> None:
+        """`adapters/latest.json`: what a restarted policy server reloads (`loop.live.reload_latest_adapter`)."""
+        (self.run_dir / "adapters" / "latest.json").write_text(
+            json.dumps({"version": step, "path": str(target), "name": lora_name, "rank_fingerprints": fingerprints})
+        )
+
+    def prune(self) -> None:
+        if self.keep_last is None:
+            return
+        for old in sorted((self.run_dir / "adapters").glob("step-*"))[: -self.keep_last]:
+            shutil.rmtree(old, ignore_errors=True)
