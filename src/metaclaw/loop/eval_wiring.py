@@ -43,7 +43,7 @@ def build_evaluator(cfg: DictConfig) -> LiveEvaluator | None:
 
 def bind_evaluator(cfg: DictConfig, evaluator: LiveEvaluator, server_url: str, server_key: str | None) -> None:
     """Point the evaluator at the running policy server (with its key) and start it (base model first)."""
-    from metaclaw.loop.live import build_injector
+    from metaclaw.loop.wiring import build_injector
 
     ev, user = cfg.eval, cfg.rollout.simulated_user
     prefs: Any = OmegaConf.to_container(cfg.preference.rules, resolve=True)

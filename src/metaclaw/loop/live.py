@@ -2,7 +2,8 @@
 
 `training.train` enters `live_loop(cfg, store, tokenizer)`; for `rollout=store` it does nothing. Otherwise it
 starts (or connects to) the policy server, serves the proxy on `rollout.proxy.port`, scores in the background,
-and with `rollout=replay` drives the proxy with the shipped example conversations.
+and with `rollout=replay` drives the proxy with the shipped example conversations. The parts are built from
+their own config nodes (`metaclaw.loop.wiring`); this module only starts and stops them, in order.
 """
 
 from __future__ import annotations
@@ -17,20 +18,17 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
 from metaclaw.loop.policy_server import SERVER_NODES, PolicyServerProcess
-from metaclaw.rollout.fit import build_fit
+from metaclaw.loop.wiring import Upstream, build_proxy, build_worker
 from metaclaw.rollout.probe import probe_capture
 from metaclaw.rollout.proxy import RolloutProxy
-from metaclaw.rollout.proxy_app import create_app, warn_open
+from metaclaw.rollout.proxy_app import warn_open
 from metaclaw.rollout.replay import ReplayDriver
 from metaclaw.rollout.server import ThreadedServer
-from metaclaw.scoring.teacher import TeacherClient, hinted_prompt_ids
 from metaclaw.scoring.worker import ScoringWorker
 from metaclaw.simulate.user import SimulatedUser
-from metaclaw.skills.hooks import FailSafeInjector
 from metaclaw.stopping import StopController
 from metaclaw.store import SampleStore, open_store
 from metaclaw.wire import bearer_headers
@@ -52,80 +50,10 @@ class Live:
     driver: ReplayDriver | SimulatedUser | None = None
     extras: dict[str, Any] = field(default_factory=dict)
 
-
-def build_injector(cfg: DictConfig) -> FailSafeInjector | None:
-    """The proxy's skill injector when `skills.enabled` (wrapped so a skills failure never fails a request)."""
-    skills = cfg.get("skills")
-    if not skills or not skills.enabled or not skills.get("injector"):
-        return None
-    injector = instantiate(skills.injector)
-    log.info("Skills: injecting from %s (_shared/ + one folder per X-Agent-Id)", getattr(injector, "root", "?"))
-    return FailSafeInjector(injector)
-
-
-def build_evolver(cfg: DictConfig, server_url: str | None, server_key: str | None = None) -> Any:
-    """The skill evolver when `skills.enabled` and `skills.evolver` are set; `base_url: null` means our server."""
-    skills = cfg.get("skills")
-    if not skills or not skills.enabled or not skills.get("evolver"):
-        return None
-    ev = skills.evolver
-    overrides: dict[str, Any] = {}
-    if ev.get("base_url") is None:
-        if not server_url:
-            raise ValueError("skills.evolver.base_url is null and there is no policy server: set the base URL")
-        overrides["base_url"] = f"{server_url.rstrip('/')}/v1"
-        if ev.get("api_key") is None:
-            overrides["api_key"] = server_key
-    evolver = instantiate(ev, **overrides)
-    every = skills.get("evolve_every_n_turns")
-    log.info(
-        "Skills: evolving with %s at %s when a session ends%s",
-        getattr(evolver, "model", "?"),
-        getattr(evolver, "base_url", "?"),
-        f" and every {every} main turns of an agent" if every else "",
-    )
-    return evolver
-
-
-def build_judge(cfg: DictConfig, server_url: str | None, server_key: str | None) -> Any:
-    """The judge; one configured with `base_url: null` is pointed at the policy server, with its key."""
-    judge = instantiate(cfg.judge)
-    if hasattr(judge, "bind") and server_url:
-        judge.bind(server_url)
-        if getattr(judge, "base_url", None) == server_url.rstrip("/") and getattr(judge, "api_key", "") is None:
-            judge.api_key = server_key
-    return judge
-
-
-def build_teacher(cfg: DictConfig, server_url: str | None, server_key: str | None) -> TeacherClient | None:
-    """The teacher client when the method needs one: `teacher.url` or, when null, our policy server."""
-    if not cfg.method.needs_teacher:
-        return None
-    t = cfg.teacher
-    url = t.get("url") or server_url
-    if not url:
-        raise ValueError("method needs teacher logprobs: set teacher.url or run with a policy server")
-    key = t.get("api_key") if t.get("url") else server_key
-    return TeacherClient(url, t.model, key, t.timeout_s)
-
-
-def build_worker(
-    cfg: DictConfig, store: SampleStore, tokenizer: Any, server_url: str | None, server_key: str | None = None
-) -> ScoringWorker:
-    """The scoring worker for `cfg.method`, judge from `cfg.judge`, teacher from `cfg.teacher`, skill evolver."""
-    judge = build_judge(cfg, server_url, server_key)
-    teacher = build_teacher(cfg, server_url, server_key)
-    return ScoringWorker(
-        store,
-        judge,
-        needs_reward=cfg.method.needs_reward,
-        needs_teacher=cfg.method.needs_teacher,
-        teacher=teacher,
-        render_teacher_prompt=lambda sample, hint: hinted_prompt_ids(tokenizer, sample, hint),
-        evolver=build_evolver(cfg, server_url, server_key),
-        evolve_every_n_turns=cfg.skills.evolve_every_n_turns if cfg.get("skills") else None,
-        **cfg.rollout.scoring,
-    )
+    @property
+    def upstream(self) -> Upstream | None:
+        """The policy server every part talks to, resolved once (None before it is known)."""
+        return Upstream(self.server_url, self.server_key) if self.server_url else None
 
 
 def server_nodes(cfg: DictConfig) -> dict[str, Any]:
@@ -167,6 +95,19 @@ def start_policy_server(cfg: DictConfig, live: Live, stack: ExitStack) -> None:
     )
 
 
+def connect_policy_server(cfg: DictConfig, live: Live, stack: ExitStack) -> Upstream:
+    """`serving.url` when set, else the server this run starts: the one place the upstream is decided."""
+    serving = cfg.serving
+    if serving.get("url"):
+        live.server_url, live.server_key = serving.url.rstrip("/"), serving.get("api_key")
+    elif not cfg.mode.train:
+        raise ValueError("mode=skills_only forwards to serving.url: set it to an OpenAI-compatible base URL")
+    else:
+        start_policy_server(cfg, live, stack)
+    assert live.upstream is not None
+    return live.upstream
+
+
 @contextmanager
 def live_loop(
     cfg: DictConfig,
@@ -190,33 +131,13 @@ def live_loop(
     for name in ("httpx", "httpx2"):  # one line per proxied request drowns the progress
         logging.getLogger(name).setLevel(logging.WARNING)
     with ExitStack() as stack:
-        serving = cfg.serving
-        if serving.get("url"):
-            live.server_url, live.server_key = serving.url.rstrip("/"), serving.get("api_key")
-        elif not cfg.mode.train:
-            raise ValueError("mode=skills_only forwards to serving.url: set it to an OpenAI-compatible base URL")
-        else:
-            start_policy_server(cfg, live, stack)
+        server = connect_policy_server(cfg, live, stack)
         p = rollout.proxy
         if cfg.mode.train:  # refuse a run the upstream cannot feed, before any agent is pointed at the proxy
-            probe_capture(live.server_url, live.server_key, p.get("base_model"), p.request_timeout_s)
-        live.proxy = RolloutProxy(
-            store,
-            live.server_url,
-            upstream_api_key=live.server_key,
-            policy_model=p.policy_model,
-            base_model=p.base_model,
-            default_temperature=p.default_temperature,
-            default_agent_id=p.default_agent_id,
-            request_timeout_s=p.request_timeout_s,
-            capture=bool(cfg.mode.train),
-            skills=build_injector(cfg),
-            fit=build_fit(p, tokenizer),
-            max_sessions=p.sessions.max_open,
-            session_idle_s=p.sessions.idle_s,
-        )
-        app = create_app(live.proxy, p.get("api_key"), p.max_body_bytes, p.served_model)
-        app = wrap_app(app) if wrap_app else app
+            probe_capture(server.url, server.api_key, p.get("base_model"), p.request_timeout_s)
+        service = build_proxy(cfg, store, tokenizer, server)
+        live.proxy = service.proxy
+        app = wrap_app(service.app) if wrap_app else service.app
         drain_s = cfg.get("stop", {}).get("drain_timeout_s", 30.0)
         proxy_srv = stack.enter_context(ThreadedServer(app, host=p.host, port=p.port, drain_timeout_s=drain_s))
         live.proxy_url = proxy_srv.url
@@ -226,12 +147,12 @@ def live_loop(
         if not cfg.mode.train:  # skills_only: forward and inject, nothing to score, train or evolve
             yield live
             return
-        live.worker = build_worker(cfg, store, tokenizer, live.server_url, live.server_key).start()
+        live.worker = build_worker(cfg, store, tokenizer, server).start()
         stack.callback(live.worker.stop)
         if evaluator is not None:
             from metaclaw.loop.eval_wiring import bind_evaluator
 
-            bind_evaluator(cfg, evaluator, live.server_url, live.server_key)
+            bind_evaluator(cfg, evaluator, server.url, server.api_key)
             stack.callback(evaluator.stop)
         if rollout.get("simulated_user"):
             user_cfg = OmegaConf.to_container(rollout.simulated_user, resolve=True)

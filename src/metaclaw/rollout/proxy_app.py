@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import gc
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -21,11 +21,14 @@ from starlette.types import Send
 
 from metaclaw.rollout import feedback
 from metaclaw.rollout.anthropic import AnthropicStream, to_anthropic_response, to_openai_messages, to_openai_request
+from metaclaw.rollout.fit import build_fit
 from metaclaw.rollout.proxy import SSE_DONE, RolloutProxy, UpstreamError
 from metaclaw.rollout.session_tracker import BODY_EXTRAS
 from metaclaw.serving.bodies import BodyError, load_json
 from metaclaw.serving.openapi import PROXY_BODIES, publish_request_bodies
 from metaclaw.serving.security import BearerAuthMiddleware, BodySizeLimitMiddleware, error_body
+from metaclaw.skills.hooks import SkillInjectorLike
+from metaclaw.store import SampleStore
 from metaclaw.wire import RequestError
 from metaclaw.wire.normalize import normalize_messages, normalize_tools
 
@@ -220,3 +223,62 @@ def create_app(
 
     guarded = BodySizeLimitMiddleware(app, max_body_bytes)
     return BearerAuthMiddleware(guarded, api_key, open_paths=("/health",))
+
+
+class ProxyService:
+    """The rollout proxy as the live loop runs it: the `RolloutProxy`, its ASGI app and where it listens.
+
+    Built by `hydra.utils.instantiate(cfg.rollout.proxy, store=..., upstream_url=..., ...)`: the node's fields are
+    the keyword arguments after `skills`; the live loop passes what only it knows (store, upstream, tokenizer).
+
+    Args:
+        store / upstream_url / upstream_api_key / capture / skills: as `RolloutProxy`'s.
+        tokenizer: the served model's tokenizer (the context policy counts prompt tokens with it), or None.
+        host / port: where the proxy listens (port 0: a free one).
+        api_key: the key clients must send (None: open, said loudly at start).
+        max_body_bytes / served_model: as `create_app`'s.
+        images / context: the proxy's image and context policies (`metaclaw.rollout.fit`).
+        sessions: the session table's bounds (`max_open`, `idle_s`).
+        policy_model / base_model / default_temperature / default_agent_id / request_timeout_s: as `RolloutProxy`'s.
+    """
+
+    def __init__(
+        self,
+        store: SampleStore,
+        upstream_url: str,
+        upstream_api_key: str | None,
+        tokenizer: Any,
+        capture: bool,
+        skills: SkillInjectorLike | None,
+        *,
+        sessions: Mapping[str, Any],
+        host: str = "127.0.0.1",
+        port: int = 0,
+        api_key: str | None = None,
+        max_body_bytes: int = 8 * 1024 * 1024,
+        served_model: str = "metaclaw",
+        policy_model: str | None = "policy",
+        base_model: str | None = None,
+        default_temperature: float = 1.0,
+        default_agent_id: str = "default",
+        request_timeout_s: float = 300.0,
+        images: Mapping[str, Any] | None = None,
+        context: Mapping[str, Any] | None = None,
+    ) -> None:
+        self.host, self.port, self.api_key = host, port, api_key
+        self.proxy = RolloutProxy(
+            store,
+            upstream_url,
+            upstream_api_key=upstream_api_key,
+            policy_model=policy_model,
+            base_model=base_model,
+            default_temperature=default_temperature,
+            default_agent_id=default_agent_id,
+            request_timeout_s=request_timeout_s,
+            capture=capture,
+            skills=skills,
+            fit=build_fit({"images": images, "context": context}, tokenizer),
+            max_sessions=sessions["max_open"],
+            session_idle_s=sessions["idle_s"],
+        )
+        self.app = create_app(self.proxy, api_key, max_body_bytes, served_model)

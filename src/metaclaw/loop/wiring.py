@@ -1,0 +1,123 @@
+"""The live loop's parts, each built by `hydra.utils.instantiate` from its own config node.
+
+The policy server the parts talk to is resolved once, by the live loop, into an `Upstream` (URL and key) and
+passed in here. One rule for every node that talks to a model server (`judge` and the judges inside
+`judge=auto`, `teacher`, `skills.evolver`): `base_url: null` means our policy server, with our server's key;
+a node with its own `base_url` keeps its own `api_key`.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+from hydra.utils import instantiate
+from omegaconf import DictConfig, OmegaConf, open_dict
+
+from metaclaw.rollout.proxy_app import ProxyService
+from metaclaw.scoring.judges import Judge
+from metaclaw.scoring.teacher import TeacherClient, hinted_prompt_ids
+from metaclaw.scoring.worker import ScoringWorker
+from metaclaw.skills.hooks import FailSafeInjector, SkillEvolverLike
+from metaclaw.store import SampleStore
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Upstream:
+    """The policy server of this run: base URL (no `/v1`) and its key (per run for the server we start)."""
+
+    url: str
+    api_key: str | None = None
+
+
+def with_server(node: DictConfig, server: Upstream | None, name: str, suffix: str = "") -> DictConfig:
+    """A copy of `node` in which every `base_url: null` (its own or a nested node's) is `server.url + suffix`,
+    with `server.api_key` beside it.
+
+    Raises:
+        ValueError: a `base_url` is null and there is no policy server (names the field).
+    """
+    node = OmegaConf.create(OmegaConf.to_container(node, resolve=True))
+
+    def fill(n: DictConfig, path: str) -> None:
+        if "base_url" in n and n.base_url is None:
+            if server is None:
+                raise ValueError(f"{path}.base_url is null and there is no policy server: set the base URL")
+            with open_dict(n):
+                n.base_url, n.api_key = f"{server.url.rstrip('/')}{suffix}", server.api_key
+        for key in n:
+            if isinstance(n[key], DictConfig):
+                fill(n[key], f"{path}.{key}")
+
+    fill(node, name)
+    return node
+
+
+def build_injector(cfg: DictConfig) -> FailSafeInjector | None:
+    """The proxy's skill injector when `skills.enabled` (wrapped so a skills failure never fails a request)."""
+    skills = cfg.get("skills")
+    if not skills or not skills.enabled or not skills.get("injector"):
+        return None
+    injector = instantiate(skills.injector)
+    log.info("Skills: injecting from %s (_shared/ + one folder per X-Agent-Id)", getattr(injector, "root", "?"))
+    return FailSafeInjector(injector)
+
+
+def build_evolver(cfg: DictConfig, server: Upstream | None) -> SkillEvolverLike | None:
+    """The skill evolver (`skills.evolver`) when skills are on; it speaks OpenAI's `.../v1`."""
+    skills = cfg.get("skills")
+    if not skills or not skills.enabled or not skills.get("evolver"):
+        return None
+    evolver = instantiate(with_server(skills.evolver, server, "skills.evolver", suffix="/v1"))
+    every = skills.get("evolve_every_n_turns")
+    log.info(
+        "Skills: evolving with %s at %s when a session ends%s",
+        getattr(evolver, "model", "?"),
+        getattr(evolver, "base_url", "?"),
+        f" and every {every} main turns of an agent" if every else "",
+    )
+    return evolver
+
+
+def build_judge(cfg: DictConfig, server: Upstream | None) -> Judge:
+    """The judge (`judge`; `judge=auto` picks the rule or the LLM judge by model)."""
+    return instantiate(with_server(cfg.judge, server, "judge"))
+
+
+def build_teacher(cfg: DictConfig, server: Upstream | None) -> TeacherClient | None:
+    """The teacher client (`teacher`) when the method needs teacher logprobs."""
+    if not cfg.method.needs_teacher:
+        return None
+    return instantiate(with_server(cfg.teacher, server, "teacher"))
+
+
+def build_worker(cfg: DictConfig, store: SampleStore, tokenizer: Any, server: Upstream | None) -> ScoringWorker:
+    """The scoring worker (`rollout.scoring`) for `cfg.method`, with its judge, teacher and skill evolver."""
+    return instantiate(
+        cfg.rollout.scoring,
+        store=store,
+        judge=build_judge(cfg, server),
+        needs_reward=cfg.method.needs_reward,
+        needs_teacher=cfg.method.needs_teacher,
+        teacher=build_teacher(cfg, server),
+        render_teacher_prompt=lambda sample, hint: hinted_prompt_ids(tokenizer, sample, hint),
+        evolver=build_evolver(cfg, server),
+        evolve_every_n_turns=cfg.skills.evolve_every_n_turns if cfg.get("skills") else None,
+    )
+
+
+def build_proxy(cfg: DictConfig, store: SampleStore, tokenizer: Any, server: Upstream) -> ProxyService:
+    """The proxy and its HTTP app (`rollout.proxy`), forwarding to `server`; it captures only when training."""
+    return instantiate(
+        cfg.rollout.proxy,
+        store=store,
+        upstream_url=server.url,
+        upstream_api_key=server.api_key,
+        tokenizer=tokenizer,
+        capture=bool(cfg.mode.train),
+        skills=build_injector(cfg),
+        _recursive_=False,
+    )
