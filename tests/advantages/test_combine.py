@@ -32,9 +32,9 @@ def test_three_way_dispatch() -> None:
         "n_rl_only": 1,
     }
     # masked values [1.5, 0.5, -2.0, 1.0, -0.5]: mean 0.5 / 5 = 0.1
-    assert metrics["adv_mean"].item() == pytest.approx(0.1)
-    assert metrics["adv_min"].item() == pytest.approx(-2.0)
-    assert metrics["adv_max"].item() == pytest.approx(1.5)
+    assert metrics["advantage_mean"].item() == pytest.approx(0.1)
+    assert metrics["advantage_min"].item() == pytest.approx(-2.0)
+    assert metrics["advantage_max"].item() == pytest.approx(1.5)
 
 
 def test_flags_derived_from_nan_when_absent() -> None:

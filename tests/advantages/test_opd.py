@@ -16,8 +16,8 @@ def test_per_token_teacher_minus_student() -> None:
     adv, metrics = OPDAdvantage()(batch)
     # [-0.5 - -1.0, -1.0 - -0.5, masked] = [0.5, -0.5, 0]
     assert adv.tolist() == [[0.5, -0.5, 0.0]]
-    assert metrics["adv_mean"].item() == pytest.approx(0.0)
-    assert metrics["adv_max"].item() == pytest.approx(0.5)
+    assert metrics["advantage_mean"].item() == pytest.approx(0.0)
+    assert metrics["advantage_max"].item() == pytest.approx(0.5)
 
 
 def test_sample_without_teacher_rejected() -> None:

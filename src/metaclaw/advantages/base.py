@@ -70,14 +70,15 @@ def teacher_advantage(batch: dict[str, Tensor], rows: Tensor) -> Tensor:
 
 @torch.no_grad()
 def advantage_stats(advantages: Tensor, mask: Tensor) -> dict[str, Tensor]:
-    """Mean/std/min/max of the advantages over masked tokens (zeros when the mask is empty)."""
+    """Mean/std/min/max of the advantages over masked tokens (zeros when the mask is empty), logged by
+    `OnlineRLModule` as `train/advantage_{mean,std,min,max}`."""
     values = advantages[mask > 0]
     if values.numel() == 0:
         zero = advantages.new_zeros(())
-        return {"adv_mean": zero, "adv_std": zero, "adv_min": zero, "adv_max": zero}
+        return {"advantage_mean": zero, "advantage_std": zero, "advantage_min": zero, "advantage_max": zero}
     return {
-        "adv_mean": values.mean(),
-        "adv_std": values.std(correction=0),
-        "adv_min": values.min(),
-        "adv_max": values.max(),
+        "advantage_mean": values.mean(),
+        "advantage_std": values.std(correction=0),
+        "advantage_min": values.min(),
+        "advantage_max": values.max(),
     }

@@ -29,7 +29,7 @@ class CombineAdvantage:
         normalize: ``"none"``, ``"mean"`` or ``"mean_std"`` applied to the rewards of the samples that have one.
         eps: Added to the std in ``"mean_std"``.
 
-    Metrics: ``n_opd_rl``, ``n_opd_only``, ``n_rl_only`` and ``adv_mean/std/min/max``.
+    Metrics: ``n_opd_rl``, ``n_opd_only``, ``n_rl_only`` and ``advantage_mean/std/min/max``.
     """
 
     def __init__(self, w_opd: float = 1.0, w_rl: float = 1.0, normalize: str = "none", eps: float = 1e-6) -> None:

@@ -15,6 +15,7 @@ from typing import Any
 
 import httpx
 
+from metaclaw.serving.client import load_adapter
 from metaclaw.store import SampleStore
 from metaclaw.wire import ADAPTER_CONFIG, bearer_headers
 
@@ -189,12 +190,8 @@ class ControlPlane:
         if not self.server_url:
             raise ControlError(409, "no policy server to load the adapter into")
         try:
-            r = httpx.post(
-                f"{self.server_url}/v1/load_lora_adapter",
-                json={"lora_name": self.lora_name, "lora_path": str(target.resolve())},
-                headers=self._headers(),
-                timeout=self.timeout_s,
-            )
+            path = str(target.resolve())
+            r = load_adapter(self.server_url, self.lora_name, path, self.server_api_key, self.timeout_s)
         except httpx.HTTPError as e:
             raise ControlError(502, f"policy server unreachable: {e}") from e
         if r.status_code != 200:

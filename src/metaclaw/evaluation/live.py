@@ -25,11 +25,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import httpx
 import lightning as L
 
 from metaclaw.evaluation.evaluator import ComplianceEvaluator, EvalResult
-from metaclaw.wire import bearer_headers
+from metaclaw.serving.client import load_adapter
 
 log = logging.getLogger(__name__)
 
@@ -154,14 +153,7 @@ class LiveEvaluator(L.Callback):
                     self._cond.notify_all()
 
     def _load_candidate(self, path: Path) -> None:
-        headers = bearer_headers(self.api_key)
-        r = httpx.post(
-            f"{self.server_url}/v1/load_lora_adapter",
-            json={"lora_name": self.eval_name, "lora_path": str(path.resolve())},
-            headers=headers,
-            timeout=60.0,
-        )
-        r.raise_for_status()
+        load_adapter(self.server_url, self.eval_name, str(path.resolve()), self.api_key, 60.0).raise_for_status()
 
     def _evaluate(self, step: int, path: Path | None, hot_load: HotLoad | None) -> None:
         if path is None:

@@ -17,7 +17,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import httpx
 from omegaconf import DictConfig, OmegaConf
 
 from metaclaw.loop.policy_server import SERVER_NODES, PolicyServerProcess
@@ -28,10 +27,10 @@ from metaclaw.rollout.proxy_app import warn_open
 from metaclaw.rollout.replay import ReplayDriver
 from metaclaw.rollout.server import ThreadedServer
 from metaclaw.scoring.worker import ScoringWorker
+from metaclaw.serving.client import load_adapter
 from metaclaw.simulate.user import SimulatedUser
 from metaclaw.stopping import StopController
 from metaclaw.store import SampleStore, open_store
-from metaclaw.wire import bearer_headers
 
 log = logging.getLogger(__name__)
 
@@ -67,10 +66,7 @@ def reload_latest_adapter(run_dir: str | Path, server_url: str, api_key: str | N
     if not latest.exists():
         return
     info = json.loads(latest.read_text())
-    headers = bearer_headers(api_key)
-    r = httpx.post(f"{server_url}/v1/load_lora_adapter", json={"lora_name": info["name"], "lora_path": info["path"]},
-                   headers=headers, timeout=timeout_s)  # fmt: skip
-    r.raise_for_status()
+    load_adapter(server_url, info["name"], info["path"], api_key, timeout_s).raise_for_status()
     log.info("Policy server restarted: adapter v%s reloaded", info.get("version"))
 
 

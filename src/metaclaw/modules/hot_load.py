@@ -14,7 +14,7 @@ from pathlib import Path
 
 import httpx
 
-from metaclaw.wire import bearer_headers
+from metaclaw.serving.client import load_adapter
 
 log = logging.getLogger(__name__)
 
@@ -76,14 +76,8 @@ class HotLoader:
 
     def _load(self, path: Path, step: int) -> int:
         """Ask the server to load `path`; returns the version it now serves (unchanged when the load failed)."""
-        body = {"lora_name": self.lora_name, "lora_path": str(path.resolve())}
         try:
-            r = httpx.post(
-                f"{self.server_url.rstrip('/')}/v1/load_lora_adapter",
-                json=body,
-                headers=bearer_headers(self.api_key),
-                timeout=self.timeout_s,
-            )
+            r = load_adapter(self.server_url, self.lora_name, str(path.resolve()), self.api_key, self.timeout_s)
             r.raise_for_status()
             reply = r.json()
             version = reply.get("adapter_version", step) if isinstance(reply, dict) else step

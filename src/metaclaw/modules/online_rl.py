@@ -18,14 +18,18 @@ from __future__ import annotations
 import time
 import warnings
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import lightning as L
 import torch
 from torch import Tensor
-from torchmetrics import MaxMetric, MeanMetric, MinMetric
+from torchmetrics import MeanMetric
 
 from metaclaw.modules.policy import LoraPolicy
+
+if TYPE_CHECKING:
+    from metaclaw.advantages.base import AdvantageEstimator
+    from metaclaw.losses.base import PolicyLoss
 
 # Returning None from training_step is how a step is skipped here (counted in `train/skipped_*`).
 warnings.filterwarnings("ignore", message=r".*`training_step` returned `None`.*")
@@ -64,8 +68,8 @@ class OnlineRLModule(L.LightningModule):
     def __init__(
         self,
         policy: LoraPolicy,
-        loss: torch.nn.Module,
-        advantage: Callable[[dict[str, Tensor]], tuple[Tensor, dict[str, Tensor]]],
+        loss: PolicyLoss,
+        advantage: AdvantageEstimator,
         optimizer: Callable[..., torch.optim.Optimizer],
         kl: torch.nn.Module | None = None,
     ) -> None:
@@ -79,8 +83,7 @@ class OnlineRLModule(L.LightningModule):
         )
         self.policy.train()  # from_pretrained leaves modules in eval mode
         self.strict_loading = False  # checkpoints hold only the trainable (adapter) weights
-        self.reward_mean, self.adv_mean = MeanMetric(), MeanMetric()
-        self.adv_min, self.adv_max = MinMetric(), MaxMetric()
+        self.reward_mean = MeanMetric()
         self.tokens_per_s = MeanMetric()
         self._t0 = 0.0
         self.skipped = {"nonfinite": 0, "zero_advantage": 0}  # steps that took no optimizer step, by reason
@@ -105,10 +108,6 @@ class OnlineRLModule(L.LightningModule):
             kl_out = self.kl(logprobs, ref, mask)
             loss = loss + kl_out.loss * global_scale(self.kl.aggregation, mask, batch, world_size)
             metrics.update(kl_out.metrics)
-        with torch.no_grad():
-            ratio = torch.exp((logprobs - batch["behaviour_logprobs"]) * mask)[mask.bool()]
-            if ratio.numel():
-                metrics["ratio_max"] = ratio.max()
         skip = self._skip_reason(loss, advantages.detach(), mask)
         if skip is not None:
             self.skipped[skip] += 1
@@ -168,13 +167,6 @@ class OnlineRLModule(L.LightningModule):
         if batch["has_reward"].any():
             self.reward_mean(batch["reward"][batch["has_reward"]])
             self.log("rollout/reward_mean", self.reward_mean, on_step=True, on_epoch=False, batch_size=n)
-        adv = advantages.detach()[mask]
-        if adv.numel():
-            self.adv_mean(adv)
-            self.adv_min(adv)
-            self.adv_max(adv)
-            for name, metric in (("mean", self.adv_mean), ("min", self.adv_min), ("max", self.adv_max)):
-                self.log(f"train/advantage_{name}", metric, on_step=True, on_epoch=False, batch_size=n)
         self.log("loss/total", loss.detach(), prog_bar=True, batch_size=n)
         self.log_dict({f"loss/{k}": v.float() for k, v in metrics.items()}, batch_size=n)
         self.log_dict({f"train/{k}": torch.as_tensor(v).float() for k, v in adv_metrics.items()}, batch_size=n)

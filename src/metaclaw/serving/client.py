@@ -15,6 +15,14 @@ def _v1(base_url: str) -> str:
     return base if base.endswith("/v1") else f"{base}/v1"
 
 
+def load_adapter(
+    base_url: str, lora_name: str, lora_path: str, api_key: str | None = None, timeout: float = 60.0
+) -> httpx.Response:
+    """vLLM's `POST /v1/load_lora_adapter` `{lora_name, lora_path}`; the response, for the caller to judge."""
+    body = {"lora_name": lora_name, "lora_path": lora_path}
+    return httpx.post(f"{_v1(base_url)}/load_lora_adapter", json=body, headers=bearer_headers(api_key), timeout=timeout)
+
+
 def teacher_logprobs(
     base_url: str,
     model: str,
