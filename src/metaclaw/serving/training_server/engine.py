@@ -364,13 +364,17 @@ class TrainingEngine:
         log.info("session %s: checkpoint (step %d) saved to %s", session.session_id, session.step, target)
         return {"status": "ok", "path": str(target)}
 
-    def load_checkpoint(self, session: Session, path: str, with_optimizer: bool = True) -> dict[str, Any]:
+    def load_checkpoint(
+        self, session: Session, path: str, with_optimizer: bool = True, also_own: str | None = None
+    ) -> dict[str, Any]:
         """Restore adapter, optimizer state and step exactly; pending gradients and losses are dropped.
 
         With `with_optimizer=False` only the adapter is loaded: AdamW starts afresh and the step count is kept.
+        `also_own` names another live session whose checkpoints the caller may load (the same Tinker client's).
         """
         self._live(session)
-        directory = self.checkpoints.resolve_load(path, session.session_id, set(self.sessions), "path")
+        live = set(self.sessions) - {also_own}
+        directory = self.checkpoints.resolve_load(path, session.session_id, live, "path")
         shown = self.checkpoints.relative(directory)
         try:
             info, tensors = checkpoints.read_training_state(directory)

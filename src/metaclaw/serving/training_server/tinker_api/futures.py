@@ -129,6 +129,7 @@ class ModelQueue:
         self.next_seq = next_seq
         self.pending: dict[int, tuple[Future, Job, bool]] = {}
         self.seen: OrderedDict[int, str] = OrderedDict()  # seq_id → request id (resent requests), bounded
+        self.skipped: set[int] = set()  # seq_ids refused at submission
         self._wakeup = asyncio.Event()
         self._task: asyncio.Task | None = None
 
@@ -138,6 +139,8 @@ class ModelQueue:
             return self.seen[seq_id]
         if seq_id < self.next_seq:
             raise ApiError(400, f"seq_id {seq_id} was already run (the model expects {self.next_seq} next)", "seq_id")
+        if len(self.skipped) > 4 * self.max_pending:  # a client refusing everything: keep the set bounded
+            self.skipped = set(sorted(self.skipped)[-self.max_pending :])
         if len(self.pending) >= self.max_pending:
             queued = len(self.pending)
             raise ApiError(429, f"{queued} requests are queued for this model (app.tinker.max_pending_per_model)")
@@ -151,8 +154,20 @@ class ModelQueue:
             self._task = asyncio.get_running_loop().create_task(self._work())
         return fut.request_id
 
+    def skip(self, seq_id: int) -> None:
+        """`seq_id` was refused when submitted (a 4xx): the client counted it, so later requests must not wait."""
+        if seq_id >= self.next_seq and seq_id not in self.pending:
+            self.skipped.add(seq_id)
+            self._wakeup.set()
+            if self.pending and (self._task is None or self._task.done()):
+                self._task = asyncio.get_running_loop().create_task(self._work())
+
     async def _work(self) -> None:
         while self.pending:
+            if self.next_seq in self.skipped:
+                self.skipped.discard(self.next_seq)
+                self.next_seq += 1
+                continue
             if self.next_seq in self.pending:
                 fut, job, proto = self.pending.pop(self.next_seq)
                 self.next_seq += 1
@@ -171,6 +186,7 @@ class ModelQueue:
             fut.fail(message, "user")
         self.pending.clear()
         self.next_seq = last + 1
+        self.skipped = {x for x in self.skipped if x > last}
 
     def close(self) -> None:
         if self._task is not None:

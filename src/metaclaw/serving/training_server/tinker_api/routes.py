@@ -7,6 +7,8 @@ import asyncio
 import json
 import time
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -57,7 +59,7 @@ def dump(obj: BaseModel) -> dict[str, Any]:
 
 def build_router(engine: TrainingEngine, owner: ModelOwner, limits: TinkerLimits, groups: dict) -> APIRouter:
     """All Tinker endpoints; `groups` maps the LoRA flags (attn, mlp, unembed) to module names."""
-    router = APIRouter(prefix="/api/v1")
+    router = APIRouter(prefix="/api/v1", include_in_schema=False)  # the SDK is its schema, not our OpenAPI
     store = FutureStore(limits.max_futures, limits.result_ttl_s, limits.retrieved_grace_s)
     reg = Registry(limits)
     max_n = int(engine.cfg.sampling.max_samples)
@@ -72,6 +74,16 @@ def build_router(engine: TrainingEngine, owner: ModelOwner, limits: TinkerLimits
         if value is None:
             raise bad_request("seq_id is required", "seq_id")
         return value
+
+    @contextmanager
+    def consumed(m: Model, seq_id: int | None) -> Iterator[None]:
+        """A request refused at submission still used its seq_id (the SDK counted it): later ones must not wait."""
+        try:
+            yield
+        except ApiError:
+            if seq_id is not None:
+                m.queue.skip(seq_id)
+            raise
 
     def untyped(request_id: str, model_id: str | None = None, **extra: Any) -> dict[str, Any]:
         return dump(t.UntypedAPIFuture(request_id=request_id, model_id=model_id, **extra))
@@ -175,17 +187,18 @@ def build_router(engine: TrainingEngine, owner: ModelOwner, limits: TinkerLimits
                                engine.settings.max_body_bytes)  # fmt: skip
         msg = wire.parse_forward_backward(body)
         m = model(msg.model_id)
-        config = wire.loss_config(msg)
-        engine.losses.validate(msg.loss_fn, config)
-        # cross_entropy is supervised: always the model's plain distribution (T=1); RL losses follow the
-        # distribution rule (each datum scored under the sampling settings that produced it).
-        req = ForwardBackwardRequest(
-            session_id=m.session_id,
-            datums=wire.datums(msg, msg.loss_fn),
-            loss_fn=msg.loss_fn,
-            loss_fn_config=config,
-            temperature=1.0 if msg.loss_fn == "cross_entropy" else None,
-        )
+        with consumed(m, msg.seq_id):
+            config = wire.loss_config(msg)
+            engine.losses.validate(msg.loss_fn, config)
+            # cross_entropy is supervised: always the model's plain distribution (T=1); RL losses follow the
+            # distribution rule (each datum scored under the sampling settings that produced it).
+            req = ForwardBackwardRequest(
+                session_id=m.session_id,
+                datums=wire.datums(msg, msg.loss_fn),
+                loss_fn=msg.loss_fn,
+                loss_fn_config=config,
+                temperature=1.0 if msg.loss_fn == "cross_entropy" else None,
+            )
         forward_only = msg.forward_only
 
         async def job() -> bytes:
@@ -197,20 +210,23 @@ def build_router(engine: TrainingEngine, owner: ModelOwner, limits: TinkerLimits
 
         return untyped(m.queue.submit(seq(msg.seq_id), job, proto=True), m.model_id)
 
-    @router.post("/optim_step")
-    async def optim_step(request: Request) -> dict:
-        req = await parse(request, t.OptimStepRequest)
-        m = model(req.model_id)
-        p = req.optim_params
+    def adam(m: Model, p: Any) -> OptimStepRequest:
         if not isinstance(p, t.AdamParams):
             raise bad_request(f"optimizer {getattr(p, 'type', '?')!r} is not supported (only adam)", "optim_params")
         try:
-            ours = OptimStepRequest(session_id=m.session_id, learning_rate=p.learning_rate, beta1=p.beta1,
+            return OptimStepRequest(session_id=m.session_id, learning_rate=p.learning_rate, beta1=p.beta1,
                                     beta2=p.beta2, eps=p.eps, weight_decay=p.weight_decay,
                                     grad_clip_norm=p.grad_clip_norm)  # fmt: skip
         except ValidationError as exc:
             where = f"adam_params.{exc.errors()[0]['loc'][0]}"
             raise bad_request(f"{where}: {exc.errors()[0]['msg']}", where) from None
+
+    @router.post("/optim_step")
+    async def optim_step(request: Request) -> dict:
+        req = await parse(request, t.OptimStepRequest)
+        m = model(req.model_id)
+        with consumed(m, req.seq_id):
+            ours = adam(m, req.optim_params)
 
         async def job() -> dict:
             out = await owner.run(engine.optim_step, engine.get(m.session_id), ours)
@@ -223,7 +239,8 @@ def build_router(engine: TrainingEngine, owner: ModelOwner, limits: TinkerLimits
     async def save_weights(request: Request) -> dict:
         req = await parse(request, t.SaveWeightsRequest)
         m = model(req.model_id)
-        name = check_name(req.path, "path") if req.path else ""
+        with consumed(m, req.seq_id):
+            name = check_name(req.path, "path") if req.path else ""
 
         async def job() -> dict:
             out = await owner.run(engine.save_checkpoint, engine.get(m.session_id), name)
@@ -235,7 +252,8 @@ def build_router(engine: TrainingEngine, owner: ModelOwner, limits: TinkerLimits
     async def save_for_sampler(request: Request) -> dict:
         req = await parse(request, t.SaveWeightsForSamplerRequest)
         m = model(req.model_id)
-        name = check_name(req.path, "path") if req.path else None
+        with consumed(m, req.seq_id):
+            name = check_name(req.path, "path") if req.path else None
 
         async def job() -> dict:
             session = engine.get(m.session_id)
@@ -252,13 +270,16 @@ def build_router(engine: TrainingEngine, owner: ModelOwner, limits: TinkerLimits
     @router.post("/load_weights")
     async def load_weights(request: Request) -> dict:
         req = await parse(request, t.LoadWeightsRequest)
-        area, namespace, name = parse_path(req.path, "path")
-        if area != "checkpoints":
-            raise bad_request("load needs a training-state path (tinker://<run>/weights/<name>)", "path")
-        check_optimizer(req.optimizer_config) if req.optimizer_config is not None else None
-        rel = f"{check_name(namespace, 'path')}/{check_name(name, 'path')}"
-        if req.model_id is not None:  # load into an existing model, in its seq_id order
-            m = model(req.model_id)
+        existing = model(req.model_id) if req.model_id is not None else None
+        with consumed(existing, req.seq_id) if existing is not None else nullcontext():
+            area, namespace, name = parse_path(req.path, "path")
+            if area != "checkpoints":
+                raise bad_request("load needs a training-state path (tinker://<run>/weights/<name>)", "path")
+            if req.optimizer_config is not None:
+                check_optimizer(req.optimizer_config)
+            rel = f"{check_name(namespace, 'path')}/{check_name(name, 'path')}"
+        if existing is not None:  # load into an existing model, in its seq_id order
+            m = existing
 
             async def load_into() -> dict:
                 await owner.run(engine.load_checkpoint, engine.get(m.session_id), rel, req.optimizer)
@@ -269,13 +290,14 @@ def build_router(engine: TrainingEngine, owner: ModelOwner, limits: TinkerLimits
             raise bad_request("give model_id and seq_id, or session_id and model_seq_id", "model_id")
         reg.client(req.session_id)
         model_id = f"{req.session_id}:train:{req.model_seq_id}"
-        directory = engine.checkpoints.resolve_load(rel, "", set(engine.sessions), "path")
+        own = namespace if owned_by(namespace, req.session_id) else None  # this client's own checkpoints
+        directory = engine.checkpoints.resolve_load(rel, own or "", set(engine.sessions) - {own}, "path")
 
         async def create_from() -> dict:
             rank, modules, base = await owner.run(checkpoint_shape, directory)
             session, _ = await owner.run(engine.create_session, req.base_model or base, rank, modules)
             try:
-                await owner.run(engine.load_checkpoint, session, rel, req.optimizer)
+                await owner.run(engine.load_checkpoint, session, rel, req.optimizer, own)
             except Exception:
                 await owner.run(engine.delete_session, session)
                 raise
@@ -284,12 +306,15 @@ def build_router(engine: TrainingEngine, owner: ModelOwner, limits: TinkerLimits
 
         return untyped(store.start(create_from).request_id, model_id)
 
+    def owned_by(namespace: str, client: str) -> bool:
+        """Whether engine session `namespace` is a model this Tinker client created."""
+        return any(x.session_id == namespace and x.model_id.startswith(f"{client}:") for x in reg.models.values())
+
     # ---- sampling -----------------------------------------------------------------------------------------
     def readable(namespace: str, client: str) -> None:
-        """Another live client's weights are its own (as seed 000's checkpoints): 403."""
-        owners = [x.model_id for x in reg.models.values() if x.session_id == namespace]
-        if namespace in engine.sessions and owners and not any(o.startswith(f"{client}:") for o in owners):
-            raise ApiError(403, "these weights belong to another live client's model", "model_path")
+        """Another live session's weights are its own (as seed 000's checkpoints): 403."""
+        if namespace in engine.sessions and not owned_by(namespace, client):
+            raise ApiError(403, "these weights belong to another live session", "model_path")
 
     @router.post("/create_sampling_session")
     async def create_sampling_session(request: Request) -> dict:
