@@ -107,7 +107,7 @@ def build_router(engine: TrainingEngine, owner: ModelOwner, limits: TinkerLimits
     @router.get("/get_server_capabilities")
     async def capabilities() -> dict:
         served = t.SupportedModel(
-            model_name=engine.spec.name, max_context_length=engine.spec.max_seq_len, trainable=True, sampleable=True
+            model_name=engine.spec.path, max_context_length=engine.spec.max_seq_len, trainable=True, sampleable=True
         )
         return dump(t.GetServerCapabilitiesResponse(supported_models=[served]))
 
