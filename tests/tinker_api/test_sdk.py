@@ -8,7 +8,10 @@ import shutil
 import httpx
 import pytest
 import tinker
+import zstandard
 from tinker import types as T
+from tinker.proto.request_conv import forward_backward_request_to_proto
+from tinker.proto.response_conv import deserialize_proto_response
 
 from tests.tinker_api.conftest import TINKER_KEY
 from tests.training_server.launch import Server
@@ -171,3 +174,28 @@ def test_sdk_errors_surface_instead_of_hanging(server: Server, service) -> None:
         assert raw.post("/api/v1/copy_weights", json={}).status_code == 404
         assert httpx.post(f"{server.url}/api/v1/client/config", json={}).status_code == 401
     assert server.client.get("/v1/health").status_code == 200
+
+
+def test_zstd_protobuf_body_and_raw_futures(server: Server, service) -> None:
+    """The wire as the SDK speaks it with `proto_compress_fwdbwd`: a zstd body, then a protobuf result."""
+    tc = service.create_lora_training_client(base_model="tiny", rank=2, train_unembed=False).result(WAIT)
+    sdk_datum, _ = datum("cross_entropy")
+    fb_input = T.ForwardBackwardInput(data=[sdk_datum], loss_fn="cross_entropy")
+    msg = forward_backward_request_to_proto(T.ForwardBackwardRequest(fb_input, model_id=tc.model_id, seq_id=1))
+    headers = {"X-API-Key": TINKER_KEY}
+    with httpx.Client(base_url=server.url, headers=headers, timeout=60) as raw:
+        r = raw.post("/api/v1/forward_backward", content=zstandard.ZstdCompressor().compress(msg.SerializeToString()),
+                     headers={"content-type": "application/x-protobuf", "content-encoding": "zstd"})  # fmt: skip
+        assert r.status_code == 200, r.text
+        request_id = r.json()["request_id"]
+        again = raw.post("/api/v1/forward_backward", content=msg.SerializeToString(),
+                         headers={"content-type": "application/x-protobuf"})  # fmt: skip
+        assert again.json()["request_id"] == request_id  # the same seq_id resent: the same future
+        got = raw.post("/api/v1/retrieve_future", json={"request_id": request_id},
+                       headers={"accept": "application/x-protobuf"})  # fmt: skip
+        assert got.headers["content-type"] == "application/x-protobuf"
+        out = deserialize_proto_response(got.content, T.ForwardBackwardOutput)
+        assert out.metrics["loss:sum"] > 0 and len(out.loss_fn_outputs[0]["logprobs"].tolist()) == len(TOKENS) - 1
+        bomb = zstandard.ZstdCompressor().compress(b"\0" * (64 * 1024 * 1024 + 1))  # app.max_body_bytes + 1, decoded
+        r = raw.post("/api/v1/forward_backward", content=bomb, headers={"content-encoding": "zstd"})
+        assert r.status_code == 413, r.text
