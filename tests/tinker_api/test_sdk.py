@@ -4,6 +4,7 @@ equal to seed 000's API on the same batch, the distribution rule (ratio 1), and 
 from __future__ import annotations
 
 import shutil
+import time
 
 import httpx
 import pytest
@@ -199,3 +200,17 @@ def test_zstd_protobuf_body_and_raw_futures(server: Server, service) -> None:
         bomb = zstandard.ZstdCompressor().compress(b"\0" * (64 * 1024 * 1024 + 1))  # app.max_body_bytes + 1, decoded
         r = raw.post("/api/v1/forward_backward", content=bomb, headers={"content-encoding": "zstd"})
         assert r.status_code == 413, r.text
+
+
+def test_heartbeats_keep_a_clients_models_and_close_frees_them(server: Server) -> None:
+    client = tinker.ServiceClient(base_url=server.url, api_key=TINKER_KEY)
+    client.create_lora_training_client(base_model="tiny", rank=2).result(WAIT)
+    (live,) = server.client.get("/v1/lora/sessions").json()["sessions"]
+    session_id = client.holder.get_session_id()
+    with httpx.Client(base_url=server.url, headers={"X-API-Key": TINKER_KEY}, timeout=30) as raw:
+        time.sleep(1.0)
+        assert raw.post("/api/v1/session_heartbeat", json={"session_id": session_id}).status_code == 200
+    (after,) = server.client.get("/v1/lora/sessions").json()["sessions"]
+    assert after["session_id"] == live["session_id"] and after["idle_s"] < 0.9  # the heartbeat touched it
+    client.close("success").result(WAIT)
+    assert server.sessions() == []  # the model's session is freed; its saved files would stay

@@ -17,7 +17,7 @@ from metaclaw.serving.training_server.errors import ApiError
 
 log = logging.getLogger(__name__)
 
-GROUPS = {  # what Tinker's LoRA flags train, unless app.tinker.module_groups says otherwise
+GROUPS = {  # for a config without app.tinker.module_groups (conf/app/training_server.yaml sets the same)
     "attn": ["q_proj", "k_proj", "v_proj", "o_proj"],
     "mlp": ["gate_proj", "up_proj", "down_proj"],
     "unembed": ["lm_head"],

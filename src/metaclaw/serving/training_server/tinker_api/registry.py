@@ -119,6 +119,10 @@ class Registry:
             raise ApiError(404, f"unknown model_id {model_id[:80]!r} (never created, deleted or expired)", "model_id")
         return model
 
+    def owned(self, client_id: str) -> list[Model]:
+        """The models a client session created (their ids start with `<client>:`)."""
+        return [m for m in self.models.values() if m.model_id.startswith(f"{client_id}:")]
+
     def drop_model(self, model_id: str) -> None:
         model = self.models.pop(model_id, None)
         if model is not None:

@@ -120,11 +120,21 @@ def build_router(engine: TrainingEngine, owner: ModelOwner, limits: TinkerLimits
     async def heartbeat(request: Request) -> dict:
         req = await parse(request, t.SessionHeartbeatRequest)
         reg.client(req.session_id)
+        for m in reg.owned(req.session_id):  # a live client keeps its models from idle expiry
+            session = engine.sessions.get(m.session_id)
+            if session is not None:
+                session.touch()
         return dump(t.SessionHeartbeatResponse())
 
     @router.post("/sessions/{session_id}/finish")
     async def finish(session_id: str) -> dict:
-        reg.clients.pop(session_id, None)  # its models live on until deleted or idle-expired, as seed 000's
+        """The client closed: its models' sessions are freed (their saved files stay on disk)."""
+        reg.clients.pop(session_id, None)
+        for m in reg.owned(session_id):
+            session = engine.sessions.get(m.session_id)
+            reg.drop_model(m.model_id)
+            if session is not None:
+                await owner.run(engine.delete_session, session)
         return {}
 
     @router.post("/telemetry")
@@ -308,7 +318,7 @@ def build_router(engine: TrainingEngine, owner: ModelOwner, limits: TinkerLimits
 
     def owned_by(namespace: str, client: str) -> bool:
         """Whether engine session `namespace` is a model this Tinker client created."""
-        return any(x.session_id == namespace and x.model_id.startswith(f"{client}:") for x in reg.models.values())
+        return any(x.session_id == namespace for x in reg.owned(client))
 
     # ---- sampling -----------------------------------------------------------------------------------------
     def readable(namespace: str, client: str) -> None:
