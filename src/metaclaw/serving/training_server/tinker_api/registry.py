@@ -123,6 +123,10 @@ class Registry:
         """The models a client session created (their ids start with `<client>:`)."""
         return [m for m in self.models.values() if m.model_id.startswith(f"{client_id}:")]
 
+    def owns(self, client_id: str, session_id: str) -> bool:
+        """Whether engine session `session_id` is a model this client created."""
+        return any(m.session_id == session_id for m in self.owned(client_id))
+
     def drop_model(self, model_id: str) -> None:
         model = self.models.pop(model_id, None)
         if model is not None:

@@ -10,19 +10,19 @@ import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager, nullcontext
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 from fastapi import APIRouter, FastAPI, Request
 from fastapi.responses import JSONResponse, Response
-from pydantic import BaseModel, ValidationError
+from pydantic import ValidationError
 from tinker import types as t
 
-from metaclaw.serving.training_server.distribution import Dist
 from metaclaw.serving.training_server.engine import TrainingEngine
 from metaclaw.serving.training_server.errors import ApiError, bad_request
 from metaclaw.serving.training_server.schemas import ForwardBackwardRequest, OptimStepRequest
 from metaclaw.serving.training_server.storage import check_name
 from metaclaw.serving.training_server.tinker_api import wire
+from metaclaw.serving.training_server.tinker_api.common import dump, parse, untyped
 from metaclaw.serving.training_server.tinker_api.futures import FutureStore, ModelQueue
 from metaclaw.serving.training_server.tinker_api.registry import (
     Model,
@@ -32,29 +32,10 @@ from metaclaw.serving.training_server.tinker_api.registry import (
     make_path,
     parse_path,
 )
+from metaclaw.serving.training_server.tinker_api.sampling import add_sampling_routes
 from metaclaw.serving.training_server.worker import ModelOwner
 
-M = TypeVar("M", bound=BaseModel)
 PROTO = "application/x-protobuf"
-_UNSUPPORTED_SAMPLE = ("topk_prompt_logprobs", "topk_sample_logprobs", "prompt_alt_tokens_k")
-
-
-async def parse(request: Request, model: type[M]) -> M:
-    """The JSON body validated by an SDK request type; 400 naming the field."""
-    try:
-        data = json.loads(await request.body() or b"null")
-    except ValueError as exc:
-        raise bad_request(f"malformed JSON body: {exc}", "body") from None
-    try:
-        return model.model_validate(data)
-    except ValidationError as exc:
-        err = exc.errors()[0]
-        where = ".".join(str(p) for p in err.get("loc", ())) or "body"
-        raise bad_request(f"{where}: {err.get('msg', 'invalid value')}", where) from None
-
-
-def dump(obj: BaseModel) -> dict[str, Any]:
-    return obj.model_dump(mode="json", exclude_none=True)
 
 
 def build_router(engine: TrainingEngine, owner: ModelOwner, limits: TinkerLimits, groups: dict) -> APIRouter:
@@ -62,7 +43,6 @@ def build_router(engine: TrainingEngine, owner: ModelOwner, limits: TinkerLimits
     router = APIRouter(prefix="/api/v1", include_in_schema=False)  # the SDK is its schema, not our OpenAPI
     store = FutureStore(limits.max_futures, limits.result_ttl_s, limits.retrieved_grace_s)
     reg = Registry(limits)
-    max_n = int(engine.cfg.sampling.max_samples)
 
     def queue(next_seq: int = 1) -> ModelQueue:
         return ModelQueue(store, limits.max_pending_per_model, limits.seq_gap_timeout_s, next_seq)
@@ -84,9 +64,6 @@ def build_router(engine: TrainingEngine, owner: ModelOwner, limits: TinkerLimits
             if seq_id is not None:
                 m.queue.skip(seq_id)
             raise
-
-    def untyped(request_id: str, model_id: str | None = None, **extra: Any) -> dict[str, Any]:
-        return dump(t.UntypedAPIFuture(request_id=request_id, model_id=model_id, **extra))
 
     # ---- service -----------------------------------------------------------------------------------------
     @router.post("/client/config")
@@ -300,7 +277,7 @@ def build_router(engine: TrainingEngine, owner: ModelOwner, limits: TinkerLimits
             raise bad_request("give model_id and seq_id, or session_id and model_seq_id", "model_id")
         reg.client(req.session_id)
         model_id = f"{req.session_id}:train:{req.model_seq_id}"
-        own = namespace if owned_by(namespace, req.session_id) else None  # this client's own checkpoints
+        own = namespace if reg.owns(req.session_id, namespace) else None  # this client's own checkpoints
         directory = engine.checkpoints.resolve_load(rel, own or "", set(engine.sessions) - {own}, "path")
 
         async def create_from() -> dict:
@@ -316,87 +293,7 @@ def build_router(engine: TrainingEngine, owner: ModelOwner, limits: TinkerLimits
 
         return untyped(store.start(create_from).request_id, model_id)
 
-    def owned_by(namespace: str, client: str) -> bool:
-        """Whether engine session `namespace` is a model this Tinker client created."""
-        return any(x.session_id == namespace for x in reg.owned(client))
-
-    # ---- sampling -----------------------------------------------------------------------------------------
-    def readable(namespace: str, client: str) -> None:
-        """Another live session's weights are its own (as seed 000's checkpoints): 403."""
-        if namespace in engine.sessions and not owned_by(namespace, client):
-            raise ApiError(403, "these weights belong to another live session", "model_path")
-
-    @router.post("/create_sampling_session")
-    async def create_sampling_session(request: Request) -> dict:
-        req = await parse(request, t.CreateSamplingSessionRequest)
-        reg.client(req.session_id)
-        sampler_id = f"ts-{uuid.uuid4().hex[:12]}"
-        if req.model_path is None:
-            if not req.base_model or not engine._matches(req.base_model):
-                raise bad_request(f"base_model must be the served model {engine.spec.name!r}", "base_model")
-            sampler = Sampler(sampler_id, req.base_model, None, None, None)
-            return dump(t.CreateSamplingSessionResponse(sampling_session_id=reg.add_sampler(sampler)))
-        area, namespace, name = parse_path(req.model_path, "model_path")
-        check_name(namespace, "model_path"), check_name(name, "model_path")
-        readable(namespace, req.session_id)
-        root = engine.adapters if area == "adapters" else engine.checkpoints
-        directory = root.root.resolve() / namespace / name
-        if area == "checkpoints":
-            directory = directory / "adapter"
-        live = engine.sessions.get(namespace)
-        if live is not None and live.adapter_path == directory:
-            weights = live.published
-        else:
-            if not directory.is_dir():
-                raise ApiError(404, f"no weights at {req.model_path}", "model_path")
-            weights = await owner.run(engine.read_adapter, directory)
-        base = live.base_model if live is not None else engine.spec.name
-        sampler = Sampler(sampler_id, base, req.model_path, weights, namespace if live is not None else None)
-        return dump(t.CreateSamplingSessionResponse(sampling_session_id=reg.add_sampler(sampler)))
-
-    @router.get("/samplers/{sampler_id}")
-    async def get_sampler(sampler_id: str) -> dict:
-        s = reg.sampler(sampler_id)
-        return dump(t.GetSamplerResponse(sampler_id=s.sampler_id, base_model=s.base_model, model_path=s.model_path))
-
-    @router.post("/asample")
-    async def asample(request: Request) -> dict:
-        from metaclaw.serving.training_server.app import _sampling_params
-
-        req = await parse(request, t.SampleRequest)
-        for name in _UNSUPPORTED_SAMPLE:
-            if getattr(req, name):
-                raise bad_request(f"{name} is not supported by this server", name)
-        for name in ("target_prompt_logprobs", "prompt_logprobs_last_n", "record_stability_info"):
-            if getattr(req, name):
-                raise bad_request(f"{name} is not supported by this server", name)
-        if req.sampling_session_id is None:
-            message = "sampling_session_id is required (create a sampling session first)"
-            raise bad_request(message, "sampling_session_id")
-        sampler = reg.sampler(req.sampling_session_id)
-        try:
-            tokens = req.prompt.to_ints()
-        except ValueError:
-            raise bad_request("this server samples from text tokens only", "prompt") from None
-        if not tokens:
-            raise bad_request("prompt is empty", "prompt")
-        sp = req.sampling_params
-        max_tokens = sp.max_tokens or int(engine.cfg.sampling.chat_max_tokens)
-        params = _sampling_params(req.num_samples, max_n, sp.stop, max_tokens=max_tokens, temperature=sp.temperature,
-                                  top_p=sp.top_p, top_k=sp.top_k, seed=sp.seed)  # fmt: skip
-        want_prompt = bool(req.prompt_logprobs)
-        ids = [uuid.uuid4().hex for _ in range(req.num_samples)]
-
-        async def job() -> bytes:
-            dist = Dist.of(params)
-            outputs, prompt = await owner.run(engine.sample, None, tokens, params, want_prompt, dist, sampler.weights)
-            origin = engine.sessions.get(sampler.origin) if sampler.origin else None
-            if origin is not None:  # the distribution rule: training scores these sequences as they were sampled
-                for o in outputs:
-                    origin.samples.record([*tokens, *o.token_ids], dist)
-            return wire.sample_response(outputs, prompt)
-
-        return untyped(store.start(job, proto=True).request_id, sample_sequence_ids=ids)
+    add_sampling_routes(router, engine, owner, store, reg)
 
     # ---- futures ------------------------------------------------------------------------------------------
     @router.post("/retrieve_future")
