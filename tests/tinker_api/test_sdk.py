@@ -127,6 +127,12 @@ def test_sdk_cycle_matches_seed_000_api(server: Server, service) -> None:
     assert resumed.forward([ce_datum], "cross_entropy").result(WAIT).metrics["loss:sum"] == pytest.approx(
         before_ce, rel=1e-6
     )
+    resumed.forward_backward([ce_datum], "cross_entropy")
+    resumed.optim_step(T.AdamParams(**ADAM)).result(WAIT)
+    resumed.load_state(state).result(WAIT)  # the same client's other model's checkpoint: allowed
+    assert resumed.forward([ce_datum], "cross_entropy").result(WAIT).metrics["loss:sum"] == pytest.approx(
+        before_ce, rel=1e-6
+    )
 
 
 def test_default_lora_flags_train_attention_mlp_and_unembedding(server: Server, service) -> None:
@@ -192,9 +198,13 @@ def test_zstd_protobuf_body_and_raw_futures(server: Server, service) -> None:
         again = raw.post("/api/v1/forward_backward", content=msg.SerializeToString(),
                          headers={"content-type": "application/x-protobuf"})  # fmt: skip
         assert again.json()["request_id"] == request_id  # the same seq_id resent: the same future
-        got = raw.post("/api/v1/retrieve_future", json={"request_id": request_id},
-                       headers={"accept": "application/x-protobuf"})  # fmt: skip
-        assert got.headers["content-type"] == "application/x-protobuf"
+        for _ in range(WAIT // 5):  # each poll is held up to app.tinker.poll_wait_s (5 s here), then 408 try_again
+            got = raw.post("/api/v1/retrieve_future", json={"request_id": request_id},
+                           headers={"accept": "application/x-protobuf"})  # fmt: skip
+            if got.status_code != 408:
+                break
+            assert got.json()["type"] == "try_again"
+        assert got.headers["content-type"] == "application/x-protobuf", got.text
         out = deserialize_proto_response(got.content, T.ForwardBackwardOutput)
         assert out.metrics["loss:sum"] > 0 and len(out.loss_fn_outputs[0]["logprobs"].tolist()) == len(TOKENS) - 1
         bomb = zstandard.ZstdCompressor().compress(b"\0" * (64 * 1024 * 1024 + 1))  # app.max_body_bytes + 1, decoded

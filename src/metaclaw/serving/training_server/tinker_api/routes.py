@@ -268,8 +268,11 @@ def build_router(engine: TrainingEngine, owner: ModelOwner, limits: TinkerLimits
         if existing is not None:  # load into an existing model, in its seq_id order
             m = existing
 
+            client = m.model_id.split(":", 1)[0]
+            also = namespace if reg.owns(client, namespace) else None  # another model of the same client
+
             async def load_into() -> dict:
-                await owner.run(engine.load_checkpoint, engine.get(m.session_id), rel, req.optimizer)
+                await owner.run(engine.load_checkpoint, engine.get(m.session_id), rel, req.optimizer, also)
                 return dump(t.LoadWeightsResponse(path=req.path, model_id=m.model_id))
 
             return untyped(m.queue.submit(seq(req.seq_id), load_into), m.model_id)
