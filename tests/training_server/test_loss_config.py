@@ -24,7 +24,8 @@ def registry() -> LossRegistry:
 
 
 def test_defaults_come_from_the_server_config(registry: LossRegistry) -> None:
-    assert registry.names == ["importance_sampling", "ppo", "cispo"]
+    assert registry.names == ["importance_sampling", "ppo", "cispo", "cross_entropy"]
+    assert registry.build("cross_entropy").aggregation == "sum"  # Tinker's cross_entropy: -Σ w·logp
     ppo = registry.build("ppo")
     assert isinstance(ppo, PPOLoss) and (ppo.clip_low, ppo.clip_high, ppo.aggregation) == (0.2, 0.2, "sum")
     assert isinstance(registry.build("importance_sampling"), ImportanceSamplingLoss)

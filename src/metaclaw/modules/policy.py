@@ -142,7 +142,9 @@ class LoraPolicy(nn.Module):
     def save_adapter(self, directory: str | os.PathLike) -> Path:
         """Write the adapter (safetensors + adapter_config.json) atomically: temp dir, then rename."""
         return write_dir_atomically(
-            Path(directory), lambda tmp: self.model.save_pretrained(tmp, safe_serialization=True)
+            # the LoRA tensors only: a LoRA on a tied lm_head must not drag the whole embedding matrix along
+            Path(directory),
+            lambda tmp: self.model.save_pretrained(tmp, safe_serialization=True, save_embedding_layers=False),
         )
 
     def load_adapter(self, directory: str | os.PathLike) -> None:

@@ -43,17 +43,27 @@ class BearerAuthMiddleware:
         app: the ASGI app to protect.
         api_key: the key; empty or None disables the check.
         open_paths: exact paths that need no key.
+        extra_keys: other accepted spellings of the key (the training server accepts `tml-<key>`, the form the
+            Tinker SDK insists on).
     """
 
-    def __init__(self, app: ASGIApp, api_key: str | None, open_paths: Iterable[str] = ("/health",)) -> None:
+    def __init__(
+        self,
+        app: ASGIApp,
+        api_key: str | None,
+        open_paths: Iterable[str] = ("/health",),
+        extra_keys: Iterable[str] = (),
+    ) -> None:
         self.app, self.api_key, self.open_paths = app, api_key or "", frozenset(open_paths)
+        self.extra_keys = tuple(k for k in extra_keys if k) if self.api_key else ()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or not self.api_key or scope["path"] in self.open_paths:
             return await self.app(scope, receive, send)
         headers = dict(scope.get("headers") or [])
         auth = headers.get(b"authorization") or headers.get(b"x-api-key")
-        if not bearer_matches(auth.decode("latin-1") if auth else None, self.api_key):
+        given = auth.decode("latin-1") if auth else None
+        if not any(bearer_matches(given, key) for key in (self.api_key, *self.extra_keys)):
             return await send_json_error(send, 401, "missing or invalid API key", "authentication_error")
         return await self.app(scope, receive, send)
 

@@ -80,7 +80,10 @@ def create_app(engine: TrainingEngine, vllm: EngineSampler | None = None) -> Fas
     app = FastAPI(title="MetaClaw training server", version=VERSION, lifespan=lifespan)
     install_error_handlers(app)
     drop_422(app)
-    app.add_middleware(BearerAuthMiddleware, api_key=settings.api_key, open_paths=OPEN_PATHS)
+    tinker_key = f"tml-{settings.api_key}" if settings.api_key and not settings.api_key.startswith("tml-") else ""
+    app.add_middleware(
+        BearerAuthMiddleware, api_key=settings.api_key, open_paths=OPEN_PATHS, extra_keys=(tinker_key,)
+    )
     app.add_middleware(BodySizeLimitMiddleware, max_bytes=settings.max_body_bytes)
     common = (400, 401, 413)
 
@@ -240,4 +243,7 @@ def create_app(engine: TrainingEngine, vllm: EngineSampler | None = None) -> Fas
             return StreamingResponse(chat.stream_chunks(body), media_type="text/event-stream")
         return body
 
+    from metaclaw.serving.training_server.tinker_api import mount
+
+    mount(app, engine, owner)
     return app

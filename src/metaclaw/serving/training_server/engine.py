@@ -13,6 +13,7 @@ import time
 import uuid
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 import lightning as L
@@ -63,6 +64,7 @@ class TrainingEngine:
         self.latest: Session | None = None
         self.policy: LoraPolicy | None = None
         self.slot: AdapterSlot | None = None
+        self.policy_targets: list[str] = []
         self.base_model: Any = None
         self.tokenizer: Any = None
         self.created = 0
@@ -90,7 +92,7 @@ class TrainingEngine:
         wanted = base_model.strip().rstrip("/")
         return not wanted or wanted in {self.spec.name, self.spec.path, str(self.spec.local_dir())}
 
-    def _ensure_policy(self, base_model: str, rank: int) -> None:
+    def _ensure_policy(self, base_model: str, rank: int, targets: list[str] | None = None) -> None:
         if not self._matches(base_model):
             if self.sessions or not self.cfg.allow_base_model_switch:
                 raise ApiError(
@@ -103,22 +105,30 @@ class TrainingEngine:
                 self.load_base(wanted)
             except Exception as exc:  # not a local directory nor a cached hub id; the served model stays
                 raise bad_request(f"cannot load base_model {base_model!r}: {exc}", "base_model") from exc
-        if self.slot is not None and self.slot.rank != rank:
+        lora = self.cfg.lora
+        targets = sorted(targets if targets is not None else lora.target_modules)
+        if self.slot is not None and (self.slot.rank != rank or self.policy_targets != targets):
             if self.sessions:
-                raise ApiError(409, f"rank {rank} differs from the live sessions' rank {self.slot.rank}", "rank")
+                if self.slot.rank != rank:
+                    raise ApiError(409, f"rank {rank} differs from the live sessions' rank {self.slot.rank}", "rank")
+                raise ApiError(
+                    409,
+                    f"LoRA target modules {targets} differ from the live sessions' {self.policy_targets}",
+                    "target_modules",
+                )
             self.base_model = self.policy.model.unload()
             self.policy, self.slot = None, None
         if self.policy is None:
-            lora = self.cfg.lora
             self.policy = LoraPolicy(
                 self.base_model,
                 rank=rank,
                 alpha=lora.alpha,
                 dropout=lora.dropout,
-                target_modules=list(lora.target_modules),
+                target_modules=targets,
                 gradient_checkpointing=lora.gradient_checkpointing,
             )
             self.slot = AdapterSlot(self.policy)
+            self.policy_targets = targets
 
     # ---- sessions ------------------------------------------------------------------------------------------
     def _new_id(self) -> str:
@@ -130,8 +140,14 @@ class TrainingEngine:
             ):
                 return session_id
 
-    def create_session(self, base_model: str, rank: int) -> tuple[Session, str]:
-        """A new session with a freshly initialised adapter; returns it and the "trainable / total" string."""
+    def create_session(
+        self, base_model: str, rank: int, target_modules: list[str] | None = None, seed: int | None = None
+    ) -> tuple[Session, str]:
+        """A new session with a freshly initialised adapter; returns it and the "trainable / total" string.
+
+        `target_modules` (default `app.lora.target_modules`) and `rank` are shared by all live sessions; `seed`
+        (default `app.seed` + the session's index) seeds the adapter's initialisation.
+        """
         self.expire_idle()
         if len(self.sessions) >= self.limits.max_sessions:
             raise ApiError(
@@ -141,11 +157,10 @@ class TrainingEngine:
                 f"(after {self.limits.session_idle_s:g} s)",
                 "session_id",
             )
-        self._ensure_policy(base_model, rank)
+        self._ensure_policy(base_model, rank, target_modules)
         session_id = self._new_id()
-        session = self.slot.new_session(
-            session_id, base_model or self.spec.path, self.cfg.seed + self.created, self.optimizer_factory
-        )
+        init_seed = seed if seed is not None else self.cfg.seed + self.created
+        session = self.slot.new_session(session_id, base_model or self.spec.path, init_seed, self.optimizer_factory)
         session.samples = SampleMemory(self.limits.sample_memory)
         self.created += 1
         self.sessions[session_id] = session
@@ -231,8 +246,14 @@ class TrainingEngine:
             dists.append(found or fallback)
         return dists, matched
 
-    def forward_backward(self, session: Session, req: ForwardBackwardRequest) -> dict[str, Any]:
-        """One padded forward over all datums, the loss, backward; gradients accumulate until `optim_step`."""
+    def forward_backward(
+        self, session: Session, req: ForwardBackwardRequest, forward_only: bool = False
+    ) -> dict[str, Any]:
+        """One padded forward over all datums, the loss, backward; gradients accumulate until `optim_step`.
+
+        `forward_only` computes the loss and logprobs without backward (Tinker's `forward`). The reply's
+        `token_logprobs` holds each datum's per-token logprobs of its targets (the Tinker API returns them).
+        """
         self._live(session)
         loss_fn = self.losses.build(req.loss_fn, req.loss_fn_config)
         batch = collate(req.datums, self.vocab_size, self.spec.max_seq_len, self.tokenizer.pad_token_id or 0)
@@ -249,8 +270,9 @@ class TrainingEngine:
             raise bad_request(
                 f"the {req.loss_fn} loss is {loss} (check datums[].logprobs); nothing was applied", "datums"
             )
-        self.fabric.backward(out.loss)
-        session.pending_losses.append(loss)
+        if not forward_only:
+            self.fabric.backward(out.loss)
+            session.pending_losses.append(loss)
         with torch.no_grad():
             on = batch.mask > 0
             ratio = torch.exp(logprobs.detach() - batch.behaviour_logprobs)[on]
@@ -258,7 +280,9 @@ class TrainingEngine:
         if ratio.numel():
             metrics.update(ratio_mean=float(ratio.mean()), ratio_min=float(ratio.min()), ratio_max=float(ratio.max()))
         metrics["datums_matched_to_samples"] = float(matched)
+        rows = logprobs.detach().float().cpu().tolist()
         return {
+            "token_logprobs": [row[: len(d.target_tokens)] for row, d in zip(rows, req.datums, strict=True)],
             "status": "ok",
             "loss": loss,
             "total_tokens": batch.num_tokens,
@@ -272,7 +296,8 @@ class TrainingEngine:
         self.slot.bind(session)
         params = list(self.slot.params.values())
         optimizer = session.optimizer
-        max_norm = self.cfg.grad_clip_norm or float("inf")
+        clip = req.grad_clip_norm if req.grad_clip_norm is not None else self.cfg.grad_clip_norm
+        max_norm = clip or float("inf")  # 0 or null: no clipping
         grad_norm = (
             float(torch.nn.utils.clip_grad_norm_(params, max_norm)) if any(p.grad is not None for p in params) else 0.0
         )
@@ -339,10 +364,17 @@ class TrainingEngine:
         log.info("session %s: checkpoint (step %d) saved to %s", session.session_id, session.step, target)
         return {"status": "ok", "path": str(target)}
 
-    def load_checkpoint(self, session: Session, path: str) -> dict[str, Any]:
-        """Restore adapter, optimizer state and step exactly; pending gradients and losses are dropped."""
+    def load_checkpoint(
+        self, session: Session, path: str, with_optimizer: bool = True, also_own: str | None = None
+    ) -> dict[str, Any]:
+        """Restore adapter, optimizer state and step exactly; pending gradients and losses are dropped.
+
+        With `with_optimizer=False` only the adapter is loaded: AdamW starts afresh and the step count is kept.
+        `also_own` names another live session whose checkpoints the caller may load (the same Tinker client's).
+        """
         self._live(session)
-        directory = self.checkpoints.resolve_load(path, session.session_id, set(self.sessions), "path")
+        live = set(self.sessions) - {also_own}
+        directory = self.checkpoints.resolve_load(path, session.session_id, live, "path")
         shown = self.checkpoints.relative(directory)
         try:
             info, tensors = checkpoints.read_training_state(directory)
@@ -354,12 +386,16 @@ class TrainingEngine:
         self.slot.bind(session)
         try:
             self.policy.load_adapter(directory / checkpoints.ADAPTER_DIR)
-            session.optimizer.load_state_dict(checkpoints.optimizer_from_flat(tensors, info["optimizer"]))
+            if with_optimizer:
+                session.optimizer.load_state_dict(checkpoints.optimizer_from_flat(tensors, info["optimizer"]))
         except (OSError, ValueError, KeyError, RuntimeError) as exc:
             raise bad_request(f"checkpoint {shown} is damaged: {type(exc).__name__}", "path") from None
+        if not with_optimizer:
+            session.optimizer.state.clear()
         session.optimizer.zero_grad(set_to_none=True)
         session.pending_losses.clear()
-        session.step = int(info["step"])
+        if with_optimizer:
+            session.step = int(info["step"])
         log.info("session %s: checkpoint %s loaded (step %d)", session.session_id, directory, session.step)
         return {"status": "ok", "step": session.step}
 
@@ -382,24 +418,31 @@ class TrainingEngine:
         params: SamplingParams,
         prompt_logprobs: bool,
         dist: Dist | None = None,
+        weights: dict[str, torch.Tensor] | None = None,
     ) -> tuple[list[SequenceOutput], list[float | None] | None]:
         """Sample with `session`'s published adapter (None: the base model); optionally score the prompt.
 
         With `dist`, the returned logprobs are recomputed under it (`rescore`), as training will compute them.
+        `weights` (adapter tensors, e.g. a Tinker sampler's snapshot) replace the session's published ones.
         """
         self._live(session)
         params = self.check_prompt(tokens, params)
-        with self._serving(session) as model:
+        with self._serving(session, weights) as model:
             model.eval()
             outputs = generate(model, self.tokenizer, tokens, params)
             prompt = self._prompt_logprobs(model, tokens) if prompt_logprobs else None
         if dist is not None:
-            outputs = self.rescore(session, tokens, outputs, dist)
+            outputs = self.rescore(session, tokens, outputs, dist, weights)
         return outputs, prompt
 
     @torch.no_grad()
     def rescore(
-        self, session: Session | None, tokens: Sequence[int], outputs: list[SequenceOutput], dist: Dist
+        self,
+        session: Session | None,
+        tokens: Sequence[int],
+        outputs: list[SequenceOutput],
+        dist: Dist,
+        weights: dict[str, torch.Tensor] | None = None,
     ) -> list[SequenceOutput]:
         """Replace each output's logprobs with `processed_logprobs` under `dist` (the function training uses)."""
         self._live(session)
@@ -413,7 +456,7 @@ class TrainingEngine:
             ids[i, : len(r)] = torch.tensor(r)
             mask[i, : len(r) - 1] = 1
         ids, mask = ids.to(self.fabric.device), mask.to(self.fabric.device)
-        with self._serving(session) as model:
+        with self._serving(session, weights) as model:
             model.eval()
             with self.fabric.autocast():
                 logits = model(input_ids=ids[:, :-1], attention_mask=mask, use_cache=False).logits
@@ -426,14 +469,33 @@ class TrainingEngine:
         return outputs
 
     @contextmanager
-    def _serving(self, session: Session | None) -> Iterator[torch.nn.Module]:
-        """The model as `session` serves it (its published adapter), or the base model for None."""
+    def _serving(
+        self, session: Session | None, weights: dict[str, torch.Tensor] | None = None
+    ) -> Iterator[torch.nn.Module]:
+        """The model as `session` serves it (its published adapter, or `weights`), or the base model for None."""
         if self.policy is None:  # no session yet: the bare base model
             yield self.base_model
             return
-        inner = self.slot.serving(session.published) if session is not None else self.policy.reference()
+        if weights is not None:
+            inner = self.slot.serving(weights)
+        elif session is not None:
+            inner = self.slot.serving(session.published)
+        else:
+            inner = self.policy.reference()
         with inner:
             yield self.policy.model
+
+    def read_adapter(self, directory: Path) -> dict[str, torch.Tensor]:
+        """Adapter tensors from a saved adapter directory, without touching any session (400 when unfit)."""
+        if self.slot is None:
+            raise bad_request("no adapter shape yet: create a training model first", "model_path")
+        scratch = {n: torch.zeros_like(p.data) for n, p in self.slot.params.items()}
+        try:
+            with self.slot.serving(scratch):
+                self.policy.load_adapter(directory)
+        except (OSError, ValueError, KeyError, RuntimeError) as exc:
+            raise bad_request(f"cannot load these weights: {type(exc).__name__}", "model_path") from None
+        return scratch
 
     def _prompt_logprobs(self, model: torch.nn.Module, tokens: Sequence[int]) -> list[float | None]:
         if len(tokens) < 2:

@@ -80,6 +80,7 @@ SCHEMAS: dict[str, type[_Strict]] = {
     "metaclaw.losses.importance_sampling.ImportanceSamplingLoss": ImportanceSamplingConfig,
     "metaclaw.losses.ppo.PPOLoss": ClippedLossConfig,
     "metaclaw.losses.cispo.CISPOLoss": ClippedLossConfig,
+    "metaclaw.losses.cross_entropy.CrossEntropyLoss": LossConfig,
 }
 
 

@@ -125,11 +125,14 @@ class SessionsResponse(BaseModel):
 
 class OptimStepRequest(Request):
     session_id: str
-    learning_rate: Annotated[float, Field(gt=0, le=1.0, allow_inf_nan=False)] = 1e-4
+    learning_rate: Annotated[float, Field(ge=0, le=1.0, allow_inf_nan=False)] = 1e-4
     beta1: Annotated[float, Field(ge=0, lt=1, allow_inf_nan=False)] | None = None
     beta2: Annotated[float, Field(ge=0, lt=1, allow_inf_nan=False)] | None = None
     eps: Annotated[float, Field(gt=0, allow_inf_nan=False)] | None = None
     weight_decay: Annotated[float, Field(ge=0, allow_inf_nan=False)] | None = None
+    grad_clip_norm: Annotated[float, Field(ge=0, allow_inf_nan=False)] | None = Field(
+        default=None, description="Clip the global gradient norm to this (0: no clipping); omitted: app.grad_clip_norm."
+    )
 
 
 class OptimStepResponse(BaseModel):

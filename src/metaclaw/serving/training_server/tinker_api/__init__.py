@@ -1,0 +1,49 @@
+"""A Tinker-compatible API on the training server: the official `tinker` SDK and tinker-cookbook, unmodified.
+
+Mounted under `/api/v1/` on the same FastAPI app as seed 000's routes: same engine, sessions, checkpoint
+directory, auth key (sent as `X-API-Key: tml-<key>`) and limits. Needs `pip install 'metaclaw[tinker]'` (the SDK
+supplies the wire types); without it, or with `app.tinker.enabled: false`, `/api/v1/*` answers 404 saying so.
+See docs/training_server.md, "Tinker compatibility".
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from fastapi import FastAPI
+
+from metaclaw.serving.training_server.errors import ApiError
+
+log = logging.getLogger(__name__)
+
+GROUPS = {  # for a config without app.tinker.module_groups (conf/app/training_server.yaml sets the same)
+    "attn": ["q_proj", "k_proj", "v_proj", "o_proj"],
+    "mlp": ["gate_proj", "up_proj", "down_proj"],
+    "unembed": ["lm_head"],
+}
+
+
+def _unavailable(app: FastAPI, reason: str) -> None:
+    @app.api_route("/api/v1/{rest:path}", methods=["GET", "POST"], include_in_schema=False)
+    async def tinker_unavailable(rest: str) -> None:
+        raise ApiError(404, f"the Tinker API is not available on this server: {reason}", "path")
+
+
+def mount(app: FastAPI, engine: Any, owner: Any) -> None:
+    """Add the Tinker routes to `app` (or a 404 explaining why they are missing)."""
+    from metaclaw.serving.training_server.tinker_api.registry import TinkerLimits
+
+    cfg = engine.cfg.get("tinker") if hasattr(engine.cfg, "get") else None
+    limits = TinkerLimits.from_config({k: v for k, v in dict(cfg or {}).items() if k != "module_groups"})
+    if not limits.enabled:
+        _unavailable(app, "disabled by app.tinker.enabled")
+        return
+    try:
+        from metaclaw.serving.training_server.tinker_api.routes import install
+    except ImportError as exc:
+        log.info("Tinker API off: %s (pip install 'metaclaw[tinker]')", exc)
+        _unavailable(app, "install it with pip install 'metaclaw[tinker]'")
+        return
+    groups = {k: list(v) for k, v in dict((cfg or {}).get("module_groups") or GROUPS).items()}
+    install(app, engine, owner, limits, groups)
