@@ -8,6 +8,7 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
+from metaclaw.agents import AgentProfiles, check_agent_modes
 from metaclaw.devices import train_gpu_ids, train_processes, trainer_kwargs
 
 DATA_DIR = Path(__file__).parent / "data"
@@ -57,6 +58,22 @@ def validate_train_config(cfg: DictConfig) -> None:
         )
     if train_gpu_ids(cfg.devices) and cfg.devices.cpu_processes != 1:
         raise ConfigError("devices.cpu_processes applies only when devices.train is empty (CPU training)")
+    check_agents(cfg, procs)
+
+
+def check_agents(cfg: DictConfig, procs: int = 1) -> AgentProfiles:
+    """The `agents` profiles (ids, modes) the run can honour; several adapters train in one process only."""
+    try:
+        profiles = AgentProfiles.from_config(cfg)
+        check_agent_modes(profiles, cfg.mode.name)
+    except ValueError as e:
+        raise ConfigError(str(e)) from e
+    if profiles.many and procs > 1:
+        raise ConfigError(
+            f"agents {profiles.own_adapters} have adapters of their own, which train in one process only: "
+            f"devices.train / devices.cpu_processes give {procs} (DDP would not see the switching adapters)"
+        )
+    return profiles
 
 
 def trainer_device_kwargs(devices: DictConfig) -> dict:

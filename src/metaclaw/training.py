@@ -14,6 +14,7 @@ from lightning.pytorch.utilities import rank_zero_only
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 from omegaconf import DictConfig
 
+from metaclaw.agents import AgentProfiles, size_max_loras
 from metaclaw.config import trainer_device_kwargs, validate_train_config
 from metaclaw.control.plane import build_control
 from metaclaw.datamodules.seed import seed_store
@@ -21,6 +22,7 @@ from metaclaw.devices import resolve_devices
 from metaclaw.evaluation.report import write_report
 from metaclaw.loop.eval_wiring import build_evaluator
 from metaclaw.loop.live import Live, live_loop, run_skills_only
+from metaclaw.modules.agent_publish import AgentPublishing
 from metaclaw.modules.online_rl import OnlineRLModule
 from metaclaw.stopping import GracefulStop, RunAbandoned, RunFailed, StopController
 from metaclaw.store import SampleStore, open_store
@@ -66,7 +68,10 @@ def train(cfg: DictConfig) -> tuple[dict[str, Any], dict[str, Any]]:
     run_dir = Path(cfg.run_dir)
     spec = instantiate(cfg.model)
     tokenizer = spec.load_tokenizer()
-    policy = instantiate(cfg.policy, model=spec.load_model())
+    agents = AgentProfiles.from_config(cfg)  # many agents: one adapter each, on one base (docs/agents.md)
+    extra = {"adapters": agents.own_adapters} if agents.many else {}
+    policy = instantiate(cfg.policy, model=spec.load_model(), **extra)
+    size_max_loras(cfg, agents)
     trainable, total = policy.num_parameters()
     log.info("Policy %s: %.2fM trainable / %.2fM parameters", spec.name, trainable / 1e6, total / 1e6)
     store = prepare_store(cfg, tokenizer, policy)
@@ -88,6 +93,13 @@ def train(cfg: DictConfig) -> tuple[dict[str, Any], dict[str, Any]]:
     datamodule.should_stop = stop.should_stop
     if scheduler is not None:
         scheduler.should_stop = stop.should_stop  # a stop request ends the wait for a training window
+    ungated = agents.ungated_adapters(cfg.mode.name) if scheduler is not None else set()
+    if agents.many or ungated:  # batches hold one adapter's samples; each adapter is published on its own
+        datamodule.partition = agents.adapter_of
+        publisher.agents = AgentPublishing(agents, publisher) if agents.many else None
+    if ungated:  # mode=auto with `rl` agents: their adapters step outside training windows too
+        datamodule.window_open, datamodule.always_adapters = (lambda: scheduler.refresh().open), ungated
+        scheduler.ungated = ungated
     # Live evaluation and the publish gate: rank 0 only (it is the one that serves and hot-loads).
     evaluator = build_evaluator(cfg) if rank_zero_only.rank == 0 else None
     publisher.release = evaluator

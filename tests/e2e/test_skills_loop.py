@@ -179,9 +179,9 @@ def test_malformed_skill_file_is_skipped_with_a_warning(loop, caplog):
     assert any(str(bad) in r.getMessage() for r in caplog.records), [r.getMessage() for r in caplog.records]
     [sample] = loop.samples("dee", "d1")
     assert "verify-before-claiming-done" in sample.meta["skills"]  # the other skills still apply
-    loop.ask(messages, X_Agent_Id="../not-an-agent", X_Session_Id="d2")  # no valid folder: served without skills
-    [unsafe] = loop.samples("../not-an-agent", "d2")
-    assert unsafe.meta["skills"] == [] and "## Active skills" not in loop.prompt_text(unsafe)
+    with pytest.raises(openai.BadRequestError, match="X-Agent-Id"):  # not a valid id: refused (docs/agents.md)
+        loop.ask(messages, X_Agent_Id="../not-an-agent", X_Session_Id="d2")
+    assert not loop.store.select(agent_id="../not-an-agent")
 
 
 def test_evolver_reply_that_is_not_json_is_refused_and_logged(loop):

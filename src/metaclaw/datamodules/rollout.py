@@ -102,11 +102,13 @@ class StreamingSampleDataset(IterableDataset):
         wait_timeout_s: float | None,
         rank: int = 0,
         world_size: int = 1,
-        min_adapter_version: Callable[[], int | None] = lambda: None,
+        min_adapter_version: Callable[[], int | dict[str, int] | None] = lambda: None,
         max_backlog: int | None = None,
         gate: Callable[[], bool] | None = None,
         latest_skill_generation_only: bool = False,
         should_stop: Callable[[], bool] = lambda: False,
+        partition: Callable[[str], str] | None = None,
+        ungated: Callable[[], tuple[bool, set[str]] | None] = lambda: None,
     ) -> None:
         if batch_size < world_size:
             raise ValueError(f"data.batch_size ({batch_size}) must be >= the number of processes ({world_size})")
@@ -119,6 +121,10 @@ class StreamingSampleDataset(IterableDataset):
         self.min_adapter_version, self.max_backlog = min_adapter_version, max_backlog
         self.gate, self.latest_skill_generation_only = gate, latest_skill_generation_only
         self.should_stop = should_stop
+        self.partition = partition  # agent id -> adapter: batches are single-adapter (docs/agents.md)
+        # Many agents in mode=auto: `(open, adapters)`: whether a window is open now (never blocks) and the
+        # adapters of `rl` agents, which train outside windows too. None: the gate blocks for every adapter.
+        self.ungated = ungated
 
     def __iter__(self) -> Iterator[dict[str, Tensor]]:
         store = open_store(self.store_path)
@@ -132,17 +138,29 @@ class StreamingSampleDataset(IterableDataset):
                     else:
                         log.info("No ready samples for %.0fs: the stream ends", self.wait_timeout_s)
                     return
-                yield collate_samples(batch[self.rank :: self.world_size], self.pad_id, group=batch)
+                out = collate_samples(batch[self.rank :: self.world_size], self.pad_id, group=batch)
+                if self.partition is not None:
+                    out["adapter"] = self.partition(batch[0].agent_id)  # the adapter this step trains
+                yield out
                 step += 1
         finally:
             store.close()
 
     def _claim(self, store: SampleStore, step: int) -> list[Sample] | None:
         deadline = time.monotonic() + (self.wait_timeout_s if self.wait_timeout_s is not None else float("inf"))
+        polled = time.monotonic()
         while True:
             if self.should_stop():
                 return None
-            if self.gate is not None:  # the scheduler: nothing is claimed outside a training window
+            allowed = None
+            ungated = self.ungated() if self.gate is not None else None
+            if ungated is not None:  # per-agent windows: outside one, only the `rl` agents' adapters step
+                open_now, always = ungated
+                allowed = None if open_now else always
+                if not open_now:  # time outside a window is not "no samples"
+                    deadline += time.monotonic() - polled
+                polled = time.monotonic()
+            elif self.gate is not None:  # the scheduler: nothing is claimed outside a training window
                 closed_since = time.monotonic()
                 if not self.gate():
                     log.info("The scheduler is stopping: the stream ends")
@@ -157,13 +175,17 @@ class StreamingSampleDataset(IterableDataset):
                 min_samples=self.world_size,
                 max_backlog=self.max_backlog,
                 latest_skill_generation_only=self.latest_skill_generation_only,
+                partition=self.partition,
+                partitions=allowed,
             )
             if batch:
                 return batch
             left = deadline - time.monotonic()
             if left <= 0:
                 return None
-            if store.count("ready"):  # some are ready, but no batch could be formed yet (fewer than one per rank)
+            if allowed is not None:  # outside a window: re-check it (and the `rl` agents' samples) every second
+                time.sleep(min(left, 1.0))
+            elif store.count("ready"):  # some are ready, but no batch could be formed yet (fewer than one per rank)
                 time.sleep(min(left, 0.2))  # poll gently: each claim attempt is a write transaction
             else:
                 store.wait_for_ready(min(left, 0.5))  # short waits: a stop request is seen within 0.5 s
@@ -219,9 +241,25 @@ class RolloutDataModule(L.LightningDataModule):
         self.latest_skill_generation_only = latest_skill_generation_only
         self.gate: Callable[[], bool] | None = None  # set by `metaclaw.scheduler.IdleScheduler`
         self.should_stop: Callable[[], bool] = lambda: False  # set by `train()`: the run's stop request
+        # Many agents (set by `train()`): agent id -> adapter, and each adapter's served version (staleness).
+        self.partition: Callable[[str], str] | None = None
+        self.adapter_versions: dict[str, int] = {}
+        # Many agents under mode=auto (set by `train()`): whether a window is open now, without waiting, and
+        # the adapters of `rl` agents, which step outside windows too.
+        self.window_open: Callable[[], bool] | None = None
+        self.always_adapters: set[str] = set()
 
-    def _min_adapter_version(self) -> int | None:
-        return None if self.max_staleness is None else self.adapter_version - self.max_staleness
+    def _ungated(self) -> tuple[bool, set[str]] | None:
+        if self.window_open is None or not self.always_adapters:
+            return None
+        return self.window_open(), self.always_adapters
+
+    def _min_adapter_version(self) -> int | dict[str, int] | None:
+        if self.max_staleness is None:
+            return None
+        if self.partition is not None:  # each adapter against its own served version
+            return {a: v - self.max_staleness for a, v in self.adapter_versions.items()}
+        return self.adapter_version - self.max_staleness
 
     def train_dataloader(self) -> DataLoader:
         trainer = self.trainer
@@ -246,5 +284,7 @@ class RolloutDataModule(L.LightningDataModule):
             self.gate,
             self.latest_skill_generation_only,
             should_stop=lambda: self.should_stop(),
+            partition=self.partition,
+            ungated=self._ungated,
         )
         return DataLoader(dataset, batch_size=None, num_workers=0)

@@ -61,13 +61,15 @@ def server_nodes(cfg: DictConfig) -> dict[str, Any]:
 
 
 def reload_latest_adapter(run_dir: str | Path, server_url: str, api_key: str | None, timeout_s: float = 60.0) -> None:
-    """After a restart: hot-load the newest published adapter (`adapters/latest.json`) into the new server."""
-    latest = Path(run_dir) / "adapters" / "latest.json"
-    if not latest.exists():
-        return
-    info = json.loads(latest.read_text())
-    load_adapter(server_url, info["name"], info["path"], api_key, timeout_s).raise_for_status()
-    log.info("Policy server restarted: adapter v%s reloaded", info.get("version"))
+    """After a restart: hot-load the newest published adapters into the new server: `adapters/latest.json` and
+    each agent's own `adapters/agents/<id>/latest.json` (docs/agents.md)."""
+    root = Path(run_dir) / "adapters"
+    for latest in [root / "latest.json", *sorted(root.glob("agents/*/latest.json"))]:
+        if not latest.exists():
+            continue
+        info = json.loads(latest.read_text())
+        load_adapter(server_url, info["name"], info["path"], api_key, timeout_s).raise_for_status()
+        log.info("Policy server restarted: adapter %s v%s reloaded", info["name"], info.get("version"))
 
 
 def start_policy_server(cfg: DictConfig, live: Live, stack: ExitStack) -> None:

@@ -15,6 +15,7 @@ from typing import Any
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf, open_dict
 
+from metaclaw.agents import AgentProfiles
 from metaclaw.rollout.proxy_app import ProxyService
 from metaclaw.scoring.judges import Judge
 from metaclaw.scoring.teacher import TeacherClient, hinted_prompt_ids
@@ -119,5 +120,6 @@ def build_proxy(cfg: DictConfig, store: SampleStore, tokenizer: Any, server: Ups
         tokenizer=tokenizer,
         capture=bool(cfg.mode.train),
         skills=build_injector(cfg),
+        agents=AgentProfiles.from_config(cfg),  # each agent's mode and adapter (docs/agents.md)
         _recursive_=False,
     )

@@ -21,7 +21,8 @@ def clean_leftovers(run_dir: Path) -> list[Path]:
     `adapters/.step-NNNNNN.old`; the checkpoint is written to `checkpoints/last.ckpt.tmp` first.
     """
     removed = []
-    for path in [*(run_dir / "adapters").glob(".step-*"), *(run_dir / "checkpoints").glob("*.tmp")]:
+    adapters, checkpoints = run_dir / "adapters", run_dir / "checkpoints"  # agents' own: adapters/agents/<id>/
+    for path in [*adapters.glob(".step-*"), *adapters.glob("agents/*/.step-*"), *checkpoints.glob("*.tmp")]:
         if path.is_dir() and not path.is_symlink():
             shutil.rmtree(path, ignore_errors=True)
         else:
@@ -36,12 +37,17 @@ class AdapterWriter:
     Args:
         run_dir: the run's output directory.
         keep_last: keep only the newest this many adapter directories (None keeps all).
+        adapters_dir: where the `step-NNNNNN` dirs and `latest.json` go (default `<run_dir>/adapters`; an
+            agent's own adapter: `<run_dir>/adapters/agents/<id>`, docs/agents.md).
     """
 
-    def __init__(self, run_dir: str | Path, keep_last: int | None = None) -> None:
+    def __init__(
+        self, run_dir: str | Path, keep_last: int | None = None, adapters_dir: str | Path | None = None
+    ) -> None:
         if keep_last is not None and keep_last < 1:
             raise ValueError(f"publish.keep_last must be >= 1 or null, got {keep_last}")
         self.run_dir, self.keep_last = Path(run_dir), keep_last
+        self.adapters = Path(adapters_dir) if adapters_dir is not None else self.run_dir / "adapters"
 
     @property
     def checkpoint_path(self) -> Path:
@@ -53,19 +59,19 @@ class AdapterWriter:
         return self.checkpoint_path.with_suffix(".ckpt.tmp")
 
     def adapter_dir(self, step: int) -> Path:
-        return self.run_dir / "adapters" / adapter_name(step)
+        return self.adapters / adapter_name(step)
 
     def commit_checkpoint(self) -> None:
         os.replace(self.checkpoint_tmp, self.checkpoint_path)
 
     def write_latest(self, step: int, target: Path, lora_name: str, fingerprints: Any) -> None:
         """`adapters/latest.json`: what a restarted policy server reloads (`loop.live.reload_latest_adapter`)."""
-        (self.run_dir / "adapters" / "latest.json").write_text(
+        (self.adapters / "latest.json").write_text(
             json.dumps({"version": step, "path": str(target), "name": lora_name, "rank_fingerprints": fingerprints})
         )
 
     def prune(self) -> None:
         if self.keep_last is None:
             return
-        for old in sorted((self.run_dir / "adapters").glob("step-*"))[: -self.keep_last]:
+        for old in sorted(self.adapters.glob("step-*"))[: -self.keep_last]:
             shutil.rmtree(old, ignore_errors=True)

@@ -5,6 +5,7 @@ Each optimizer step, rank 0 logs (cumulative counts since the run started, or th
 | metric | from |
 |---|---|
 | `rollout/captured`, `rollout/capture_failures` | the proxy: turns stored / turns it could not store |
+| `rollout/skills_only_turns` | the proxy: main turns of `skills_only` agents, answered and never captured |
 | `rollout/capture_paused` | turns not stored because the backlog bound paused capture (`pause_capture`) |
 | `rollout/judge_failures` | turns whose scoring failed `max_attempts` times (dropped, `judge_failed`) |
 | `rollout/pending`, `rollout/ready`, `rollout/backlog` | the store: waiting for a score / to be trained |
@@ -61,6 +62,7 @@ class HealthMonitor(L.Callback):
         if self.proxy is not None:
             out["rollout/captured"] = self.proxy.stats.get("captured", 0)
             out["rollout/capture_failures"] = self.proxy.stats.get("capture_errors", 0)
+            out["rollout/skills_only_turns"] = self.proxy.stats.get("skills_only", 0)  # answered, not captured
         if self.capture_store is not None:
             out["rollout/capture_paused"] = self.capture_store.stats["capture_paused"]
         if self.worker is not None:

@@ -11,6 +11,11 @@ they were) but still counts the step, so claim keys stay aligned with `global_st
 Under DDP each rank holds a slice of the global batch; `global_scale` rescales each rank's loss so that the
 gradient DDP averages is the loss aggregated over the global batch (token-mean over all its tokens), not the
 mean of per-rank aggregates.
+
+Many agents (docs/agents.md): the policy may hold several named adapters; every batch is one adapter's
+(`batch["adapter"]`), which is made active before the step, so only its weights get gradients. AdamW skips
+parameters without a gradient (no update, no weight decay, no moment change), so every other adapter stays
+bit-identical. Each adapter has its own parameter group; `stepped` says which adapters the publisher must write.
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ import torch
 from torch import Tensor
 from torchmetrics import MeanMetric
 
+from metaclaw.modules.agent_state import ADAPTERS_KEY, remap_optimizer_state
 from metaclaw.modules.policy import LoraPolicy
 
 if TYPE_CHECKING:
@@ -87,12 +93,24 @@ class OnlineRLModule(L.LightningModule):
         self.tokens_per_s = MeanMetric()
         self._t0 = 0.0
         self.skipped = {"nonfinite": 0, "zero_advantage": 0}  # steps that took no optimizer step, by reason
+        self.stepped: set[str] = set()  # adapters trained since the publisher last wrote them (it clears this)
+        self.current_adapter = "default"  # the adapter of the batch in progress
+
+    @property
+    def many(self) -> bool:
+        return len(getattr(self.policy, "adapter_names", ["default"])) > 1
 
     def configure_optimizers(self) -> torch.optim.Optimizer:
-        return self.optimizer_factory([p for p in self.policy.parameters() if p.requires_grad])
+        if not self.many:
+            return self.optimizer_factory([p for p in self.policy.parameters() if p.requires_grad])
+        groups = [{"params": self.policy.adapter_parameters(a), "adapter": a} for a in self.policy.adapter_names]
+        return self.optimizer_factory(groups)
 
     def on_train_batch_start(self, batch: Any, batch_idx: int) -> None:
         self._t0 = time.perf_counter()
+        self.current_adapter = batch.get("adapter", "default") if isinstance(batch, dict) else "default"
+        if self.many:
+            self.policy.use_adapter(self.current_adapter)
 
     def training_step(self, batch: dict[str, Tensor], batch_idx: int) -> Tensor | None:
         mask = batch["mask"]
@@ -112,7 +130,23 @@ class OnlineRLModule(L.LightningModule):
         if skip is not None:
             self.skipped[skip] += 1
         self._log_step(batch, advantages, loss, metrics, adv_metrics, skip)
+        if skip is None:
+            self.stepped.add(batch.get("adapter", "default"))
+        if self.many:
+            self._log_agent(batch, loss, metrics, skip)
         return None if skip is not None else loss
+
+    def _log_agent(self, batch: dict[str, Any], loss: Tensor, metrics: dict, skip: str | None) -> None:
+        """The step's figures again under `agent/<adapter>/...`: each agent's curve on its own."""
+        prefix, n = f"agent/{batch.get('adapter', 'default')}/", batch["mask"].shape[0]
+        self.log(f"{prefix}train/samples", float(n), reduce_fx="sum", batch_size=n)
+        if skip is not None:
+            self.log(f"{prefix}train/skipped_{skip}", 1.0, reduce_fx="sum", batch_size=n)
+            return
+        self.log(f"{prefix}loss/total", loss.detach(), batch_size=n)
+        self.log_dict({f"{prefix}loss/{k}": torch.as_tensor(v).float() for k, v in metrics.items()}, batch_size=n)
+        if batch["has_reward"].any():
+            self.log(f"{prefix}rollout/reward_mean", batch["reward"][batch["has_reward"]].mean(), batch_size=n)
 
     def _skip_reason(self, loss: Tensor, advantages: Tensor, mask: Tensor) -> str | None:
         """`nonfinite` if the loss is not finite on any rank, `zero_advantage` if no rank has a non-zero one."""
@@ -183,3 +217,15 @@ class OnlineRLModule(L.LightningModule):
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         trainable = {f"policy.{k}" for k in self.policy.trainable_state_dict()}
         checkpoint["state_dict"] = {k: v for k, v in checkpoint["state_dict"].items() if k in trainable}
+        if self.many:
+            checkpoint[ADAPTERS_KEY] = list(self.policy.adapter_names)
+
+    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        """Agents added, removed or reordered since the checkpoint: each keeps its own optimizer state."""
+        names = list(getattr(self.policy, "adapter_names", ["default"]))
+        old = checkpoint.get(ADAPTERS_KEY, ["default"])
+        if old == names or not checkpoint.get("optimizer_states"):
+            return
+        new = [(a, len(self.policy.adapter_parameters(a))) for a in names]
+        states = checkpoint["optimizer_states"]
+        states[0] = remap_optimizer_state(states[0], old, new, grouped=self.many)

@@ -42,6 +42,8 @@ class LoraPolicy(nn.Module):
         target_modules: module names to adapt; default: every attention and MLP projection.
         gradient_checkpointing: trade compute for memory; works with PEFT (inputs require grad, embeddings frozen).
         logprob_chunk_size: response positions whose logits are computed at once (memory: this x vocabulary).
+        adapters: more named adapters besides PEFT's `default`, with the same LoRA settings (many agents: one
+            per agent, docs/agents.md). `use_adapter(name)` picks the one that is applied and trained.
     """
 
     def __init__(
@@ -53,6 +55,7 @@ class LoraPolicy(nn.Module):
         target_modules: Sequence[str] = DEFAULT_TARGET_MODULES,
         gradient_checkpointing: bool = False,
         logprob_chunk_size: int = 512,
+        adapters: Sequence[str] = (),
     ) -> None:
         super().__init__()
         if logprob_chunk_size < 1:
@@ -67,6 +70,10 @@ class LoraPolicy(nn.Module):
             task_type="CAUSAL_LM",
         )
         self.model = get_peft_model(model, config)
+        for name in adapters:
+            self.model.add_adapter(name, config)
+        self.adapter_names = ["default", *adapters]
+        self.model.set_adapter("default")  # only the active adapter requires grad
         if gradient_checkpointing:
             self.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
             self.model.enable_input_require_grads()
@@ -131,25 +138,60 @@ class LoraPolicy(nn.Module):
         with self.model.disable_adapter():
             yield
 
+    def use_adapter(self, name: str) -> None:
+        """Apply and train adapter `name` from now on: the others are frozen and get no gradient."""
+        if name != self.model.active_adapter:
+            self.model.set_adapter(name)
+
+    @staticmethod
+    def _adapter_of(param_name: str) -> str | None:
+        """The adapter a parameter belongs to (`...q_proj.lora_A.<adapter>.weight`), None for base weights."""
+        parts = param_name.split(".")
+        for i, part in enumerate(parts[:-1]):
+            if part.startswith("lora_"):
+                return parts[i + 1]
+        return None
+
+    def adapter_parameters(self, adapter: str | None = None) -> list[nn.Parameter]:
+        """The weights of `adapter` (default: of every adapter), trainable or frozen right now."""
+        wanted = self.adapter_names if adapter is None else [adapter]
+        return [p for n, p in self.named_parameters() if self._adapter_of(n) in wanted]
+
     def trainable_state_dict(self) -> dict[str, Tensor]:
-        return {n: p.detach() for n, p in self.named_parameters() if p.requires_grad}
+        """Every adapter's weights (what a checkpoint keeps), active or not."""
+        return {n: p.detach() for n, p in self.named_parameters() if self._adapter_of(n) in self.adapter_names}
 
     def num_parameters(self) -> tuple[int, int]:
         """(trainable, total) parameter counts."""
         total = sum(p.numel() for p in self.parameters())
         return sum(p.numel() for p in self.parameters() if p.requires_grad), total
 
-    def save_adapter(self, directory: str | os.PathLike) -> Path:
-        """Write the adapter (safetensors + adapter_config.json) atomically: temp dir, then rename."""
-        return write_dir_atomically(
-            # the LoRA tensors only: a LoRA on a tied lm_head must not drag the whole embedding matrix along
-            Path(directory),
-            lambda tmp: self.model.save_pretrained(tmp, safe_serialization=True, save_embedding_layers=False),
-        )
+    def save_adapter(self, directory: str | os.PathLike, adapter: str = "default") -> Path:
+        """Write one adapter (safetensors + adapter_config.json) atomically: temp dir, then rename.
 
-    def load_adapter(self, directory: str | os.PathLike) -> None:
+        Only the LoRA tensors: a LoRA on a tied lm_head must not drag the whole embedding matrix along.
+        """
+        if adapter == "default" and len(self.adapter_names) == 1:
+            return write_dir_atomically(
+                Path(directory),
+                lambda tmp: self.model.save_pretrained(tmp, safe_serialization=True, save_embedding_layers=False),
+            )
+
+        def fill(tmp: Path) -> None:  # PEFT writes a named adapter into `<dir>/<name>/`: lift it to `<dir>/`
+            self.model.save_pretrained(
+                tmp, safe_serialization=True, selected_adapters=[adapter], save_embedding_layers=False
+            )
+            sub = tmp if adapter == "default" else tmp / adapter
+            for f in list(sub.iterdir()) if sub != tmp else []:
+                f.rename(tmp / f.name)
+            if sub != tmp:
+                sub.rmdir()
+
+        return write_dir_atomically(Path(directory), fill)
+
+    def load_adapter(self, directory: str | os.PathLike, adapter: str = "default") -> None:
         """Load adapter weights written by `save_adapter` (safetensors only: nothing is unpickled)."""
         state = load_file(str(Path(directory) / ADAPTER_WEIGHTS))
-        result = set_peft_model_state_dict(self.model, state)
+        result = set_peft_model_state_dict(self.model, state, adapter_name=adapter)
         if result.unexpected_keys:
             raise ValueError(f"adapter at {directory} has unexpected keys: {result.unexpected_keys[:3]}")

@@ -11,6 +11,9 @@ Staleness counts against the version actually served: the datamodule's `adapter_
 the policy server confirmed loading (the published step when there is no server), restored on resume by loading
 the checkpoint's adapter again. A hot-load failure leaves it at what is still served, so samples the old adapter
 keeps producing are not stale; `max_hot_load_failures` failures in a row stop the run (`HotLoadError`).
+
+Many agents (docs/agents.md): with `agents` set (`AgentPublishing`), a publish writes and serves each adapter
+trained since the last one in its own directory, under its own name; the one checkpoint holds them all.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ import torch
 
 from metaclaw.devices import full_params
 from metaclaw.modules.adapter_writer import AdapterWriter, clean_leftovers
+from metaclaw.modules.agent_publish import AgentPublishing
 from metaclaw.modules.consumer import SampleConsumer
 from metaclaw.modules.hot_load import HotLoader, HotLoadError
 
@@ -92,6 +96,8 @@ class AdapterPublisher(L.Callback):
         self.cleaned: list[Path] = []
         self.gate_config = gate
         self.release: Release | None = None
+        self.agents: AgentPublishing | None = None  # agents with adapters of their own (set by `train()`)
+        self._last_step = -1
 
     @property
     def checkpoint_path(self) -> Path:
@@ -108,6 +114,8 @@ class AdapterPublisher(L.Callback):
     def connect(self, server_url: str, api_key: str | None, restarting: Callable[[], bool] | None = None) -> None:
         """Hot-load into the live loop's policy server (URL and key resolved once by the loop)."""
         self.server.connect(server_url, api_key, restarting)
+        if self.agents is not None:
+            self.agents.connect(server_url, api_key, restarting)
 
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         if trainer.is_global_zero:
@@ -119,7 +127,9 @@ class AdapterPublisher(L.Callback):
         """On resume, serve the checkpoint's adapter again, so staleness starts from the resumed version."""
         step = trainer.global_step
         target = self.files.adapter_dir(step)
-        if step > 0 and trainer.is_global_zero and target.exists():
+        if step > 0 and trainer.is_global_zero and self.agents is not None:
+            self.agents.serve_again(step)  # every adapter's newest published dir the checkpoint covers
+        elif step > 0 and trainer.is_global_zero and target.exists():
             self.server.serve(target, step)
         self._sync_served(trainer)
 
@@ -130,14 +140,18 @@ class AdapterPublisher(L.Callback):
         pl_module.log("train/adapter_version_served", float(self.served_version), batch_size=1)
 
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        last = self.published[-1].name if self.published else None
-        if trainer.global_step > 0 and last != self.files.adapter_dir(trainer.global_step).name:
+        if trainer.global_step > 0 and self._last_step != trainer.global_step:
             self.publish(trainer, pl_module)
         if trainer.is_global_zero:  # the prefetched next batch was never trained on: hand it back
             self.samples.settle(trainer.global_step)
 
     def publish(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        step = trainer.global_step
+        step = self._last_step = trainer.global_step
+        if self.agents is not None:
+            self.published += self.agents.publish(trainer, pl_module)
+            self._sync_served(trainer)
+            trainer.strategy.barrier("adapter_publisher")
+            return
         target = self.files.adapter_dir(step)
         with full_params(trainer):  # FSDP: gather the shards (collective); a no-op otherwise
             if trainer.is_global_zero:
@@ -164,10 +178,16 @@ class AdapterPublisher(L.Callback):
 
     def _sync_served(self, trainer: L.Trainer) -> None:
         """Every rank learns rank 0's served version (and a hot-load failure that must stop the run)."""
-        served, fatal = trainer.strategy.broadcast((self.server.served_version, self.server.fatal()), src=0)
+        fatal = self.server.fatal() or (self.agents.fatal() if self.agents is not None else None)
+        versions = self.agents.served_versions() if self.agents is not None else {}
+        served, versions, fatal = trainer.strategy.broadcast((self.server.served_version, versions, fatal), src=0)
         self.server.served_version = served
         if isinstance(trainer.datamodule, FollowsServedAdapter):
             trainer.datamodule.adapter_version = served
+        if self.agents is not None:  # staleness per adapter
+            self.agents.set_served_versions(versions)
+            if trainer.datamodule is not None:
+                trainer.datamodule.adapter_versions = versions
         if fatal:
             raise HotLoadError(fatal)
 

@@ -27,6 +27,7 @@ from typing import Any
 
 import httpx
 
+from metaclaw.agents import AgentProfile, AgentProfiles, check_agent_id
 from metaclaw.rollout.capture import TurnCapture, split_sse, sse_data, strip_extras
 from metaclaw.rollout.conversation import Query, Tail
 from metaclaw.rollout.fit import ClientFit, ContextPolicy, ImagePolicy
@@ -40,7 +41,7 @@ from metaclaw.rollout.session_tracker import (
 from metaclaw.serving.distribution import distribution
 from metaclaw.skills.hooks import SkillInjectorLike
 from metaclaw.store import GroupCommitWriter, Sample, SampleStore, open_session_log
-from metaclaw.wire import ADAPTER_VERSION_HEADER, RequestError, bearer_headers, version_headers
+from metaclaw.wire import ADAPTER_NAME_HEADER, ADAPTER_VERSION_HEADER, RequestError, bearer_headers, version_headers
 from metaclaw.wire.normalize import next_state_text, normalize_messages, normalize_tools
 
 log = logging.getLogger(__name__)
@@ -84,6 +85,7 @@ class Turn:
     capture: TurnCapture = field(default_factory=TurnCapture)
     sample_id: int | None = None
     client_model: Any = None  # the model id the client asked for: replies carry it, not the upstream's
+    adapter: str | None = None  # the adapter asked upstream (None: the base model or the client's model)
     response_id: str | None = None  # main turns: the reply's `id`, unique, stored with the sample
     query: Query | None = None  # derived sessions: the conversation, to leave its tail for the next request
     claimed_tail: Tail | None = None  # the tail this turn took from its session (restored if the turn fails)
@@ -138,6 +140,8 @@ class RolloutProxy:
             no context policy (no tokenizer).
         max_sessions: the most sessions remembered at once (least recently used evicted first).
         session_idle_s: a session not seen for this long is forgotten by the proxy.
+        agents: the agents' profiles (`metaclaw.agents`): an agent's mode (a `skills_only` agent's turns are
+            answered by the base model and not captured) and the adapter that answers it; default: one profile.
     """
 
     def __init__(
@@ -156,6 +160,7 @@ class RolloutProxy:
         fit: ClientFit | None = None,
         max_sessions: int = 10000,
         session_idle_s: float = 3600.0,
+        agents: AgentProfiles | None = None,
     ) -> None:
         self.store, self.upstream_url = store, upstream_url.rstrip("/")
         self.upstream_api_key, self.policy_model, self.base_model = upstream_api_key, policy_model, base_model
@@ -170,7 +175,9 @@ class RolloutProxy:
         self.upstream_models: set[str] = set()
         self.upstream_cards: dict[str, dict[str, Any]] = {}  # /v1/models entries: modalities, max_model_len
         self.fit = fit or ClientFit(ImagePolicy(), ContextPolicy(tokenizer=None))
-        self.stats = {"turns": 0, "captured": 0, "capture_errors": 0, "upstream_errors": 0}
+        self.agents = agents or AgentProfiles(lora_name=policy_model or "policy")
+        # skills_only: main turns of `skills_only` agents, answered and never captured for training
+        self.stats = {"turns": 0, "captured": 0, "capture_errors": 0, "upstream_errors": 0, "skills_only": 0}
         self._refresher: asyncio.Task | None = None
 
     # ---- lifecycle ----------------------------------------------------------------------------------------
@@ -213,10 +220,23 @@ class RolloutProxy:
             await asyncio.sleep(self.model_refresh_s)
             await self.refresh_models()
 
-    def upstream_model(self, requested: Any) -> Any:
-        if self.policy_model and self.policy_model in self.upstream_models:
-            return self.policy_model
+    def upstream_model(self, requested: Any, profile: AgentProfile | None = None) -> Any:
+        """The agent's own adapter once the server lists it; the base model (or the client's model) before."""
+        profile = profile or self.agents.default
+        name = self.policy_model if profile is self.agents.default else profile.lora_name
+        if profile.trains and name and self.policy_model and name in self.upstream_models:
+            return name
         return self.base_model or requested
+
+    def agent_of(self, body: dict[str, Any], headers: dict[str, str]) -> str:
+        """The agent: `X-Agent-Id`, else the body field `agent_id`, else the default; a bad id is a 400."""
+        for value, field_name in ((headers.get("x-agent-id"), "X-Agent-Id"), (body.get("agent_id"), "agent_id")):
+            if value is not None:
+                try:
+                    return check_agent_id(value, field_name)
+                except ValueError as e:
+                    raise RequestError(str(e)) from e
+        return self.default_agent_id
 
     # ---- request preparation -----------------------------------------------------------------------------
     async def prepare(self, body: Any, headers: dict[str, str]) -> Turn:
@@ -225,7 +245,8 @@ class RolloutProxy:
             raise RequestError("the request body must be a JSON object")
         messages, has_image = normalize_messages(body.get("messages"))
         tools = normalize_tools(body.get("tools"))
-        agent_id = headers.get("x-agent-id") or self.default_agent_id
+        agent_id = self.agent_of(body, headers)
+        profile = self.agents.resolve(agent_id)
         keys = session_keys(body, headers)
         turn_type, session_id = keys.turn_type, keys.session_id or ""
         temperature = body.get("temperature")
@@ -234,7 +255,9 @@ class RolloutProxy:
         if not isinstance(temperature, int | float) or isinstance(temperature, bool) or temperature < 0:
             raise RequestError("temperature must be a non-negative number")
         top_p, top_k, template_kwargs = sampling_fields(body)
-        main = turn_type == "main" and self.capture
+        main = turn_type == "main" and self.capture and profile.trains
+        if turn_type == "main" and self.capture and not profile.trains:
+            self.stats["skills_only"] += 1  # answered with skills, never captured for training
         # The distribution the behaviour logprobs are over, and how the prompt was rendered: the trainer and the
         # teacher reuse both (docs/training.md, "One distribution").
         temp, top_p, top_k = distribution(float(temperature), top_p, top_k)
@@ -244,14 +267,14 @@ class RolloutProxy:
             meta["chat_template_kwargs"] = template_kwargs
         if has_image:
             meta["has_image"] = True
-        derive = self.capture and not keys.session_id
+        derive = self.capture and profile.trains and not keys.session_id
         query = Query.of(messages, agent_id) if derive else None  # taken before skills change the messages
         if turn_type == "main" and self.skills is not None:  # also in skills_only (capture off)
             messages, names = await asyncio.to_thread(self.skills.inject, messages, agent_id)
             meta["skills"] = names
             meta["skill_generation"] = self.skills.generation(agent_id)
         keep_lp, keep_ids = bool(body.get("logprobs")), bool(body.get("return_token_ids"))
-        model = self.upstream_model(body.get("model"))
+        model = self.upstream_model(body.get("model"), profile)
         if has_image or self.fit.context.active:
             limit = body.get("max_completion_tokens", body.get("max_tokens"))
             limit = limit if isinstance(limit, int) and not isinstance(limit, bool) and limit > 0 else None
@@ -277,6 +300,7 @@ class RolloutProxy:
             temperature=float(temperature) if temperature > 0 else 1.0,
             meta=meta,
             client_model=body.get("model") if isinstance(body.get("model"), str) else None,
+            adapter=model if isinstance(model, str) and model in self.upstream_models - {self.base_model} else None,
         )
         if main:
             if query is not None:
@@ -421,6 +445,8 @@ class RolloutProxy:
 
     def _headers(self, turn: Turn) -> dict[str, str]:
         out = version_headers(turn.capture.adapter_version)
+        if turn.adapter:
+            out[ADAPTER_NAME_HEADER] = turn.adapter
         if turn.response_id:
             out[RESPONSE_ID_HEADER] = turn.response_id
             out[SESSION_HEADER], out[TURN_HEADER] = turn.session_id, str(turn.turn_index)

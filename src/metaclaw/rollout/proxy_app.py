@@ -19,6 +19,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.types import Send
 
+from metaclaw.agents import AgentProfiles
 from metaclaw.rollout import feedback
 from metaclaw.rollout.anthropic import AnthropicStream, to_anthropic_response, to_openai_messages, to_openai_request
 from metaclaw.rollout.fit import build_fit
@@ -201,7 +202,7 @@ def create_app(
     @app.post("/v1/feedback")
     async def post_feedback(request: Request) -> JSONResponse:
         """A score in [-1, 1] (and optional correction text) for one captured turn; see `rollout.feedback`."""
-        agent_id = _headers(request).get("x-agent-id") or proxy.default_agent_id
+        agent_id = proxy.agent_of({}, _headers(request))  # a bad X-Agent-Id is a 400
         try:
             return JSONResponse(await feedback.arecord(proxy.store, await _json(request), agent_id))
         except feedback.FeedbackNotFound as e:
@@ -214,7 +215,7 @@ def create_app(
         if not isinstance(body, dict):
             raise RequestError("the request body must be a JSON object")
         session_id = body.get("session_id") or hdr.get("x-session-id")
-        agent_id = body.get("agent_id") or hdr.get("x-agent-id") or proxy.default_agent_id
+        agent_id = proxy.agent_of(body, hdr)
         if not isinstance(session_id, str) or not session_id:
             raise RequestError("session_id is required (body field or X-Session-Id header)")
         if not await proxy.mark_done(str(agent_id), session_id):
@@ -239,7 +240,8 @@ class ProxyService:
         max_body_bytes / served_model: as `create_app`'s.
         images / context: the proxy's image and context policies (`metaclaw.rollout.fit`).
         sessions: the session table's bounds (`max_open`, `idle_s`).
-        policy_model / base_model / default_temperature / default_agent_id / request_timeout_s: as `RolloutProxy`'s.
+        policy_model / base_model / default_temperature / default_agent_id / request_timeout_s / agents: as
+            `RolloutProxy`'s (`agents`: the agents' modes and adapters, built from the `agents` node by the loop).
     """
 
     def __init__(
@@ -264,6 +266,7 @@ class ProxyService:
         request_timeout_s: float = 300.0,
         images: Mapping[str, Any] | None = None,
         context: Mapping[str, Any] | None = None,
+        agents: AgentProfiles | None = None,
     ) -> None:
         self.host, self.port, self.api_key = host, port, api_key
         self.proxy = RolloutProxy(
@@ -280,5 +283,6 @@ class ProxyService:
             fit=build_fit({"images": images, "context": context}, tokenizer),
             max_sessions=sessions["max_open"],
             session_idle_s=sessions["idle_s"],
+            agents=agents,
         )
         self.app = create_app(self.proxy, api_key, max_body_bytes, served_model)

@@ -18,7 +18,7 @@ from metaclaw.rollout.conversation import Query, Tail
 from metaclaw.store import SampleStore, SessionLog
 from metaclaw.wire import RequestError
 
-BODY_EXTRAS = ("session_id", "turn_type", "session_done")  # read here, never forwarded upstream
+BODY_EXTRAS = ("session_id", "turn_type", "session_done", "agent_id")  # read by the proxy, never forwarded upstream
 TRUE, FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off", "")
 MAX_ID_CHARS = 256
 

@@ -272,6 +272,9 @@ class IdleScheduler(L.Callback):
         }  # fmt: skip
 
     # ---- Lightning hooks ----------------------------------------------------------------------------------
+    # Many agents (docs/agents.md): adapters of `rl` agents, which step outside windows too (set by `train()`).
+    ungated: frozenset[str] | set[str] = frozenset()
+
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         self.trainer, self._trainer_thread = trainer, threading.current_thread()
         datamodule = trainer.datamodule
@@ -286,8 +289,8 @@ class IdleScheduler(L.Callback):
             self.wait_until_open()
 
     def on_before_optimizer_step(self, trainer: L.Trainer, pl_module: L.LightningModule, optimizer: Any) -> None:
-        if self.on_user_return != "abandon":
-            return
+        if self.on_user_return != "abandon" or getattr(pl_module, "current_adapter", None) in self.ungated:
+            return  # an `rl` agent's step (many agents) is not bound to windows
         # rank 0 decides for every rank: replicas that stepped differently would drift apart
         if trainer.strategy.broadcast(self.refresh().open, src=0):
             return

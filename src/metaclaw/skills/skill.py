@@ -22,11 +22,12 @@ from typing import Any
 
 import yaml
 
+from metaclaw.agents import check_agent_id
+
 SKILL_FILE = "SKILL.md"
 DEFAULT_CATEGORY = "general"
 
 _SKILL_NAME_RE = re.compile(r"^[a-z0-9]+(?:[-_][a-z0-9]+)*$")
-_AGENT_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$")
 _FRONT_MATTER_RE = re.compile(r"\A\ufeff?---[ \t]*\r?\n(.*?)\r?\n---[ \t]*(?:\r?\n|\Z)(.*)\Z", re.DOTALL)
 
 
@@ -51,12 +52,7 @@ def validate_agent_id(agent_id: object, field_name: str = "agent_id") -> str:
     Raises:
         ValueError: naming `field_name` for anything else, e.g. `../x`, `a/b`, `_shared` or an empty string.
     """
-    if not isinstance(agent_id, str) or not _AGENT_ID_RE.match(agent_id):
-        raise ValueError(
-            f"{field_name} must match [A-Za-z0-9][A-Za-z0-9_-]{{0,63}} (got {agent_id!r}); "
-            "path separators, dots and a leading underscore are not allowed"
-        )
-    return agent_id
+    return check_agent_id(agent_id, field_name)  # one rule for the proxy's X-Agent-Id and the folders
 
 
 @dataclass(frozen=True)

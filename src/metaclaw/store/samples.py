@@ -18,7 +18,7 @@ import sqlite3
 import threading
 import time
 from array import array
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -388,10 +388,12 @@ class SampleStore:
         max_samples: int,
         max_tokens: int | None = None,
         max_sample_tokens: int | None = None,
-        min_adapter_version: int | None = None,
+        min_adapter_version: int | Mapping[str, int] | None = None,
         min_samples: int = 1,
         max_backlog: int | None = None,
         latest_skill_generation_only: bool = False,
+        partition: Callable[[str], str] | None = None,
+        partitions: Collection[str] | None = None,
     ) -> list[Sample]:
         """The samples of optimizer step `step`; idempotent, so every DDP rank gets the same batch.
 
@@ -404,6 +406,10 @@ class SampleStore:
         With `latest_skill_generation_only`, a sample whose `meta.skill_generation` is older than the newest one
         its agent has recorded is dropped too (support/query separation: it was gathered under skills that
         evolution has since changed).
+        With `partition` (agent id -> adapter, docs/agents.md) a batch holds one adapter's samples: the one whose
+        oldest ready sample comes first; others wait for their own step. `min_adapter_version` may then map each
+        adapter to its own floor (every adapter has its own served version). With `partitions`, only those
+        adapters' samples are claimed (outside a training window: the agents that train anyway).
         """
         with self._tx() as c:
             rows = c.execute("SELECT * FROM samples WHERE status='claimed' AND claimed_step=? ORDER BY id", (step,))
@@ -418,16 +424,22 @@ class SampleStore:
                     (time.time(), max_backlog),
                 )
             batch: list[Sample] = []
-            tokens = 0
+            tokens, key = 0, None
             generations = self._latest_skill_generations(c) if latest_skill_generation_only else {}
             for row in c.execute("SELECT * FROM samples WHERE status='ready' ORDER BY id").fetchall():
                 s = self._row(row)
+                part = partition(s.agent_id) if partition is not None else None
+                if (batch and part != key) or (partitions is not None and part not in partitions):
+                    continue  # another adapter's sample (or one that may not train now): it waits for its own step
+                floor = (
+                    min_adapter_version.get(part) if isinstance(min_adapter_version, Mapping) else min_adapter_version
+                )
                 reason = None
                 gen, newest = s.meta.get("skill_generation"), generations.get(s.agent_id)
                 if max_sample_tokens is not None and s.num_tokens > max_sample_tokens:
                     reason = f"too_long:{s.num_tokens}>{max_sample_tokens}"
-                elif min_adapter_version is not None and s.adapter_version < min_adapter_version:
-                    reason = f"stale:v{s.adapter_version}<v{min_adapter_version}"
+                elif floor is not None and s.adapter_version < floor:
+                    reason = f"stale:v{s.adapter_version}<v{floor}"
                 elif isinstance(gen, int) and newest is not None and gen < newest:
                     reason = f"old_skill_generation:{gen}<{newest}"
                 if reason:
@@ -439,7 +451,7 @@ class SampleStore:
                 if batch and max_tokens is not None and tokens + s.num_tokens > max_tokens:
                     break
                 batch.append(s)
-                tokens += s.num_tokens
+                tokens, key = tokens + s.num_tokens, part
                 if len(batch) >= max_samples:
                     break
             if len(batch) < min_samples:

@@ -12,6 +12,9 @@ from typing import Any
 ADAPTER_VERSION_HEADER = "x-metaclaw-adapter-version"
 """Response header: the adapter version that produced a completion (the policy server sets it, the proxy reads it)."""
 
+ADAPTER_NAME_HEADER = "x-metaclaw-adapter"
+"""Response header of the proxy: the adapter that answered (many agents: each agent's own, docs/agents.md)."""
+
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
 """A PEFT adapter directory's weights file (safetensors only: loading never unpickles)."""
 

@@ -1,0 +1,96 @@
+"""Publishing many agents' adapters (docs/agents.md): each adapter trained since the last publish is written to
+its own directory and hot-loaded under its own name; one checkpoint holds them all.
+
+`AdapterPublisher` keeps the order and the ranks in step and hands a publish to `AgentPublishing.publish` when
+agents have adapters of their own. The default adapter keeps the publisher's own `AdapterWriter` and
+`HotLoader` (`adapters/step-NNNNNN/`, served as `policy`, through the live evaluator and gate); each agent's adapter
+gets a writer on `adapters/agents/<id>/` and a loader for `<lora_name>:<id>`. An adapter that took no step since
+the last publish is not written again.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import lightning as L
+
+from metaclaw.agents import DEFAULT_ADAPTER, AgentProfiles
+from metaclaw.modules.adapter_writer import AdapterWriter
+from metaclaw.modules.hot_load import HotLoader
+
+log = logging.getLogger(__name__)
+
+
+class AgentPublishing:
+    """The per-adapter files and hot-loads of a run whose agents have adapters of their own.
+
+    Args:
+        profiles: the run's agents.
+        publisher: the `AdapterPublisher` whose writer and loader serve the default adapter (and whose
+            settings every agent's writer and loader copy).
+    """
+
+    def __init__(self, profiles: AgentProfiles, publisher: Any) -> None:
+        self.profiles, self.publisher = profiles, publisher
+        files, server = publisher.files, publisher.server
+        self.parts: dict[str, tuple[AdapterWriter, HotLoader]] = {DEFAULT_ADAPTER: (files, server)}
+        for adapter in profiles.own_adapters:
+            name = profiles.by_adapter(adapter).lora_name
+            writer = AdapterWriter(files.run_dir, files.keep_last, profiles.adapter_dir(files.run_dir, adapter))
+            loader = HotLoader(server.server_url, name, server.api_key, server.timeout_s, server.max_failures)
+            self.parts[adapter] = (writer, loader)
+
+    def connect(self, server_url: str, api_key: str | None, restarting: Callable[[], bool] | None = None) -> None:
+        for adapter, (_, loader) in self.parts.items():
+            if adapter != DEFAULT_ADAPTER:
+                loader.connect(server_url, api_key, restarting)
+
+    def served_versions(self) -> dict[str, int]:
+        """The version each adapter is served at (staleness counts per adapter)."""
+        return {adapter: loader.served_version for adapter, (_, loader) in self.parts.items()}
+
+    def set_served_versions(self, versions: dict[str, int]) -> None:
+        for adapter, version in versions.items():
+            self.parts[adapter][1].served_version = version
+
+    def fatal(self) -> str | None:
+        """The first agent loader that failed too often in a row (the default one is the publisher's)."""
+        return next((why for a, (_, loader) in self.parts.items() if a != DEFAULT_ADAPTER
+                     for why in [loader.fatal()] if why), None)  # fmt: skip
+
+    def publish(self, trainer: L.Trainer, pl_module: L.LightningModule) -> list[Path]:
+        """Write and serve each adapter trained since the last publish, after one checkpoint of them all."""
+        step = trainer.global_step
+        stepped = sorted(getattr(pl_module, "stepped", set()))
+        pl_module.stepped = set()
+        targets = {a: self.parts[a][0].adapter_dir(step) for a in stepped}
+        if trainer.is_global_zero:
+            for adapter, target in targets.items():
+                pl_module.policy.save_adapter(target, adapter)
+        files = self.publisher.files
+        trainer.save_checkpoint(files.checkpoint_tmp, weights_only=False)  # collective: rank 0 writes
+        if trainer.is_global_zero:
+            files.commit_checkpoint()
+            self.publisher.samples.consume_through(step)
+            for adapter, target in targets.items():
+                writer, loader = self.parts[adapter]
+                writer.write_latest(step, target, loader.lora_name, None)
+                log.info("Published adapter %s v%d at %s", loader.lora_name, step, target)
+                release = self.publisher.release if adapter == DEFAULT_ADAPTER else None
+                if release is not None:  # the live evaluator and gate measure the default adapter
+                    release.submit(step, target, partial(loader.serve, step=step))
+                else:
+                    loader.serve(target, step)
+                writer.prune()
+        return list(targets.values())
+
+    def serve_again(self, step: int) -> None:
+        """On resume: serve each adapter's newest directory the checkpoint covers (its weights are in it)."""
+        for writer, loader in self.parts.values():
+            covered = sorted(d for d in writer.adapters.glob("step-*") if d.is_dir() and int(d.name[5:]) <= step)
+            if covered:
+                loader.serve(covered[-1], int(covered[-1].name[5:]))

@@ -1,0 +1,52 @@
+"""Resuming when the set of agents changed: each adapter's optimizer state follows its name, not its position.
+
+The optimizer has one parameter group per adapter (`OnlineRLModule.configure_optimizers`, many agents), and a
+checkpoint records the adapter names in group order (`metaclaw_adapters`). When a run resumes with agents added,
+removed or reordered in `agents`, `torch.optim.Optimizer.load_state_dict` would refuse the old state (or worse,
+give one agent's Adam moments to another); `remap_optimizer_state` rewrites it for the new layout: a kept
+adapter keeps its moments, a new one starts fresh, a removed one's state is dropped.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+ADAPTERS_KEY = "metaclaw_adapters"
+
+
+def remap_optimizer_state(
+    state: dict[str, Any], old: list[str], new: list[tuple[str, int]], grouped: bool
+) -> dict[str, Any]:
+    """`state` (an optimizer `state_dict()` laid out as `old`, one group per name) laid out as `new`.
+
+    Args:
+        state: the checkpoint's optimizer state dict.
+        old: adapter names of its parameter groups, in order (a one-adapter run: `["default"]`).
+        new: `(adapter, number of parameters)` of the groups the optimizer has now, in order.
+        grouped: whether the new optimizer has per-adapter groups (False: one group, as a one-adapter run).
+    """
+    groups = state["param_groups"]
+    if len(groups) != len(old):
+        raise ValueError(f"the checkpoint's optimizer has {len(groups)} parameter groups for adapters {old}")
+    by_name = dict(zip(old, groups, strict=True))
+    template = {k: v for k, v in groups[0].items() if k not in ("params", "adapter")}
+    out_groups, out_state, index = [], {}, 0
+    for adapter, count in new:
+        source = by_name.get(adapter)
+        params = list(range(index, index + count))
+        if source is not None and len(source["params"]) == count:
+            for new_i, old_i in zip(params, source["params"], strict=True):
+                if old_i in state["state"]:
+                    out_state[new_i] = copy.deepcopy(state["state"][old_i])
+            group = {k: v for k, v in source.items() if k != "params"}
+        else:
+            group = dict(template)
+        group["params"] = params
+        if grouped:
+            group["adapter"] = adapter
+        else:
+            group.pop("adapter", None)
+        out_groups.append(group)
+        index += count
+    return {"state": out_state, "param_groups": out_groups}
