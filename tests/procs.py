@@ -22,6 +22,18 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def wait_for_health(base_url: str, timeout_s: float = 120.0) -> bool:
+    """Poll `<base_url>/health` until it answers 200 (True) or `timeout_s` passes (False)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(f"{base_url}/health", timeout=1).status_code == 200:
+                return True
+        except httpx.HTTPError:
+            time.sleep(0.2)
+    return False
+
+
 def stop_group(proc: subprocess.Popen, timeout: float = 15) -> None:
     """SIGTERM the process group, SIGKILL it if it lingers."""
     if proc.poll() is not None:

@@ -28,6 +28,7 @@ from metaclaw.rollout.server import free_port
 from metaclaw.training import train
 from tests.e2e.conftest import running_policy_server
 from tests.e2e.test_online_loop import compose_live
+from tests.procs import wait_for_health
 
 DRIVER_DONE = threading.Event()
 ALICE_SKILL = "alice-geography-facts"
@@ -53,13 +54,7 @@ def _drive(base_url: str, seen: list[tuple[str, dict[str, str]]], errors: list) 
     """Interleave the agents' two-turn sessions until alice and the default agent were answered by their own
     adapters (or two minutes passed)."""
     try:
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline:
-            try:
-                if httpx.get(f"{base_url}/health", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                time.sleep(0.2)
+        wait_for_health(base_url)
         c = openai.OpenAI(base_url=f"{base_url}/v1", api_key="unused", max_retries=0, timeout=60)
         for cycle in range(200):
             for agent in ("alice", None, "bob", "carol"):

@@ -4,7 +4,6 @@ driving multi-turn sessions; samples are scored, a step is taken, the adapter is
 from __future__ import annotations
 
 import threading
-import time
 from pathlib import Path
 
 import httpx
@@ -16,6 +15,7 @@ from omegaconf import open_dict
 from metaclaw.config import register_resolvers
 from metaclaw.rollout.server import free_port
 from metaclaw.training import train
+from tests.procs import wait_for_health
 
 REPO = Path(__file__).resolve().parents[2]
 register_resolvers()
@@ -38,13 +38,7 @@ def compose_live(run_dir: Path, *overrides: str):
 def drive(base_url: str, errors: list) -> None:
     """Sessions with and without headers, streaming and not, one with tool calls, until training stops."""
     try:
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline:
-            try:
-                if httpx.get(f"{base_url}/health", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                time.sleep(0.2)
+        wait_for_health(base_url)
         c = openai.OpenAI(base_url=f"{base_url}/v1", api_key="unused", max_retries=0, timeout=60)
         for cycle in range(20):
             hdr = {"X-Session-Id": f"h{cycle}", "X-Agent-Id": "e2e"}
