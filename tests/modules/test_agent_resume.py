@@ -49,7 +49,7 @@ def test_agent_adapters_are_published_apart_and_served_again_on_resume(tmp_path)
     assert metrics["train/global_step"] == 3
     assert loaded["policy"] == str((adapters / "step-000002").resolve())  # served again, not trained since
     assert loaded["policy:alice"] == str((adapters / "agents" / "alice" / "step-000003").resolve())
-    assert objs["publisher"].served_versions["alice"] > 0
+    assert objs["publisher"].agents.served_versions()["alice"] > 0
 
     # the watchdog, after a server restart, reloads every agent's latest adapter
     with ThreadedServer(scripted_upstream()) as restarted:
