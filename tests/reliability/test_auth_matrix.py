@@ -11,12 +11,24 @@ import pytest
 SURFACES = ("policy_surface", "proxy_surface", "training_surface")
 
 
+def flat_routes(routes, prefix: str = "") -> list[tuple[str, object]]:
+    """(full path, route) for every route, routers included with `include_router` (FastAPI keeps them nested)."""
+    out = []
+    for route in routes:
+        included = getattr(route, "original_router", None)
+        if included is not None:
+            out.extend(flat_routes(included.routes, prefix + route.include_context.prefix))
+        else:
+            out.append((prefix + route.path, route))
+    return out
+
+
 def routes(app) -> list[tuple[str, str]]:
     """(method, concrete path) for every HTTP route; path parameters filled with a placeholder."""
     out = []
-    for route in app.routes:
+    for full_path, route in flat_routes(app.routes):
         methods = sorted(getattr(route, "methods", None) or [])
-        path = re.sub(r"\{[^}]+\}", "x", route.path)
+        path = re.sub(r"\{[^}]+\}", "x", full_path)
         out.extend((m, path) for m in methods if m != "HEAD")
     assert out, "no routes found"
     return out
