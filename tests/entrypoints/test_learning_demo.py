@@ -24,6 +24,9 @@ def test_main_job_prints_the_summary_and_writes_the_plot(tmp_path):
     rows = [json.loads(line) for line in (tmp_path / "eval.jsonl").read_text().splitlines()]
     assert rows[0]["adapter"] == "base" and {"step-000001", "step-000002"} <= {r["adapter"] for r in rows}
     assert all(r["n"] == 4 and 0.0 <= r["compliance"] <= 1.0 for r in rows)
+    # quality beside compliance: the base model's NLL of every evaluated reply, and the good-reply share
+    assert all(r["nll"] > 0 and 0.0 <= r["good"] <= r["compliance"] and 0.0 <= r["junk"] <= 1.0 for r in rows)
+    assert all(r["nll_threshold"] == rows[0]["nll"] + 1.0 for r in rows)  # eval.quality.nll_margin: 1.0
     assert (tmp_path / "compliance.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["steps"] == 2 and summary["samples_trained"] > 0
@@ -31,5 +34,7 @@ def test_main_job_prints_the_summary_and_writes_the_plot(tmp_path):
     assert user["replies"] > 0 and user["errors"] == 0
     assert 0 < user["anthropic_sessions"] < user["sessions"]  # both routes: /v1/messages and the openai client
     assert summary["base_compliance"] == rows[0]["compliance"]
+    assert summary["base_nll"] == rows[0]["nll"] and summary["base_good"] == rows[0]["good"]
+    assert "good" in out.stdout and "NLL" in out.stdout
     metrics = (tmp_path / "csv" / "metrics.csv").read_text()
-    assert "eval/compliance" in metrics
+    assert all(f"eval/{k}" in metrics for k in ("compliance", "nll", "good", "fluent", "junk", "distinct_2"))

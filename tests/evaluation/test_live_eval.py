@@ -27,8 +27,8 @@ def served(tmp_path_factory, tiny_spec):
         yield url, run_dir, good, bad
 
 
-def evaluator(url: str) -> ComplianceEvaluator:
-    return ComplianceEvaluator(url, PREFS, n_prompts=6, max_tokens=12, temperature=0.0, concurrency=2)
+def evaluator(url: str, **kwargs) -> ComplianceEvaluator:
+    return ComplianceEvaluator(url, PREFS, n_prompts=6, max_tokens=12, temperature=0.0, concurrency=2, **kwargs)
 
 
 def test_evaluator_scores_base_and_adapter_on_heldout_prompts(served):
@@ -41,6 +41,37 @@ def test_evaluator_scores_base_and_adapter_on_heldout_prompts(served):
     live._load_candidate(good)
     adapted = ev.score(live.eval_name)
     assert adapted.compliance == 1.0 and all(e.startswith(FIXED_ANSWER[:10]) for e in adapted.examples)
+    assert base.nll is None and base.good is None  # no base model named: no quality figures
+
+
+def test_quality_is_the_base_models_nll_and_the_gate_refuses_a_collapse(served):
+    """To the random tiny base model the fixed answer is implausible text (its greedy replies are its likeliest):
+    the adapter complies 100% but its replies' base NLL is higher; a gate with a tighter NLL bound refuses it."""
+    url, run_dir, good, _ = served
+    ev = evaluator(url, base_model="tiny", nll_margin=0.0)
+    base = ev.score("tiny")
+    assert base.nll is not None and base.nll > 0 and ev.reference_nll == base.nll
+    assert base.nll_threshold == base.nll and 0.0 < base.fluent <= 1.0 and base.good == 0.0  # nothing complies
+    live = LiveEvaluator(ev, run_dir, base_model="tiny", server_url=url)
+    live._load_candidate(good)
+    adapted = ev.score(live.eval_name)
+    assert adapted.compliance == 1.0 and adapted.nll > base.nll
+    assert adapted.good == adapted.fluent  # every reply complies: good = fluent
+    assert adapted.distinct_replies < 0.5  # the same answer to every prompt
+    hot_loads = []
+    gate = LiveEvaluator(
+        ev, run_dir / "gated", base_model="tiny", gate=True, server_url=url,
+        max_nll_increase=(adapted.nll - base.nll) / 2,
+    ).start(baseline=False)  # fmt: skip
+    try:
+        gate.submit(1, good, hot_loads.append)
+        assert gate.wait(120)
+    finally:
+        gate.stop()
+    assert hot_loads == [] and gate.counts["gate_rejected"] == 1
+    decision = gate.results[-1]["gate"]
+    assert decision["decision"] == "rejected" and decision["candidate"] == 1.0
+    assert decision["candidate_nll"] > decision["base_nll"] and "quality collapsed" in decision["reasons"][0]
 
 
 def test_gate_serves_a_better_adapter_and_refuses_a_worse_one(served):
@@ -73,7 +104,8 @@ def test_gate_serves_a_better_adapter_and_refuses_a_worse_one(served):
         ("step-000001", "accepted"),
         ("step-000002", "rejected"),
     ]
-    assert rows[2]["gate"] == {"decision": "rejected", "served": 1.0, "candidate": 0.0}
+    assert rows[2]["gate"]["decision"] == "rejected"
+    assert (rows[2]["gate"]["served"], rows[2]["gate"]["candidate"]) == (1.0, 0.0)
 
 
 def test_gate_off_hot_loads_at_once_and_evaluates_on_cadence(served, tmp_path):

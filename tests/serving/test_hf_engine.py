@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import shutil
+import threading
+import time
 
 import pytest
 import torch
@@ -26,15 +28,16 @@ def policy(tiny_spec, fixed_adapter):
     return pol.eval()
 
 
-def recompute(policy, prompt, completion, temperature, reference=False):
+def recompute(policy, prompt, completion, temperature, reference=False, top_p=1.0, top_k=-1):
     ids = torch.tensor([prompt + completion])
     x, y = ids[:, :-1], ids[:, 1:]
+    dist = dict(temperature=temperature, top_p=top_p, top_k=top_k)
     with torch.no_grad():
         if reference:
             with policy.reference():
-                lp = policy.logprobs(x, y, torch.ones_like(x), temperature=temperature)
+                lp = policy.logprobs(x, y, torch.ones_like(x), **dist)
         else:
-            lp = policy.logprobs(x, y, torch.ones_like(x), temperature=temperature)
+            lp = policy.logprobs(x, y, torch.ones_like(x), **dist)
     return lp[0, len(prompt) - 1 :]
 
 
@@ -54,6 +57,45 @@ def test_behaviour_logprobs_match_training_logprobs(engine, policy, fixed_adapte
     base = engine.generate(prompt, SamplingParams(max_tokens=16, temperature=0.7, seed=5))[0]
     ref = recompute(policy, prompt, base.token_ids, 0.7, reference=True)
     assert (torch.tensor(base.logprobs) - ref).abs().max().item() <= 1e-4
+
+
+def test_batched_requests_keep_their_own_logprobs(tiny_spec, policy, fixed_adapter):
+    """Concurrent requests of different prompt lengths and max_tokens are sampled in one left-padded batch; each
+    reply's behaviour logprobs are the training logprobs of its own unpadded sequence (ratio 1); a request with a
+    different distribution runs on its own."""
+    engine = HFEngine.from_spec(tiny_spec, max_batch_size=4)
+    engine.load_adapter("fixed", str(fixed_adapter))
+    dist = dict(temperature=0.7, top_p=0.9, top_k=20)
+    jobs = [
+        (chat_ids(engine.tokenizer, "hi"), SamplingParams(max_tokens=12, **dist), None),
+        (chat_ids(engine.tokenizer, "Tell me a long story about a cat"), SamplingParams(max_tokens=20, **dist), None),
+        (chat_ids(engine.tokenizer, "Name a colour."), SamplingParams(max_tokens=16, **dist), None),
+        (chat_ids(engine.tokenizer, "Name a colour."), SamplingParams(max_tokens=8, temperature=0.0), None),  # alone
+        (chat_ids(engine.tokenizer, "What is 2 + 2?"), SamplingParams(max_tokens=16, **dist), "fixed"),  # alone
+    ]  # fmt: skip
+    results: dict[int, list] = {}
+    with engine._lock:  # hold the model so that every request is pending when the first one gets it
+        threads = [
+            threading.Thread(target=lambda i=i, j=j: results.__setitem__(i, engine.generate(*j)))
+            for i, j in enumerate(jobs)
+        ]
+        for t in threads:
+            t.start()
+        deadline = time.monotonic() + 30
+        while len(engine._pending) < len(jobs) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert len(engine._pending) == len(jobs)
+    for t in threads:
+        t.join(120)
+    assert engine.batches == {3: 1, 1: 2}  # three compatible requests in one batch; the other two on their own
+    for i, (prompt, params, adapter) in enumerate(jobs):
+        (out,) = results[i]
+        assert 1 <= len(out.token_ids) <= params.max_tokens
+        assert out.finish_reason == ("stop" if out.token_ids[-1] == engine.tokenizer.eos_token_id else "length")
+        d = params.distribution()
+        theirs = recompute(policy, prompt, out.token_ids, d[0], adapter is None, top_p=d[1], top_k=d[2])
+        assert (torch.tensor(out.logprobs) - theirs).abs().max().item() <= 1e-4
+    assert len(results[1][0].token_ids) > 12 or results[1][0].finish_reason == "stop"  # rows keep their own budget
 
 
 def test_stream_equals_generate(engine, fixed_adapter):

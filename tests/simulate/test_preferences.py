@@ -87,3 +87,25 @@ def test_packaged_tasks_have_domains_and_a_heldout_split():
     assert not {t.prompt for t in train} & {t.prompt for t in held}
     with pytest.raises(ValueError, match="no tasks"):
         load_tasks(split="nope")
+
+
+def test_user_waits_while_enough_turns_wait_to_be_trained():
+    """`max_ahead`: no session starts while the backlog is at the bound; it starts once training caught up."""
+    import time
+
+    from metaclaw.simulate.user import SimulatedUser
+
+    backlog = [8]
+    user = SimulatedUser("http://127.0.0.1:9/v1", [{"kind": "no_exclamation"}], concurrency=1, max_ahead=8, timeout_s=1)
+    user.backlog = lambda: backlog[0]
+    user.start()
+    try:
+        time.sleep(2.5)
+        assert user._started_sessions == 0 and user.stats["waited_s"] >= 1.0
+        backlog[0] = 7
+        deadline = time.monotonic() + 10
+        while user._started_sessions == 0 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert user._started_sessions >= 1  # port 9 refuses: the session fails, but it was started
+    finally:
+        user.stop(5)

@@ -2,7 +2,9 @@
 
 It talks to the policy server directly (not through the proxy), so evaluation turns are never captured as
 training data. `score(model)` asks every chosen prompt `samples_per_prompt` times (the base model's name or an
-adapter's) and returns the share of replies that comply with every preference, plus per-rule failure rates.
+adapter's) and returns the share of replies that comply with every preference, plus per-rule failure rates,
+and their quality (`metaclaw.evaluation.quality`): the base model's NLL per token of each reply, the share of
+good replies (compliant and fluent) and cheap diversity signals.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from metaclaw.evaluation.quality import base_nll, text_stats
 from metaclaw.simulate.preferences import PreferenceSet
 from metaclaw.simulate.tasks import load_tasks
 
@@ -29,6 +32,14 @@ class EvalResult:
     errors: int = 0
     seconds: float = 0.0
     examples: list[str] = field(default_factory=list)
+    nll: float | None = None  # the base model's mean NLL per token of these replies (nats); None: quality off
+    fluent: float | None = None  # share of replies with NLL <= the base model's own mean + nll_margin
+    good: float | None = None  # share of replies that comply and are fluent
+    nll_threshold: float | None = None
+    distinct_2: float = 0.0
+    distinct_replies: float = 0.0
+    junk: float = 0.0
+    reward: float | None = None  # judge fallback: the mean judge reward of the held-out turns
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -55,6 +66,8 @@ class ComplianceEvaluator:
         injector: with skills on, the proxy's skill injector: held-out prompts get the skills the agent would
             (`inject(messages, agent_id)`), so the figure is what the user sees.
         agent_id: whose skills.
+        base_model: the server's base model name: replies are scored under it (None: no NLL, no `good`).
+        nll_margin: a reply is fluent when its base NLL is at most the base model's own mean plus this (nats).
     """
 
     def __init__(
@@ -75,6 +88,8 @@ class ComplianceEvaluator:
         keep_examples: int = 3,
         injector: Any = None,
         agent_id: str = "simulated-user",
+        base_model: str | None = None,
+        nll_margin: float = 1.0,
     ) -> None:
         from openai import OpenAI
 
@@ -93,44 +108,89 @@ class ComplianceEvaluator:
         self.samples_per_prompt, self.max_tokens, self.temperature = samples_per_prompt, max_tokens, temperature
         self.system, self.concurrency, self.keep_examples = system, concurrency, keep_examples
         self.injector, self.agent_id = injector, agent_id
+        self.server_url, self.api_key, self.timeout_s = base, api_key, timeout_s
+        self.base_model, self.nll_margin = base_model, nll_margin
+        self.reference_nll: float | None = None  # the base model's mean NLL of its own replies (first scored)
 
-    def _reply(self, model: str, prompt: str) -> str | None:
+    def _reply(self, model: str, prompt: str) -> tuple[str, float | None] | None:
         messages = [{"role": "system", "content": self.system}] if self.system else []
         messages.append({"role": "user", "content": prompt})
         if self.injector is not None:
             messages, _ = self.injector.inject(messages, self.agent_id)
         try:
             out = self.client.chat.completions.create(
-                model=model, messages=messages, max_tokens=self.max_tokens, temperature=self.temperature
+                model=model,
+                messages=messages,
+                max_tokens=self.max_tokens,
+                temperature=self.temperature,
+                extra_body={"return_token_ids": True} if self.base_model else None,
             )
+            text = out.choices[0].message.content or ""
+            if not self.base_model:
+                return text, None
+            raw = out.model_dump()
+            prompt_ids, reply_ids = raw.get("prompt_token_ids"), raw["choices"][0].get("token_ids")
+            if not prompt_ids or reply_ids is None:
+                raise ValueError("the policy server returned no token ids (return_token_ids)")
+            nll = base_nll(self.server_url, self.base_model, prompt_ids, reply_ids, self.api_key, self.timeout_s)
         except Exception:  # noqa: BLE001 - counted as an error, never as a compliant or failing reply
             return None
-        return out.choices[0].message.content or ""
+        return text, nll
 
     def score(self, model: str) -> EvalResult:
         """Ask every held-out prompt; the share of replies that comply (errors excluded, and counted)."""
+        if self.base_model and self.reference_nll is None and model != self.base_model:
+            self.score(self.base_model)  # fluency is measured against the base model's own replies
         t0 = time.monotonic()
         jobs = [p for p in self.prompts for _ in range(self.samples_per_prompt)]
         with ThreadPoolExecutor(self.concurrency, thread_name_prefix="eval") as pool:
             replies = list(pool.map(lambda p: self._reply(model, p), jobs))
-        ok_replies = [r for r in replies if r is not None]
-        errors = len(replies) - len(ok_replies)
-        if not ok_replies:
+        done = [r for r in replies if r is not None]
+        errors = len(replies) - len(done)
+        if not done:
             raise RuntimeError(f"eval: every request to {model!r} failed ({errors} errors)")
+        ok_replies = [text for text, _ in done]
+        nlls = [nll for _, nll in done]
         broken: dict[str, int] = {}
-        complied = 0
+        compliant: list[bool] = []
         for reply in ok_replies:
             violations = self.prefs.check(reply)
-            complied += not violations
+            compliant.append(not violations)
             for v in violations:
                 broken[v.kind] = broken.get(v.kind, 0) + 1
         n = len(ok_replies)
+        quality = self._quality(model, compliant, nlls)
+        stats = text_stats(ok_replies)
         return EvalResult(
             model=model,
-            compliance=complied / n,
+            compliance=sum(compliant) / n,
             n=n,
             failures={k: c / n for k, c in sorted(broken.items())},
             errors=errors,
             seconds=time.monotonic() - t0,
             examples=ok_replies[: self.keep_examples],
+            **quality,
+            distinct_2=stats.distinct_2,
+            distinct_replies=stats.distinct_replies,
+            junk=stats.junk,
         )
+
+    def _quality(self, model: str, compliant: list[bool], nlls: list[float | None]) -> dict[str, float | None]:
+        """Mean base NLL, fluent and good shares; the base model's own mean becomes the reference."""
+        if not self.base_model:
+            return {}
+        scored = [x for x in nlls if x is not None]
+        mean = sum(scored) / len(scored) if scored else None
+        if model == self.base_model and self.reference_nll is None:
+            self.reference_nll = mean
+        if self.reference_nll is None:
+            return {"nll": mean}
+        threshold = self.reference_nll + self.nll_margin
+        fluent = [x is not None and x <= threshold for x in nlls]  # an empty reply is never fluent
+        n = len(nlls)
+        return {
+            "nll": mean,
+            "nll_threshold": threshold,
+            "fluent": sum(fluent) / n,
+            "good": sum(c and f for c, f in zip(compliant, fluent, strict=True)) / n,
+        }

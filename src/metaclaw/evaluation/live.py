@@ -5,8 +5,14 @@ The publisher hands each new adapter to `submit(step, path, hot_load)` instead o
 - gate off: the adapter is hot-loaded at once; every `every_n_adapters`-th one is queued for evaluation.
 - gate on (`publish.gate.enabled`): every candidate is queued; the evaluator loads it under its own name
   (`eval_name`, never the one the agent is served), scores it, and hot-loads it only when its compliance is
-  no worse than the served adapter's (the base model's, before any) by more than `margin`. A refused adapter
-  stays on disk; the refusal is logged and counted (`eval/gate_rejected`).
+  no worse than the served adapter's (the base model's, before any) by more than `margin` **and** its replies
+  have not collapsed: their mean base-model NLL per token is at most the base model's own plus `max_nll_increase`
+  (a rule-passing adapter that writes junk is refused too). A refused adapter stays on disk; the refusal is
+  logged and counted (`eval/gate_rejected`).
+
+Without a verifier (`rollout=proxy|replay`) the evaluator may be a `HeldoutTurnsEvaluator` (`by_version`):
+each publish queues a pass that reports the judge's verdicts on the held-out turns of every adapter version
+that has been replaced (the step of such a record is the served version; the last one at the end).
 
 One background thread does the work; the queue holds at most `max_pending` adapters and drops the oldest
 waiting one when a newer arrives (counted as `eval/skipped`): training and serving never wait for it. Results
@@ -33,6 +39,7 @@ from metaclaw.serving.client import load_adapter
 log = logging.getLogger(__name__)
 
 HotLoad = Callable[[Path], Any]
+TURNS, FINAL_TURNS = -1, -2  # queue markers of the judge fallback: report replaced versions / all versions
 
 
 class LiveEvaluator(L.Callback):
@@ -45,6 +52,8 @@ class LiveEvaluator(L.Callback):
         every_n_adapters: evaluation cadence when the gate is off (the gate evaluates every candidate).
         gate: refuse to hot-swap a candidate scoring worse than the served adapter by more than `margin`.
         margin: allowed drop in compliance (absolute, 0..1).
+        max_nll_increase: allowed rise of the replies' mean base NLL over the base model's own (nats/token);
+            None: quality is measured but not gated.
         eval_name: the name candidates are loaded under for evaluation.
         server_url / api_key: the policy server (to load the candidate under `eval_name`).
         max_pending: queue bound (oldest waiting adapter dropped first).
@@ -59,6 +68,7 @@ class LiveEvaluator(L.Callback):
         every_n_adapters: int = 1,
         gate: bool = False,
         margin: float = 0.1,
+        max_nll_increase: float | None = 0.5,
         eval_name: str = "metaclaw-eval",
         server_url: str | None = None,
         api_key: str | None = None,
@@ -70,6 +80,7 @@ class LiveEvaluator(L.Callback):
         self.evaluator, self.run_dir, self.base_model = evaluator, Path(run_dir), base_model
         self.every_n_adapters, self.gate, self.margin, self.eval_name = every_n_adapters, gate, margin, eval_name
         self.server_url, self.api_key, self.final_timeout_s = server_url, api_key, final_timeout_s
+        self.max_nll_increase = max_nll_increase
         self.path = self.run_dir / "eval.jsonl"
         self.results: list[dict[str, Any]] = []
         self.counts = {"evaluated": 0, "skipped": 0, "gate_accepted": 0, "gate_rejected": 0, "errors": 0}
@@ -104,9 +115,14 @@ class LiveEvaluator(L.Callback):
         if self._thread is None:
             self._thread = threading.Thread(target=self._run, name="live-evaluator", daemon=True)
             self._thread.start()
-        if baseline:
+        if baseline and not self.by_version:
             self._put(0, None, None)
         return self
+
+    @property
+    def by_version(self) -> bool:
+        """The judge fallback: served versions' held-out turns, not candidates sampled on held-out prompts."""
+        return bool(getattr(self.evaluator, "by_version", False))
 
     # ---- the publisher's hook -------------------------------------------------------------------------------
     def submit(self, step: int, path: Path, hot_load: HotLoad) -> None:
@@ -115,7 +131,9 @@ class LiveEvaluator(L.Callback):
         self._last = (step, path)
         if not self.gate:
             hot_load(path)
-            if self.evaluator is not None and self._seen % self.every_n_adapters == 0:
+            if self.by_version:
+                self._put(TURNS, None, None)
+            elif self.evaluator is not None and self._seen % self.every_n_adapters == 0:
                 self._put(step, path, None)
             return
         self._put(step, path, hot_load)
@@ -156,29 +174,45 @@ class LiveEvaluator(L.Callback):
         load_adapter(self.server_url, self.eval_name, str(path.resolve()), self.api_key, 60.0).raise_for_status()
 
     def _evaluate(self, step: int, path: Path | None, hot_load: HotLoad | None) -> None:
+        if step in (TURNS, FINAL_TURNS):
+            for version in self.evaluator.versions_due(final=step == FINAL_TURNS):
+                self._report(version, "base" if version == 0 else f"v{version}", self.evaluator.score_version(version))
+            return
         if path is None:
             result = self.evaluator.score(self.base_model)
         else:
             self._load_candidate(path)
             result = self.evaluator.score(self.eval_name)
-        record: dict[str, Any] = {"step": step, "adapter": path.name if path else "base", "time": time.time()}
-        record.update({k: v for k, v in result.as_dict().items() if k != "model"})
+        gate = None
         if path is None:
             self.served_score = result.compliance if self.served_score is None else self.served_score
         elif hot_load is not None:
-            record["gate"] = self._decide(step, path, result, hot_load)
+            gate = self._decide(step, path, result, hot_load)
+        self._report(step, path.name if path else "base", result, gate)
+
+    def _report(self, step: int, adapter: str, result: EvalResult, gate: dict[str, Any] | None = None) -> None:
+        """Append the record to eval.jsonl, queue its metrics for the training thread, log a line."""
+        record: dict[str, Any] = {"step": step, "adapter": adapter, "time": time.time()}
+        record.update({k: v for k, v in result.as_dict().items() if k != "model"})
+        if gate is not None:
+            record["gate"] = gate
         self.counts["evaluated"] += 1
         record["counts"] = dict(self.counts)
         self._append(record)
         metrics = {"eval/compliance": result.compliance, "eval/n": float(result.n), "eval/errors": float(result.errors)}
         metrics.update({f"eval/fail_{k}": v for k, v in result.failures.items()})
+        quality = {k: getattr(result, k) for k in ("nll", "fluent", "good", "distinct_2", "distinct_replies", "junk")}
+        quality["reward"] = result.reward
+        metrics.update({f"eval/{k}": float(v) for k, v in quality.items() if v is not None})
         metrics.update({f"eval/{k}": float(v) for k, v in self.counts.items()})
         with self._cond:
             self._unlogged.append((step, metrics))
         log.info(
-            "Eval %s: held-out compliance %.0f%% (%d replies, %.0fs)%s",
+            "Eval %s: held-out compliance %.0f%%, good %s, base NLL %s (%d replies, %.0fs)%s",
             record["adapter"],
             100 * result.compliance,
+            "-" if result.good is None else f"{100 * result.good:.0f}%",
+            "-" if result.nll is None else f"{result.nll:.2f}",
             result.n,
             result.seconds,
             f" gate: {record['gate']['decision']}" if "gate" in record else "",
@@ -188,21 +222,26 @@ class LiveEvaluator(L.Callback):
         served = self.served_score
         if served is None:  # nothing measured yet: measure the base model first
             served = self.served_score = self.evaluator.score(self.base_model).compliance
+        decision: dict[str, Any] = {"served": served, "candidate": result.compliance}
+        reference = getattr(self.evaluator, "reference_nll", None)
+        if self.max_nll_increase is not None and reference is not None and result.nll is not None:
+            decision.update(base_nll=reference, candidate_nll=result.nll)
+        reasons = []
         if result.compliance < served - self.margin:
-            self.counts["gate_rejected"] += 1
-            log.warning(
-                "Gate: adapter v%d scored %.2f, served %.2f (margin %.2f): kept on disk at %s, not served",
-                step,
-                result.compliance,
-                served,
-                self.margin,
-                path,
+            reasons.append(f"compliance {result.compliance:.2f} < served {served:.2f} - margin {self.margin:.2f}")
+        if "candidate_nll" in decision and result.nll > reference + self.max_nll_increase:
+            reasons.append(
+                f"quality collapsed: base NLL {result.nll:.2f} > base model's {reference:.2f} + {self.max_nll_increase}"
             )
-            return {"decision": "rejected", "served": served, "candidate": result.compliance}
+        if reasons:
+            self.counts["gate_rejected"] += 1
+            why = "; ".join(reasons)
+            log.warning("Gate: adapter v%d refused (%s): kept on disk at %s, not served", step, why, path)
+            return {"decision": "rejected", **decision, "reasons": reasons}
         hot_load(path)
         self.counts["gate_accepted"] += 1
         self.served_score = result.compliance
-        return {"decision": "accepted", "served": served, "candidate": result.compliance}
+        return {"decision": "accepted", **decision}
 
     def _append(self, record: dict[str, Any]) -> None:
         self.results.append(record)
@@ -225,7 +264,9 @@ class LiveEvaluator(L.Callback):
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if self.before_final_wait is not None:
             self.before_final_wait()
-        if self._last is not None and self._last[0] not in self._queued_steps and self.evaluator is not None:
+        if self.by_version:
+            self._put(FINAL_TURNS, None, None)
+        elif self._last is not None and self._last[0] not in self._queued_steps and self.evaluator is not None:
             self._put(*self._last, None)  # the final adapter is always measured (it is already served)
         self.wait(self.final_timeout_s)
         self.flush(trainer)

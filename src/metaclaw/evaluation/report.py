@@ -1,5 +1,6 @@
-"""The run's learning summary: held-out compliance of the base model and after each adapter, as text, JSON
-(`<run dir>/summary.json`) and a PNG curve (`<run dir>/compliance.png`)."""
+"""The run's learning summary: held-out compliance and reply quality (good replies, the base model's NLL per
+token) of the base model and after each adapter, as text, JSON (`<run dir>/summary.json`) and a PNG curve
+(`<run dir>/compliance.png`)."""
 
 from __future__ import annotations
 
@@ -9,26 +10,37 @@ from typing import Any
 
 from metaclaw.store import SampleStore
 
+QUALITY_KEYS = ("good", "nll", "fluent", "junk", "distinct_2")
+
 
 def plot_curve(points: list[dict[str, Any]], path: Path, title: str) -> Path:
-    """Compliance (%) against the adapter's optimizer step; the base model is step 0."""
+    """Compliance and good replies (%) against the adapter's optimizer step (the base model is step 0); the
+    base model's NLL per token of the replies on a second axis."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(6, 3.6), dpi=110)
+    fig, ax = plt.subplots(figsize=(6.4, 3.8), dpi=110)
     xs = [p["step"] for p in points]
-    ys = [100 * p["compliance"] for p in points]
-    ax.plot(xs, ys, marker="o")
-    if points and points[0]["adapter"] == "base":
-        ax.axhline(ys[0], color="grey", linestyle="--", linewidth=1, label="base model")
-        ax.legend(loc="lower right")
+    ax.plot(xs, [100 * p["compliance"] for p in points], marker="o", label="complies")
+    good = [(x, 100 * p["good"]) for x, p in zip(xs, points, strict=True) if p.get("good") is not None]
+    if good:
+        ax.plot(*zip(*good, strict=True), marker="s", color="tab:green", label="good (complies and fluent)")
     ax.set_xlabel("optimizer step of the adapter")
-    ax.set_ylabel("held-out compliance (%)")
+    ax.set_ylabel("held-out replies (%)")
     ax.set_ylim(-3, 103)
     ax.set_title(title, fontsize=9)
     ax.grid(alpha=0.3)
+    handles, labels = ax.get_legend_handles_labels()
+    nll = [(x, p["nll"]) for x, p in zip(xs, points, strict=True) if p.get("nll") is not None]
+    if nll:
+        ax2 = ax.twinx()
+        ax2.plot(*zip(*nll, strict=True), marker="^", color="tab:red", linestyle=":", label="base NLL/token")
+        ax2.set_ylabel("base model's NLL per token (nats)")
+        h2, l2 = ax2.get_legend_handles_labels()
+        handles, labels = handles + h2, labels + l2
+    ax.legend(handles, labels, loc="best", fontsize=7)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path)
@@ -47,25 +59,49 @@ def write_report(
 ) -> dict[str, Any]:
     """Summary dict (`text` holds the printout); writes summary.json and compliance.png into `run_dir`."""
     run_dir = Path(run_dir)
-    points = sorted(
-        ({k: r[k] for k in ("step", "adapter", "compliance", "n")} for r in results), key=lambda p: p["step"]
-    )
+    keys = ("step", "adapter", "compliance", "n", *QUALITY_KEYS)
+    points = sorted(({k: r.get(k) for k in keys} for r in results), key=lambda p: p["step"])
+    base = next((p for p in points if p["adapter"] == "base"), None)
+    final = points[-1] if points and points[-1]["adapter"] != "base" else None
     counts = store.counts()
     trained = counts.get("consumed", 0)
     summary: dict[str, Any] = {
         "curve": points,
-        "base_compliance": next((p["compliance"] for p in points if p["adapter"] == "base"), None),
-        "final_compliance": points[-1]["compliance"] if points and points[-1]["adapter"] != "base" else None,
+        "base_compliance": base and base["compliance"],
+        "final_compliance": final and final["compliance"],
+        "base_good": base and base["good"],
+        "final_good": final and final["good"],
+        "base_nll": base and base["nll"],
+        "final_nll": final and final["nll"],
         "steps": steps,
         "samples_trained": trained,
         "store": counts,
         "wall_s": round(wall_s, 1),
         "user": user_stats or {},
     }
-    lines = ["", "=== metaclaw: what the agent learned ===", "held-out compliance (the user's hidden preference):"]
+    judged = any(r.get("reward") is not None for r in results)  # the judge fallback: served versions' turns
+    what = (
+        "held-out turns per served version: complies = the judge scored the turn > 0"
+        if judged
+        else "held-out replies: complies = follows the user's hidden preference"
+    )
+    lines = [
+        "",
+        "=== metaclaw: what the agent learned ===",
+        f"{what}; good = complies and fluent (the",
+        "base model's NLL/token of the reply within the margin of its own); junk = empty or repetitive",
+        f"  {'':<22} {'complies':>8} {'good':>6} {'NLL':>6} {'junk':>5}",
+    ]
     for p in points:
         label = "base model" if p["adapter"] == "base" else f"adapter {p['adapter']}"
-        lines.append(f"  {label:<22} {100 * p['compliance']:5.1f}%  ({p['n']} replies)")
+        if judged and p["adapter"] != "base":
+            label = f"served {p['adapter']}"
+        good = "-" if p.get("good") is None else f"{100 * p['good']:.0f}%"
+        nll = "-" if p.get("nll") is None else f"{p['nll']:.2f}"
+        junk = "-" if p.get("junk") is None else f"{100 * p['junk']:.0f}%"
+        lines.append(
+            f"  {label:<22} {100 * p['compliance']:7.1f}% {good:>6} {nll:>6} {junk:>5}  ({p['n']} replies)"
+        )
     if not points:
         lines.append("  (no evaluation finished)")
     lines.append(f"samples trained: {trained}   optimizer steps: {steps}   wall time: {wall_s / 60:.1f} min")

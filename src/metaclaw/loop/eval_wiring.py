@@ -9,24 +9,46 @@ from omegaconf import DictConfig, OmegaConf
 
 from metaclaw.evaluation.evaluator import ComplianceEvaluator
 from metaclaw.evaluation.live import LiveEvaluator
+from metaclaw.evaluation.turns import HeldoutTurnsEvaluator
+from metaclaw.store import SampleStore
 
 log = logging.getLogger(__name__)
 
 
+def heldout_share(cfg: DictConfig) -> float:
+    """The share of sessions the scoring worker holds out for the judge fallback (0 with a verifier or eval off)."""
+    ev = cfg.get("eval") or {}
+    if not ev.get("enabled") or has_verifier(cfg):
+        return 0.0
+    return float((ev.get("judge_fallback") or {}).get("heldout_share", 0.0))
+
+
+def has_verifier(cfg: DictConfig) -> bool:
+    return bool(cfg.rollout.get("simulated_user") and cfg.get("preference"))
+
+
 def build_evaluator(cfg: DictConfig) -> LiveEvaluator | None:
-    """The `LiveEvaluator` callback when `eval.enabled` (or `publish.gate.enabled`) and a verifier exists."""
+    """The `LiveEvaluator` callback when `eval.enabled` (or `publish.gate.enabled`) and a verifier exists, or,
+    without one, when `eval.judge_fallback.heldout_share` > 0 on a rollout whose turns the judge scores."""
     ev = cfg.get("eval") or {}
     gate = (cfg.publish.get("gate") or {}).get("enabled", False)
     if not ev.get("enabled") and not gate:
         return None
-    if not (cfg.rollout.get("simulated_user") and cfg.get("preference")):
+    if not has_verifier(cfg):
         if gate:
             raise ValueError(
                 "publish.gate.enabled needs a verifier to score candidates: use rollout=simulated_user "
                 "(a preference), or turn the gate off"
             )
-        log.info("Live evaluation off: rollout=%s has no verifier (needs rollout=simulated_user)", cfg.rollout.name)
-        return None
+        if not heldout_share(cfg) or not cfg.rollout.get("proxy"):
+            log.info(
+                "Live evaluation off: rollout=%s has no verifier; eval.judge_fallback.heldout_share > 0 holds out a "
+                "share of the sessions the proxy captures and reports the judge's verdicts on them",
+                cfg.rollout.name,
+            )
+            return None
+        if not cfg.method.get("needs_reward"):
+            raise ValueError("eval.judge_fallback needs a method whose judge gives rewards (method=rl|combine)")
     return LiveEvaluator(
         evaluator=None,
         run_dir=cfg.run_dir,
@@ -34,6 +56,7 @@ def build_evaluator(cfg: DictConfig) -> LiveEvaluator | None:
         every_n_adapters=ev.get("every_n_adapters", 1),
         gate=bool(gate),
         margin=float((cfg.publish.get("gate") or {}).get("margin", 0.1)),
+        max_nll_increase=(cfg.publish.get("gate") or {}).get("max_nll_increase"),
         eval_name=ev.get("eval_name", "metaclaw-eval"),
         api_key=cfg.serving.get("api_key"),
         max_pending=ev.get("max_pending", 2),
@@ -41,11 +64,28 @@ def build_evaluator(cfg: DictConfig) -> LiveEvaluator | None:
     )
 
 
-def bind_evaluator(cfg: DictConfig, evaluator: LiveEvaluator, server_url: str, server_key: str | None) -> None:
-    """Point the evaluator at the running policy server (with its key) and start it (base model first)."""
+def bind_evaluator(
+    cfg: DictConfig, evaluator: LiveEvaluator, server_url: str, server_key: str | None, store: SampleStore | None = None
+) -> None:
+    """Point the evaluator at the running policy server (with its key) and start it (base model first); without
+    a verifier, at the run's store (the judge fallback)."""
     from metaclaw.loop.wiring import build_injector
 
-    ev, user = cfg.eval, cfg.rollout.simulated_user
+    ev = cfg.eval
+    quality = ev.get("quality") or {}
+    base_model = cfg.model.name if quality.get("enabled", True) else None
+    if not has_verifier(cfg):
+        if store is None:
+            raise ValueError("the judge fallback of live evaluation needs the run's sample store")
+        fallback = ev.get("judge_fallback") or {}
+        turns = HeldoutTurnsEvaluator(
+            store, server_url, base_model, api_key=server_key, max_turns=fallback.get("max_turns", 32),
+            min_turns=fallback.get("min_turns", 4), nll_margin=float(quality.get("nll_margin", 1.0)),
+        )  # fmt: skip
+        evaluator.bind(server_url, turns, api_key=server_key)
+        evaluator.start()
+        return
+    user = cfg.rollout.simulated_user
     prefs: Any = OmegaConf.to_container(cfg.preference.rules, resolve=True)
     evaluator.bind(
         server_url,
@@ -63,6 +103,8 @@ def bind_evaluator(cfg: DictConfig, evaluator: LiveEvaluator, server_url: str, s
             seed=ev.seed,
             injector=build_injector(cfg),
             agent_id=user.get("agent_id", "simulated-user"),
+            base_model=base_model,
+            nll_margin=float(quality.get("nll_margin", 1.0)),
         ),
         api_key=server_key,
     )

@@ -150,11 +150,12 @@ def live_loop(
         if evaluator is not None:
             from metaclaw.loop.eval_wiring import bind_evaluator
 
-            bind_evaluator(cfg, evaluator, server.url, server.api_key)
+            bind_evaluator(cfg, evaluator, server.url, server.api_key, store)
             stack.callback(evaluator.stop)
         if rollout.get("simulated_user"):
             user_cfg = OmegaConf.to_container(rollout.simulated_user, resolve=True)
             live.driver = SimulatedUser(f"{live.proxy_url}/v1", api_key=p.get("api_key"), **user_cfg)
+            live.driver.backlog = store.backlog  # max_ahead: no new session while enough turns wait to train
             stack.callback(live.driver.stop)
             live.driver.start()
             if evaluator is not None:  # the final evaluations need the CPU more than more turns

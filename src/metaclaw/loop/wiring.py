@@ -97,6 +97,8 @@ def build_teacher(cfg: DictConfig, server: Upstream | None) -> TeacherClient | N
 
 def build_worker(cfg: DictConfig, store: SampleStore, tokenizer: Any, server: Upstream | None) -> ScoringWorker:
     """The scoring worker (`rollout.scoring`) for `cfg.method`, with its judge, teacher and skill evolver."""
+    from metaclaw.loop.eval_wiring import heldout_share  # sessions held out for the judge-based evaluation
+
     return instantiate(
         cfg.rollout.scoring,
         store=store,
@@ -107,6 +109,7 @@ def build_worker(cfg: DictConfig, store: SampleStore, tokenizer: Any, server: Up
         render_teacher_prompt=lambda sample, hint: hinted_prompt_ids(tokenizer, sample, hint),
         evolver=build_evolver(cfg, server),
         evolve_every_n_turns=cfg.skills.evolve_every_n_turns if cfg.get("skills") else None,
+        heldout_share=heldout_share(cfg),
     )
 
 

@@ -19,6 +19,7 @@ import asyncio
 import logging
 import threading
 import time
+import zlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -43,6 +44,11 @@ class TurnScore:
     feedback: dict[str, Any] | None = None  # the feedback this score was computed with
 
 
+def is_heldout(session_id: str, share: float) -> bool:
+    """Whether a session is held out of training (`share` of sessions, by a stable hash of its id)."""
+    return share > 0 and zlib.crc32(session_id.encode()) % 10_000 < share * 10_000
+
+
 class ScoringWorker:
     """Polls the store and scores pending samples; run it with `start()`/`stop()` (a thread) or `await run_once()`.
 
@@ -65,6 +71,9 @@ class ScoringWorker:
         feedback: how explicit feedback (`meta.feedback`) combines with the judge: `{mode, weight}`
             (`scoring.feedback.FeedbackRule`). A turn with feedback is scored without waiting for its next state
             and never takes part in at-least-one.
+        heldout_share: share of sessions held out of training for the judge-based live evaluation
+            (`eval.judge_fallback`): chosen by a hash of the session id (`is_heldout`), scored like every turn,
+            then settled as `dropped` with reason `heldout` (reward kept), never trained on.
     """
 
     def __init__(
@@ -84,7 +93,11 @@ class ScoringWorker:
         evolver: SkillEvolverLike | None = None,
         evolve_every_n_turns: int | None = None,
         feedback: FeedbackRule | Any = None,
+        heldout_share: float = 0.0,
     ) -> None:
+        if not 0.0 <= heldout_share < 1.0:
+            raise ValueError(f"eval.judge_fallback.heldout_share must be in [0, 1), got {heldout_share}")
+        self.heldout_share = heldout_share
         if needs_teacher and (teacher is None or render_teacher_prompt is None):
             raise ValueError("a method that needs teacher logprobs needs a teacher client and a prompt renderer")
         self.store, self.judge, self.teacher, self.render = store, judge, teacher, render_teacher_prompt
@@ -100,7 +113,7 @@ class ScoringWorker:
         self._last_change: dict[tuple[str, str], tuple[int, float]] = {}
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        self.stats = {"scored": 0, "ready": 0, "dropped": 0, "errors": 0, "judge_failed": 0}
+        self.stats = {"scored": 0, "ready": 0, "dropped": 0, "errors": 0, "judge_failed": 0, "heldout": 0}
 
     # ---- one pass -----------------------------------------------------------------------------------------
     async def run_once(self) -> int:
@@ -221,7 +234,10 @@ class ScoringWorker:
         if score.hint:
             meta["hint"] = score.hint
         usable = reward is not None or teacher is not None
-        if score.failed:
+        if usable and is_heldout(s.session_id, self.heldout_share):  # evaluation data: scored, never trained on
+            meta["dropped"], usable = "heldout", False
+            self.stats["heldout"] += 1
+        elif score.failed:
             meta["dropped"] = "judge_failed"
         elif not usable:
             meta["dropped"] = "no_hint" if self.needs_teacher else "no_reward"

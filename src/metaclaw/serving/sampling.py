@@ -205,6 +205,50 @@ def _truncate_at_stop(text_of, token_ids: list[int], stops: Sequence[str]) -> in
     return None
 
 
+def _eos_ids(model: nn.Module, tokenizer, params: SamplingParams) -> list[int]:
+    eos = [tokenizer.eos_token_id, *params.stop_token_ids]
+    gen_cfg = getattr(model, "generation_config", None)
+    if gen_cfg is not None and gen_cfg.eos_token_id is not None:
+        eos += gen_cfg.eos_token_id if isinstance(gen_cfg.eos_token_id, list) else [gen_cfg.eos_token_id]
+    return sorted({e for e in eos if e is not None})
+
+
+def _generate_kwargs(tokenizer, params: SamplingParams, eos: list[int], max_new_tokens: int) -> dict:
+    greedy = params.temperature == 0
+    kwargs = dict(
+        max_new_tokens=max_new_tokens,
+        do_sample=not greedy,
+        num_return_sequences=params.n,
+        eos_token_id=eos,
+        pad_token_id=tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos[0],
+        output_logits=True,
+        return_dict_in_generate=True,
+        use_cache=True,
+    )
+    if not greedy:
+        kwargs.update(temperature=params.temperature, top_p=params.top_p, top_k=params.top_k if params.top_k > 0 else 0)
+    else:
+        kwargs.update(temperature=None, top_p=None, top_k=None)
+    if params.stop:
+        kwargs.update(stop_strings=list(params.stop), tokenizer=tokenizer)
+    return kwargs
+
+
+def _finish(tokenizer, row: list[int], row_lp: list[float], eos: list[int], params: SamplingParams) -> SequenceOutput:
+    """Cut a generated row at its own `max_tokens`, its first end token or stop string; the finish reason."""
+    row, row_lp = row[: params.max_tokens], row_lp[: params.max_tokens]
+    finish, end = "length", len(row)
+    for i, tok in enumerate(row):
+        if tok in eos:
+            finish, end = "stop", i + 1
+            break
+    if params.stop:
+        cut = _truncate_at_stop(lambda ids: tokenizer.decode(ids, skip_special_tokens=False), row[:end], params.stop)
+        if cut is not None:
+            finish, end = "stop", cut
+    return SequenceOutput(token_ids=row[:end], logprobs=row_lp[:end], finish_reason=finish)
+
+
 @torch.no_grad()
 def generate(
     model: nn.Module,
@@ -217,32 +261,11 @@ def generate(
     params.validate()
     device = next(model.parameters()).device
     input_ids = torch.tensor([list(prompt_ids)], device=device)
-    eos = [tokenizer.eos_token_id, *params.stop_token_ids]
-    gen_cfg = getattr(model, "generation_config", None)
-    if gen_cfg is not None and gen_cfg.eos_token_id is not None:
-        eos += gen_cfg.eos_token_id if isinstance(gen_cfg.eos_token_id, list) else [gen_cfg.eos_token_id]
-    eos = sorted({e for e in eos if e is not None})
-    greedy = params.temperature == 0
+    eos = _eos_ids(model, tokenizer, params)
     if params.seed is not None:
         torch.manual_seed(params.seed)
-    kwargs = dict(
-        max_new_tokens=params.max_tokens,
-        do_sample=not greedy,
-        num_return_sequences=params.n,
-        eos_token_id=eos,
-        pad_token_id=tokenizer.pad_token_id,
-        output_logits=True,
-        return_dict_in_generate=True,
-        attention_mask=torch.ones_like(input_ids),
-        streamer=streamer,
-        use_cache=True,
-    )
-    if not greedy:
-        kwargs.update(temperature=params.temperature, top_p=params.top_p, top_k=params.top_k if params.top_k > 0 else 0)
-    else:
-        kwargs.update(temperature=None, top_p=None, top_k=None)
-    if params.stop:
-        kwargs.update(stop_strings=list(params.stop), tokenizer=tokenizer)
+    kwargs = _generate_kwargs(tokenizer, params, eos, params.max_tokens)
+    kwargs.update(attention_mask=torch.ones_like(input_ids), streamer=streamer)
     if isinstance(streamer, TokenLogprobStreamer):
         kwargs.update(
             logits_processor=LogitsProcessorList([streamer.recorder]),
@@ -251,18 +274,43 @@ def generate(
     out = model.generate(input_ids, **kwargs)
     new = out.sequences[:, input_ids.shape[1] :]
     lps = token_logprobs(torch.stack(out.logits, dim=1), new, *params.distribution())  # raw logits [n, T_new, V]
-    results = []
-    for row, row_lp in zip(new.tolist(), lps.tolist(), strict=True):
-        finish, end = "length", len(row)
-        for i, tok in enumerate(row):
-            if tok in eos:
-                finish, end = "stop", i + 1
-                break
-        if params.stop:
-            cut = _truncate_at_stop(
-                lambda ids: tokenizer.decode(ids, skip_special_tokens=False), row[:end], params.stop
-            )
-            if cut is not None:
-                finish, end = "stop", cut
-        results.append(SequenceOutput(token_ids=row[:end], logprobs=row_lp[:end], finish_reason=finish))
-    return results
+    return [_finish(tokenizer, row, lp, eos, params) for row, lp in zip(new.tolist(), lps.tolist(), strict=True)]
+
+
+def batch_key(params: SamplingParams) -> tuple | None:
+    """Requests with equal keys can share one `generate_batch` call (their `max_tokens` may differ); None: this
+    request runs alone (`n` > 1, or a `seed`, whose draws must not depend on what else is in the batch)."""
+    if params.n != 1 or params.seed is not None:
+        return None
+    return (params.temperature, params.top_p, params.top_k, tuple(params.stop), tuple(params.stop_token_ids))
+
+
+@torch.no_grad()
+def generate_batch(
+    model: nn.Module, tokenizer, prompts: Sequence[Sequence[int]], params: Sequence[SamplingParams]
+) -> list[SequenceOutput]:
+    """One left-padded `generate` for several requests with the same `batch_key`: one output per request.
+
+    Padding is masked out (positions follow the attention mask), so each row's logits are its own prompt's, and
+    each row's behaviour logprobs are taken with `token_logprobs` under the shared distribution exactly as
+    `generate` does. Rows run to the longest `max_tokens` and are cut at their own.
+    """
+    keys = {batch_key(p) for p in params}
+    if len(keys) != 1 or None in keys or len(prompts) != len(params) or not prompts:
+        raise ValueError("generate_batch needs one or more requests with the same batch_key")
+    for p in params:
+        p.validate()
+    device = next(model.parameters()).device
+    eos = _eos_ids(model, tokenizer, params[0])
+    kwargs = _generate_kwargs(tokenizer, params[0], eos, max(p.max_tokens for p in params))
+    width = max(len(ids) for ids in prompts)
+    input_ids = torch.full((len(prompts), width), kwargs["pad_token_id"], dtype=torch.long, device=device)
+    mask = torch.zeros_like(input_ids)
+    for i, ids in enumerate(prompts):
+        input_ids[i, width - len(ids) :] = torch.tensor(list(ids), device=device)
+        mask[i, width - len(ids) :] = 1
+    out = model.generate(input_ids, attention_mask=mask, **kwargs)
+    new = out.sequences[:, width:]
+    lps = token_logprobs(torch.stack(out.logits, dim=1), new, *params[0].distribution())
+    rows = zip(new.tolist(), lps.tolist(), params, strict=True)
+    return [_finish(tokenizer, row, lp, eos, p) for row, lp, p in rows]

@@ -21,7 +21,7 @@ import random
 import threading
 import uuid
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import httpx
@@ -66,6 +66,9 @@ class SimulatedUser:
         seed: task order.
         agent_id: `X-Agent-Id` sent.
         window: replies in the rolling compliance figure (`stats['recent_compliance']`).
+        max_ahead: no new session starts while this many captured turns wait to be trained (`backlog()`, set by
+            the live loop to the store's): on a CPU the user then leaves the cores to training and the samples
+            stay on-policy, instead of piling up; None: never waits.
     """
 
     def __init__(
@@ -87,6 +90,7 @@ class SimulatedUser:
         seed: int = 0,
         agent_id: str = "simulated-user",
         window: int = 50,
+        max_ahead: int | None = None,
     ) -> None:
         from openai import OpenAI
 
@@ -115,6 +119,9 @@ class SimulatedUser:
         }
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
+        self.max_ahead = max_ahead
+        self.backlog: Callable[[], int] | None = None  # captured turns not yet trained (the live loop's store)
+        self.stats["waited_s"] = 0.0
 
     # ---- one request ----------------------------------------------------------------------------------------
     def ask(self, messages: list[dict[str, str]], headers: dict[str, str], anthropic: bool, max_tokens: int) -> str:
@@ -184,6 +191,7 @@ class SimulatedUser:
     def _worker(self, w: int) -> None:
         rng = random.Random(self.seed * 1000 + w)
         while not self._stop.is_set():
+            self._wait_for_training()
             index = self._next_index()
             if index is None:
                 return
@@ -196,6 +204,15 @@ class SimulatedUser:
                     self.stats["errors"] += 1
                 log.warning("Simulated session %d failed: %r", index, e)
                 self._stop.wait(1.0)
+
+    def _wait_for_training(self) -> None:
+        """Hold the next session while `max_ahead` or more captured turns wait to be trained."""
+        if self.max_ahead is None or self.backlog is None:
+            return
+        while not self._stop.is_set() and self.backlog() >= self.max_ahead:
+            self._stop.wait(1.0)
+            with self._lock:
+                self.stats["waited_s"] += 1.0
 
     # ---- lifecycle ------------------------------------------------------------------------------------------
     def start(self) -> SimulatedUser:

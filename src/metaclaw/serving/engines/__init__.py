@@ -54,7 +54,7 @@ class EngineFactory:
         if name == "hf":
             from metaclaw.serving.engines.hf import HFEngine
 
-            return HFEngine.from_spec(self.model, self.device())
+            return HFEngine.from_spec(self.model, self.device(), int(self.backend.get("max_batch_size", 1)))
         if name == "vllm":
             from metaclaw.serving.engines.vllm import VLLMEngine
 

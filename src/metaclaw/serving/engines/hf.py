@@ -2,8 +2,13 @@
 
 One base model is wrapped (on the first adapter load) in a single `PeftModel` that holds every loaded adapter
 version under an internal name; a request sets its adapter (or disables adapters for the base) under the model
-lock and generates. Requests are served one at a time per engine: correct, simple, and enough on CPU; the
-vLLM engine is the one that batches.
+lock and generates.
+
+Batching (`max_batch_size` > 1, `backend.max_batch_size`): non-streaming requests wait in a pending list; the
+one that gets the model lock takes up to `max_batch_size` pending requests with the same adapter version and
+the same sampling distribution and stop rules (`sampling.batch_key`; `max_tokens` may differ) and runs one
+left-padded `generate` for all of them. Requests with `n` > 1 or a `seed`, streams and scoring run alone.
+Each row's logprobs are its own, over the one distribution (`sampling.generate_batch`).
 """
 
 from __future__ import annotations
@@ -14,6 +19,7 @@ import threading
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -49,6 +55,18 @@ def read_adapter(path: str | Path, device: torch.device | str = "cpu") -> tuple[
     return config, state
 
 
+@dataclass
+class _Pending:
+    """A generate request waiting for a batch; `done` is set when `result` or `error` is."""
+
+    prompt_ids: list[int]
+    params: SamplingParams
+    key: tuple
+    result: list[SequenceOutput] | None = None
+    error: BaseException | None = None
+    done: threading.Event = field(default_factory=threading.Event)
+
+
 class HFEngine(ServedAdapters):
     """Serve a transformers causal LM (optionally already a `PeftModel`, e.g. the one being trained).
 
@@ -57,9 +75,18 @@ class HFEngine(ServedAdapters):
         tokenizer: its tokenizer.
         model_name: the id that selects the base model.
         max_seq_len: longest prompt + completion accepted.
+        max_batch_size: concurrent generate requests sampled together (1: one at a time).
     """
 
-    def __init__(self, model: nn.Module, tokenizer: Any, model_name: str, max_seq_len: int = 2048) -> None:
+    def __init__(
+        self, model: nn.Module, tokenizer: Any, model_name: str, max_seq_len: int = 2048, max_batch_size: int = 1
+    ) -> None:
+        if max_batch_size < 1:
+            raise ValueError(f"backend.max_batch_size must be >= 1, got {max_batch_size}")
+        self.max_batch_size = max_batch_size
+        self._pending: list[_Pending] = []  # bounded by the server's max_concurrency (each waiter is a caller)
+        self._pending_lock = threading.Lock()
+        self.batches: dict[int, int] = {}  # batch size -> generate calls (for benches and tests)
         self.tokenizer = tokenizer
         self.model_name = model_name
         self.max_seq_len = max_seq_len
@@ -73,10 +100,13 @@ class HFEngine(ServedAdapters):
                 self._registry.publish(LoadedAdapter(name=name, internal=name, version=0, path="<in-memory>"))
 
     @classmethod
-    def from_spec(cls, spec: Any, device: torch.device | str = "cpu") -> HFEngine:
+    def from_spec(cls, spec: Any, device: torch.device | str = "cpu", max_batch_size: int = 1) -> HFEngine:
         """Load `spec` (a `metaclaw.modules.loading.ModelSpec`) onto `device` for inference."""
         model = spec.load_model(device).eval()
-        return cls(model, spec.load_tokenizer(), model_name=spec.name, max_seq_len=spec.max_seq_len)
+        return cls(
+            model, spec.load_tokenizer(), model_name=spec.name, max_seq_len=spec.max_seq_len,
+            max_batch_size=max_batch_size,
+        )  # fmt: skip
 
     @property
     def device(self) -> torch.device:
@@ -165,11 +195,54 @@ class HFEngine(ServedAdapters):
         self, prompt_ids: Sequence[int], params: SamplingParams, adapter: str | None = None
     ) -> list[SequenceOutput]:
         params = self._check(prompt_ids, params)
-        with self._pinned(adapter) as slot, self._lock, self._model(slot) as model:
-            outputs = sampling.generate(model, self.tokenizer, prompt_ids, params)
+        key = sampling.batch_key(params)
+        with self._pinned(adapter) as slot:
+            if self.max_batch_size > 1 and key is not None:
+                outputs = self._batched(list(prompt_ids), params, slot, key)
+            else:
+                with self._lock, self._model(slot) as model:
+                    outputs = sampling.generate(model, self.tokenizer, prompt_ids, params)
+                    self._count(1)
         for out in outputs:
             out.adapter_version = None if slot is None else slot.version
         return outputs
+
+    def _count(self, size: int) -> None:
+        self.batches[size] = self.batches.get(size, 0) + 1
+
+    def _batched(
+        self, prompt_ids: list[int], params: SamplingParams, slot: AdapterSlot | None, key: tuple
+    ) -> list[SequenceOutput]:
+        """Queue the request; whoever holds the model lock next samples it with the compatible ones waiting."""
+        mine = _Pending(prompt_ids, params, (None if slot is None else slot.internal, key))
+        with self._pending_lock:
+            self._pending.append(mine)
+        with self._lock:
+            if not mine.done.is_set():  # nobody took it yet: lead a batch
+                with self._pending_lock:
+                    batch = [mine] + [p for p in self._pending if p is not mine and p.key == mine.key]
+                    batch = batch[: self.max_batch_size]
+                    for p in batch:
+                        self._pending.remove(p)
+                try:
+                    with self._model(slot) as model:
+                        outs = sampling.generate_batch(
+                            model, self.tokenizer, [p.prompt_ids for p in batch], [p.params for p in batch]
+                        )
+                    self._count(len(batch))
+                    for p, out in zip(batch, outs, strict=True):
+                        p.result = [out]
+                except BaseException as exc:  # noqa: BLE001 - every request of the batch gets the error
+                    for p in batch:
+                        p.error = exc
+                finally:
+                    for p in batch:
+                        p.done.set()
+        mine.done.wait()
+        if mine.error is not None:
+            raise mine.error
+        assert mine.result is not None
+        return mine.result
 
     def stream(self, prompt_ids: Sequence[int], params: SamplingParams, adapter: str | None = None) -> TokenStream:
         params = self._check(prompt_ids, params)
