@@ -7,10 +7,12 @@ skills on or off, for `--minutes` of training, in its own run directory under `-
     python bench/learning.py --methods combine --skills off --minutes 15
     python bench/learning.py --model tiny --minutes 1 --methods rl   # smoke
 
-Prints JSON (also written to `<out>/learning.json`): per run the base and final held-out compliance, the best,
-the minutes until compliance first reached `--target` (null if never), optimizer steps, trained samples,
-simulated-user replies, and throughput (trained samples and user replies per minute of training). Writes
-`<out>/learning.png` (every curve against wall minutes) beside each run's own `compliance.png`.
+Prints JSON (also written to `<out>/learning.json`): per run the base and final held-out compliance and good
+replies (complies and fluent) and the base model's NLL per token of the replies (quality: docs/learning.md),
+the best compliance, the minutes until compliance first reached `--target` (null if never), optimizer steps,
+trained samples, simulated-user replies, and throughput (trained samples and user replies per minute of
+training). Writes `<out>/learning.png` (every curve against wall minutes) beside each run's own
+`compliance.png`. `backend.max_batch_size=1` (as an override) measures the HF engine without batching.
 """
 
 from __future__ import annotations
@@ -37,7 +39,7 @@ def run_one(method: str, skills: bool, args: argparse.Namespace, out: Path) -> d
         "train.py",
         f"model={args.model}",
         f"method={method}",
-        f"preference={args.preference}",
+        *([f"preference={args.preference}"] if args.preference else []),
         f"rollout.max_time=00:00:{minutes:02d}:{seconds:02d}",
         f"skills.enabled={str(skills).lower()}",
         f"skills.library_root={run_dir / 'skills'}",
@@ -59,7 +61,7 @@ def run_one(method: str, skills: bool, args: argparse.Namespace, out: Path) -> d
     start = rows[0]["time"] - rows[0].get("seconds", 0.0) if rows else t0
     curve = [
         {"minutes": round((r["time"] - start) / 60, 2), "step": r["step"], "adapter": r["adapter"],
-         "compliance": r["compliance"]}
+         "compliance": r["compliance"], "good": r.get("good"), "nll": r.get("nll")}
         for r in rows
     ]  # fmt: skip
     reached = next((p["minutes"] for p in curve if p["adapter"] != "base" and p["compliance"] >= args.target), None)
@@ -67,6 +69,10 @@ def run_one(method: str, skills: bool, args: argparse.Namespace, out: Path) -> d
     result.update(
         base=summary.get("base_compliance"),
         final=summary.get("final_compliance"),
+        base_good=summary.get("base_good"),
+        final_good=summary.get("final_good"),
+        base_nll=summary.get("base_nll"),
+        final_nll=summary.get("final_nll"),
         best=max((p["compliance"] for p in curve if p["adapter"] != "base"), default=None),
         minutes_to_target=reached,
         steps=summary.get("steps"),
@@ -109,7 +115,7 @@ def main() -> None:
     p.add_argument("--skills", choices=["off", "on", "both"], default="both")
     p.add_argument("--minutes", type=float, default=40.0, help="training wall time per run (rollout.max_time)")
     p.add_argument("--model", default="smollm2_135m")
-    p.add_argument("--preference", default="concise")
+    p.add_argument("--preference", default=None, help="a conf/preference name (default: the demo's)")
     p.add_argument("--target", type=float, default=0.8, help="held-out compliance to reach")
     p.add_argument("--out", default=None, help="output dir (default: outputs/bench-learning/<time>)")
     p.add_argument("override", nargs="*", help="more Hydra overrides for every run (e.g. optimizer.lr=2e-3)")
@@ -125,13 +131,14 @@ def main() -> None:
     report = {
         "machine": {"cpus": os.cpu_count(), "load_avg_1m_at_end": os.getloadavg()[0]},
         "model": args.model,
-        "preference": args.preference,
+        "preference": args.preference or "(the demo's default)",
         "minutes_per_run": args.minutes,
         "target": args.target,
         "overrides": args.override,
         "runs": results,
     }
-    plot(results, out / "learning.png", f"{args.model}, preference={args.preference}, {args.minutes:g} min per run")
+    title = f"{args.model}, preference={args.preference or 'default'}, {args.minutes:g} min per run"
+    plot(results, out / "learning.png", title)
     report["plot"] = str(out / "learning.png")
     (out / "learning.json").write_text(json.dumps(report, indent=1))
     print(json.dumps(report, indent=1))
