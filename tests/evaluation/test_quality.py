@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from metaclaw.evaluation.quality import is_junk, text_stats
+from metaclaw.evaluation.quality import fluency, is_junk, text_stats
 
 
 @pytest.mark.parametrize(
@@ -27,3 +27,12 @@ def test_text_stats_see_the_same_reply_everywhere():
     same = text_stats(["You're a helpful AI. What?"] * 3)
     assert varied.distinct_replies == 1.0 and varied.distinct_2 == 1.0 and varied.junk == 0.0
     assert same.distinct_replies == pytest.approx(1 / 3) and same.distinct_2 == pytest.approx(1 / 3)
+
+
+def test_fluency_good_needs_compliance_and_an_nll_within_the_margin():
+    nlls, compliant = [1.5, 2.5, 4.0, None], [True, True, True, False]
+    assert fluency(nlls, compliant, None, 1.0) == {"nll": pytest.approx(8.0 / 3)}  # no reference yet
+    out = fluency(nlls, compliant, reference=2.0, margin=1.0)
+    assert out["nll_threshold"] == 3.0
+    assert out["fluent"] == 0.5 and out["good"] == 0.5  # 4.0 is past the threshold; an empty reply never fluent
+    assert fluency(nlls, [False] * 4, 2.0, 1.0)["good"] == 0.0

@@ -16,7 +16,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from metaclaw.evaluation.quality import base_nll, text_stats
+from metaclaw.evaluation.quality import base_nll, fluency, text_stats
 from metaclaw.simulate.preferences import PreferenceSet
 from metaclaw.simulate.tasks import load_tasks
 
@@ -179,18 +179,6 @@ class ComplianceEvaluator:
         """Mean base NLL, fluent and good shares; the base model's own mean becomes the reference."""
         if not self.base_model:
             return {}
-        scored = [x for x in nlls if x is not None]
-        mean = sum(scored) / len(scored) if scored else None
         if model == self.base_model and self.reference_nll is None:
-            self.reference_nll = mean
-        if self.reference_nll is None:
-            return {"nll": mean}
-        threshold = self.reference_nll + self.nll_margin
-        fluent = [x is not None and x <= threshold for x in nlls]  # an empty reply is never fluent
-        n = len(nlls)
-        return {
-            "nll": mean,
-            "nll_threshold": threshold,
-            "fluent": sum(fluent) / n,
-            "good": sum(c and f for c, f in zip(compliant, fluent, strict=True)) / n,
-        }
+            self.reference_nll = fluency(nlls, compliant, None, 0.0)["nll"]
+        return fluency(nlls, compliant, self.reference_nll, self.nll_margin)

@@ -37,6 +37,26 @@ def base_nll(
     return -sum(lps) / len(lps)
 
 
+def fluency(
+    nlls: Sequence[float | None], compliant: Sequence[bool], reference: float | None, margin: float
+) -> dict[str, float | None]:
+    """`nll` (mean over the scored replies), and against the base model's `reference` mean: `nll_threshold`,
+    `fluent` (NLL <= reference + margin; an unscored, i.e. empty, reply never is) and `good` (fluent and
+    compliant) shares. Without a reference only `nll`."""
+    scored = [x for x in nlls if x is not None]
+    out: dict[str, float | None] = {"nll": sum(scored) / len(scored) if scored else None}
+    if reference is None or not nlls:
+        return out
+    threshold = reference + margin
+    fluent = [x is not None and x <= threshold for x in nlls]
+    out.update(
+        nll_threshold=threshold,
+        fluent=sum(fluent) / len(nlls),
+        good=sum(f and c for f, c in zip(fluent, compliant, strict=True)) / len(nlls),
+    )
+    return out
+
+
 def is_junk(reply: str) -> bool:
     """Empty (no letters) or repetitive (4+ words, fewer than half of them distinct)."""
     words = [w.lower() for w in _WORD.findall(reply)]

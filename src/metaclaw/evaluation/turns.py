@@ -18,7 +18,7 @@ import time
 
 from metaclaw.store import Sample, SampleStore
 from metaclaw.evaluation.evaluator import EvalResult
-from metaclaw.evaluation.quality import base_nll, text_stats
+from metaclaw.evaluation.quality import base_nll, fluency, text_stats
 
 
 class HeldoutTurnsEvaluator:
@@ -91,15 +91,11 @@ class HeldoutTurnsEvaluator:
                 base_nll(self.server_url, self.base_model, s.prompt_ids, s.response_ids, self.api_key, self.timeout_s)
                 for s in turns
             ]
-            scored = [x for x in nlls if x is not None]
-            result.nll = sum(scored) / len(scored) if scored else None
+            compliant = [s.reward > 0 for s in turns]
             if version == 0 and self.reference_nll is None:
-                self.reference_nll = result.nll
-            if self.reference_nll is not None:
-                result.nll_threshold = self.reference_nll + self.nll_margin
-                fluent = [x is not None and x <= result.nll_threshold for x in nlls]
-                result.fluent = sum(fluent) / n
-                result.good = sum(f and s.reward > 0 for f, s in zip(fluent, turns, strict=True)) / n
+                self.reference_nll = fluency(nlls, compliant, None, 0.0)["nll"]
+            for key, value in fluency(nlls, compliant, self.reference_nll, self.nll_margin).items():
+                setattr(result, key, value)
         result.seconds = time.monotonic() - t0
         self.reported.add(version)
         return result
