@@ -10,7 +10,7 @@ from typing import Any
 
 from metaclaw.store import SampleStore
 
-QUALITY_KEYS = ("good", "nll", "fluent", "junk", "distinct_2")
+QUALITY_KEYS = ("good", "nll", "nll_threshold", "fluent", "junk", "distinct_2")
 
 
 def plot_curve(points: list[dict[str, Any]], path: Path, title: str) -> Path:
@@ -37,6 +37,10 @@ def plot_curve(points: list[dict[str, Any]], path: Path, title: str) -> Path:
     if nll:
         ax2 = ax.twinx()
         ax2.plot(*zip(*nll, strict=True), marker="^", color="tab:red", linestyle=":", label="base NLL/token")
+        threshold = next((p["nll_threshold"] for p in points if p.get("nll_threshold") is not None), None)
+        if threshold is not None:
+            ax2.axhline(threshold, color="tab:red", linewidth=0.8, alpha=0.5, label="fluent below (base + margin)")
+        ax2.set_ylim(0, 1.25 * max([y for _, y in nll] + [threshold or 0.0]))  # from 0: a small rise looks small
         ax2.set_ylabel("base model's NLL per token (nats)")
         h2, l2 = ax2.get_legend_handles_labels()
         handles, labels = handles + h2, labels + l2
@@ -55,7 +59,7 @@ def write_report(
     steps: int,
     wall_s: float,
     user_stats: dict[str, Any] | None = None,
-    title: str = "held-out compliance",
+    title: str = "held-out replies: compliance and quality",
 ) -> dict[str, Any]:
     """Summary dict (`text` holds the printout); writes summary.json and compliance.png into `run_dir`."""
     run_dir = Path(run_dir)
