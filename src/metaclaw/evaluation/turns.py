@@ -16,9 +16,9 @@ from __future__ import annotations
 
 import time
 
-from metaclaw.store import Sample, SampleStore
 from metaclaw.evaluation.evaluator import EvalResult
 from metaclaw.evaluation.quality import base_nll, fluency, text_stats
+from metaclaw.store import Sample, SampleStore
 
 
 class HeldoutTurnsEvaluator:

@@ -211,7 +211,7 @@ class HFEngine(ServedAdapters):
         self.batches[size] = self.batches.get(size, 0) + 1
 
     def _batched(
-        self, prompt_ids: list[int], params: SamplingParams, slot: AdapterSlot | None, key: tuple
+        self, prompt_ids: list[int], params: SamplingParams, slot: LoadedAdapter | None, key: tuple
     ) -> list[SequenceOutput]:
         """Queue the request; whoever holds the model lock next samples it with the compatible ones waiting."""
         mine = _Pending(prompt_ids, params, (None if slot is None else slot.internal, key))
