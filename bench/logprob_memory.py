@@ -76,7 +76,8 @@ class SavedByModule:
         for name, module in model.named_modules():
             label = next((m for m in MODULES if type(module).__name__.endswith(m) or name.endswith(m)), None)
             if label is not None:
-                self.handles.append(module.register_forward_pre_hook(lambda m, a, label=label: self.stack.append(label)))
+                push = module.register_forward_pre_hook(lambda m, a, label=label: self.stack.append(label))
+                self.handles.append(push)
                 self.handles.append(module.register_forward_hook(lambda m, a, o: self._pop()))
 
     def _pop(self) -> None:

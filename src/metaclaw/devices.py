@@ -209,17 +209,16 @@ def _is_decoder_layer(module: Any) -> bool:
     return type(module).__name__.endswith("DecoderLayer")
 
 
-def fsdp_strategy(options: Mapping[str, Any] | None = None) -> Any:
-    """Lightning's FSDPStrategy set up for LoRA: one FSDP unit per decoder layer, original parameters kept.
+def fsdp_options(options: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """Lightning `FSDPStrategy` arguments set up for LoRA: one FSDP unit per decoder layer, original parameters kept.
 
     `use_orig_params=True` lets the frozen base and the trainable LoRA weights share a flat parameter (PEFT's
     requirement under FSDP); `devices.fsdp` adds Lightning's own options (sharding_strategy, cpu_offload,
-    state_dict_type, activation_checkpointing_policy ...).
+    state_dict_type, activation_checkpointing ...).
     """
-    from lightning.pytorch.strategies import FSDPStrategy
     from torch.distributed.fsdp.wrap import lambda_auto_wrap_policy
 
-    opts = dict(options or {})
+    opts = dict(OmegaConf.to_container(options) if isinstance(options, DictConfig) else options or {})
     opts.setdefault("use_orig_params", True)
     opts.setdefault("sharding_strategy", "FULL_SHARD")
     opts.setdefault("state_dict_type", "full")
@@ -227,7 +226,14 @@ def fsdp_strategy(options: Mapping[str, Any] | None = None) -> Any:
     opts.setdefault("auto_wrap_policy", policy)
     if opts.pop("activation_checkpointing", False):
         opts["activation_checkpointing_policy"] = policy
-    return FSDPStrategy(**opts)
+    return opts
+
+
+def fsdp_strategy(options: Mapping[str, Any] | None = None) -> Any:
+    """Lightning's `FSDPStrategy` with `fsdp_options`."""
+    from lightning.pytorch.strategies import FSDPStrategy
+
+    return FSDPStrategy(**fsdp_options(options))
 
 
 def trainer_kwargs(devices: Mapping[str, Any]) -> dict[str, Any]:
@@ -241,8 +247,7 @@ def trainer_kwargs(devices: Mapping[str, Any]) -> dict[str, Any]:
     if train:
         procs = len(train) * num_nodes
         if strategy == "fsdp":
-            fsdp = devices.get("fsdp")
-            plugin: Any = fsdp_strategy(OmegaConf.to_container(fsdp) if isinstance(fsdp, DictConfig) else fsdp)
+            plugin: Any = fsdp_strategy(devices.get("fsdp"))
         else:
             plugin = "ddp" if strategy == "ddp" or procs > 1 else "auto"
         return {"accelerator": "gpu", "devices": train, "strategy": plugin, "precision": precision,
@@ -277,5 +282,6 @@ def full_params(trainer: Any) -> Iterator[None]:
         return
     from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
 
-    with FSDP.summon_full_params(trainer.strategy.model, writeback=False, rank0_only=True, offload_to_cpu=True):
+    offload = trainer.strategy.root_device.type != "cpu"  # parameters already on CPU: offloading breaks FSDP
+    with FSDP.summon_full_params(trainer.strategy.model, writeback=False, rank0_only=True, offload_to_cpu=offload):
         yield

@@ -84,6 +84,8 @@ def test_gradient_checkpointing_trains_lora_only(tiny_spec):
     assert any(g is not None and g.abs().sum() > 0 for n, g in grads.items() if "lora_B" in n)
     embed = policy.model.get_input_embeddings().weight
     assert not embed.requires_grad and embed.grad is None
+    policy.set_gradient_checkpointing(False)  # the bench measures both on one model
+    assert not policy.gradient_checkpointing and not policy.model.get_base_model()._require_grads_hooks
 
 
 def _ratio_at_top_p_top_k(policy, tokenizer, max_tokens: int) -> torch.Tensor:
@@ -148,10 +150,13 @@ def test_truncation_keeps_top_k_then_nucleus_and_the_target():
     assert truncation_mask(logits, torch.tensor([1.0]), torch.tensor([-1])).all()
 
 
-def test_chunked_logprobs_equal_the_full_logits_path(tiny_spec, tiny_tokenizer):
-    """Issue 11.5: logits only at the masked positions, in chunks, same values and gradients as the full path."""
+@pytest.mark.parametrize("checkpointing", [False, True])
+def test_chunked_logprobs_equal_the_full_logits_path(tiny_spec, tiny_tokenizer, checkpointing):
+    """Issue 11.5: logits only at the masked positions, in chunks, same values and gradients as the full path
+    (with decoder gradient checkpointing too: the layers recomputed in backward give the same gradients)."""
     policy = LoraPolicy(tiny_spec.load_model(), rank=4, alpha=8, logprob_chunk_size=3)
     _perturb_adapter(policy)
+    policy.train()
     torch.manual_seed(0)
     ids = torch.randint(10, len(tiny_tokenizer), (2, 24))
     attn = torch.ones_like(ids)
@@ -164,6 +169,8 @@ def test_chunked_logprobs_equal_the_full_logits_path(tiny_spec, tiny_tokenizer):
     full.sum().backward()
     want = {n: p.grad.clone() for n, p in policy.named_parameters() if p.requires_grad}
     policy.zero_grad()
+    policy.set_gradient_checkpointing(checkpointing)
+    assert policy.gradient_checkpointing is checkpointing
     chunked = policy.logprobs(ids[:, :-1], ids[:, 1:], attn[:, :-1], temp, top_p, top_k, mask=mask)
     assert (chunked - full).abs().max().item() <= 1e-5
     assert (chunked[mask == 0] == 0).all()

@@ -28,8 +28,8 @@ def test_the_policys_reasoning_never_reaches_what_the_judge_scores():
     from metaclaw.rollout.capture import TurnCapture
 
     whole = TurnCapture()
-    whole.feed_response({"prompt_token_ids": [1], "choices": [{"token_ids": [2], "message": {
-        "content": "<think>the user wants \\boxed{1}</think>\n\nParis.", "reasoning_content": "more thought"}}]})  # fmt: skip
+    message = {"content": "<think>the user wants \\boxed{1}</think>\n\nParis.", "reasoning_content": "more thought"}
+    whole.feed_response({"prompt_token_ids": [1], "choices": [{"token_ids": [2], "message": message}]})
     streamed = TurnCapture()
     for delta in ({"reasoning_content": "hidden plan"}, {"content": "<think>inline "}, {"content": "plan</think>"},
                   {"content": "Paris."}):  # fmt: skip

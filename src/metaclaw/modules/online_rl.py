@@ -106,6 +106,21 @@ class OnlineRLModule(L.LightningModule):
         groups = [{"params": self.policy.adapter_parameters(a), "adapter": a} for a in self.policy.adapter_names]
         return self.optimizer_factory(groups)
 
+    def configure_gradient_clipping(
+        self, optimizer: torch.optim.Optimizer, gradient_clip_val: float | None = None,
+        gradient_clip_algorithm: str | None = None,
+    ) -> None:  # fmt: skip
+        """`trainer.gradient_clip_val` by norm under FSDP too: the norm over every rank's shards (FSDP's own
+        `clip_grad_norm_`; Lightning's FSDP precision refuses `norm` clipping)."""
+        from lightning.pytorch.strategies import FSDPStrategy
+
+        if gradient_clip_val and gradient_clip_algorithm in (None, "norm") and isinstance(
+            self.trainer.strategy, FSDPStrategy
+        ):
+            self.trainer.strategy.model.clip_grad_norm_(gradient_clip_val)
+            return
+        super().configure_gradient_clipping(optimizer, gradient_clip_val, gradient_clip_algorithm)
+
     def on_train_batch_start(self, batch: Any, batch_idx: int) -> None:
         self._t0 = time.perf_counter()
         self.current_adapter = batch.get("adapter", "default") if isinstance(batch, dict) else "default"

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import torch
 from peft import LoraConfig, get_peft_model, set_peft_model_state_dict
-from safetensors.torch import load_file
+from safetensors.torch import load_file, save_file
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
@@ -23,6 +23,14 @@ __all__ = ["LoraPolicy", "token_logprobs", "truncation_mask"]
 log = logging.getLogger(__name__)
 
 DEFAULT_TARGET_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+# what FSDP and its activation checkpointing insert into parameter names (torch's FSDP_WRAPPED_MODULE, ...)
+WRAPPER_PREFIXES = ("_fsdp_wrapped_module.", "_checkpoint_wrapped_module.")
+
+
+def _clean_name(name: str) -> str:
+    for prefix in WRAPPER_PREFIXES:
+        name = name.replace(prefix, "")
+    return name
 
 
 def _head_logprobs(head: nn.Module, hidden: Tensor, targets: Tensor, temperature: Tensor, top_p: Tensor,
@@ -184,23 +192,24 @@ class LoraPolicy(nn.Module):
     def save_adapter(self, directory: str | os.PathLike, adapter: str = "default") -> Path:
         """Write one adapter (safetensors + adapter_config.json) atomically: temp dir, then rename.
 
-        Only the LoRA tensors: a LoRA on a tied lm_head must not drag the whole embedding matrix along.
+        Only the LoRA tensors: a LoRA on a tied lm_head must not drag the whole embedding matrix along. PEFT picks
+        them from the parameters themselves, not `state_dict()`: under FSDP the publisher calls this inside
+        `summon_full_params` (rank 0 holds the full LoRA weights there), where FSDP's state-dict hooks would gather
+        the shards a second time (a crash, seen on CPU/gloo); the wrapper prefixes FSDP puts in parameter names are
+        then taken out of the file's keys.
         """
-        if adapter == "default" and len(self.adapter_names) == 1:
-            return write_dir_atomically(
-                Path(directory),
-                lambda tmp: self.model.save_pretrained(tmp, safe_serialization=True, save_embedding_layers=False),
-            )
+        state = {n: p.detach() for n, p in self.model.named_parameters()}
 
-        def fill(tmp: Path) -> None:  # PEFT writes a named adapter into `<dir>/<name>/`: lift it to `<dir>/`
-            self.model.save_pretrained(
-                tmp, safe_serialization=True, selected_adapters=[adapter], save_embedding_layers=False
-            )
-            sub = tmp if adapter == "default" else tmp / adapter
-            for f in list(sub.iterdir()) if sub != tmp else []:
-                f.rename(tmp / f.name)
-            if sub != tmp:
-                sub.rmdir()
+        def fill(tmp: Path) -> None:
+            self.model.save_pretrained(tmp, safe_serialization=True, selected_adapters=[adapter],
+                                       save_embedding_layers=False, state_dict=state)  # fmt: skip
+            if adapter != "default":  # PEFT writes a named adapter into `<dir>/<name>/`: lift it to `<dir>/`
+                for f in list((tmp / adapter).iterdir()):
+                    f.rename(tmp / f.name)
+                (tmp / adapter).rmdir()
+            weights = load_file(str(tmp / ADAPTER_WEIGHTS))
+            if any(_clean_name(k) != k for k in weights):
+                save_file({_clean_name(k): v for k, v in weights.items()}, str(tmp / ADAPTER_WEIGHTS), {"format": "pt"})
 
         return write_dir_atomically(Path(directory), fill)
 
