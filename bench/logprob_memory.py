@@ -105,9 +105,9 @@ class SavedByModule:
 
 def build(args: argparse.Namespace):
     from metaclaw.datamodules.rollout import collate_samples
-    from metaclaw.store import Sample
     from metaclaw.modules.loading import ModelSpec
     from metaclaw.modules.policy import LoraPolicy
+    from metaclaw.store import Sample
 
     torch.manual_seed(0)
     spec = ModelSpec(**MODELS[args.model], max_seq_len=args.prompt + args.response + 8)
