@@ -149,9 +149,9 @@ def run(args: argparse.Namespace) -> dict:
     modes = {"off": [False], "on": [True], "both": [False, True]}[args.checkpointing]
     cases = [(path, ckpt) for ckpt in modes for path in ("old", "new")]
     name = {c: f"{c[0]}/checkpointing_{'on' if c[1] else 'off'}" for c in cases}
-    out: dict[str, dict] = {name[c]: {"step_s": []} for c in cases}
+    out: dict[str, dict] = {name[c]: {"step_s": [], "step_cpu_s": []} for c in cases}
     values, grads = {}, {}
-    for c in cases:  # the profiled step (also the warm-up): exact memory, what is kept for backward, vocab time
+    for c in cases if args.profile else []:  # the profiled step (also the warm-up): exact memory, saved, vocab time
         policy.set_gradient_checkpointing(c[1])
         saved = SavedByModule(policy)
         with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], profile_memory=True,
@@ -169,13 +169,16 @@ def run(args: argparse.Namespace) -> dict:
     for _ in range(args.steps):  # timed rounds, cases interleaved
         for c in cases:
             policy.set_gradient_checkpointing(c[1])
-            t0 = time.perf_counter()
-            step(policy, batch, c[0])
+            t0, cpu0 = time.perf_counter(), time.process_time()
+            values[c] = step(policy, batch, c[0])
             out[name[c]]["step_s"].append(round(time.perf_counter() - t0, 2))
+            out[name[c]]["step_cpu_s"].append(round(time.process_time() - cpu0, 2))  # this process's CPU time
+            grads[c] = torch.cat([p.grad.flatten() for p in policy.parameters() if p.grad is not None])
             policy.zero_grad(set_to_none=True)
         print(json.dumps({name[c]: out[name[c]]["step_s"] for c in cases}), file=sys.stderr, flush=True)
     for c in cases:
         out[name[c]]["step_s_median"] = statistics.median(out[name[c]]["step_s"])
+        out[name[c]]["step_cpu_s_median"] = statistics.median(out[name[c]]["step_cpu_s"])
     mask = batch["mask"].bool()
     ref = cases[0]
     agree = {
@@ -185,8 +188,11 @@ def run(args: argparse.Namespace) -> dict:
     }  # fmt: skip
 
     def ratio(old: str, new: str) -> dict:
-        return {"peak_memory_old_over_new": round(out[old]["peak_step_mib"] / max(out[new]["peak_step_mib"], 1e-9), 2),
-                "step_time_old_over_new": round(out[old]["step_s_median"] / out[new]["step_s_median"], 2)}  # fmt: skip
+        r = {"step_time_old_over_new": round(out[old]["step_s_median"] / out[new]["step_s_median"], 2),
+             "step_cpu_time_old_over_new": round(out[old]["step_cpu_s_median"] / out[new]["step_cpu_s_median"], 2)}
+        if args.profile:
+            r["peak_memory_old_over_new"] = round(out[old]["peak_step_mib"] / max(out[new]["peak_step_mib"], 1e-9), 2)
+        return r
 
     ratios = {f"checkpointing_{m}": ratio(f"old/checkpointing_{m}", f"new/checkpointing_{m}")
               for m in ("off", "on") if f"old/checkpointing_{m}" in out}  # fmt: skip
@@ -207,6 +213,8 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--steps", type=int, default=3, help="timed steps per case (after one profiled step)")
     parser.add_argument("--chunk", type=int, default=512, help="policy.logprob_chunk_size")
     parser.add_argument("--checkpointing", choices=["off", "on", "both"], default="both")
+    parser.add_argument("--no-profile", dest="profile", action="store_false",
+                        help="timed steps only (no profiled step: no memory figures)")  # fmt: skip
     result = run(parser.parse_args(argv))
     print(json.dumps(result, indent=2))
     return result
