@@ -29,6 +29,25 @@ def test_card_command_on_a_four_gpu_host_trains_ddp_and_serves_vllm_on_a_free_gp
     }  # fmt: skip
 
 
+def test_the_plan_picks_the_engine_by_its_target_and_the_factory_builds_it(tmp_path, tiny_spec):
+    """backend=auto carries a table of engine constructors; the plan writes the chosen one as `_target_`, which is
+    all `EngineFactory` reads (one plug mechanism for engines)."""
+    from metaclaw.serving.engines import EngineFactory
+    from metaclaw.serving.engines.hf import HFEngine
+
+    gpu = _compose("train", CARD, tmp_path)
+    resolve_devices(gpu, gpu_count=4, vllm_available=True)
+    assert gpu.backend._target_ == "metaclaw.serving.engines.vllm.VLLMEngine.from_backend"
+    cpu = _compose("train", ["model=tiny"], tmp_path)
+    resolve_devices(cpu, gpu_count=0, vllm_available=False)
+    assert cpu.backend._target_ == "metaclaw.serving.engines.hf.HFEngine.from_backend"
+    backend = OmegaConf.to_container(cpu.backend, resolve=True)
+    engine = EngineFactory(model=tiny_spec, backend=backend, infer_devices=[])()
+    assert isinstance(engine, HFEngine) and engine.max_batch_size == backend["max_batch_size"]
+    with pytest.raises(ValueError, match="has no _target_"):
+        EngineFactory(model=tiny_spec, backend={"name": "auto"})()
+
+
 def test_card_command_on_a_two_gpu_host_colocates_serving_with_a_memory_split(tmp_path):
     cfg = _compose("train", CARD, tmp_path)
     plan = resolve_devices(cfg, gpu_count=2, vllm_available=True)

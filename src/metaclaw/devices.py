@@ -197,6 +197,9 @@ def resolve_devices(cfg: DictConfig, gpu_count: int | None = None, vllm_availabl
         cfg.devices.strategy = plan.strategy
         cfg.devices.num_nodes = plan.num_nodes
         cfg.backend.name = plan.backend
+        engines = cfg.backend.get("engines")
+        if engines is not None:  # backend=auto: the engine the plan chose, by its `_target_`
+            cfg.backend._target_ = engines[plan.backend]
         if plan.infer_memory_fraction is not None:
             cfg.backend.gpu_memory_utilization = plan.infer_memory_fraction
     log.info("Device plan: %s", plan.describe())

@@ -32,32 +32,38 @@ __all__ = [
 ]
 
 
+#: keys of the `backend` node that describe it rather than configure the engine
+_DESCRIPTIVE = ("name", "engines", "_target_")
+
+
 @dataclass
 class EngineFactory:
-    """Build an engine for `model` (a `ModelSpec`) with `backend` (`hf` | `vllm`) settings.
+    """Build the engine the `backend` node names by its `_target_` (a `from_backend(spec, infer_devices, **options)`
+    constructor), the one plug mechanism of the config; `backend=auto` gets its `_target_` from the device plan.
 
     Args:
         model: where the base model comes from.
-        backend: the `backend` config group as a plain dict (`name` plus engine options).
+        backend: the `backend` config group as a plain dict (`_target_`, `name`, engine options). It comes from
+            the composed config only, never from a request.
         infer_devices: GPU ids for inference (`devices.infer`); CPU when empty.
     """
 
     model: Any
-    backend: dict[str, Any] = field(default_factory=lambda: {"name": "hf"})
+    backend: dict[str, Any] = field(
+        default_factory=lambda: {"name": "hf", "_target_": "metaclaw.serving.engines.hf.HFEngine.from_backend"}
+    )
     infer_devices: list[int] = field(default_factory=list)
 
     def device(self) -> str:
         return f"cuda:{self.infer_devices[0]}" if self.infer_devices else "cpu"
 
     def __call__(self, device: str | None = None) -> Engine:
-        name = self.backend.get("name", "hf")
-        if name == "hf":
-            from metaclaw.serving.engines.hf import HFEngine
+        from hydra.utils import instantiate
 
-            return HFEngine.from_spec(self.model, self.device(), int(self.backend.get("max_batch_size", 1)))
-        if name == "vllm":
-            from metaclaw.serving.engines.vllm import VLLMEngine
-
-            options = {k: v for k, v in self.backend.items() if k != "name"}
-            return VLLMEngine.from_spec(self.model, self.infer_devices, **options)
-        raise ValueError(f"backend.name must be hf or vllm, got {name!r}")
+        target = self.backend.get("_target_")
+        if not target:
+            raise ValueError(
+                f"backend {self.backend.get('name')!r} has no _target_ (backend=auto is resolved by the device plan)"
+            )
+        options = {k: v for k, v in self.backend.items() if k not in _DESCRIPTIVE}
+        return instantiate({"_target_": target, **options}, self.model, list(self.infer_devices))

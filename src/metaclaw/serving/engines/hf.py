@@ -108,6 +108,15 @@ class HFEngine(ServedAdapters):
             max_batch_size=max_batch_size,
         )  # fmt: skip
 
+    @classmethod
+    def from_backend(
+        cls, spec: Any, infer_devices: Sequence[int] = (), max_batch_size: int = 1, **vllm_only: Any
+    ) -> HFEngine:
+        """The `backend` node's constructor: the first inference GPU, else CPU. Options only vLLM reads
+        (`backend=auto` carries them for when it resolves to vLLM) are not used here."""
+        device = f"cuda:{infer_devices[0]}" if infer_devices else "cpu"
+        return cls.from_spec(spec, device, int(max_batch_size))
+
     @property
     def device(self) -> torch.device:
         return next(self._base.parameters()).device

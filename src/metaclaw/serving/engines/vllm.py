@@ -86,6 +86,8 @@ class VLLMEngine(ServedAdapters):
         dtype = "auto" if spec.dtype == "auto" else spec.dtype
         return cls(str(spec.local_dir()), spec.load_tokenizer(), spec.name, spec.max_seq_len, dtype=dtype, **options)
 
+    from_backend = from_spec  # the `backend` node's constructor (`_target_`)
+
     def _call(self, coro: Any, timeout: float | None = None) -> Any:
         return asyncio.run_coroutine_threadsafe(coro, self._loop).result(timeout)
 
