@@ -89,18 +89,28 @@ class LoraPolicy(nn.Module):
         """Keep only each decoder layer's input for backward and recompute the layer (non-reentrant).
 
         The inputs are made to require grad (`enable_input_require_grads`) so the embeddings stay frozen.
+        transformers >= 5.23 names this "activation checkpointing"; the vLLM venv's older transformers does not.
         """
         base = self.model.get_base_model()
         if on:
-            base.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+            if hasattr(base, "activation_checkpointing_enable"):
+                base.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+            else:
+                base.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
             base.enable_input_require_grads()
-        elif base.is_activation_checkpointing:
-            base.activation_checkpointing_disable()
+        elif self.gradient_checkpointing:
+            if hasattr(base, "activation_checkpointing_disable"):
+                base.activation_checkpointing_disable()
+            else:
+                base.gradient_checkpointing_disable()
             base.disable_input_require_grads()
 
     @property
     def gradient_checkpointing(self) -> bool:
-        return self.model.get_base_model().is_activation_checkpointing
+        base = self.model.get_base_model()
+        if hasattr(base, "activation_checkpointing_enable"):
+            return base.is_activation_checkpointing
+        return base.is_gradient_checkpointing
 
     def forward(self, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
         """`[B, T]` ids → `[B, T, V]` logits."""
