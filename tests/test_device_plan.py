@@ -44,6 +44,10 @@ def test_the_plan_picks_the_engine_by_its_target_and_the_factory_builds_it(tmp_p
     backend = OmegaConf.to_container(cpu.backend, resolve=True)
     engine = EngineFactory(model=tiny_spec, backend=backend, infer_devices=[])()
     assert isinstance(engine, HFEngine) and engine.max_batch_size == backend["max_batch_size"]
+    from hydra.errors import InstantiationException
+
+    with pytest.raises(InstantiationException, match="max_bach_size"):  # a typo is a config error, not ignored
+        EngineFactory(model=tiny_spec, backend={**backend, "max_bach_size": 8})()
     with pytest.raises(ValueError, match="has no _target_"):
         EngineFactory(model=tiny_spec, backend={"name": "auto"})()
 

@@ -55,6 +55,9 @@ def read_adapter(path: str | Path, device: torch.device | str = "cpu") -> tuple[
     return config, state
 
 
+#: options of `conf/backend/auto.yaml` only the vLLM engine reads
+VLLM_ONLY_OPTIONS = frozenset({"gpu_memory_utilization", "max_loras", "max_lora_rank", "enforce_eager"})
+
 @dataclass
 class _Pending:
     """A generate request waiting for a batch; `done` is set when `result` or `error` is."""
@@ -112,8 +115,11 @@ class HFEngine(ServedAdapters):
     def from_backend(
         cls, spec: Any, infer_devices: Sequence[int] = (), max_batch_size: int = 1, **vllm_only: Any
     ) -> HFEngine:
-        """The `backend` node's constructor: the first inference GPU, else CPU. Options only vLLM reads
-        (`backend=auto` carries them for when it resolves to vLLM) are not used here."""
+        """The `backend` node's constructor: the first inference GPU, else CPU. The vLLM options `backend=auto`
+        carries (for when it resolves to vLLM) are not used here; any other option is a config error."""
+        unknown = sorted(set(vllm_only) - VLLM_ONLY_OPTIONS)
+        if unknown:
+            raise ValueError(f"backend: options the HF engine does not know: {unknown}")
         device = f"cuda:{infer_devices[0]}" if infer_devices else "cpu"
         return cls.from_spec(spec, device, int(max_batch_size))
 
