@@ -58,6 +58,26 @@ def test_rl_without_guarantee_scores_as_soon_as_next_state_is_known(tmp_path):
     assert (first.status, first.reward, second.status) == ("ready", 1.0, "pending")
 
 
+def test_a_turn_nothing_reacted_to_is_dropped_when_told(tmp_path):
+    """A simulated user's closing turn (`no_next_state: drop`): no evidence, never trained on; with feedback it is."""
+    store = SampleStore(tmp_path / "s.sqlite")
+    add_session(store, "s", ["thanks, works", None])
+    add_session(store, "t", [None])
+    store.add_feedback(store.select()[2].id, {"score": 1.0})
+    done(store, "s"), done(store, "t")
+    worker = ScoringWorker(store, RuleJudge(), needs_reward=True, at_least_one=False, no_next_state="drop")
+    assert asyncio.run(worker.run_once()) == 3
+    answered, closing, with_feedback = store.select()
+    assert (answered.status, answered.reward) == ("ready", 1.0)
+    assert (closing.status, closing.meta["dropped"]) == ("dropped", "no_next_state")
+    assert (with_feedback.status, with_feedback.reward) == ("ready", 1.0)
+    kept = SampleStore(tmp_path / "k.sqlite")
+    add_session(kept, "s", [None])
+    done(kept, "s")
+    asyncio.run(ScoringWorker(kept, RuleJudge(), needs_reward=True, at_least_one=False).run_once())
+    assert (kept.select()[0].status, kept.select()[0].reward) == ("ready", 0.0)  # the default: the judge scores it
+
+
 def test_idle_sessions_count_as_finished(tmp_path):
     store = SampleStore(tmp_path / "s.sqlite")
     add_session(store, "s", ["great", None])

@@ -106,3 +106,40 @@ def test_streams_that_outlive_swaps_or_disconnect_never_freeze_the_server(vllm_s
     load(paths[3])
     models = httpx.get(f"{vllm_server.url}/v1/models", headers=vllm_server.headers(), timeout=60).json()
     assert "noise" in {m["id"] for m in models["data"]}
+
+
+def test_teacher_scoring_beside_an_adapter_stream_keeps_the_engine_alive(vllm_server, tiny_spec, adapter_root):
+    """vLLM maps an `lm_head` LoRA per sequence in prompt logprobs: a teacher request in the same step as an
+    adapter's stream killed the engine (the item-4 test's rare 500). The server wraps only the trained modules."""
+    path = _noise_adapter(tiny_spec, adapter_root / "beside" / "step-000001")
+    r = httpx.post(f"{vllm_server.url}/v1/load_lora_adapter", headers=vllm_server.headers(),
+                   json={"lora_name": "beside", "lora_path": str(path)}, timeout=60)  # fmt: skip
+    assert r.status_code == 200, r.text
+    body = {"model": "beside", "messages": [{"role": "user", "content": "hi"}], "stream": True, "max_tokens": 300}
+    teacher = {"model": "tiny", "prompt": [1, 2, 3, 4, 5, 6], "max_tokens": 1, "prompt_logprobs": 0}
+    with httpx.Client(timeout=60, headers=vllm_server.headers()) as http:
+        with http.stream("POST", f"{vllm_server.url}/v1/chat/completions", json=body) as stream:
+            lines = stream.iter_lines()
+            for _ in range(3):
+                next(lines)
+            for _ in range(3):  # each lands while the adapter's request is being decoded
+                scored = http.post(f"{vllm_server.url}/v1/completions", json=teacher)
+                assert scored.status_code == 200, scored.text
+                assert len(scored.json()["choices"][0]["prompt_logprobs"]) == 6
+                next(lines)
+            assert any("[DONE]" in line for line in lines)
+
+
+def test_an_adapter_for_modules_the_server_does_not_wrap_is_refused(vllm_server, tiny_spec, adapter_root):
+    import json
+    import shutil
+
+    source = _noise_adapter(tiny_spec, adapter_root / "wide-src" / "step-000001")
+    path = adapter_root / "wide" / "step-000001"
+    shutil.copytree(source, path)
+    config = json.loads((path / "adapter_config.json").read_text())
+    config["target_modules"] = [*config["target_modules"], "lm_head"]
+    (path / "adapter_config.json").write_text(json.dumps(config))
+    r = httpx.post(f"{vllm_server.url}/v1/load_lora_adapter", headers=vllm_server.headers(),
+                   json={"lora_name": "wide", "lora_path": str(path)}, timeout=60)  # fmt: skip
+    assert 400 <= r.status_code < 500 and "lm_head" in r.text, r.text

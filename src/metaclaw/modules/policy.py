@@ -16,13 +16,13 @@ from torch.utils.checkpoint import checkpoint
 
 from metaclaw.atomic import write_dir_atomically
 from metaclaw.serving.sampling import Param, token_logprobs, truncation_mask
-from metaclaw.wire import ADAPTER_WEIGHTS
+from metaclaw.wire import ADAPTER_WEIGHTS, LORA_TARGET_MODULES
 
 __all__ = ["LoraPolicy", "token_logprobs", "truncation_mask"]
 
 log = logging.getLogger(__name__)
 
-DEFAULT_TARGET_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+DEFAULT_TARGET_MODULES = LORA_TARGET_MODULES
 # what FSDP and its activation checkpointing insert into parameter names (torch's FSDP_WRAPPED_MODULE, ...)
 WRAPPER_PREFIXES = ("_fsdp_wrapped_module.", "_checkpoint_wrapped_module.")
 

@@ -74,6 +74,9 @@ class ScoringWorker:
         heldout_share: share of sessions held out of training for the judge-based live evaluation
             (`eval.judge_fallback`): chosen by a hash of the session id (`is_heldout`), scored like every turn,
             then settled as `dropped` with reason `heldout` (reward kept), never trained on.
+        no_next_state: a turn nothing reacted to (no next state, no feedback: a session's last turn) is judged
+            like any other (`score`: e.g. the rule judge's `no_next_state_reward`) or settled `dropped` with
+            reason `no_next_state` (`drop`: the judge has no evidence; a simulated user's closing turn).
     """
 
     def __init__(
@@ -94,10 +97,13 @@ class ScoringWorker:
         evolve_every_n_turns: int | None = None,
         feedback: FeedbackRule | Any = None,
         heldout_share: float = 0.0,
+        no_next_state: str = "score",
     ) -> None:
         if not 0.0 <= heldout_share < 1.0:
             raise ValueError(f"eval.judge_fallback.heldout_share must be in [0, 1), got {heldout_share}")
-        self.heldout_share = heldout_share
+        if no_next_state not in ("score", "drop"):
+            raise ValueError(f"rollout.scoring.no_next_state must be 'score' or 'drop', got {no_next_state!r}")
+        self.heldout_share, self.drop_unanswered = heldout_share, no_next_state == "drop"
         if needs_teacher and (teacher is None or render_teacher_prompt is None):
             raise ValueError("a method that needs teacher logprobs needs a teacher client and a prompt renderer")
         self.store, self.judge, self.teacher, self.render = store, judge, teacher, render_teacher_prompt
@@ -234,7 +240,9 @@ class ScoringWorker:
         if score.hint:
             meta["hint"] = score.hint
         usable = reward is not None or teacher is not None
-        if usable and is_heldout(s.session_id, self.heldout_share):  # evaluation data: scored, never trained on
+        if self.drop_unanswered and s.next_state is None and score.feedback is None and not score.failed:
+            meta["dropped"], usable = "no_next_state", False  # nothing reacted to it: no evidence either way
+        elif usable and is_heldout(s.session_id, self.heldout_share):  # evaluation data: scored, never trained on
             meta["dropped"], usable = "heldout", False
             self.stats["heldout"] += 1
         elif score.failed:

@@ -55,7 +55,7 @@ CREATE INDEX IF NOT EXISTS samples_conv_tail ON samples(json_extract(meta, '$.co
 """
 # Explicit feedback (`/v1/feedback`) may reopen a scored sample that was not trained on: ready ones, and ones
 # dropped only because the judge gave no signal or failed (the feedback is a signal).
-REOPENABLE_DROPS = ("no_hint", "no_reward", "judge_failed")
+REOPENABLE_DROPS = ("no_hint", "no_reward", "no_next_state", "judge_failed")
 
 
 BACKLOG_POLICIES = ("drop_oldest", "pause_capture")

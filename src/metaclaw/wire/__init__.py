@@ -21,6 +21,10 @@ ADAPTER_WEIGHTS = "adapter_model.safetensors"
 ADAPTER_CONFIG = "adapter_config.json"
 """A PEFT adapter directory's config file."""
 
+LORA_TARGET_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+"""The modules a LoRA adapts unless `policy.target_modules` says otherwise: every attention and MLP projection
+(never `lm_head`: the trainer does not adapt it and vLLM's prompt logprobs break with an `lm_head` LoRA layer)."""
+
 
 class RequestError(ValueError):
     """A client's mistake, answered with a 4xx that names the field.

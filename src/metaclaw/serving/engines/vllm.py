@@ -1,7 +1,10 @@
 """vLLM engine: `AsyncLLMEngine` with LoRA, driven from a private event-loop thread behind the sync `Engine` API.
 
 Concurrent callers (one thread per request in the LitServe worker, or the training server) all submit to the
-same engine loop, so vLLM batches them continuously. Each adapter version is its own `LoRARequest` (a fresh
+same engine loop, so vLLM batches them continuously. LoRA layers wrap only the modules adapters train
+(`lora_target_modules`, from `policy.target_modules`), never `lm_head`: vLLM's prompt-logprobs path maps an
+`lm_head` LoRA per sequence instead of per token, which kills the engine when a teacher scoring request shares a
+step with an adapter's stream (vLLM issues 16668, 29955), and an adapter that targets more is refused at load. Each adapter version is its own `LoRARequest` (a fresh
 `lora_int_id`), pre-loaded with `add_lora` before the name is re-pointed, and removed with `remove_lora` once no
 request uses it. Logprobs use `logprobs_mode="processed_logprobs"`: over the tempered, top-k/top-p truncated and
 renormalised distribution the token was drawn from, which the trainer recomputes (`token_logprobs`).
@@ -13,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import json
 import logging
 import os
 import queue
@@ -34,6 +38,7 @@ from metaclaw.serving.engines.base import (
     TokenStream,
 )
 from metaclaw.serving.sampling import token_logprobs
+from metaclaw.wire import ADAPTER_CONFIG, LORA_TARGET_MODULES
 
 log = logging.getLogger(__name__)
 
@@ -46,7 +51,8 @@ class VLLMEngine(ServedAdapters):
         tokenizer: its Hugging Face tokenizer (chat templates are rendered by the caller).
         model_name: the id that selects the base model.
         max_seq_len: `max_model_len`.
-        engine_kwargs: extra `AsyncEngineArgs` (gpu_memory_utilization, max_loras, max_lora_rank, ...).
+        engine_kwargs: extra `AsyncEngineArgs` (gpu_memory_utilization, max_loras, max_lora_rank,
+            lora_target_modules (None: every attention and MLP projection), ...).
     """
 
     def __init__(self, model_path: str, tokenizer: Any, model_name: str, max_seq_len: int, **engine_kwargs: Any):
@@ -62,6 +68,8 @@ class VLLMEngine(ServedAdapters):
         # logprobs (only validation uses this limit; nothing is allocated for it).
         args = {"model": model_path, "max_model_len": max_seq_len, "enable_lora": True, "max_logprobs": -1,
                 **engine_kwargs}  # fmt: skip
+        args["lora_target_modules"] = list(args.get("lora_target_modules") or LORA_TARGET_MODULES)
+        self.lora_target_modules = frozenset(args["lora_target_modules"])
         if "logprobs_mode" in vllm.AsyncEngineArgs.__dataclass_fields__:
             args.setdefault("logprobs_mode", "processed_logprobs")
         else:  # pragma: no cover - old vLLM: logprobs would be over the raw distribution
@@ -95,7 +103,7 @@ class VLLMEngine(ServedAdapters):
 
     def load_adapter(self, name: str, path: str) -> int:
         self._check_new_name(name)
-        check_adapter_files(path)
+        self._check_targets(check_adapter_files(path))
         started = time.perf_counter()
         version = self._registry.next_version(name, path)
         lora_id = next(self._lora_ids)
@@ -107,6 +115,21 @@ class VLLMEngine(ServedAdapters):
             raise AdapterError(f"vLLM cannot load the adapter in {path!r}: {exc}") from exc
         self._lora_requests[internal] = request
         return self._publish(name, internal, version, path, started)
+
+    def _check_targets(self, directory: Any) -> None:
+        """Refuse an adapter whose modules this engine does not wrap (vLLM would serve it without them)."""
+        try:
+            targets = json.loads((directory / ADAPTER_CONFIG).read_text()).get("target_modules")
+        except (OSError, ValueError, AttributeError) as exc:
+            raise AdapterError(f"cannot read {ADAPTER_CONFIG} in {str(directory)!r}: {exc}") from exc
+        if isinstance(targets, str):  # a PEFT regex or "all-linear": vLLM matches it against what it wraps
+            return
+        extra = sorted(set(targets or ()) - self.lora_target_modules)
+        if extra:
+            raise AdapterError(
+                f"the adapter in {str(directory)!r} adapts {extra}, which this server does not wrap "
+                f"(backend.lora_target_modules: {sorted(self.lora_target_modules)})"
+            )
 
     def _free(self, slot: LoadedAdapter) -> None:
         """Remove a replaced version from vLLM. On the engine loop's own thread (a stream that outlived a swap,
