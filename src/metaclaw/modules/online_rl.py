@@ -16,6 +16,9 @@ Many agents (docs/agents.md): the policy may hold several named adapters; every 
 (`batch["adapter"]`), which is made active before the step, so only its weights get gradients. AdamW skips
 parameters without a gradient (no update, no weight decay, no moment change), so every other adapter stays
 bit-identical. Each adapter has its own parameter group; `stepped` says which adapters the publisher must write.
+Under DDP every rank trains the same adapter in a step (the store's claim of a step is one batch, whichever rank
+makes it) and this is checked before each step (`same_adapter`); DDP runs with `find_unused_parameters`, so the
+adapters the step does not train keep no gradient on any rank (docs/agents.md, "Several training processes").
 """
 
 from __future__ import annotations
@@ -30,7 +33,7 @@ import torch
 from torch import Tensor
 from torchmetrics import MeanMetric
 
-from metaclaw.modules.agent_state import ADAPTERS_KEY, remap_optimizer_state
+from metaclaw.modules.agent_state import ADAPTERS_KEY, remap_optimizer_state, same_adapter
 from metaclaw.modules.policy import LoraPolicy
 
 if TYPE_CHECKING:
@@ -125,6 +128,11 @@ class OnlineRLModule(L.LightningModule):
         self._t0 = time.perf_counter()
         self.current_adapter = batch.get("adapter", "default") if isinstance(batch, dict) else "default"
         if self.many:
+            if self._trainer is not None and self.trainer.world_size > 1:  # DDP: one adapter on every rank
+                names = list(self.policy.adapter_names)
+                mine = names.index(self.current_adapter) if self.current_adapter in names else -1
+                gathered = self.all_gather(torch.tensor([mine], device=self.device)).reshape(-1).tolist()
+                same_adapter(names, gathered)
             self.policy.use_adapter(self.current_adapter)
 
     def training_step(self, batch: dict[str, Tensor], batch_idx: int) -> Tensor | None:
