@@ -1,8 +1,9 @@
 """Several agents' adapters under CPU DDP (gloo, 2 processes) through `train.py`.
 
-Each step trains one adapter on both ranks: the adapters published at each step are the batch's, every adapter
-that did not train since its last publish is bit-identical to that publish in the final checkpoint (AdamW with
-weight decay and non-zero Adam moments would move it), and both ranks hold the same weights.
+Each step trains one adapter on both ranks: the adapters published at each step are the batch's, AdamW counted
+only each adapter's own steps, every adapter that did not train since its last publish is bit-identical to that
+publish in the final checkpoint (AdamW with weight decay and non-zero Adam moments would move it), and both ranks
+hold the same weights.
 """
 
 from __future__ import annotations
@@ -63,7 +64,11 @@ def test_agent_adapters_under_cpu_ddp_one_adapter_per_step_on_both_ranks(tmp_pat
     store.close()
     assert consumed == {1: 0, 2: 0, 3: 1, 4: 1, 5: 2, 6: 2, 7: 3, 8: 3}  # one sample per rank, each trained once
 
-    state = torch.load(tmp_path / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=False)["state_dict"]
+    ckpt = torch.load(tmp_path / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=False)
+    optimizer = ckpt["optimizer_states"][0]  # AdamW counts each parameter's own steps: only its adapter's steps
+    steps = {g["adapter"]: {int(optimizer["state"][i]["step"]) for i in g["params"]} for g in optimizer["param_groups"]}
+    assert steps == {"default": {1}, "alice": {2}, "bob": {1}}
+    state = ckpt["state_dict"]
     for adapter, last in (("default", adapters / "step-000001"), ("alice", adapters / "agents/alice/step-000003")):
         saved, final = load_file(str(last / "adapter_model.safetensors")), _ckpt_adapter(state, adapter)
         assert saved.keys() == final.keys() and saved
