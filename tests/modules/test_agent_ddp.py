@@ -23,13 +23,14 @@ from metaclaw.store import Sample, SampleStore
 REPO = Path(__file__).resolve().parents[2]
 
 
-def _fill(path: Path, agents: list[str]) -> None:
-    """Ready samples in this order, rewards +1/-1 in turn (one of each per step and rank pair)."""
+def _fill(path: Path, agents: list[str], zero_reward: int = 0) -> None:
+    """Ready samples in this order, rewards +1/-1 in turn (one of each per step), the last `zero_reward` 0."""
     store = SampleStore(path)
     for i, agent in enumerate(agents):
+        reward = 0.0 if i >= len(agents) - zero_reward else 1.0 if i % 2 == 0 else -1.0
         prompt = [(7 * i + k) % 1000 + 3 for k in range(8)]
         store.insert(Sample(prompt_ids=prompt, response_ids=[11 + i, 12, 13 + i, 14], behaviour_logprobs=[-3.0] * 4,
-                            agent_id=agent, reward=1.0 if i % 2 == 0 else -1.0, status="ready"))  # fmt: skip
+                            agent_id=agent, reward=reward, status="ready"))  # fmt: skip
     store.close()
 
 
@@ -42,12 +43,14 @@ def _ckpt_adapter(state: dict[str, torch.Tensor], adapter: str) -> dict[str, tor
 
 @pytest.mark.slow
 def test_agent_adapters_under_cpu_ddp_one_adapter_per_step_on_both_ranks(tmp_path):
-    # carol is not listed: she trains the default adapter. Steps: default, alice, alice, bob (oldest first).
-    _fill(tmp_path / "samples.sqlite", ["carol", "carol", "alice", "alice", "alice", "alice", "bob", "bob"])
+    # carol is not listed: she trains the default adapter. Steps (oldest first): default, alice, alice, bob, and
+    # a default step with rewards 0, skipped on both ranks (no backward, no optimizer step) with DDP still in step
+    agents = ["carol", "carol", "alice", "alice", "alice", "alice", "bob", "bob", "carol", "carol"]
+    _fill(tmp_path / "samples.sqlite", agents, zero_reward=2)
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "WANDB_MODE": "offline"}
     out = subprocess.run(
         [sys.executable, "train.py", "model=tiny", "rollout=store", "method=rl", "logger=none",
-         "devices.cpu_processes=2", "data.batch_size=2", "trainer.max_steps=4", "optimizer.lr=0.01",
+         "devices.cpu_processes=2", "data.batch_size=2", "trainer.max_steps=5", "optimizer.lr=0.01",
          "optimizer.weight_decay=0.1", "publish.keep_last=null", "+agents.alice.mode=rl", "+agents.bob.mode=rl",
          f"hydra.run.dir={tmp_path}"],
         cwd=REPO, env=env, capture_output=True, text=True, timeout=600,
@@ -62,7 +65,7 @@ def test_agent_adapters_under_cpu_ddp_one_adapter_per_step_on_both_ranks(tmp_pat
     store = SampleStore(tmp_path / "samples.sqlite")
     consumed = {s.id: s.claimed_step for s in store.select("consumed")}
     store.close()
-    assert consumed == {1: 0, 2: 0, 3: 1, 4: 1, 5: 2, 6: 2, 7: 3, 8: 3}  # one sample per rank, each trained once
+    assert consumed == {1: 0, 2: 0, 3: 1, 4: 1, 5: 2, 6: 2, 7: 3, 8: 3, 9: 4, 10: 4}  # one per rank, each once
 
     ckpt = torch.load(tmp_path / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=False)
     optimizer = ckpt["optimizer_states"][0]  # AdamW counts each parameter's own steps: only its adapter's steps
