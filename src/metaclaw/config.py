@@ -58,24 +58,40 @@ def validate_train_config(cfg: DictConfig) -> None:
         )
     if train_gpu_ids(cfg.devices) and cfg.devices.cpu_processes != 1:
         raise ConfigError("devices.cpu_processes applies only when devices.train is empty (CPU training)")
-    check_agents(cfg, procs)
+    check_agents(cfg)
 
 
-def check_agents(cfg: DictConfig, procs: int = 1) -> AgentProfiles:
-    """The `agents` profiles (ids, modes) the run can honour; several adapters train in one process only."""
+def check_agents(cfg: DictConfig) -> AgentProfiles:
+    """The `agents` profiles (ids, modes) the run can honour; several adapters train in one process or under DDP.
+
+    FSDP with several adapters is refused: FSDP flattens each decoder layer's parameters once, when it wraps the
+    model, and its gradient reduction and `summon_full_params` publishing were never checked with adapters that
+    take turns (docs/agents.md, "Several training processes").
+    """
     try:
         profiles = AgentProfiles.from_config(cfg)
         check_agent_modes(profiles, cfg.mode.name)
     except ValueError as e:
         raise ConfigError(str(e)) from e
-    if profiles.many and procs > 1:
+    if profiles.many and str(cfg.devices.get("strategy", "auto")).lower() == "fsdp":
         raise ConfigError(
-            f"agents {profiles.own_adapters} have adapters of their own, which train in one process only: "
-            f"devices.train / devices.cpu_processes give {procs} (DDP would not see the switching adapters)"
+            f"agents {profiles.own_adapters} have adapters of their own, which train in one process or under DDP, "
+            "not with devices.strategy=fsdp: use devices.strategy=ddp (or auto), or one adapter"
         )
     return profiles
 
 
-def trainer_device_kwargs(devices: DictConfig) -> dict:
-    """Accelerator/devices/strategy/precision/num_nodes for `lightning.Trainer` (see `metaclaw.devices`)."""
-    return trainer_kwargs(devices)
+# Lightning's DDP with `find_unused_parameters=True`: several adapters take turns, and the ones a step does not
+# train are not in its graph (docs/agents.md, "Several training processes").
+DDP_SEVERAL_ADAPTERS = "ddp_find_unused_parameters_true"
+
+
+def trainer_device_kwargs(devices: DictConfig, several_adapters: bool = False) -> dict:
+    """Accelerator/devices/strategy/precision/num_nodes for `lightning.Trainer` (see `metaclaw.devices`).
+
+    With `several_adapters` (agents with adapters of their own) DDP finds the parameters a step did not use.
+    """
+    kwargs = trainer_kwargs(devices)
+    if several_adapters and kwargs["strategy"] == "ddp":
+        kwargs["strategy"] = DDP_SEVERAL_ADAPTERS
+    return kwargs

@@ -105,7 +105,7 @@ def train(cfg: DictConfig) -> tuple[dict[str, Any], dict[str, Any]]:
     publisher.release = evaluator
     trainer = L.Trainer(
         **cfg.trainer,
-        **trainer_device_kwargs(cfg.devices),
+        **trainer_device_kwargs(cfg.devices, several_adapters=agents.many),  # DDP: docs/agents.md
         default_root_dir=str(run_dir),
         logger=build_loggers(cfg),
         callbacks=[

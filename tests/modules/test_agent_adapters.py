@@ -91,6 +91,15 @@ def test_each_agent_adapter_is_saved_as_a_plain_peft_adapter_that_loads_back(age
     assert mine.keys() == theirs.keys() and all(torch.equal(mine[k], theirs[k]) for k in mine)
 
 
+def test_every_agent_adapter_stays_trainable_while_another_is_applied(agents_policy):
+    """DDP registers the trainable parameters once, when it wraps the model: each adapter must stay trainable."""
+    every = {n for n, _ in agents_policy.named_parameters() if LoraPolicy._adapter_of(n) is not None}
+    for adapter in ("alice", "bob", "default"):
+        agents_policy.use_adapter(adapter)
+        assert agents_policy.model.active_adapter == adapter
+        assert {n for n, p in agents_policy.named_parameters() if p.requires_grad} == every
+
+
 def test_one_adapter_policy_keeps_todays_parameters_and_checkpoint_keys(tiny_policy):
     names = set(tiny_policy.trainable_state_dict())
     assert names == {n for n, p in tiny_policy.named_parameters() if p.requires_grad}

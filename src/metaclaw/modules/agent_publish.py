@@ -17,12 +17,21 @@ from pathlib import Path
 from typing import Any
 
 import lightning as L
+import torch
+from torch import nn
 
 from metaclaw.agents import DEFAULT_ADAPTER, AgentProfiles
 from metaclaw.modules.adapter_writer import AdapterWriter
 from metaclaw.modules.hot_load import HotLoader
 
 log = logging.getLogger(__name__)
+
+
+def rank_fingerprints(trainer: L.Trainer, params: list[nn.Parameter], device: torch.device) -> list[list[float]]:
+    """(sum, sum of squares) of `params` on every rank (collective): DDP replicas must be identical."""
+    weights = [p.detach().double() for p in params]
+    mine = torch.stack([sum(w.sum() for w in weights), sum((w * w).sum() for w in weights)])
+    return trainer.strategy.all_gather(mine.to(device)).reshape(-1, 2).tolist()
 
 
 class AgentPublishing:
@@ -68,6 +77,8 @@ class AgentPublishing:
         stepped = sorted(getattr(pl_module, "stepped", set()))
         pl_module.stepped = set()
         targets = {a: self.parts[a][0].adapter_dir(step) for a in stepped}
+        policy = pl_module.policy  # every rank the same adapters (DDP: `stepped` follows the shared batches)
+        fingerprints = {a: rank_fingerprints(trainer, policy.adapter_parameters(a), pl_module.device) for a in stepped}
         if trainer.is_global_zero:
             for adapter, target in targets.items():
                 pl_module.policy.save_adapter(target, adapter)
@@ -78,7 +89,7 @@ class AgentPublishing:
             self.publisher.samples.consume_through(step)
             for adapter, target in targets.items():
                 writer, loader = self.parts[adapter]
-                writer.write_latest(step, target, loader.lora_name, None)
+                writer.write_latest(step, target, loader.lora_name, fingerprints[adapter])
                 log.info("Published adapter %s v%d at %s", loader.lora_name, step, target)
                 release = self.publisher.release if adapter == DEFAULT_ADAPTER else None
                 if release is not None:  # the live evaluator and gate measure the default adapter

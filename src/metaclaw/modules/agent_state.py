@@ -5,11 +5,15 @@ checkpoint records the adapter names in group order (`metaclaw_adapters`). When 
 removed or reordered in `agents`, `torch.optim.Optimizer.load_state_dict` would refuse the old state (or worse,
 give one agent's Adam moments to another); `remap_optimizer_state` rewrites it for the new layout: a kept
 adapter keeps its moments, a new one starts fresh, a removed one's state is dropped.
+
+Under DDP every rank must train the same adapter in a step (docs/agents.md, "Several training processes"):
+`same_adapter` checks what every rank is about to train and stops the run, naming each rank's adapter, if not.
 """
 
 from __future__ import annotations
 
 import copy
+from collections.abc import Sequence
 from typing import Any
 
 ADAPTERS_KEY = "metaclaw_adapters"
@@ -50,3 +54,16 @@ def remap_optimizer_state(
         out_groups.append(group)
         index += count
     return {"state": out_state, "param_groups": out_groups}
+
+
+def same_adapter(names: Sequence[str], gathered: Sequence[int]) -> str:
+    """The adapter every rank trains this step, from each rank's index into `names` (-1: not one of them).
+
+    Raises:
+        RuntimeError: naming each rank's adapter, when the ranks do not all train the same one of `names`.
+    """
+    first = gathered[0]
+    if all(i == first for i in gathered) and 0 <= first < len(names):
+        return names[first]
+    each = ", ".join(f"rank {r}: {names[i] if 0 <= i < len(names) else 'unknown'}" for r, i in enumerate(gathered))
+    raise RuntimeError(f"the training processes must all train one adapter in a step, got {each} (of {list(names)})")

@@ -3,10 +3,12 @@
 The maths lives in `metaclaw.losses` and `metaclaw.advantages`; this module only orchestrates, guards and logs.
 
 Guards (every rank decides the same, so DDP never waits on a rank that skipped): a step whose loss is not finite
-on any rank, or whose advantages are 0 on every response token of the global batch, returns `None` from
-`training_step`. Lightning then skips backward and the optimizer step (the adapter and AdamW's state are left as
-they were) but still counts the step, so claim keys stay aligned with `global_step`. Both are counted
-(`train/skipped_nonfinite`, `train/skipped_zero_advantage`).
+on any rank, or whose advantages are 0 on every response token of the global batch, takes no optimizer step (the
+adapter and AdamW's state are left as they were) but still counts, so claim keys stay aligned with `global_step`.
+In one process `training_step` returns `None` and Lightning skips backward and the step. Lightning refuses `None`
+under DDP, so there every rank backpropagates `loss × 0` (DDP's all-reduce stays in step) and `on_after_backward`
+drops the gradients: AdamW skips parameters without one. Both are counted (`train/skipped_nonfinite`,
+`train/skipped_zero_advantage`).
 
 Under DDP each rank holds a slice of the global batch; `global_scale` rescales each rank's loss so that the
 gradient DDP averages is the loss aggregated over the global batch (token-mean over all its tokens), not the
@@ -16,6 +18,9 @@ Many agents (docs/agents.md): the policy may hold several named adapters; every 
 (`batch["adapter"]`), which is made active before the step, so only its weights get gradients. AdamW skips
 parameters without a gradient (no update, no weight decay, no moment change), so every other adapter stays
 bit-identical. Each adapter has its own parameter group; `stepped` says which adapters the publisher must write.
+Under DDP every rank trains the same adapter in a step (the store's claim of a step is one batch, whichever rank
+makes it) and this is checked before each step (`same_adapter`); DDP runs with `find_unused_parameters`, so the
+adapters the step does not train keep no gradient on any rank (docs/agents.md, "Several training processes").
 """
 
 from __future__ import annotations
@@ -30,14 +35,14 @@ import torch
 from torch import Tensor
 from torchmetrics import MeanMetric
 
-from metaclaw.modules.agent_state import ADAPTERS_KEY, remap_optimizer_state
+from metaclaw.modules.agent_state import ADAPTERS_KEY, remap_optimizer_state, same_adapter
 from metaclaw.modules.policy import LoraPolicy
 
 if TYPE_CHECKING:
     from metaclaw.advantages.base import AdvantageEstimator
     from metaclaw.losses.base import PolicyLoss
 
-# Returning None from training_step is how a step is skipped here (counted in `train/skipped_*`).
+# Returning None from training_step is how a step is skipped in one process (counted in `train/skipped_*`).
 warnings.filterwarnings("ignore", message=r".*`training_step` returned `None`.*")
 
 
@@ -95,6 +100,7 @@ class OnlineRLModule(L.LightningModule):
         self.skipped = {"nonfinite": 0, "zero_advantage": 0}  # steps that took no optimizer step, by reason
         self.stepped: set[str] = set()  # adapters trained since the publisher last wrote them (it clears this)
         self.current_adapter = "default"  # the adapter of the batch in progress
+        self._refused = False  # the step in progress takes no optimizer step (DDP: its gradients are dropped)
 
     @property
     def many(self) -> bool:
@@ -125,6 +131,11 @@ class OnlineRLModule(L.LightningModule):
         self._t0 = time.perf_counter()
         self.current_adapter = batch.get("adapter", "default") if isinstance(batch, dict) else "default"
         if self.many:
+            if self._trainer is not None and self.trainer.world_size > 1:  # DDP: one adapter on every rank
+                names = list(self.policy.adapter_names)
+                mine = names.index(self.current_adapter) if self.current_adapter in names else -1
+                gathered = self.all_gather(torch.tensor([mine], device=self.device)).reshape(-1).tolist()
+                same_adapter(names, gathered)
             self.policy.use_adapter(self.current_adapter)
 
     def training_step(self, batch: dict[str, Tensor], batch_idx: int) -> Tensor | None:
@@ -149,7 +160,16 @@ class OnlineRLModule(L.LightningModule):
             self.stepped.add(batch.get("adapter", "default"))
         if self.many:
             self._log_agent(batch, loss, metrics, skip)
-        return None if skip is not None else loss
+        self._refused = skip is not None
+        if skip is None:
+            return loss
+        return None if world_size == 1 else loss * 0.0  # DDP: see the module docstring
+
+    def on_after_backward(self) -> None:
+        """A refused step under DDP: drop the (all-reduced) gradients, so AdamW leaves every weight as it was."""
+        if self._refused:
+            for p in self.parameters():
+                p.grad = None
 
     def _log_agent(self, batch: dict[str, Any], loss: Tensor, metrics: dict, skip: str | None) -> None:
         """The step's figures again under `agent/<adapter>/...`: each agent's curve on its own."""

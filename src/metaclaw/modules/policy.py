@@ -51,7 +51,10 @@ class LoraPolicy(nn.Module):
         gradient_checkpointing: trade compute for memory; works with PEFT (inputs require grad, embeddings frozen).
         logprob_chunk_size: response positions whose logits are computed at once (memory: this x vocabulary).
         adapters: more named adapters besides PEFT's `default`, with the same LoRA settings (many agents: one
-            per agent, docs/agents.md). `use_adapter(name)` picks the one that is applied and trained.
+            per agent, docs/agents.md). `use_adapter(name)` picks the one that is applied and trained. Every
+            adapter's weights stay trainable (`requires_grad`): DDP registers the trainable parameters once,
+            when it wraps the model, so each adapter must be trainable then. Only the applied adapter is in the
+            graph, so the others get no gradient (`None`).
     """
 
     def __init__(
@@ -81,7 +84,7 @@ class LoraPolicy(nn.Module):
         for name in adapters:
             self.model.add_adapter(name, config)
         self.adapter_names = ["default", *adapters]
-        self.model.set_adapter("default")  # only the active adapter requires grad
+        self.use_adapter("default")
         self.set_gradient_checkpointing(gradient_checkpointing)
         self.model.config.use_cache = False
 
@@ -172,9 +175,15 @@ class LoraPolicy(nn.Module):
             yield
 
     def use_adapter(self, name: str) -> None:
-        """Apply and train adapter `name` from now on: the others are frozen and get no gradient."""
+        """Apply and train adapter `name` from now on: the others are not in the graph and get no gradient.
+
+        PEFT's `set_adapter` freezes the adapters it does not apply; with several adapters they are made
+        trainable again, so the set of trainable parameters never changes (what DDP needs, see the class).
+        """
         if name != self.model.active_adapter:
             self.model.set_adapter(name)
+        if len(self.adapter_names) > 1:
+            self.model.set_requires_grad(self.adapter_names, True)
 
     @staticmethod
     def _adapter_of(param_name: str) -> str | None:

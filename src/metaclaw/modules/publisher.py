@@ -25,11 +25,10 @@ from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
 import lightning as L
-import torch
 
 from metaclaw.devices import full_params
 from metaclaw.modules.adapter_writer import AdapterWriter, clean_leftovers
-from metaclaw.modules.agent_publish import AgentPublishing
+from metaclaw.modules.agent_publish import AgentPublishing, rank_fingerprints
 from metaclaw.modules.consumer import SampleConsumer
 from metaclaw.modules.hot_load import HotLoader, HotLoadError
 
@@ -194,7 +193,4 @@ class AdapterPublisher(L.Callback):
     @staticmethod
     def _rank_fingerprints(trainer: L.Trainer, pl_module: L.LightningModule) -> list[list[float]]:
         """(sum, sum of squares) of the adapter on every rank: DDP replicas must be identical."""
-        weights = [p.detach().double() for p in pl_module.parameters() if p.requires_grad]
-        mine = torch.stack([sum(w.sum() for w in weights), sum((w * w).sum() for w in weights)])
-        gathered = trainer.strategy.all_gather(mine.to(pl_module.device))
-        return gathered.reshape(-1, 2).tolist()
+        return rank_fingerprints(trainer, [p for p in pl_module.parameters() if p.requires_grad], pl_module.device)

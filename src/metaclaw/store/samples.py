@@ -407,9 +407,11 @@ class SampleStore:
         its agent has recorded is dropped too (support/query separation: it was gathered under skills that
         evolution has since changed).
         With `partition` (agent id -> adapter, docs/agents.md) a batch holds one adapter's samples: the one whose
-        oldest ready sample comes first; others wait for their own step. `min_adapter_version` may then map each
-        adapter to its own floor (every adapter has its own served version). With `partitions`, only those
-        adapters' samples are claimed (outside a training window: the agents that train anyway).
+        oldest ready sample comes first among those with at least `min_samples` ready (one with fewer, e.g. fewer
+        than the DDP ranks, does not hold up the others); others wait for their own step. `min_adapter_version`
+        may then map each adapter to its own floor (every adapter has its own served version). With
+        `partitions`, only those adapters' samples are claimed (outside a training window: the agents that train
+        anyway).
         """
         with self._tx() as c:
             rows = c.execute("SELECT * FROM samples WHERE status='claimed' AND claimed_step=? ORDER BY id", (step,))
@@ -423,14 +425,16 @@ class SampleStore:
                     " (SELECT COUNT(*) FROM samples WHERE status='ready') - ?))",
                     (time.time(), max_backlog),
                 )
-            batch: list[Sample] = []
-            tokens, key = 0, None
+            # each partition's batch so far, in the order of its oldest ready sample; `done`: full or at the budget
+            batches: dict[str | None, list[Sample]] = {}
+            tokens: dict[str | None, int] = {}
+            done: set[str | None] = set()
             generations = self._latest_skill_generations(c) if latest_skill_generation_only else {}
             for row in c.execute("SELECT * FROM samples WHERE status='ready' ORDER BY id").fetchall():
                 s = self._row(row)
                 part = partition(s.agent_id) if partition is not None else None
-                if (batch and part != key) or (partitions is not None and part not in partitions):
-                    continue  # another adapter's sample (or one that may not train now): it waits for its own step
+                if part in done or (partitions is not None and part not in partitions):
+                    continue  # its adapter's batch is complete (or it may not train now): it waits for its own step
                 floor = (
                     min_adapter_version.get(part) if isinstance(min_adapter_version, Mapping) else min_adapter_version
                 )
@@ -448,13 +452,19 @@ class SampleStore:
                         (reason, s.id),
                     )
                     continue
-                if batch and max_tokens is not None and tokens + s.num_tokens > max_tokens:
+                batch = batches.setdefault(part, [])
+                if batch and max_tokens is not None and tokens[part] + s.num_tokens > max_tokens:
+                    done.add(part)
+                else:
+                    batch.append(s)
+                    tokens[part] = tokens.get(part, 0) + s.num_tokens
+                    if len(batch) >= max_samples:
+                        done.add(part)
+                # the oldest partition that can still make a batch decides; once it is complete, stop looking
+                if next((k in done for k, b in batches.items() if k not in done or len(b) >= min_samples), False):
                     break
-                batch.append(s)
-                tokens, key = tokens + s.num_tokens, part
-                if len(batch) >= max_samples:
-                    break
-            if len(batch) < min_samples:
+            batch = next((b for b in batches.values() if len(b) >= min_samples), [])
+            if not batch:
                 return []
             now = time.time()
             c.executemany(
