@@ -166,3 +166,24 @@ def test_the_config_picks_the_backlog_policy(tmp_path):
     assert prepare_store(dropping, None, None).capture_limit is None
     assert dropping.data.max_backlog == 512 and dropping.data.backlog_policy == "drop_oldest"
     assert compose_train(tmp_path).data.max_backlog is None  # rollout=store: the store is the data set
+
+
+def test_a_step_waits_for_the_smallest_batch_that_carries_a_signal(tmp_path):
+    """`min_batch_size`: RL's baseline is the batch mean, so the stream never steps on fewer samples."""
+    path = tmp_path / "s.sqlite"
+    _fill(path, 5)
+    ds = StreamingSampleDataset(
+        path, lambda: 0, pad_id=0, batch_size=3, max_tokens=None, max_sample_tokens=None, wait_timeout_s=0.3,
+        min_batch_size=3,
+    )  # fmt: skip
+    assert [len(b["sample_ids"]) for b in ds] == [3]  # the last two wait for a third; the stream then ends
+    assert SampleStore(path).counts()["ready"] == 2
+
+
+def test_min_batch_size_is_checked():
+    import pytest
+
+    from metaclaw.datamodules.rollout import RolloutDataModule
+
+    with pytest.raises(ValueError, match="data.min_batch_size"):
+        RolloutDataModule("s.sqlite", batch_size=2, min_batch_size=3)

@@ -117,17 +117,17 @@ def test_teacher_scoring_beside_an_adapter_stream_keeps_the_engine_alive(vllm_se
     assert r.status_code == 200, r.text
     body = {"model": "beside", "messages": [{"role": "user", "content": "hi"}], "stream": True, "max_tokens": 300}
     teacher = {"model": "tiny", "prompt": [1, 2, 3, 4, 5, 6], "max_tokens": 1, "prompt_logprobs": 0}
-    with httpx.Client(timeout=60, headers=vllm_server.headers()) as http:
-        with http.stream("POST", f"{vllm_server.url}/v1/chat/completions", json=body) as stream:
-            lines = stream.iter_lines()
-            for _ in range(3):
-                next(lines)
-            for _ in range(3):  # each lands while the adapter's request is being decoded
-                scored = http.post(f"{vllm_server.url}/v1/completions", json=teacher)
-                assert scored.status_code == 200, scored.text
-                assert len(scored.json()["choices"][0]["prompt_logprobs"]) == 6
-                next(lines)
-            assert any("[DONE]" in line for line in lines)
+    url = f"{vllm_server.url}/v1/chat/completions"
+    with httpx.Client(timeout=60, headers=vllm_server.headers()) as http, http.stream("POST", url, json=body) as stream:
+        lines = stream.iter_lines()
+        for _ in range(3):
+            next(lines)
+        for _ in range(3):  # each lands while the adapter's request is being decoded
+            scored = http.post(f"{vllm_server.url}/v1/completions", json=teacher)
+            assert scored.status_code == 200, scored.text
+            assert len(scored.json()["choices"][0]["prompt_logprobs"]) == 6
+            next(lines)
+        assert any("[DONE]" in line for line in lines)
 
 
 def test_an_adapter_for_modules_the_server_does_not_wrap_is_refused(vllm_server, tiny_spec, adapter_root):

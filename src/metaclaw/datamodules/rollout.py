@@ -109,9 +109,11 @@ class StreamingSampleDataset(IterableDataset):
         should_stop: Callable[[], bool] = lambda: False,
         partition: Callable[[str], str] | None = None,
         ungated: Callable[[], tuple[bool, set[str]] | None] = lambda: None,
+        min_batch_size: int = 1,
     ) -> None:
         if batch_size < world_size:
             raise ValueError(f"data.batch_size ({batch_size}) must be >= the number of processes ({world_size})")
+        self.min_samples = max(world_size, min_batch_size)
         check_token_budget(max_tokens, max_sample_tokens, world_size)
         if max_tokens is not None and max_sample_tokens is None and world_size > 1:
             max_sample_tokens = max_tokens // world_size  # so that one sample per rank always fits
@@ -172,7 +174,7 @@ class StreamingSampleDataset(IterableDataset):
                 self.max_tokens,
                 self.max_sample_tokens,
                 self.min_adapter_version(),
-                min_samples=self.world_size,
+                min_samples=self.min_samples,
                 max_backlog=self.max_backlog,
                 latest_skill_generation_only=self.latest_skill_generation_only,
                 partition=self.partition,
@@ -197,6 +199,8 @@ class RolloutDataModule(L.LightningDataModule):
     Args:
         store_path: the SQLite sample store.
         batch_size: most samples per optimizer step (global, across ranks).
+        min_batch_size: fewest samples per step: a step waits (up to `wait_timeout_s`) until this many are
+            ready. RL's baseline is the batch mean, so a batch of one carries no reward signal.
         max_tokens: token budget per step (prompt + response, global); None for no budget.
         max_sample_tokens: samples longer than this are dropped (the model's context).
         wait_timeout_s: how long to wait for new samples before the stream (and so `fit`) ends; None: forever.
@@ -225,8 +229,12 @@ class RolloutDataModule(L.LightningDataModule):
         backlog_policy: str = "drop_oldest",
         latest_skill_generation_only: bool = True,
         pad_id: int = 0,
+        min_batch_size: int = 1,
     ) -> None:
         super().__init__()
+        if not 1 <= min_batch_size <= batch_size:
+            raise ValueError(f"data.min_batch_size ({min_batch_size}) must be in [1, data.batch_size ({batch_size})]")
+        self.min_batch_size = min_batch_size
         if backlog_policy not in BACKLOG_POLICIES:
             raise ValueError(f"data.backlog_policy must be one of {BACKLOG_POLICIES}, got {backlog_policy!r}")
         if max_backlog is not None and max_backlog < batch_size:
@@ -286,5 +294,6 @@ class RolloutDataModule(L.LightningDataModule):
             should_stop=lambda: self.should_stop(),
             partition=self.partition,
             ungated=self._ungated,
+            min_batch_size=self.min_batch_size,
         )
         return DataLoader(dataset, batch_size=None, num_workers=0)
