@@ -100,6 +100,7 @@ def test_status_shows_window_samples_steps_adapter_and_eval(service):
     records = [json.dumps({"step": 1, "adapter": "step-000001", "compliance": 0.25, "time": 1.0}), "not json"]
     gate = {"decision": "accepted"}
     records.append(json.dumps({"step": 2, "adapter": "step-000002", "compliance": 0.5, "gate": gate}))
+    records.append(json.dumps({"step": 3, "adapter": "step-000003", "agent_id": "alice", "compliance": 0.75}))
     (service.run_dir / "eval.jsonl").write_text("\n".join(records) + "\n")
     out = cli(service, "status")
     assert out.returncode == 0, out.stderr
@@ -111,6 +112,7 @@ def test_status_shows_window_samples_steps_adapter_and_eval(service):
     assert "serving:       step-000002" in text and "[policy server]" in text
     assert "step 1 (step-000001): compliance=0.25" in text
     assert "step 2 (step-000002): compliance=0.5 gate=accepted" in text
+    assert "agent alice step 3 (step-000003): compliance=0.75" in text
     data = json.loads(cli(service, "status", "--json").stdout)
     assert data["window"]["open"] is False and data["samples"]["ready"] == 3 and data["steps_done"] == 2
 
@@ -142,36 +144,44 @@ def test_auth_bad_input_and_unknown_step(service):
     assert httpx.get(f"{service.url}/health").status_code == 200  # the proxy is untouched
 
 
-def test_rollback_under_concurrent_requests_fails_none(service):
+def rollback_under_load(service: Service, agents: tuple[str | None, ...], *args: str):
+    """`rollback *args` while four real `openai` clients keep chatting through the proxy, as `agents` in turn:
+    (the command's result, the clients' errors, `(agent, x-metaclaw-adapter)` of every answer)."""
     client = openai.OpenAI(base_url=f"{service.url}/v1", api_key=KEY, max_retries=0, timeout=120)
-    stop, errors, done = threading.Event(), [], []
+    stop, errors, answered = threading.Event(), [], []
 
-    def chat(i: int) -> None:
+    def chat(i: int, agent: str | None) -> None:
         n = 0
         while not stop.is_set() or n < 2:
             try:
-                messages = [{"role": "user", "content": f"hello {i}-{n}"}]
-                r = client.chat.completions.create(
-                    model="metaclaw", max_tokens=4, messages=messages, extra_headers={"X-Session-Id": f"rb{i}-{n}"}
-                )
-                assert r.choices[0].message.content is not None
-                done.append(1)
+                headers = {"X-Session-Id": f"rb{i}-{n}"} | ({"X-Agent-Id": agent} if agent else {})
+                r = client.chat.completions.with_raw_response.create(
+                    model="metaclaw", max_tokens=4, messages=[{"role": "user", "content": f"hello {i}-{n}"}],
+                    extra_headers=headers,
+                )  # fmt: skip
+                assert r.parse().choices[0].message.content is not None
+                answered.append((agent, r.headers.get("x-metaclaw-adapter")))
             except Exception as e:  # noqa: BLE001 - every failure is reported
                 errors.append(repr(e))
             n += 1
 
-    threads = [threading.Thread(target=chat, args=(i,)) for i in range(4)]
+    threads = [threading.Thread(target=chat, args=(i, agents[i % len(agents)])) for i in range(4)]
     for t in threads:
         t.start()
     try:
-        out = cli(service, "rollback", "1")
+        out = cli(service, "rollback", *args)
     finally:
         stop.set()
         for t in threads:
             t.join(120)
+    return out, errors, answered
+
+
+def test_rollback_under_concurrent_requests_fails_none(service):
+    out, errors, answered = rollback_under_load(service, (None,), "1")
     assert out.returncode == 0, out.stderr
     assert "serving step-000001" in out.stdout and "training paused" in out.stdout
-    assert errors == [] and len(done) >= 8
+    assert errors == [] and len(answered) >= 8
     models = httpx.get(f"{service.server_url}/v1/models", timeout=10).json()["data"]
     served = next(m for m in models if m["id"] == "policy")
     assert served["root"].endswith("step-000001")
@@ -186,34 +196,8 @@ def _served(server_url: str) -> dict[str, str]:
 
 
 def test_agent_rollback_under_concurrent_requests_repoints_only_that_agent(service):
-    client = openai.OpenAI(base_url=f"{service.url}/v1", api_key=KEY, max_retries=0, timeout=120)
-    stop, errors, answered = threading.Event(), [], []
     default_before = _served(service.server_url)["policy"]
-
-    def chat(i: int, agent: str | None) -> None:
-        n = 0
-        while not stop.is_set() or n < 2:
-            try:
-                headers = {"X-Session-Id": f"rb{i}-{n}"} | ({"X-Agent-Id": agent} if agent else {})
-                r = client.chat.completions.with_raw_response.create(
-                    model="metaclaw", max_tokens=4, messages=[{"role": "user", "content": f"hi {i}-{n}"}],
-                    extra_headers=headers,
-                )  # fmt: skip
-                assert r.parse().choices[0].message.content is not None
-                answered.append((agent, r.headers.get("x-metaclaw-adapter")))
-            except Exception as e:  # noqa: BLE001 - every failure is reported
-                errors.append(repr(e))
-            n += 1
-
-    threads = [threading.Thread(target=chat, args=(i, ("alice", None)[i % 2])) for i in range(4)]
-    for t in threads:
-        t.start()
-    try:
-        out = cli(service, "rollback", "3", "--agent", "alice")
-    finally:
-        stop.set()
-        for t in threads:
-            t.join(120)
+    out, errors, answered = rollback_under_load(service, ("alice", None), "3", "--agent", "alice")
     assert out.returncode == 0, out.stderr
     assert "serving step-000003 for agent alice (policy:alice)" in out.stdout and "training paused" in out.stdout
     assert errors == [] and len(answered) >= 8
@@ -222,6 +206,7 @@ def test_agent_rollback_under_concurrent_requests_repoints_only_that_agent(servi
     served = _served(service.server_url)
     assert served["policy:alice"].endswith("agents/alice/step-000003")
     assert served["policy"] == default_before  # the default agent's adapter is untouched
+    client = openai.OpenAI(base_url=f"{service.url}/v1", api_key=KEY, max_retries=0, timeout=120)
     after = client.chat.completions.with_raw_response.create(
         model="metaclaw", max_tokens=2, messages=[{"role": "user", "content": "again"}],
         extra_headers={"X-Agent-Id": "alice", "X-Session-Id": "after"},

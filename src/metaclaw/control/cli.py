@@ -39,6 +39,8 @@ def resolve_url(url: str | None, run_dir: str | None) -> str:
 def format_eval(record: dict[str, Any]) -> str:
     """One `eval.jsonl` record on a line: step, adapter, its scalar figures, the gate's decision."""
     head = f"step {record.get('step', '?')}" + (f" ({record['adapter']})" if record.get("adapter") else "")
+    if record.get("agent_id") not in (None, "default"):  # another agent's own adapter (docs/agents.md)
+        head = f"agent {record['agent_id']} {head}"
     scalars = {k: v for k, v in record.items() if isinstance(v, int | float) and not isinstance(v, bool)}
     figures = [f"{k}={v:.3g}" if isinstance(v, float) else f"{k}={v}" for k, v in scalars.items()
                if k not in ("step", "time")]  # fmt: skip
