@@ -106,7 +106,7 @@ def train(cfg: DictConfig) -> tuple[dict[str, Any], dict[str, Any]]:
     if agents.many or ungated:  # batches hold one adapter's samples; each adapter is published on its own
         datamodule.partition = agents.adapter_of
         publisher.agents = AgentPublishing(agents, publisher) if agents.many else None
-    if ungated:  # mode=auto with `rl` agents: their adapters step outside training windows too
+    if ungated:  # a scheduler with `rl` agents: their adapters step outside training windows too
         datamodule.window_open, datamodule.always_adapters = (lambda: scheduler.refresh().open), ungated
         scheduler.ungated = ungated
     # Live evaluation and the publish gate: rank 0 only (it is the one that serves and hot-loads).
