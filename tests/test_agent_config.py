@@ -33,7 +33,6 @@ def test_vllm_max_loras_is_sized_for_every_agent_adapter(tmp_path):
     [
         (["+agents.alice.mode=sometimes"], "agents.alice.mode"),
         (["mode=skills_only", "+agents.alice.mode=rl"], "agents.alice.mode=rl"),
-        (["+agents.alice.mode=auto"], "agents.alice.mode=auto"),
         (["+agents.alice.mood=rl"], "agents.alice"),
         (["+agents.alice.mode=rl", "devices.strategy=fsdp"], "devices.strategy=fsdp"),
     ],

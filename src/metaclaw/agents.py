@@ -116,11 +116,20 @@ class AgentProfiles:
         """Whether any agent has an adapter of its own (else everything is exactly the single-agent path)."""
         return bool(self.own_adapters)
 
+    def needs_scheduler(self, run_mode: str) -> bool:
+        """Whether the run has training windows: `mode=auto`, or an `auto` agent in a `mode=rl` run."""
+        return run_mode == "auto" or (run_mode == "rl" and any(p.mode == "auto" for p in self.profiles))
+
     def ungated_adapters(self, run_mode: str) -> set[str]:
-        """In a `mode=auto` run: the adapters of `rl` agents, which step outside training windows too."""
-        if run_mode != "auto":
+        """In a run with a scheduler: the adapters of `rl` agents, which step outside training windows too."""
+        if not self.needs_scheduler(run_mode):
             return set()
-        return {p.adapter for p in [self.default, *self.listed.values()] if p.mode == "rl"}
+        return {p.adapter for p in self.profiles if p.mode == "rl"}
+
+    @property
+    def profiles(self) -> list[AgentProfile]:
+        """The default profile, then the listed ones."""
+        return [self.default, *self.listed.values()]
 
     def by_adapter(self, adapter: str) -> AgentProfile:
         return self.default if adapter == DEFAULT_ADAPTER else self.listed[adapter]
@@ -148,19 +157,15 @@ def _mode(spec: dict[str, Any], agent_id: str) -> str:
 def check_agent_modes(profiles: AgentProfiles, run_mode: str) -> None:
     """Per-agent modes the run can honour.
 
-    A run with `mode=skills_only` loads no policy, so no agent can train. `auto` needs the run's scheduler
-    (`mode=auto`): there, `auto` agents step only inside training windows and `rl` agents whenever their samples
-    are ready; a `mode=rl` run has no scheduler, so its agents are `rl` or `skills_only`.
+    A run with `mode=skills_only` loads no policy, so no agent can train. `auto` agents step only inside the
+    training windows of the run's scheduler (the `scheduler` config node); `rl` agents step whenever their
+    samples are ready. A `mode=rl` run with an `auto` agent gets the scheduler for that agent's sake
+    (`needs_scheduler`), and its `rl` agents, the default one included, never wait for a window.
     """
-    for p in [profiles.default, *profiles.listed.values()]:
+    for p in profiles.profiles:
         field = f"agents.{p.name}.mode"
         if run_mode == "skills_only" and p.trains:
             raise ValueError(f"{field}={p.mode} needs a training run, but mode=skills_only loads no policy")
-        if p.mode == "auto" and run_mode != "auto":
-            raise ValueError(
-                f"{field}=auto needs the scheduler of a mode=auto run (this run has mode={run_mode}); "
-                "use mode=auto for the run (rl agents then still train outside windows)"
-            )
 
 
 def size_max_loras(cfg: Any, profiles: AgentProfiles) -> None:

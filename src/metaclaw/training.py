@@ -41,6 +41,15 @@ def build_callbacks(cfg: DictConfig) -> list:
     return [instantiate(c) for c in (cfg.get("callbacks") or {}).values() if c]
 
 
+def build_scheduler(cfg: DictConfig, agents: AgentProfiles) -> Any:
+    """The run's `IdleScheduler`: `mode.scheduler` (mode=auto), or, in a mode=rl run with `auto` agents, the
+    `scheduler` node, whose windows then gate only those agents' adapters (docs/agents.md)."""
+    node = cfg.mode.get("scheduler")
+    if not node and agents.needs_scheduler(cfg.mode.name):
+        node = cfg.get("scheduler")
+    return instantiate(node) if node else None
+
+
 def prepare_store(cfg: DictConfig, tokenizer, policy) -> SampleStore:
     """Open the run's store; fill it from `rollout.seed_file` when it is empty (first run, not a resume).
 
@@ -87,7 +96,7 @@ def train(cfg: DictConfig) -> tuple[dict[str, Any], dict[str, Any]]:
     )
     publisher = instantiate(cfg.publish)
     health = instantiate(cfg.health) if cfg.get("health") else None
-    scheduler = instantiate(cfg.mode.scheduler) if cfg.mode.get("scheduler") else None
+    scheduler = build_scheduler(cfg, agents)
     control = build_control(cfg, store, scheduler)  # `python -m metaclaw status|pause|...` on the proxy's port
     stop = StopController(cfg.get("stop", {}).get("on_signal", "finish"))
     datamodule.should_stop = stop.should_stop
@@ -97,7 +106,7 @@ def train(cfg: DictConfig) -> tuple[dict[str, Any], dict[str, Any]]:
     if agents.many or ungated:  # batches hold one adapter's samples; each adapter is published on its own
         datamodule.partition = agents.adapter_of
         publisher.agents = AgentPublishing(agents, publisher) if agents.many else None
-    if ungated:  # mode=auto with `rl` agents: their adapters step outside training windows too
+    if ungated:  # a scheduler with `rl` agents: their adapters step outside training windows too
         datamodule.window_open, datamodule.always_adapters = (lambda: scheduler.refresh().open), ungated
         scheduler.ungated = ungated
     # Live evaluation and the publish gate: rank 0 only (it is the one that serves and hot-loads).

@@ -121,3 +121,48 @@ def test_gate_off_hot_loads_at_once_and_evaluates_on_cadence(served, tmp_path):
     finally:
         live.stop()
     assert [r["adapter"] for r in live.results] == ["step-000002"]  # every 2nd adapter
+
+
+def test_agent_gates_decide_per_agent_against_each_agents_served_adapter(served, tmp_path):
+    """Two agents, one evaluator each: alice's adapter is compared with alice's served one, the default agent's
+    with the default one; records carry `agent_id`, metrics are `eval/*` and `agent/alice/eval/*`."""
+    from types import SimpleNamespace
+
+    import httpx
+    from lightning.pytorch.loggers import CSVLogger
+
+    from metaclaw.modules.hot_load import HotLoader
+
+    url, _, good, bad = served
+    default_loader, alice_loader = (HotLoader(url, name, None, 60.0, 3) for name in ("policy", "policy:alice"))
+    live = LiveEvaluator(evaluator(url), tmp_path, base_model="tiny", gate=True, margin=0.1, server_url=url,
+                         max_pending=3)  # fmt: skip
+    live.add_agent("alice", evaluator(url))
+    live.start()  # both agents' base model first
+    try:
+        live.submit(1, good, partial(alice_loader.serve, step=1), agent="alice")  # 100% vs base 0%: served
+        live.submit(2, bad, partial(alice_loader.serve, step=2), agent="alice")  # 0% < alice's served 100%: refused
+        live.submit(2, bad, partial(default_loader.serve, step=2))  # 0% vs the default agent's served base 0%: served
+        assert live.wait(180)
+    finally:
+        live.stop()
+    rows = [json.loads(line) for line in (tmp_path / "eval.jsonl").read_text().splitlines()]
+    assert [(r["agent_id"], r["adapter"], r.get("gate", {}).get("decision")) for r in rows] == [
+        ("default", "base", None),
+        ("alice", "base", None),
+        ("alice", "step-000001", "accepted"),
+        ("alice", "step-000002", "rejected"),
+        ("default", "step-000002", "accepted"),
+    ]
+    assert (rows[3]["gate"]["served"], rows[3]["gate"]["candidate"]) == (1.0, 0.0)
+    assert (rows[4]["gate"]["served"], rows[4]["gate"]["candidate"]) == (0.0, 0.0)
+    served_now = {m["id"]: m.get("root") for m in httpx.get(f"{url}/v1/models", timeout=10).json()["data"]}
+    assert served_now["policy:alice"].endswith("step-000001") and served_now["policy"].endswith("step-000002")
+    assert alice_loader.served_version == 1 and default_loader.served_version == 2
+    assert live.tracks["alice"].counts["gate_rejected"] == 1 and live.counts["gate_rejected"] == 0
+    logger = CSVLogger(tmp_path, name="csv", version="")
+    live.flush(SimpleNamespace(loggers=[logger]))
+    logger.save()
+    header = (tmp_path / "csv" / "metrics.csv").read_text().splitlines()[0].split(",")
+    assert {"eval/compliance", "eval/gate_accepted", "agent/alice/eval/compliance"} <= set(header)
+    assert "agent/alice/eval/gate_rejected" in header and "agent/default/eval/compliance" not in header

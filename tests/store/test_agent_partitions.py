@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import threading
 
-import pytest
-
 from metaclaw.agents import AgentProfiles, check_agent_modes
 from metaclaw.datamodules.rollout import StreamingSampleDataset
 from tests.store.conftest import make
@@ -65,9 +63,38 @@ def test_agent_windows_outside_a_window_only_rl_agents_adapters_step(store):
     assert window["checked_closed"] >= 2
 
 
-def test_agent_modes_mix_rl_and_auto_only_under_a_mode_auto_run():
+def test_agent_modes_mix_rl_and_auto_under_a_scheduler():
     mixed = AgentProfiles({"default": {"mode": "auto"}, "alice": {"mode": "auto"}, "bob": {"mode": "rl"}})
     check_agent_modes(mixed, "auto")
-    assert mixed.ungated_adapters("auto") == {"bob"} and mixed.ungated_adapters("rl") == set()
-    with pytest.raises(ValueError, match=r"agents\.alice\.mode=auto needs the scheduler"):
-        check_agent_modes(AgentProfiles({"alice": {"mode": "auto"}}), "rl")
+    assert mixed.ungated_adapters("auto") == {"bob"} and mixed.needs_scheduler("auto")
+    # mode=rl with an `auto` agent: the run gets a scheduler, and its `rl` agents (the default one too) never wait
+    in_rl = AgentProfiles({"default": {"mode": "rl"}, "alice": {"mode": "auto"}, "bob": {"mode": "rl"}})
+    check_agent_modes(in_rl, "rl")
+    assert in_rl.needs_scheduler("rl") and in_rl.ungated_adapters("rl") == {"default", "bob"}
+    plain = AgentProfiles({"default": {"mode": "rl"}, "bob": {"mode": "rl"}})
+    assert not plain.needs_scheduler("rl") and plain.ungated_adapters("rl") == set()
+
+
+def test_agent_auto_in_a_mode_rl_run_trains_only_inside_windows(tmp_path):
+    """`mode=rl +agents.alice.mode=auto`: train() builds the `scheduler` node; with every window closed the
+    default agent (rl) trains and alice's samples wait, ready, for a window."""
+    from metaclaw.store import SampleStore
+    from metaclaw.training import train
+    from tests.entrypoints.test_train import compose_train
+
+    store = SampleStore(tmp_path / "samples.sqlite")
+    for i, agent in enumerate(["alice", "default", "alice", "default", "default", "default", "default", "default"]):
+        store.insert(make(agent_id=agent, status="ready", reward=1.0 if i % 2 else -1.0))
+    # closed: no sleep hours, and the user (the proxy's last request: at start) active for 30 minutes yet
+    closed = ("scheduler.sleep_start=null", "scheduler.sleep_end=null", "scheduler.idle_source=proxy",
+              "scheduler.poll_s=0.1")  # fmt: skip
+    cfg = compose_train(tmp_path, "mode=rl", "+agents.alice.mode=auto", "data.batch_size=2",
+                        "rollout.wait_timeout_s=1", "trainer.max_steps=2", *closed)  # fmt: skip
+    metrics, objs = train(cfg)
+    assert metrics["train/global_step"] == 2
+    assert objs["scheduler"] is not None and objs["scheduler"].ungated == {"default"}
+    assert not objs["scheduler"].refresh().open
+    trained = {s.agent_id for s in store.select() if s.status == "consumed"}
+    assert trained == {"default"}
+    assert all(s.status == "ready" for s in store.select(agent_id="alice"))
+    assert not (tmp_path / "adapters" / "agents" / "alice").exists()

@@ -12,9 +12,10 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from metaclaw.agents import check_agent_id
 from metaclaw.control.plane import ControlError, ControlPlane
 from metaclaw.serving.security import BearerAuthMiddleware, BodySizeLimitMiddleware, send_json_error
 
@@ -29,6 +30,12 @@ class TrainNowBody(BaseModel):
 class RollbackBody(BaseModel):
     model_config = ConfigDict(extra="forbid")
     step: int = Field(ge=0, le=10**9)
+    agent: str | None = None  # whose own adapter (None: the default one); the agent-id rule applies
+
+    @field_validator("agent")
+    @classmethod
+    def _agent_id(cls, v: str | None) -> str | None:
+        return None if v is None else check_agent_id(v, "agent")
 
 
 def _error(status: int, message: str) -> JSONResponse:
@@ -69,7 +76,7 @@ def create_control_app(plane: ControlPlane) -> FastAPI:
 
     @app.post("/control/rollback")
     async def rollback(body: RollbackBody) -> dict[str, Any]:
-        return await run(plane.rollback, body.step)
+        return await run(plane.rollback, body.step, body.agent)
 
     return app
 

@@ -1,4 +1,5 @@
-"""`python -m metaclaw status|pause|resume|train-now|rollback STEP`: control the running service over loopback.
+"""`python -m metaclaw status|pause|resume|train-now|rollback STEP [--agent ID]`: control the running service over
+loopback.
 
 The service is found by `--url`, `$METACLAW_CONTROL_URL`, `--run-dir DIR` (its `control.json`), or the proxy's
 default `http://127.0.0.1:30000`; the key comes from `--key` or `$METACLAW_PROXY_API_KEY`.
@@ -38,6 +39,8 @@ def resolve_url(url: str | None, run_dir: str | None) -> str:
 def format_eval(record: dict[str, Any]) -> str:
     """One `eval.jsonl` record on a line: step, adapter, its scalar figures, the gate's decision."""
     head = f"step {record.get('step', '?')}" + (f" ({record['adapter']})" if record.get("adapter") else "")
+    if record.get("agent_id") not in (None, "default"):  # another agent's own adapter (docs/agents.md)
+        head = f"agent {record['agent_id']} {head}"
     scalars = {k: v for k, v in record.items() if isinstance(v, int | float) and not isinstance(v, bool)}
     figures = [f"{k}={v:.3g}" if isinstance(v, float) else f"{k}={v}" for k, v in scalars.items()
                if k not in ("step", "time")]  # fmt: skip
@@ -64,12 +67,12 @@ def format_status(s: dict[str, Any]) -> str:
     by_status = ", ".join(f"{k} {v}" for k, v in counts.items())
     lines.append(f"samples:       {s.get('samples_waiting')} waiting ({by_status})")
     lines.append(f"steps done:    {s.get('steps_done')}")
-    a = s.get("served_adapter") or {}
-    served = Path(a["path"]).name if a.get("path") else "base model (no adapter yet)"
-    version = f", version {a['adapter_version']}" if a.get("adapter_version") is not None else ""
-    lines.append(f"serving:       {served}{version} [{a.get('source')}]")
+    lines.append(f"serving:       {_served(s.get('served_adapter') or {})}")
+    for agent, a in (s.get("agents") or {}).items():  # agents with adapters of their own (docs/agents.md)
+        lines.append(f"  agent {agent}: {_served(a)}")
     if s.get("rollback_step") is not None:
-        lines.append(f"rolled back:   to step {s['rollback_step']}")
+        whose = f" (agent {s['rollback_agent']})" if s.get("rollback_agent") else ""
+        lines.append(f"rolled back:   to step {s['rollback_step']}{whose}")
     evals = s.get("eval") or []
     if evals:
         lines.append("recent eval:")
@@ -77,6 +80,14 @@ def format_status(s: dict[str, Any]) -> str:
     else:
         lines.append("recent eval:   none (no eval.jsonl yet)")
     return "\n".join(lines)
+
+
+def _served(a: dict[str, Any]) -> str:
+    """One served adapter: its folder, version, served name and where the figure comes from."""
+    served = Path(a["path"]).name if a.get("path") else "base model (no adapter yet)"
+    version = f", version {a['adapter_version']}" if a.get("adapter_version") is not None else ""
+    name = f" as {a['name']}" if a.get("name") and a["name"] != "policy" else ""
+    return f"{served}{version}{name} [{a.get('source')}]"
 
 
 def _common(parser: argparse.ArgumentParser, default: Any) -> None:
@@ -102,6 +113,7 @@ def main(argv: list[str] | None = None) -> int:
     tn.add_argument("--minutes", type=float, default=None, help="how long (default: scheduler.train_now_minutes)")
     rb = sub.add_parser("rollback", parents=[common], help="serve an earlier step's adapter again (pauses training)")
     rb.add_argument("step", type=int)
+    rb.add_argument("--agent", default=None, help="roll back this agent's own adapter (default: the default one)")
     args = parser.parse_args(argv)
     args.key = args.key or os.environ.get("METACLAW_PROXY_API_KEY")
     args.timeout = args.timeout or 90.0
@@ -114,7 +126,7 @@ def main(argv: list[str] | None = None) -> int:
     elif args.command == "train-now":
         body = {"minutes": args.minutes} if args.minutes is not None else {}
     elif args.command == "rollback":
-        body = {"step": args.step}
+        body = {"step": args.step} | ({"agent": args.agent} if args.agent is not None else {})
     try:
         r = httpx.request(method, f"{url}/control/{args.command}", json=body, headers=headers, timeout=args.timeout)
     except httpx.HTTPError as e:

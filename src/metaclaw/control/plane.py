@@ -3,6 +3,9 @@
 It reads the live state (scheduler window, sample counts, steps, the served adapter, recent eval figures)
 and changes it (pause / resume / train-now through the scheduler; rollback re-points the policy server's
 adapter to an earlier step's directory with `/v1/load_lora_adapter`, which swaps atomically under load).
+
+Many agents (docs/agents.md): `status` lists every agent's served adapter; `rollback STEP --agent ID` re-points
+that agent's own adapter (`policy:<id>`, from `adapters/agents/<id>/step-N`) and leaves the others as they are.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ from typing import Any
 
 import httpx
 
+from metaclaw.agents import DEFAULT_PROFILE, AgentProfile, AgentProfiles
 from metaclaw.serving.client import load_adapter
 from metaclaw.store import SampleStore
 from metaclaw.wire import ADAPTER_CONFIG, bearer_headers
@@ -64,6 +68,8 @@ class ControlPlane:
         server_api_key: the policy server's key (for `/v1/load_lora_adapter`).
         eval_tail: how many recent `eval.jsonl` records `status` shows.
         timeout_s: how long an adapter load may take.
+        agents: the run's agent profiles (None: the default agent only); agents with adapters of their own can
+            be rolled back one by one and are listed by `status`.
     """
 
     def __init__(
@@ -76,8 +82,10 @@ class ControlPlane:
         eval_tail: int = 3,
         timeout_s: float = 60.0,
         api_key: str | None = None,
+        agents: AgentProfiles | None = None,
     ) -> None:
         self.run_dir, self.store, self.scheduler, self.api_key = Path(run_dir), store, scheduler, api_key
+        self.agents = agents or AgentProfiles(lora_name=lora_name)
         self.lora_name, self.server_api_key, self.eval_tail, self.timeout_s = (
             lora_name, server_api_key, eval_tail, timeout_s)  # fmt: skip
         self.server_url: str | None = None  # set once the policy server is up
@@ -111,28 +119,44 @@ class ControlPlane:
         return path
 
     # ---- reads --------------------------------------------------------------------------------------------
-    def _latest(self) -> dict[str, Any] | None:
+    def _latest(self, folder: Path | None = None) -> dict[str, Any] | None:
         try:
-            latest = json.loads((self.run_dir / "adapters" / "latest.json").read_text())
+            latest = json.loads(((folder or self.run_dir / "adapters") / "latest.json").read_text())
         except (OSError, json.JSONDecodeError):
             return None
         return {"version": latest.get("version"), "path": latest.get("path")} if isinstance(latest, dict) else None
 
-    def served_adapter(self) -> dict[str, Any]:
-        """What the policy server serves under `lora_name` (asked live; the last published one otherwise)."""
+    def _own(self) -> list[AgentProfile]:
+        """The profiles with an adapter of their own: the default one first."""
+        return [self.agents.default, *(p for p in self.agents.listed.values() if p.trains)]
+
+    def served_adapters(self) -> dict[str, dict[str, Any]]:
+        """What the policy server serves for each agent with an adapter (asked live; else the last published)."""
+        cards: dict[str, dict[str, Any]] | None = None
         if self.server_url:
             try:
                 r = httpx.get(f"{self.server_url}/v1/models", headers=self._headers(), timeout=5)
                 r.raise_for_status()
-                for card in r.json().get("data", []):
-                    if card.get("id") == self.lora_name:
-                        return {"name": self.lora_name, "path": card.get("root"),
-                                "adapter_version": card.get("adapter_version"), "source": "policy server"}  # fmt: skip
-                return {"name": self.lora_name, "path": None, "source": "policy server (base model only)"}
+                cards = {c.get("id"): c for c in r.json().get("data", []) if isinstance(c, dict)}
             except (httpx.HTTPError, ValueError) as e:
                 log.warning("Control: policy server did not list its adapters: %s", e)
-        latest = self._latest()
-        return {"name": self.lora_name, **(latest or {"path": None}), "source": "last published"}
+        out = {}
+        for p in self._own():
+            name = p.lora_name
+            if cards is None:
+                latest = self._latest(self.agents.adapter_dir(self.run_dir, p.adapter))
+                out[p.name] = {"name": name, **(latest or {"path": None}), "source": "last published"}
+            elif name in cards:
+                card = cards[name]
+                out[p.name] = {"name": name, "path": card.get("root"), "adapter_version": card.get("adapter_version"),
+                               "source": "policy server"}  # fmt: skip
+            else:
+                out[p.name] = {"name": name, "path": None, "source": "policy server (base model only)"}
+        return out
+
+    def served_adapter(self) -> dict[str, Any]:
+        """What the policy server serves under `lora_name` (the default agent's adapter)."""
+        return self.served_adapters()[DEFAULT_PROFILE]
 
     def steps_done(self) -> int | None:
         if self.trainer is not None:
@@ -141,15 +165,18 @@ class ControlPlane:
         return latest.get("version") if latest else None
 
     def status(self) -> dict[str, Any]:
-        rollback = self.scheduler.state.rollback_step if self.scheduler is not None else None
+        state = self.scheduler.state if self.scheduler is not None else None
+        served = self.served_adapters()
         return {
             "window": self.scheduler.status() if self.scheduler is not None else {
                 "open": True, "reasons": ["no scheduler in this mode: always open"], "next_window": None},
             "samples": self.store.counts() if self.store is not None else None,
             "samples_waiting": self.store.count("ready") if self.store is not None else None,
             "steps_done": self.steps_done(),
-            "served_adapter": self.served_adapter(),
-            "rollback_step": rollback,
+            "served_adapter": served.pop(DEFAULT_PROFILE),
+            "agents": served,  # every other agent with an adapter of its own: {id: served adapter}
+            "rollback_step": state and state.rollback_step,
+            "rollback_agent": state and state.rollback_agent,
             "eval": tail_jsonl(self.run_dir / "eval.jsonl", self.eval_tail),
         }  # fmt: skip
 
@@ -172,39 +199,61 @@ class ControlPlane:
         until = self._need_scheduler("train-now").train_now(minutes)
         return {"train_now_until": until.isoformat(), "message": f"training window open until {until:%H:%M %Z}"}
 
-    def available_steps(self) -> list[int]:
+    def adapter_of(self, agent: str | None) -> tuple[AgentProfile, Path]:
+        """The profile and adapter folder `rollback --agent` acts on (None or `default`: the default adapter).
+
+        Raises:
+            ControlError: 404 naming the agent when it has no adapter of its own (not listed, or skills_only).
+        """
+        if agent is None or agent == DEFAULT_PROFILE:
+            profile = self.agents.default
+        else:
+            profile = self.agents.listed.get(agent)
+            if profile is None or not profile.trains:
+                own = [p.name for p in self._own()]
+                why = "is not listed under `agents`" if profile is None else f"is {profile.mode}"
+                raise ControlError(404, f"agent {agent!r} has no adapter of its own (it {why}); agents with "
+                                        f"adapters: {own}")  # fmt: skip
+        return profile, self.agents.adapter_dir(self.run_dir, profile.adapter)
+
+    def available_steps(self, folder: Path | None = None) -> list[int]:
         steps = []
-        for d in (self.run_dir / "adapters").glob("step-*"):
+        for d in (folder or self.run_dir / "adapters").glob("step-*"):
             if d.is_dir() and d.name[5:].isdigit():
                 steps.append(int(d.name[5:]))
         return sorted(steps)
 
-    def rollback(self, step: int) -> dict[str, Any]:
-        """Serve the adapter of `step` again (training pauses so the next publish does not replace it)."""
+    def rollback(self, step: int, agent: str | None = None) -> dict[str, Any]:
+        """Serve the adapter of `step` again, the default one or `agent`'s own (training pauses so the next
+        publish does not replace it)."""
         from metaclaw.modules.adapter_writer import adapter_name  # metaclaw.modules imports torch: not in the CLI
 
-        target = self.run_dir / "adapters" / adapter_name(step)
+        profile, folder = self.adapter_of(agent)
+        target = folder / adapter_name(step)
         if not (target / ADAPTER_CONFIG).exists():
-            kept = self.available_steps()
-            raise ControlError(404, f"no adapter for step {step} in {target.parent} (kept: {kept or 'none'})")
+            kept = self.available_steps(folder)
+            raise ControlError(404, f"no adapter for step {step} in {folder} (kept: {kept or 'none'})")
         if not self.server_url:
             raise ControlError(409, "no policy server to load the adapter into")
         try:
             path = str(target.resolve())
-            r = load_adapter(self.server_url, self.lora_name, path, self.server_api_key, self.timeout_s)
+            r = load_adapter(self.server_url, profile.lora_name, path, self.server_api_key, self.timeout_s)
         except httpx.HTTPError as e:
             raise ControlError(502, f"policy server unreachable: {e}") from e
         if r.status_code != 200:
             raise ControlError(502, f"policy server refused the adapter ({r.status_code}): {r.text[:300]}")
-        message = f"serving {target.name}"
+        who = "" if profile is self.agents.default else f" for agent {profile.name} ({profile.lora_name})"
+        message = f"serving {target.name}{who}"
         if self.scheduler is not None:
-            self.scheduler.record_rollback(step)
+            self.scheduler.record_rollback(step, None if profile is self.agents.default else profile.name)
             message += "; training paused (resume trains on from the latest weights and publishes them)"
+            if profile.adapter in getattr(self.scheduler, "ungated", ()):
+                message += f"; agent {profile.name} is `rl`: it steps outside windows, and its next step replaces it"
         else:
             message += "; the next published step will replace it (no scheduler to pause training)"
-        log.info("Control: rolled back to %s", target)
-        return {"step": step, "path": str(target), "adapter_version": r.json().get("adapter_version"),
-                "message": message}  # fmt: skip
+        log.info("Control: rolled back %s to %s", profile.lora_name, target)
+        return {"step": step, "agent": profile.name, "name": profile.lora_name, "path": str(target),
+                "adapter_version": r.json().get("adapter_version"), "message": message}  # fmt: skip
 
     def _headers(self) -> dict[str, str]:
         return bearer_headers(self.server_api_key)
@@ -224,4 +273,5 @@ def build_control(cfg: Any, store: SampleStore, scheduler: Any) -> ControlPlane 
         eval_tail=control.eval_tail,
         timeout_s=control.timeout_s,
         api_key=cfg.rollout.proxy.get("api_key"),
+        agents=AgentProfiles.from_config(cfg),
     )

@@ -18,6 +18,11 @@ One background thread does the work; the queue holds at most `max_pending` adapt
 waiting one when a newer arrives (counted as `eval/skipped`): training and serving never wait for it. Results
 are appended to `<run dir>/eval.jsonl` at once and logged as `eval/*` metrics from the training thread (the
 loggers are not thread-safe). At the end of training it waits up to `final_timeout_s` for the queue to drain.
+
+Many agents (docs/agents.md): each agent with an adapter of its own can have its own evaluator (`add_agent`):
+its base model baseline and adapters are scored with that agent's evaluator (its preference, its skills; or its
+held-out turns), the gate compares a candidate with that agent's served adapter, records carry `agent_id`, and
+its metrics are `agent/<id>/eval/*` (the default agent's stay `eval/*`). One thread and one queue serve them all.
 """
 
 from __future__ import annotations
@@ -28,11 +33,13 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import lightning as L
 
+from metaclaw.agents import DEFAULT_PROFILE
 from metaclaw.evaluation.evaluator import ComplianceEvaluator, EvalResult
 from metaclaw.serving.client import load_adapter
 
@@ -40,6 +47,29 @@ log = logging.getLogger(__name__)
 
 HotLoad = Callable[[Path], Any]
 TURNS, FINAL_TURNS = -1, -2  # queue markers of the judge fallback: report replaced versions / all versions
+COUNTS = ("evaluated", "skipped", "gate_accepted", "gate_rejected", "errors")
+
+
+@dataclass
+class Track:
+    """One agent's evaluation: its evaluator, the score of its served adapter, its cadence and counts."""
+
+    agent: str  # the profile whose adapter is evaluated: `default` or an agent id
+    evaluator: Any
+    served_score: float | None = None
+    seen: int = 0
+    last: tuple[int, Path] | None = None
+    queued: set[int] = field(default_factory=set)
+    counts: dict[str, int] = field(default_factory=lambda: dict.fromkeys(COUNTS, 0))
+
+    @property
+    def prefix(self) -> str:
+        """`eval/` for the default agent (the dashboards' names), `agent/<id>/eval/` for the others."""
+        return "eval/" if self.agent == DEFAULT_PROFILE else f"agent/{self.agent}/eval/"
+
+    @property
+    def by_version(self) -> bool:
+        return bool(getattr(self.evaluator, "by_version", False))
 
 
 class LiveEvaluator(L.Callback):
@@ -77,27 +107,49 @@ class LiveEvaluator(L.Callback):
     ) -> None:
         if every_n_adapters < 1 or max_pending < 1:
             raise ValueError("eval.every_n_adapters and eval.max_pending must be >= 1")
-        self.evaluator, self.run_dir, self.base_model = evaluator, Path(run_dir), base_model
+        self.run_dir, self.base_model = Path(run_dir), base_model
         self.every_n_adapters, self.gate, self.margin, self.eval_name = every_n_adapters, gate, margin, eval_name
         self.server_url, self.api_key, self.final_timeout_s = server_url, api_key, final_timeout_s
         self.max_nll_increase = max_nll_increase
         self.path = self.run_dir / "eval.jsonl"
         self.results: list[dict[str, Any]] = []
-        self.counts = {"evaluated": 0, "skipped": 0, "gate_accepted": 0, "gate_rejected": 0, "errors": 0}
-        self.served_score: float | None = None
-        self._queue: deque[tuple[int, Path | None, HotLoad | None]] = deque()
+        self.tracks: dict[str, Track] = {DEFAULT_PROFILE: Track(DEFAULT_PROFILE, evaluator)}
+        self._queue: deque[tuple[str, int, Path | None, HotLoad | None]] = deque()
         self._max_pending = max_pending
         self._unlogged: list[tuple[int, dict[str, float]]] = []
         self._cond = threading.Condition()
         self._busy = False
         self._stop = False
         self._thread: threading.Thread | None = None
-        self._seen = 0
-        self._last: tuple[int, Path] | None = None
-        self._queued_steps: set[int] = set()
         self.before_final_wait: Callable[[], Any] | None = None  # e.g. stop the simulated user first
 
     # ---- wiring ---------------------------------------------------------------------------------------------
+    @property
+    def evaluator(self) -> Any:
+        """The default agent's evaluator."""
+        return self.tracks[DEFAULT_PROFILE].evaluator
+
+    @evaluator.setter
+    def evaluator(self, value: Any) -> None:
+        self.tracks[DEFAULT_PROFILE].evaluator = value
+
+    @property
+    def counts(self) -> dict[str, int]:
+        """The default agent's counts (each agent's are in `tracks[id].counts`)."""
+        return self.tracks[DEFAULT_PROFILE].counts
+
+    @property
+    def served_score(self) -> float | None:
+        return self.tracks[DEFAULT_PROFILE].served_score
+
+    def add_agent(self, agent: str, evaluator: Any) -> None:
+        """Evaluate (and, with the gate, release) `agent`'s own adapter with `evaluator`; `default` replaces the
+        default agent's evaluator."""
+        if agent == DEFAULT_PROFILE:
+            self.evaluator = evaluator
+        else:
+            self.tracks[agent] = Track(agent, evaluator)
+
     def bind(
         self, server_url: str, evaluator: ComplianceEvaluator | None = None, api_key: str | None = None
     ) -> None:
@@ -109,43 +161,51 @@ class LiveEvaluator(L.Callback):
             self.evaluator = evaluator
 
     def start(self, baseline: bool = True) -> LiveEvaluator:
-        """Start the worker; with `baseline`, the base model is evaluated first (step 0)."""
-        if self.evaluator is None:
+        """Start the worker; with `baseline`, the base model is evaluated first (step 0), for every agent."""
+        if all(t.evaluator is None for t in self.tracks.values()):
             raise RuntimeError("LiveEvaluator has no evaluator: bind one before start()")
         if self._thread is None:
             self._thread = threading.Thread(target=self._run, name="live-evaluator", daemon=True)
             self._thread.start()
-        if baseline and not self.by_version:
-            self._put(0, None, None)
+        for track in self.tracks.values():
+            if baseline and track.evaluator is not None and not track.by_version:
+                self._put(track.agent, 0, None, None)
         return self
 
     @property
     def by_version(self) -> bool:
         """The judge fallback: served versions' held-out turns, not candidates sampled on held-out prompts."""
-        return bool(getattr(self.evaluator, "by_version", False))
+        return any(t.by_version for t in self.tracks.values())
 
     # ---- the publisher's hook -------------------------------------------------------------------------------
-    def submit(self, step: int, path: Path, hot_load: HotLoad) -> None:
-        """A new adapter was written: hot-load it now (gate off) or after it passed evaluation (gate on)."""
-        self._seen += 1
-        self._last = (step, path)
+    def submit(self, step: int, path: Path, hot_load: HotLoad, agent: str = DEFAULT_PROFILE) -> None:
+        """`agent`'s new adapter was written: hot-load it now (gate off) or after it passed evaluation (gate on).
+
+        An agent without an evaluator of its own is served at once and not evaluated."""
+        track = self.tracks.get(agent)
+        if track is None or track.evaluator is None:
+            hot_load(path)
+            return
+        track.seen += 1
+        track.last = (step, path)
         if not self.gate:
             hot_load(path)
-            if self.by_version:
-                self._put(TURNS, None, None)
-            elif self.evaluator is not None and self._seen % self.every_n_adapters == 0:
-                self._put(step, path, None)
+            if track.by_version:
+                self._put(agent, TURNS, None, None)
+            elif track.evaluator is not None and track.seen % self.every_n_adapters == 0:
+                self._put(agent, step, path, None)
             return
-        self._put(step, path, hot_load)
+        self._put(agent, step, path, hot_load)
 
-    def _put(self, step: int, path: Path | None, hot_load: HotLoad | None) -> None:
-        with self._cond:
-            while len(self._queue) >= self._max_pending:
-                dropped = self._queue.popleft()
-                self.counts["skipped"] += 1
-                log.info("Eval: skipping adapter v%d (a newer one is waiting)", dropped[0])
-            self._queue.append((step, path, hot_load))
-            self._queued_steps.add(step)
+    def _put(self, agent: str, step: int, path: Path | None, hot_load: HotLoad | None) -> None:
+        with self._cond:  # at most `max_pending` waiting per agent: its oldest waiting one is dropped
+            while sum(item[0] == agent for item in self._queue) >= self._max_pending:
+                dropped = next(item for item in self._queue if item[0] == agent)
+                self._queue.remove(dropped)
+                self.tracks[agent].counts["skipped"] += 1
+                log.info("Eval: skipping %s adapter v%d (a newer one is waiting)", agent, dropped[1])
+            self._queue.append((agent, step, path, hot_load))
+            self.tracks[agent].queued.add(step)
             self._cond.notify_all()
 
     # ---- worker ---------------------------------------------------------------------------------------------
@@ -158,13 +218,14 @@ class LiveEvaluator(L.Callback):
                     return
                 item = self._queue.popleft()
                 self._busy = True
+            track = self.tracks[item[0]]
             try:
-                self._evaluate(*item)
+                self._evaluate(track, *item[1:])
             except Exception as e:  # noqa: BLE001 - evaluation never takes training down; said loudly
-                self.counts["errors"] += 1
-                log.warning("Eval of adapter v%d failed: %r", item[0], e)
-                if item[2] is not None:  # gate: an adapter that could not be evaluated is not served
-                    log.warning("Gate: adapter v%d not hot-swapped (evaluation failed)", item[0])
+                track.counts["errors"] += 1
+                log.warning("Eval of %s adapter v%d failed: %r", track.agent, item[1], e)
+                if item[3] is not None:  # gate: an adapter that could not be evaluated is not served
+                    log.warning("Gate: %s adapter v%d not hot-swapped (evaluation failed)", track.agent, item[1])
             finally:
                 with self._cond:
                     self._busy = False
@@ -173,42 +234,47 @@ class LiveEvaluator(L.Callback):
     def _load_candidate(self, path: Path) -> None:
         load_adapter(self.server_url, self.eval_name, str(path.resolve()), self.api_key, 60.0).raise_for_status()
 
-    def _evaluate(self, step: int, path: Path | None, hot_load: HotLoad | None) -> None:
+    def _evaluate(self, track: Track, step: int, path: Path | None, hot_load: HotLoad | None) -> None:
+        evaluator = track.evaluator
         if step in (TURNS, FINAL_TURNS):
-            for version in self.evaluator.versions_due(final=step == FINAL_TURNS):
-                self._report(version, "base" if version == 0 else f"v{version}", self.evaluator.score_version(version))
+            for version in evaluator.versions_due(final=step == FINAL_TURNS):
+                label = "base" if version == 0 else f"v{version}"
+                self._report(track, version, label, evaluator.score_version(version))
             return
         if path is None:
-            result = self.evaluator.score(self.base_model)
+            result = evaluator.score(self.base_model)
         else:
             self._load_candidate(path)
-            result = self.evaluator.score(self.eval_name)
+            result = evaluator.score(self.eval_name)
         gate = None
         if path is None:
-            self.served_score = result.compliance if self.served_score is None else self.served_score
+            track.served_score = result.compliance if track.served_score is None else track.served_score
         elif hot_load is not None:
-            gate = self._decide(step, path, result, hot_load)
-        self._report(step, path.name if path else "base", result, gate)
+            gate = self._decide(track, step, path, result, hot_load)
+        self._report(track, step, path.name if path else "base", result, gate)
 
-    def _report(self, step: int, adapter: str, result: EvalResult, gate: dict[str, Any] | None = None) -> None:
+    def _report(
+        self, track: Track, step: int, adapter: str, result: EvalResult, gate: dict[str, Any] | None = None
+    ) -> None:
         """Append the record to eval.jsonl, queue its metrics for the training thread, log a line."""
-        record: dict[str, Any] = {"step": step, "adapter": adapter, "time": time.time()}
+        record: dict[str, Any] = {"step": step, "adapter": adapter, "agent_id": track.agent, "time": time.time()}
         record.update({k: v for k, v in result.as_dict().items() if k != "model"})
         if gate is not None:
             record["gate"] = gate
-        self.counts["evaluated"] += 1
-        record["counts"] = dict(self.counts)
+        track.counts["evaluated"] += 1
+        record["counts"] = dict(track.counts)
         self._append(record)
-        metrics = {"eval/compliance": result.compliance, "eval/n": float(result.n), "eval/errors": float(result.errors)}
-        metrics.update({f"eval/fail_{k}": v for k, v in result.failures.items()})
+        figures = {"compliance": result.compliance, "n": float(result.n), "errors": float(result.errors)}
+        figures.update({f"fail_{k}": v for k, v in result.failures.items()})
         quality = {k: getattr(result, k) for k in ("nll", "fluent", "good", "distinct_2", "distinct_replies", "junk")}
         quality["reward"] = result.reward
-        metrics.update({f"eval/{k}": float(v) for k, v in quality.items() if v is not None})
-        metrics.update({f"eval/{k}": float(v) for k, v in self.counts.items()})
+        figures.update({k: float(v) for k, v in quality.items() if v is not None})
+        figures.update({k: float(v) for k, v in track.counts.items()})
         with self._cond:
-            self._unlogged.append((step, metrics))
+            self._unlogged.append((step, {f"{track.prefix}{k}": v for k, v in figures.items()}))
         log.info(
-            "Eval %s: held-out compliance %.0f%%, good %s, base NLL %s (%d replies, %.0fs)%s",
+            "Eval %s%s: held-out compliance %.0f%%, good %s, base NLL %s (%d replies, %.0fs)%s",
+            "" if track.agent == DEFAULT_PROFILE else f"agent {track.agent} ",
             record["adapter"],
             100 * result.compliance,
             "-" if result.good is None else f"{100 * result.good:.0f}%",
@@ -218,12 +284,13 @@ class LiveEvaluator(L.Callback):
             f" gate: {record['gate']['decision']}" if "gate" in record else "",
         )
 
-    def _decide(self, step: int, path: Path, result: EvalResult, hot_load: HotLoad) -> dict[str, Any]:
-        served = self.served_score
+    def _decide(self, track: Track, step: int, path: Path, result: EvalResult, hot_load: HotLoad) -> dict[str, Any]:
+        """Serve `path` when it is no worse than `track`'s served adapter (and its replies did not collapse)."""
+        served = track.served_score
         if served is None:  # nothing measured yet: measure the base model first
-            served = self.served_score = self.evaluator.score(self.base_model).compliance
+            served = track.served_score = track.evaluator.score(self.base_model).compliance
         decision: dict[str, Any] = {"served": served, "candidate": result.compliance}
-        reference = getattr(self.evaluator, "reference_nll", None)
+        reference = getattr(track.evaluator, "reference_nll", None)
         if self.max_nll_increase is not None and reference is not None and result.nll is not None:
             decision.update(base_nll=reference, candidate_nll=result.nll)
         reasons = []
@@ -234,13 +301,14 @@ class LiveEvaluator(L.Callback):
                 f"quality collapsed: base NLL {result.nll:.2f} > base model's {reference:.2f} + {self.max_nll_increase}"
             )
         if reasons:
-            self.counts["gate_rejected"] += 1
+            track.counts["gate_rejected"] += 1
             why = "; ".join(reasons)
-            log.warning("Gate: adapter v%d refused (%s): kept on disk at %s, not served", step, why, path)
+            log.warning("Gate: %s adapter v%d refused (%s): kept on disk at %s, not served", track.agent, step, why,
+                        path)  # fmt: skip
             return {"decision": "rejected", **decision, "reasons": reasons}
         hot_load(path)
-        self.counts["gate_accepted"] += 1
-        self.served_score = result.compliance
+        track.counts["gate_accepted"] += 1
+        track.served_score = result.compliance
         return {"decision": "accepted", **decision}
 
     def _append(self, record: dict[str, Any]) -> None:
@@ -264,10 +332,11 @@ class LiveEvaluator(L.Callback):
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if self.before_final_wait is not None:
             self.before_final_wait()
-        if self.by_version:
-            self._put(FINAL_TURNS, None, None)
-        elif self._last is not None and self._last[0] not in self._queued_steps and self.evaluator is not None:
-            self._put(*self._last, None)  # the final adapter is always measured (it is already served)
+        for track in self.tracks.values():
+            if track.by_version:
+                self._put(track.agent, FINAL_TURNS, None, None)
+            elif track.last is not None and track.last[0] not in track.queued and track.evaluator is not None:
+                self._put(track.agent, *track.last, None)  # the final adapter is always measured (already served)
         self.wait(self.final_timeout_s)
         self.flush(trainer)
         for lg in trainer.loggers:

@@ -1,6 +1,9 @@
 """The run's learning summary: held-out compliance and reply quality (good replies, the base model's NLL per
 token) of the base model and after each adapter, as text, JSON (`<run dir>/summary.json`) and a PNG curve
-(`<run dir>/compliance.png`)."""
+(`<run dir>/compliance.png`).
+
+Many agents (docs/agents.md): records carry `agent_id`; each agent gets its own table, its own entry under
+`summary["agents"]` and its own panel in the plot. The top-level figures stay the default agent's."""
 
 from __future__ import annotations
 
@@ -13,15 +16,27 @@ from metaclaw.store import SampleStore
 QUALITY_KEYS = ("good", "nll", "nll_threshold", "fluent", "junk", "distinct_2")
 
 
-def plot_curve(points: list[dict[str, Any]], path: Path, title: str) -> Path:
+def plot_curve(points: list[dict[str, Any]] | dict[str, list[dict[str, Any]]], path: Path, title: str) -> Path:
     """Compliance and good replies (%) against the adapter's optimizer step (the base model is step 0); the
-    base model's NLL per token of the replies on a second axis."""
+    base model's NLL per token of the replies on a second axis. `{agent: points}`: one panel per agent."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(6.4, 3.8), dpi=110)
+    curves = points if isinstance(points, dict) else {"": points}
+    fig, axes = plt.subplots(len(curves), 1, figsize=(6.4, 3.8 * len(curves)), dpi=110, squeeze=False)
+    for ax, (agent, pts) in zip(axes[:, 0], curves.items(), strict=True):
+        _draw(ax, pts, f"agent {agent}: {title}" if agent else title)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path)
+    plt.close(fig)
+    return path
+
+
+def _draw(ax: Any, points: list[dict[str, Any]], title: str) -> None:
+    """One panel: compliance, good replies and the replies' base NLL of one agent's evaluations."""
     xs = [p["step"] for p in points]
     ax.plot(xs, [100 * p["compliance"] for p in points], marker="o", label="complies")
     good = [(x, 100 * p["good"]) for x, p in zip(xs, points, strict=True) if p.get("good") is not None]
@@ -45,11 +60,18 @@ def plot_curve(points: list[dict[str, Any]], path: Path, title: str) -> Path:
         h2, l2 = ax2.get_legend_handles_labels()
         handles, labels = handles + h2, labels + l2
     ax.legend(handles, labels, loc="best", fontsize=7)
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path)
-    plt.close(fig)
-    return path
+
+
+def _curve(results: list[dict[str, Any]]) -> dict[str, Any]:
+    """One agent's curve and its base and final figures."""
+    keys = ("step", "adapter", "compliance", "n", *QUALITY_KEYS)
+    points = sorted(({k: r.get(k) for k in keys} for r in results), key=lambda p: p["step"])
+    base = next((p for p in points if p["adapter"] == "base"), None)
+    final = points[-1] if points and points[-1]["adapter"] != "base" else None
+    out: dict[str, Any] = {"curve": points}
+    for key in ("compliance", "good", "nll"):
+        out[f"base_{key}"], out[f"final_{key}"] = base and base[key], final and final[key]
+    return out
 
 
 def write_report(
@@ -63,26 +85,24 @@ def write_report(
 ) -> dict[str, Any]:
     """Summary dict (`text` holds the printout); writes summary.json and compliance.png into `run_dir`."""
     run_dir = Path(run_dir)
-    keys = ("step", "adapter", "compliance", "n", *QUALITY_KEYS)
-    points = sorted(({k: r.get(k) for k in keys} for r in results), key=lambda p: p["step"])
-    base = next((p for p in points if p["adapter"] == "base"), None)
-    final = points[-1] if points and points[-1]["adapter"] != "base" else None
+    by_agent: dict[str, list[dict[str, Any]]] = {}
+    for r in results:
+        by_agent.setdefault(r.get("agent_id") or "default", []).append(r)
+    curves = {agent: _curve(rs) for agent, rs in sorted(by_agent.items(), key=lambda kv: kv[0] != "default")}
+    main = curves.get("default") or next(iter(curves.values()), _curve([]))
     counts = store.counts()
     trained = counts.get("consumed", 0)
     summary: dict[str, Any] = {
-        "curve": points,
-        "base_compliance": base and base["compliance"],
-        "final_compliance": final and final["compliance"],
-        "base_good": base and base["good"],
-        "final_good": final and final["good"],
-        "base_nll": base and base["nll"],
-        "final_nll": final and final["nll"],
+        **main,
         "steps": steps,
         "samples_trained": trained,
         "store": counts,
         "wall_s": round(wall_s, 1),
         "user": user_stats or {},
     }
+    several = len(curves) > 1 or bool(curves and "default" not in curves)
+    if several:
+        summary["agents"] = curves
     judged = any(r.get("reward") is not None for r in results)  # the judge fallback: served versions' turns
     what = (
         "held-out turns per served version: complies = the judge scored the turn > 0"
@@ -96,17 +116,20 @@ def write_report(
         "base model's NLL/token of the reply within the margin of its own); junk = empty or repetitive",
         f"  {'':<22} {'complies':>8} {'good':>6} {'NLL':>6} {'junk':>5}",
     ]
-    for p in points:
-        label = "base model" if p["adapter"] == "base" else f"adapter {p['adapter']}"
-        if judged and p["adapter"] != "base":
-            label = f"served {p['adapter']}"
-        good = "-" if p.get("good") is None else f"{100 * p['good']:.0f}%"
-        nll = "-" if p.get("nll") is None else f"{p['nll']:.2f}"
-        junk = "-" if p.get("junk") is None else f"{100 * p['junk']:.0f}%"
-        lines.append(
-            f"  {label:<22} {100 * p['compliance']:7.1f}% {good:>6} {nll:>6} {junk:>5}  ({p['n']} replies)"
-        )
-    if not points:
+    for agent, curve in curves.items():
+        if several:
+            lines.append(f" agent {agent}:")
+        for p in curve["curve"]:
+            label = "base model" if p["adapter"] == "base" else f"adapter {p['adapter']}"
+            if judged and p["adapter"] != "base":
+                label = f"served {p['adapter']}"
+            good = "-" if p.get("good") is None else f"{100 * p['good']:.0f}%"
+            nll = "-" if p.get("nll") is None else f"{p['nll']:.2f}"
+            junk = "-" if p.get("junk") is None else f"{100 * p['junk']:.0f}%"
+            lines.append(
+                f"  {label:<22} {100 * p['compliance']:7.1f}% {good:>6} {nll:>6} {junk:>5}  ({p['n']} replies)"
+            )
+    if not curves:
         lines.append("  (no evaluation finished)")
     lines.append(f"samples trained: {trained}   optimizer steps: {steps}   wall time: {wall_s / 60:.1f} min")
     if user_stats:
@@ -114,8 +137,11 @@ def write_report(
             f"simulated user: {user_stats.get('sessions', 0)} sessions, {user_stats.get('replies', 0)} replies, "
             f"{user_stats.get('complied', 0)} thanked, {user_stats.get('corrected', 0)} corrected"
         )
-    if points:
-        summary["plot"] = str(plot_curve(points, run_dir / "compliance.png", title))
+        for agent, u in (user_stats.get("agents") or {}).items():
+            lines.append(f"  as {agent}: {u.get('replies', 0)} replies, {u.get('complied', 0)} thanked")
+    if curves:
+        plotted = {a: c["curve"] for a, c in curves.items()} if several else main["curve"]
+        summary["plot"] = str(plot_curve(plotted, run_dir / "compliance.png", title))
         lines.append(f"curve: {summary['plot']}   log: {run_dir / 'eval.jsonl'}")
     summary["text"] = "\n".join(lines)
     (run_dir / "summary.json").write_text(json.dumps({k: v for k, v in summary.items() if k != "text"}, indent=1))

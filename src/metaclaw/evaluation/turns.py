@@ -10,11 +10,15 @@ the same quality figures as the verifier path (the base model's NLL per token of
 
 Unlike the verifier path it cannot score a candidate before it is served (the reaction is the user's), so it
 cannot gate; `publish.gate` still needs a verifier.
+
+Many agents (docs/agents.md): one evaluator per adapter, each reading only the held-out turns of the agents that
+adapter serves (`owner`, by the sample's `agent_id`); the versions are that adapter's own.
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 
 from metaclaw.evaluation.evaluator import EvalResult
 from metaclaw.evaluation.quality import base_nll, fluency, text_stats
@@ -32,6 +36,7 @@ class HeldoutTurnsEvaluator:
         min_turns: a version with fewer scored held-out turns is reported only at the end of training.
         nll_margin: as `ComplianceEvaluator`: fluent = NLL within this of the base version's mean.
         keep_examples: replies kept in the result.
+        owner: which agents' turns count (`agent_id` -> bool); None: every agent's.
     """
 
     by_version = True
@@ -47,17 +52,24 @@ class HeldoutTurnsEvaluator:
         nll_margin: float = 1.0,
         keep_examples: int = 3,
         timeout_s: float = 120.0,
+        owner: Callable[[str], bool] | None = None,
     ) -> None:
         self.store, self.server_url, self.api_key, self.base_model = store, server_url.rstrip("/"), api_key, base_model
         self.max_turns, self.min_turns, self.nll_margin = max_turns, min_turns, nll_margin
-        self.keep_examples, self.timeout_s = keep_examples, timeout_s
+        self.keep_examples, self.timeout_s, self.owner = keep_examples, timeout_s, owner
         self.reported: set[int] = set()
         self.reference_nll: float | None = None  # the base model's (version 0) replies: the fluency reference
 
     def _heldout(self, version: int | None = None) -> list[Sample]:
         where = {} if version is None else {"adapter_version": version}
         rows = self.store.select(status="dropped", **where)
-        return [s for s in rows if (s.meta or {}).get("dropped") == "heldout" and s.reward is not None]
+        return [
+            s
+            for s in rows
+            if (s.meta or {}).get("dropped") == "heldout"
+            and s.reward is not None
+            and (self.owner is None or self.owner(s.agent_id))
+        ]
 
     def versions_due(self, final: bool = False) -> list[int]:
         """Versions not reported yet: those a newer version replaced (with `min_turns` turns), or all at the end."""

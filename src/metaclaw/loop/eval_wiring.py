@@ -1,4 +1,9 @@
-"""Build the live evaluator and publish gate from the composed config (`eval`, `publish.gate`, `preference`)."""
+"""Build the live evaluator and publish gate from the composed config (`eval`, `publish.gate`, `preference`).
+
+Many agents (docs/agents.md): every agent with an adapter of its own is evaluated on its own: with a verifier,
+by the simulated user that speaks as it (`rollout.simulated_user` and its `agents`), with that user's preference;
+with the judge fallback, on the held-out turns of the agents its adapter serves.
+"""
 
 from __future__ import annotations
 
@@ -7,9 +12,11 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
+from metaclaw.agents import AgentProfiles
 from metaclaw.evaluation.evaluator import ComplianceEvaluator
 from metaclaw.evaluation.live import LiveEvaluator
 from metaclaw.evaluation.turns import HeldoutTurnsEvaluator
+from metaclaw.simulate.agents import user_settings
 from metaclaw.store import SampleStore
 
 log = logging.getLogger(__name__)
@@ -25,6 +32,30 @@ def heldout_share(cfg: DictConfig) -> float:
 
 def has_verifier(cfg: DictConfig) -> bool:
     return bool(cfg.rollout.get("simulated_user") and cfg.get("preference"))
+
+
+def simulated_agents(cfg: DictConfig) -> dict[str, dict[str, Any]]:
+    """The simulated user whose preference verifies each training agent's adapter: `{profile name: settings}`.
+
+    Raises:
+        ValueError: when two simulated users train one adapter (one adapter is evaluated against one
+            preference): list one of them under `agents` with a mode of its own.
+    """
+    profiles = AgentProfiles.from_config(cfg)
+    out: dict[str, dict[str, Any]] = {}
+    for user in user_settings(OmegaConf.to_container(cfg.rollout.simulated_user, resolve=True)):
+        agent_id = user.get("agent_id", "simulated-user")
+        profile = profiles.resolve(agent_id)
+        if not profile.trains:
+            continue
+        if profile.name in out:
+            raise ValueError(
+                f"simulated users {out[profile.name]['agent_id']!r} and {agent_id!r} both train the adapter of "
+                f"agent {profile.name!r}, which is evaluated against one preference: give {agent_id!r} an adapter "
+                f"of its own (+agents.{agent_id}.mode=rl) or turn eval off"
+            )
+        out[profile.name] = user
+    return out
 
 
 def build_evaluator(cfg: DictConfig) -> LiveEvaluator | None:
@@ -49,6 +80,11 @@ def build_evaluator(cfg: DictConfig) -> LiveEvaluator | None:
             return None
         if not cfg.method.get("needs_reward"):
             raise ValueError("eval.judge_fallback needs a method whose judge gives rewards (method=rl|combine)")
+    elif not simulated_agents(cfg):
+        if gate:
+            raise ValueError("publish.gate.enabled: no simulated user speaks as an agent that trains (no verifier)")
+        log.info("Live evaluation off: no simulated user speaks as an agent that trains")
+        return None
     return LiveEvaluator(
         evaluator=None,
         run_dir=cfg.run_dir,
@@ -74,38 +110,42 @@ def bind_evaluator(
     ev = cfg.eval
     quality = ev.get("quality") or {}
     base_model = cfg.model.name if quality.get("enabled", True) else None
+    profiles = AgentProfiles.from_config(cfg)
     if not has_verifier(cfg):
         if store is None:
             raise ValueError("the judge fallback of live evaluation needs the run's sample store")
         fallback = ev.get("judge_fallback") or {}
-        turns = HeldoutTurnsEvaluator(
-            store, server_url, base_model, api_key=server_key, max_turns=fallback.get("max_turns", 32),
-            min_turns=fallback.get("min_turns", 4), nll_margin=float(quality.get("nll_margin", 1.0)),
-        )  # fmt: skip
-        evaluator.bind(server_url, turns, api_key=server_key)
+        for adapter in profiles.adapters:  # each adapter: the held-out turns of the agents it serves
+            owner = (lambda a, mine=adapter: profiles.adapter_of(a) == mine) if profiles.many else None
+            turns = HeldoutTurnsEvaluator(
+                store, server_url, base_model, api_key=server_key, max_turns=fallback.get("max_turns", 32),
+                min_turns=fallback.get("min_turns", 4), nll_margin=float(quality.get("nll_margin", 1.0)), owner=owner,
+            )  # fmt: skip
+            evaluator.add_agent(profiles.by_adapter(adapter).name, turns)
+        evaluator.bind(server_url, api_key=server_key)
         evaluator.start()
         return
-    user = cfg.rollout.simulated_user
-    prefs: Any = OmegaConf.to_container(cfg.preference.rules, resolve=True)
-    evaluator.bind(
-        server_url,
-        ComplianceEvaluator(
-            server_url,
-            prefs,
-            tasks_file=user.get("tasks_file"),
-            n_prompts=ev.n_prompts,
-            samples_per_prompt=ev.samples_per_prompt,
-            max_tokens=ev.max_tokens,
-            temperature=ev.temperature,
-            system=cfg.preference.get("system"),
-            api_key=server_key,
-            concurrency=ev.concurrency,
-            seed=ev.seed,
-            injector=build_injector(cfg),
-            agent_id=user.get("agent_id", "simulated-user"),
-            base_model=base_model,
-            nll_margin=float(quality.get("nll_margin", 1.0)),
-        ),
-        api_key=server_key,
-    )
+    injector = build_injector(cfg)
+    for agent, user in simulated_agents(cfg).items():  # each agent's adapter against its own user's preference
+        evaluator.add_agent(
+            agent,
+            ComplianceEvaluator(
+                server_url,
+                user["preferences"],
+                tasks_file=user.get("tasks_file"),
+                n_prompts=ev.n_prompts,
+                samples_per_prompt=ev.samples_per_prompt,
+                max_tokens=ev.max_tokens,
+                temperature=ev.temperature,
+                system=user.get("system"),
+                api_key=server_key,
+                concurrency=ev.concurrency,
+                seed=ev.seed,
+                injector=injector,
+                agent_id=user.get("agent_id", "simulated-user"),
+                base_model=base_model,
+                nll_margin=float(quality.get("nll_margin", 1.0)),
+            ),
+        )
+    evaluator.bind(server_url, api_key=server_key)
     evaluator.start(baseline=True)

@@ -28,6 +28,7 @@ from metaclaw.rollout.replay import ReplayDriver
 from metaclaw.rollout.server import ThreadedServer
 from metaclaw.scoring.worker import ScoringWorker
 from metaclaw.serving.client import load_adapter
+from metaclaw.simulate.agents import SimulatedUsers
 from metaclaw.simulate.user import SimulatedUser
 from metaclaw.stopping import StopController
 from metaclaw.store import SampleStore, open_store
@@ -46,7 +47,7 @@ class Live:
     proxy_url: str | None = None
     proxy: RolloutProxy | None = None
     worker: ScoringWorker | None = None
-    driver: ReplayDriver | SimulatedUser | None = None
+    driver: ReplayDriver | SimulatedUser | SimulatedUsers | None = None
     extras: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -154,7 +155,11 @@ def live_loop(
             stack.callback(evaluator.stop)
         if rollout.get("simulated_user"):
             user_cfg = OmegaConf.to_container(rollout.simulated_user, resolve=True)
-            live.driver = SimulatedUser(f"{live.proxy_url}/v1", api_key=p.get("api_key"), **user_cfg)
+            if user_cfg.get("agents"):  # several simulated users, each its own agent (docs/agents.md)
+                live.driver = SimulatedUsers(f"{live.proxy_url}/v1", user_cfg, api_key=p.get("api_key"))
+            else:
+                user_cfg.pop("agents", None)
+                live.driver = SimulatedUser(f"{live.proxy_url}/v1", api_key=p.get("api_key"), **user_cfg)
             live.driver.backlog = store.backlog  # max_ahead: no new session while enough turns wait to train
             stack.callback(live.driver.stop)
             live.driver.start()

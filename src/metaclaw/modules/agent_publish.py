@@ -3,9 +3,10 @@ its own directory and hot-loaded under its own name; one checkpoint holds them a
 
 `AdapterPublisher` keeps the order and the ranks in step and hands a publish to `AgentPublishing.publish` when
 agents have adapters of their own. The default adapter keeps the publisher's own `AdapterWriter` and
-`HotLoader` (`adapters/step-NNNNNN/`, served as `policy`, through the live evaluator and gate); each agent's adapter
-gets a writer on `adapters/agents/<id>/` and a loader for `<lora_name>:<id>`. An adapter that took no step since
-the last publish is not written again.
+`HotLoader` (`adapters/step-NNNNNN/`, served as `policy`); each agent's adapter gets a writer on
+`adapters/agents/<id>/` and a loader for `<lora_name>:<id>`. Every adapter goes through the live evaluator and gate
+(`release.submit(..., agent=<id>)`), which evaluates it when that agent has an evaluator and serves it at once
+otherwise. An adapter that took no step since the last publish is not written again.
 """
 
 from __future__ import annotations
@@ -91,9 +92,10 @@ class AgentPublishing:
                 writer, loader = self.parts[adapter]
                 writer.write_latest(step, target, loader.lora_name, fingerprints[adapter])
                 log.info("Published adapter %s v%d at %s", loader.lora_name, step, target)
-                release = self.publisher.release if adapter == DEFAULT_ADAPTER else None
-                if release is not None:  # the live evaluator and gate measure the default adapter
-                    release.submit(step, target, partial(loader.serve, step=step))
+                release = self.publisher.release
+                if release is not None:  # the live evaluator and gate: per agent (docs/agents.md)
+                    agent = self.profiles.by_adapter(adapter).name
+                    release.submit(step, target, partial(loader.serve, step=step), agent=agent)
                 else:
                     loader.serve(target, step)
                 writer.prune()

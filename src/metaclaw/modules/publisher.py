@@ -47,7 +47,7 @@ class FollowsServedAdapter(Protocol):
 class Release(Protocol):
     """Decides when a published adapter is served (`metaclaw.evaluation.LiveEvaluator`: gate, evaluation)."""
 
-    def submit(self, step: int, path: Path, hot_load: Callable[[Path], Any]) -> None: ...
+    def submit(self, step: int, path: Path, hot_load: Callable[[Path], Any], agent: str = "default") -> None: ...
 
 
 class AdapterPublisher(L.Callback):

@@ -238,11 +238,12 @@ class IdleScheduler(L.Callback):
         self._change(paused=True, train_now_until=None)
 
     def resume(self) -> None:
-        self._change(paused=False, rollback_step=None)
+        self._change(paused=False, rollback_step=None, rollback_agent=None)
 
-    def record_rollback(self, step: int) -> None:
-        """Remember (across restarts) that the served adapter was rolled back to `step`; pauses training."""
-        self._change(paused=True, train_now_until=None, rollback_step=step)
+    def record_rollback(self, step: int, agent: str | None = None) -> None:
+        """Remember (across restarts) that the served adapter (`agent`'s own, None: the default one) was rolled
+        back to `step`; pauses training."""
+        self._change(paused=True, train_now_until=None, rollback_step=step, rollback_agent=agent)
 
     def train_now(self, minutes: float | None = None) -> datetime:
         """Open a window now for `minutes` (default `train_now_minutes`), whatever the sources say."""

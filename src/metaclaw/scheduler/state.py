@@ -24,6 +24,7 @@ class SchedulerState:
     window_reasons: list[str] = field(default_factory=list)
     window_since: str | None = None
     rollback_step: int | None = None  # the step whose adapter `rollback` re-pointed the server to
+    rollback_agent: str | None = None  # whose adapter (None: the default agent's)
     updated_at: str | None = None
 
     @classmethod
