@@ -65,8 +65,16 @@ def test_a_turn_nothing_reacted_to_is_dropped_when_told(tmp_path):
     add_session(store, "t", [None])
     store.add_feedback(store.select()[2].id, {"score": 1.0})
     done(store, "s"), done(store, "t")
-    worker = ScoringWorker(store, RuleJudge(), needs_reward=True, at_least_one=False, no_next_state="drop")
+    judged = []
+
+    class CountingJudge(RuleJudge):
+        async def reward(self, sample):
+            judged.append(sample.id)
+            return await super().reward(sample)
+
+    worker = ScoringWorker(store, CountingJudge(), needs_reward=True, at_least_one=False, no_next_state="drop")
     assert asyncio.run(worker.run_once()) == 3
+    assert store.select()[1].id not in judged  # no evidence: the judge is not asked
     answered, closing, with_feedback = store.select()
     assert (answered.status, answered.reward) == ("ready", 1.0)
     assert (closing.status, closing.meta["dropped"]) == ("dropped", "no_next_state")

@@ -160,6 +160,9 @@ class ScoringWorker:
     async def _score(self, s: Sample) -> None:
         try:
             score, fb = TurnScore(), feedback_of(s.meta)
+            if self.drop_unanswered and s.next_state is None and fb is None:
+                self._scores[s.id] = score  # settled `dropped` (no_next_state): nothing to ask a judge about
+                return
             if self.needs_reward and (fb is None or self.feedback.needs_judge):
                 verdict = await asyncio.wait_for(self.judge.reward(s), self.timeout_s)
                 score.reward, score.meta["judge"] = verdict.reward, verdict.detail
