@@ -85,7 +85,8 @@ def peak_tflops(device: str, override: float | None) -> float | None:
 
 def reset_peak(device: str) -> None:
     if device.startswith("cuda"):
-        torch.cuda.empty_cache()
+        torch.empty(0, device=device)  # the allocator's stats exist once the device has been used: before, a reset
+        torch.cuda.empty_cache()  # raises "Invalid device argument" (found on the first H100 run)
         torch.cuda.reset_peak_memory_stats(device)
 
 

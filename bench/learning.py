@@ -11,15 +11,24 @@ Prints JSON (also written to `<out>/learning.json`): per run the base and final 
 replies (complies and fluent) and the base model's NLL per token of the replies (quality: docs/learning.md),
 the best compliance, the minutes until compliance first reached `--target` (null if never), optimizer steps,
 trained samples, simulated-user replies, and throughput (trained samples and user replies per minute of
-training). Writes `<out>/learning.png` (every curve against wall minutes) beside each run's own
-`compliance.png`. `backend.max_batch_size=1` (as an override) measures the HF engine without batching.
+training, and the median seconds one evaluation took). Writes `<out>/learning.png` (every curve against wall
+minutes) beside each run's own `compliance.png`.
+
+Learning throughput with and without batched generation (issue 13, item 6), side by side in one invocation:
+
+    python bench/learning.py --methods rl --skills off --minutes 8 --batching both
+
+runs each configuration twice, first with `backend.max_batch_size=1` (the HF engine one request at a time, the
+"before"), then with the configured batching, and adds a `batching` block: both throughputs and their ratios.
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
+import statistics
 import subprocess
 import sys
 import time
@@ -29,9 +38,10 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 
 
-def run_one(method: str, skills: bool, args: argparse.Namespace, out: Path) -> dict[str, Any]:
-    """One `train.py` run; its summary, curve against wall minutes, and throughput."""
-    run_dir = out / f"{method}-{'skills' if skills else 'noskills'}"
+def run_one(method: str, skills: bool, args: argparse.Namespace, out: Path, batching: bool = True) -> dict[str, Any]:
+    """One `train.py` run; its summary, curve against wall minutes, and throughput. `batching=False`: the
+    policy server samples one request at a time (`backend.max_batch_size=1`)."""
+    run_dir = out / f"{method}-{'skills' if skills else 'noskills'}{'' if batching else '-nobatch'}"
     minutes = int(args.minutes)
     seconds = int(round((args.minutes - minutes) * 60))
     cmd = [
@@ -45,13 +55,16 @@ def run_one(method: str, skills: bool, args: argparse.Namespace, out: Path) -> d
         f"skills.library_root={run_dir / 'skills'}",
         f"hydra.run.dir={run_dir}",
         *args.override,
+        *([] if batching else ["backend.max_batch_size=1"]),
     ]
     t0 = time.time()
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "WANDB_MODE": "offline", "TOKENIZERS_PARALLELISM": "false"}
     with open(out / f"{run_dir.name}.log", "w") as logf:
         proc = subprocess.run(cmd, cwd=REPO, env=env, stdout=logf, stderr=subprocess.STDOUT)
     wall = time.time() - t0
-    result: dict[str, Any] = {"method": method, "skills": skills, "returncode": proc.returncode, "wall_s": wall}
+    result: dict[str, Any] = {
+        "method": method, "skills": skills, "batching": batching, "returncode": proc.returncode, "wall_s": wall,
+    }  # fmt: skip
     summary_path = run_dir / "summary.json"
     if proc.returncode != 0 or not summary_path.exists():
         result["error"] = f"train.py failed (rc {proc.returncode}): see {out / f'{run_dir.name}.log'}"
@@ -80,10 +93,29 @@ def run_one(method: str, skills: bool, args: argparse.Namespace, out: Path) -> d
         user_replies=summary.get("user", {}).get("replies"),
         trained_samples_per_min=round(summary.get("samples_trained", 0) / train_min, 2),
         user_replies_per_min=round(summary.get("user", {}).get("replies", 0) / train_min, 2),
+        eval_seconds_median=statistics.median(r["seconds"] for r in rows) if rows else None,
         curve=curve,
         plot=summary.get("plot"),
     )
     return result
+
+
+def compare_batching(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per method and skills setting run both ways: throughput without and with batching, and the ratios."""
+    keys = ("trained_samples_per_min", "user_replies_per_min", "eval_seconds_median", "steps")
+    rows = []
+    for off in (r for r in results if not r.get("batching") and "error" not in r):
+        on = next((r for r in results if r.get("batching") and "error" not in r
+                   and (r["method"], r["skills"]) == (off["method"], off["skills"])), None)  # fmt: skip
+        if on is None:
+            continue
+        row: dict[str, Any] = {"method": off["method"], "skills": off["skills"]}
+        for key in keys:
+            row[key] = {"before": off.get(key), "after": on.get(key)}
+            if off.get(key) and on.get(key) is not None:
+                row[key]["ratio"] = round(on[key] / off[key], 3)
+        rows.append(row)
+    return rows
 
 
 def plot(results: list[dict[str, Any]], path: Path, title: str) -> None:
@@ -97,7 +129,9 @@ def plot(results: list[dict[str, Any]], path: Path, title: str) -> None:
         if r.get("curve"):
             xs = [p["minutes"] for p in r["curve"]]
             ys = [100 * p["compliance"] for p in r["curve"]]
-            ax.plot(xs, ys, marker="o", label=f"{r['method']}{' + skills' if r['skills'] else ''}")
+            label = r["method"] + (" + skills" if r["skills"] else "")
+            label += "" if r.get("batching", True) else " (no batching)"
+            ax.plot(xs, ys, marker="o", label=label)
     ax.set_xlabel("wall minutes since the run's first evaluation")
     ax.set_ylabel("held-out compliance (%)")
     ax.set_ylim(-3, 103)
@@ -116,6 +150,12 @@ def main() -> None:
     p.add_argument("--minutes", type=float, default=40.0, help="training wall time per run (rollout.max_time)")
     p.add_argument("--model", default="smollm2_135m")
     p.add_argument("--preference", default=None, help="a conf/preference name (default: the demo's)")
+    p.add_argument(
+        "--batching",
+        choices=["on", "off", "both"],
+        default="on",
+        help="generation batching: on (the config's), off (backend.max_batch_size=1), both (off, then on)",
+    )
     p.add_argument("--target", type=float, default=0.8, help="held-out compliance to reach")
     p.add_argument("--out", default=None, help="output dir (default: outputs/bench-learning/<time>)")
     p.add_argument("override", nargs="*", help="more Hydra overrides for every run (e.g. optimizer.lr=2e-3)")
@@ -123,11 +163,12 @@ def main() -> None:
     out = Path(args.out or REPO / "outputs" / "bench-learning" / time.strftime("%Y-%m-%d_%H-%M-%S")).resolve()
     out.mkdir(parents=True, exist_ok=True)
     skills = {"off": [False], "on": [True], "both": [False, True]}[args.skills]
+    batching = {"on": [True], "off": [False], "both": [False, True]}[args.batching]
     results = []
-    for method in [m.strip() for m in args.methods.split(",") if m.strip()]:
-        for sk in skills:
-            results.append(run_one(method, sk, args, out))
-            print(json.dumps({k: v for k, v in results[-1].items() if k != "curve"}), file=sys.stderr, flush=True)
+    methods = [m.strip() for m in args.methods.split(",") if m.strip()]
+    for method, sk, batched in itertools.product(methods, skills, batching):
+        results.append(run_one(method, sk, args, out, batching=batched))
+        print(json.dumps({k: v for k, v in results[-1].items() if k != "curve"}), file=sys.stderr, flush=True)
     report = {
         "machine": {"cpus": os.cpu_count(), "load_avg_1m_at_end": os.getloadavg()[0]},
         "model": args.model,
@@ -137,6 +178,8 @@ def main() -> None:
         "overrides": args.override,
         "runs": results,
     }
+    if args.batching == "both":
+        report["batching"] = compare_batching(results)
     title = f"{args.model}, preference={args.preference or 'default'}, {args.minutes:g} min per run"
     plot(results, out / "learning.png", title)
     report["plot"] = str(out / "learning.png")

@@ -95,3 +95,20 @@ def test_impossible_combinations_fail_naming_fields(overrides, fields, tmp_path)
     cfg = _compose("train", overrides, tmp_path)
     with pytest.raises(ConfigError, match=fields.replace(".", r"\.")):
         validate_train_config(cfg)
+
+
+def test_the_default_rl_advantage_is_centred_over_the_batch(tmp_path):
+    """Seed 002's GRPO advantage: the verdict minus the batch mean. A batch in which every reply was corrected
+    (all −1) carries no direction; uncentred it pushes every sampled token down, which flattens the distribution
+    (an 8-minute run at lr 3e-4 went from 1.83 to 3.17 nats/token in 5 steps, docs/learning.md)."""
+    import torch
+
+    cfg = _compose("train", [], tmp_path)
+    assert cfg.method.name == "rl"
+    advantage = instantiate(cfg.method.advantage)
+    mask = torch.ones(4, 3)
+    flat, _ = advantage({"mask": mask, "reward": torch.tensor([-1.0, -1.0, -1.0, -1.0])})
+    assert torch.count_nonzero(flat) == 0
+    mixed, _ = advantage({"mask": mask, "reward": torch.tensor([1.0, -1.0, -1.0, -1.0])})
+    assert mixed[0, 0] > 0 > mixed[1, 0]
+    assert torch.allclose(mixed.sum(dim=0), torch.zeros(3))

@@ -51,3 +51,20 @@ def test_one_sample_per_rank_with_mean_std_is_not_all_zero() -> None:
         {"mask": mask, "reward": torch.tensor([1.0]), "group_reward": torch.tensor([1.0, -1.0])}
     )
     assert torch.allclose(adv, torch.ones(1, 2))
+
+
+def test_a_centred_batch_of_one_says_it_learns_nothing_from_the_reward(caplog, monkeypatch) -> None:
+    import metaclaw.advantages.base as base
+
+    monkeypatch.setattr(base, "_warned_batch_of_one", False)
+    one = {"mask": torch.ones(1, 2), "reward": torch.tensor([1.0])}
+    with caplog.at_level("WARNING", logger="metaclaw.advantages.base"):
+        adv, _ = RLAdvantage(normalize="mean")(one)
+        RLAdvantage(normalize="mean")(one)
+    assert torch.count_nonzero(adv) == 0
+    warnings = [r for r in caplog.records if "batch of one" in r.getMessage()]
+    assert len(warnings) == 1 and "data.min_batch_size" in warnings[0].getMessage()  # loud, and once
+    caplog.clear()
+    RLAdvantage(normalize="mean")({"mask": torch.ones(2, 2), "reward": torch.tensor([1.0, -1.0])})
+    RLAdvantage(normalize="none")(one)
+    assert not [r for r in caplog.records if "batch of one" in r.getMessage()]

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import logging
 from typing import Protocol
 
 import torch
 from torch import Tensor
 
 NORMALIZE_MODES = ("none", "mean", "mean_std")
+log = logging.getLogger(__name__)
+_warned_batch_of_one = False
 
 
 class AdvantageEstimator(Protocol):
@@ -40,10 +43,24 @@ def normalize_rewards(reward: Tensor, mode: str, eps: float, group: Tensor | Non
     if mode == "none" or reward.numel() == 0:
         return reward
     stats = reward if group is None else group[~torch.isnan(group)].to(reward)
+    if stats.numel() == 1:
+        _warn_batch_of_one(mode)
     centred = reward - stats.mean()
     if mode == "mean":
         return centred
     return centred / (stats.std(correction=0) + eps)
+
+
+def _warn_batch_of_one(mode: str) -> None:
+    """Never silent: a centred reward over one sample is 0, so such a step learns nothing from the reward."""
+    global _warned_batch_of_one
+    if not _warned_batch_of_one:
+        _warned_batch_of_one = True
+        log.warning(
+            "normalize=%s over a batch of one scored sample: its reward advantage is 0 and the step learns nothing "
+            "from the reward (set data.min_batch_size >= 2, as rollout=simulated_user does). Warned once.",
+            mode,
+        )
 
 
 def require(batch: dict[str, Tensor], *keys: str) -> None:
