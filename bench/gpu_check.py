@@ -85,8 +85,10 @@ def peak_tflops(device: str, override: float | None) -> float | None:
 
 def reset_peak(device: str) -> None:
     if device.startswith("cuda"):
-        torch.empty(0, device=device)  # the allocator's stats exist once the device has been used: before, a reset
-        torch.cuda.empty_cache()  # raises "Invalid device argument" (found on the first H100 run)
+        # The allocator's stats exist once the device has been used; a reset before that raises "Invalid device
+        # argument" (found on the first H100 run).
+        torch.empty(0, device=device)
+        torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats(device)
 
 
