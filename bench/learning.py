@@ -94,6 +94,7 @@ def run_one(method: str, skills: bool, args: argparse.Namespace, out: Path, batc
         trained_samples_per_min=round(summary.get("samples_trained", 0) / train_min, 2),
         user_replies_per_min=round(summary.get("user", {}).get("replies", 0) / train_min, 2),
         eval_seconds_median=statistics.median(r["seconds"] for r in rows) if rows else None,
+        unfinished_evaluations=summary.get("unfinished_evaluations", []),
         curve=curve,
         plot=summary.get("plot"),
     )

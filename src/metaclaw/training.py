@@ -162,7 +162,9 @@ def train(cfg: DictConfig) -> tuple[dict[str, Any], dict[str, Any]]:
     report = None
     if evaluator is not None:
         wall = time.monotonic() - t0
-        report = write_report(run_dir, evaluator.results, store, trainer.global_step, wall, driver_stats)
+        report = write_report(
+            run_dir, evaluator.results, store, trainer.global_step, wall, driver_stats, unfinished=evaluator.unfinished
+        )
         print(report["text"], flush=True)
     for lg in trainer.loggers:  # one W&B run per multirun job
         if hasattr(lg, "experiment") and type(lg).__name__ == "WandbLogger":

@@ -272,6 +272,12 @@ def test_evolution_runs_off_the_scoring_loop_and_its_failures_are_logged(tmp_pat
     assert worker.drain_evolution(10)
     assert evolver.calls == 1 and worker.evolution.stats["errors"] == 1
     assert "evolver endpoint exploded" in caplog.text
+    from metaclaw.modules.health import HealthMonitor
+
+    monitor = HealthMonitor(str(store.path))
+    monitor.attach(worker=worker)
+    snap = monitor.snapshot()  # the evolver's health is in the logger too
+    assert (snap["skills/evolutions"], snap["skills/unusable"], snap["skills/skipped"]) == (0, 1, 0)
     worker.stop()
 
 

@@ -32,11 +32,14 @@ def embedding_ranker(tmp_path_factory):
 class ScriptedLLM:
     """An OpenAI-compatible `/chat/completions` endpoint on 127.0.0.1 that replies from a script.
 
-    Each entry of `replies` is either a string (returned as the assistant message) or an int HTTP status.
+    Each entry of `replies` is either a string (returned as the assistant message) or an int HTTP status. With
+    `context_chars` set, a request whose messages hold more characters is refused as the policy server refuses
+    one over its model's context (400 `context_length_exceeded`), without using a reply.
     """
 
     def __init__(self) -> None:
         self.replies: list[str | int] = []
+        self.context_chars: int | None = None
         self.requests: list[dict[str, Any]] = []
         outer = self
 
@@ -45,8 +48,11 @@ class ScriptedLLM:
                 body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
                 outer.requests.append({"path": self.path, "json": json.loads(body), "auth": self.headers.get(
                     "Authorization")})
-                reply = outer.replies.pop(0) if outer.replies else '{"skills": []}'
-                if isinstance(reply, int):
+                chars = sum(len(m.get("content") or "") for m in outer.requests[-1]["json"].get("messages", []))
+                if outer.context_chars is not None and chars > outer.context_chars:
+                    error = {"message": f"the prompt is {chars} characters", "code": "context_length_exceeded"}
+                    payload, status = json.dumps({"error": error}).encode(), 400
+                elif isinstance(reply := outer.replies.pop(0) if outer.replies else '{"skills": []}', int):
                     payload, status = b'{"error": "scripted failure"}', reply
                 else:
                     msg = {"role": "assistant", "content": reply}

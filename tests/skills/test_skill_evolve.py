@@ -116,3 +116,57 @@ def test_retries_then_succeeds_and_request_failure_is_logged(root, llm):
 def test_no_failed_turns_no_request(root, llm):
     result = make(root, llm).evolve("alice", [TURNS[2]])
     assert result.accepted == [] and result.rejected == [] and llm.requests == []
+
+
+def test_a_request_over_the_models_context_is_retried_smaller(root, llm):
+    """The embedded model has 2,048 tokens: eight long failed turns overflow it. The evolver leaves out the older
+    half of the turns, then shortens the last one, instead of losing the evolution to a 400."""
+    long = [{"sample_id": i, "messages": [{"role": "user", "content": f"question {i} " + "x" * 3000}],
+             "response": "no", "reward": -1.0} for i in range(8)]  # fmt: skip
+    base = sum(len(m["content"]) for m in make(root, llm).build_messages(SkillLibrary(root, "alice"), [], 1))
+    llm.context_chars = base + 1200  # room for one turn of about 1,000 characters
+    llm.replies.append(fenced(NEW_SKILL))
+    result = make(root, llm, max_turn_chars=3000).evolve("alice", long)
+    assert result.error is None and result.accepted_names == ["pin-dependency-versions"]
+    sent = [r["json"]["messages"][1]["content"] for r in llm.requests]
+    assert [p.count("### sample") for p in sent] == [8, 4, 2, 1, 1]  # halved turns, then halved text
+    assert "### sample 7" in sent[-1] and len(sent[-1]) < len(sent[-2])  # the newest turn kept, shortened
+    llm.context_chars = base  # not even the smallest turn fits: said, not retried forever
+    result = make(root, llm).evolve("alice", long)
+    assert result.error and "context_length_exceeded" in result.error
+    assert SkillLibrary(root, "alice").history()[-1]["action"] == "request"
+
+
+def test_an_evolver_that_keeps_giving_nothing_usable_backs_off_and_recovers(root, llm, caplog):
+    """A model that cannot write the evolver's JSON (SmolLM2 in 16 of 16 tries) is asked less and less often,
+    with a warning; the failed turns stay queued, and one usable reply ends the back-off."""
+    from metaclaw.skills.hooks import PAUSE_AFTER, EvolutionScheduler
+
+    scheduler = EvolutionScheduler(make(root, llm, max_retries=0))
+
+    def session(i: int) -> None:
+        scheduler.note("alice", i, -1.0, [{"role": "user", "content": f"q{i}"}], "bad reply")
+        scheduler.session_finished("alice", f"s{i}")
+        assert scheduler.drain(30)
+
+    llm.replies.extend(["not json"] * 10)
+    asked = []
+    for i in range(12):
+        session(i)
+        asked.append(len(llm.requests))
+    # asked at sessions 1-3; then 2 skipped, asked (4th failure), 4 skipped, asked again
+    assert asked == [1, 2, 3, 3, 3, 4, 4, 4, 4, 4, 5, 5]
+    assert scheduler.stats["unusable"] == 5 and scheduler.stats["skipped"] == 7
+    assert "backs off" in caplog.text and "not valid JSON" in caplog.text
+    assert llm.requests[-1]["json"]["messages"][1]["content"].count("### sample") == 5  # skipped ones kept: 6-10
+    llm.replies[:] = [fenced(NEW_SKILL)] + ["not json"] * PAUSE_AFTER
+    for i in range(12, 20):  # skipped until the back-off ends, then a usable reply
+        session(i)
+        if scheduler.stats["accepted"]:
+            break
+    assert scheduler.stats["accepted"] == 1
+    for i in range(20, 20 + PAUSE_AFTER):  # the count starts again: asked every time until PAUSE_AFTER failures
+        before = len(llm.requests)
+        session(i)
+        assert len(llm.requests) == before + 1
+    scheduler.close(5)

@@ -47,6 +47,13 @@ log = logging.getLogger(__name__)
 
 HotLoad = Callable[[Path], Any]
 TURNS, FINAL_TURNS = -1, -2  # queue markers of the judge fallback: report replaced versions / all versions
+
+
+def _label(unfinished: dict[str, Any]) -> str:
+    step = unfinished["step"]
+    return f"{unfinished['agent_id']} {'served versions' if step is None else f'step {step}'}"
+
+
 COUNTS = ("evaluated", "skipped", "gate_accepted", "gate_rejected", "errors")
 
 
@@ -119,7 +126,10 @@ class LiveEvaluator(L.Callback):
         self._unlogged: list[tuple[int, dict[str, float]]] = []
         self._cond = threading.Condition()
         self._busy = False
+        self._current: tuple[str, int] | None = None  # (agent, step) being evaluated
         self._stop = False
+        self._closed = False  # nothing is recorded after the end of training stopped waiting
+        self.unfinished: list[dict[str, Any]] = []  # evaluations the end of training did not wait for
         self._thread: threading.Thread | None = None
         self.before_final_wait: Callable[[], Any] | None = None  # e.g. stop the simulated user first
 
@@ -217,7 +227,7 @@ class LiveEvaluator(L.Callback):
                 if self._stop and not self._queue:
                     return
                 item = self._queue.popleft()
-                self._busy = True
+                self._busy, self._current = True, (item[0], item[1])
             track = self.tracks[item[0]]
             try:
                 self._evaluate(track, *item[1:])
@@ -228,7 +238,7 @@ class LiveEvaluator(L.Callback):
                     log.warning("Gate: %s adapter v%d not hot-swapped (evaluation failed)", track.agent, item[1])
             finally:
                 with self._cond:
-                    self._busy = False
+                    self._busy, self._current = False, None
                     self._cond.notify_all()
 
     def _load_candidate(self, path: Path) -> None:
@@ -261,9 +271,14 @@ class LiveEvaluator(L.Callback):
         record.update({k: v for k, v in result.as_dict().items() if k != "model"})
         if gate is not None:
             record["gate"] = gate
-        track.counts["evaluated"] += 1
-        record["counts"] = dict(track.counts)
-        self._append(record)
+        with self._cond:
+            if self._closed:  # the summary is written already: a late record would contradict it
+                log.warning("Eval of %s %s finished after the end of training stopped waiting: not recorded",
+                            track.agent, adapter)  # fmt: skip
+                return
+            track.counts["evaluated"] += 1
+            record["counts"] = dict(track.counts)
+            self._append(record)
         figures = {"compliance": result.compliance, "n": float(result.n), "errors": float(result.errors)}
         figures.update({f"fail_{k}": v for k, v in result.failures.items()})
         quality = {k: getattr(result, k) for k in ("nll", "fluent", "good", "distinct_2", "distinct_replies", "junk")}
@@ -337,7 +352,8 @@ class LiveEvaluator(L.Callback):
                 self._put(track.agent, FINAL_TURNS, None, None)
             elif track.last is not None and track.last[0] not in track.queued and track.evaluator is not None:
                 self._put(track.agent, *track.last, None)  # the final adapter is always measured (already served)
-        self.wait(self.final_timeout_s)
+        if not self.wait(self.final_timeout_s):
+            self.close()
         self.flush(trainer)
         for lg in trainer.loggers:
             lg.save()
@@ -349,15 +365,33 @@ class LiveEvaluator(L.Callback):
             while self._queue or self._busy:
                 left = None if deadline is None else deadline - time.monotonic()
                 if left is not None and left <= 0:
-                    log.warning("Eval: %d evaluations still pending after %.0fs", len(self._queue), timeout_s)
+                    log.warning("Eval: %d evaluations still running and %d queued after %.0fs", int(self._busy),
+                                len(self._queue), timeout_s)  # fmt: skip
                     return False
                 self._cond.wait(left)
         return True
 
+    def close(self) -> list[dict[str, Any]]:
+        """Record nothing from now on: the running and queued evaluations go to `unfinished` (the summary names
+        them), and one that finishes later is logged and dropped, so eval.jsonl and the summary agree."""
+        with self._cond:
+            if not self._closed:
+                self._closed = True
+                pending = ([self._current] if self._current else []) + [(a, s) for a, s, *_ in self._queue]
+                self.unfinished = [{"agent_id": a, "step": s if s >= 0 else None} for a, s in pending]
+                self._queue.clear()
+                self._cond.notify_all()
+                if self.unfinished:
+                    log.warning(
+                        "Eval: left out of the summary, not finished within eval.final_timeout_s (%.0fs): %s",
+                        self.final_timeout_s, ", ".join(_label(u) for u in self.unfinished),
+                    )
+            return self.unfinished
+
     def stop(self, timeout: float = 10.0) -> None:
+        self.close()
         with self._cond:
             self._stop = True
-            self._queue.clear()
             self._cond.notify_all()
         if self._thread:
             self._thread.join(timeout)

@@ -82,8 +82,12 @@ def write_report(
     wall_s: float,
     user_stats: dict[str, Any] | None = None,
     title: str = "held-out replies: compliance and quality",
+    unfinished: list[dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
-    """Summary dict (`text` holds the printout); writes summary.json and compliance.png into `run_dir`."""
+    """Summary dict (`text` holds the printout); writes summary.json and compliance.png into `run_dir`.
+
+    `unfinished` names the evaluations the end of training stopped waiting for (`LiveEvaluator.unfinished`): the
+    summary says they are missing rather than pass the last finished one off as the final figure."""
     run_dir = Path(run_dir)
     by_agent: dict[str, list[dict[str, Any]]] = {}
     for r in results:
@@ -99,6 +103,7 @@ def write_report(
         "store": counts,
         "wall_s": round(wall_s, 1),
         "user": user_stats or {},
+        "unfinished_evaluations": list(unfinished or []),
     }
     several = len(curves) > 1 or bool(curves and "default" not in curves)
     if several:
@@ -131,6 +136,10 @@ def write_report(
             )
     if not curves:
         lines.append("  (no evaluation finished)")
+    for u in unfinished or []:
+        what = "the served versions' turns" if u.get("step") is None else f"step {u['step']}"
+        lines.append(f"  not measured: {what} of agent {u.get('agent_id')} (still running when the end of training"
+                     " stopped waiting: raise eval.final_timeout_s)")  # fmt: skip
     lines.append(f"samples trained: {trained}   optimizer steps: {steps}   wall time: {wall_s / 60:.1f} min")
     if user_stats:
         lines.append(

@@ -10,6 +10,8 @@ Each optimizer step, rank 0 logs (cumulative counts since the run started, or th
 | `rollout/judge_failures` | turns whose scoring failed `max_attempts` times (dropped, `judge_failed`) |
 | `rollout/pending`, `rollout/ready`, `rollout/backlog` | the store: waiting for a score / to be trained |
 | `rollout/dropped`, `rollout/dropped_<reason>` | the store: dropped samples, by `meta.dropped` reason |
+| `skills/evolutions`, `skills/accepted`, `skills/unusable`, `skills/skipped` | the skill evolver (skills on): \
+calls, skills written, calls that gave nothing usable, calls skipped while it backs off |
 
 The training side (`train/skipped_*`, `train/zero_advantage_frac`, `train/publish_failures`) is logged by
 `OnlineRLModule` and `AdapterPublisher`. Live sources are attached by `training.train` once the loop started.
@@ -68,6 +70,10 @@ class HealthMonitor(L.Callback):
         if self.worker is not None:
             out["rollout/judge_failures"] = self.worker.stats.get("judge_failed", 0)
             out["rollout/judge_errors"] = self.worker.stats.get("errors", 0)
+            evolution = getattr(self.worker, "evolution", None)
+            if evolution is not None:
+                counted = ("evolutions", "accepted", "unusable", "skipped")
+                out.update({f"skills/{k}": evolution.stats[k] for k in counted})
         return {k: float(v) for k, v in out.items()}
 
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, *args: Any) -> None:

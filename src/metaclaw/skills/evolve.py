@@ -27,6 +27,12 @@ from metaclaw.wire import bearer_headers
 
 logger = logging.getLogger(__name__)
 
+MIN_TURN_CHARS = 400  # a request that overflows the endpoint's context is retried smaller, down to one turn of this
+
+
+class ContextTooLong(RuntimeError):
+    """The endpoint refused the request as longer than its model's context (400 `context_length_exceeded`)."""
+
 SYSTEM_PROMPT = """You improve the skill library of an AI assistant. A skill is a short Markdown instruction \
 that is injected into the system prompt when it is relevant. You get turns where the assistant did badly \
 (reward <= 0) and the list of existing skills. Find the general lesson behind the failures and propose at most \
@@ -170,11 +176,13 @@ class SkillEvolver:
         self.chat_template_kwargs = {str(k): v for k, v in (chat_template_kwargs or {}).items()}
 
     # ------------------------------------------------------------------ LLM call
-    def build_messages(self, library: SkillLibrary, turns: Sequence[FailedTurn]) -> list[dict[str, str]]:
+    def build_messages(
+        self, library: SkillLibrary, turns: Sequence[FailedTurn], max_turn_chars: int | None = None
+    ) -> list[dict[str, str]]:
         """The chat request: instructions, existing skills (name + description) and the failed turns."""
         system = SYSTEM_PROMPT.format(max_proposals=self.max_proposals, max_body_chars=self.max_body_chars)
         existing = "\n".join(f"- {s.name}: {s.description}" for s in library.skills()) or "(none)"
-        failures = "\n\n".join(t.render(self.max_turn_chars) for t in turns)
+        failures = "\n\n".join(t.render(max_turn_chars or self.max_turn_chars) for t in turns)
         user = f"## Existing skills\n{existing}\n\n## Failed turns\n{failures}"
         return [{"role": "system", "content": system}, {"role": "user", "content": user}]
 
@@ -204,7 +212,8 @@ class SkillEvolver:
                     last = f"HTTP {resp.status_code}: {resp.text[:200]}"
                     continue
                 if resp.status_code >= 400:
-                    raise RuntimeError(f"HTTP {resp.status_code}: {resp.text[:200]}")
+                    error = ContextTooLong if "context_length_exceeded" in resp.text else RuntimeError
+                    raise error(f"HTTP {resp.status_code}: {resp.text[:200]}")
                 try:
                     answer, reasoning = answer_and_reasoning(resp.json()["choices"][0]["message"])
                 except (ValueError, KeyError, IndexError, TypeError) as exc:
@@ -238,7 +247,7 @@ class SkillEvolver:
             return entry
 
         try:
-            raw = parse_reply(self.complete(self.build_messages(library, turns)))
+            raw = parse_reply(self._complete_within_context(library, turns, agent_id))
         except (RuntimeError, ProposalError) as exc:
             result.error = str(exc)
             logger.warning("skill evolution for agent %r refused the reply: %s", agent_id, exc)
@@ -269,6 +278,26 @@ class SkillEvolver:
             log(prop.action, prop.skill.name, True, "ok")
         result.generation = library.generation
         return result
+
+    def _complete_within_context(self, library: SkillLibrary, turns: list[FailedTurn], agent_id: str) -> str:
+        """`complete`, retried smaller while the endpoint says the request overflows its model's context: first
+        the older half of the failed turns is left out, then (one turn left) its text is halved, down to
+        `MIN_TURN_CHARS`. A small model (the embedded one has 2,048 tokens) gets what fits, not a 400."""
+        max_chars = self.max_turn_chars
+        while True:
+            try:
+                return self.complete(self.build_messages(library, turns, max_chars))
+            except ContextTooLong as exc:
+                if len(turns) > 1:
+                    turns = turns[len(turns) // 2 :]
+                elif max_chars // 2 >= MIN_TURN_CHARS:
+                    max_chars //= 2
+                else:
+                    raise
+                logger.info(
+                    "skill evolution for agent %r: request over the model's context (%s); retrying with %d failed "
+                    "turns of at most %d characters", agent_id, exc, len(turns), max_chars,
+                )
 
     def _check_duplicates(self, library: SkillLibrary, action: str, skill: Skill) -> None:
         """Refuse an add of a known name, an edit of an unknown one, or text too similar to another skill."""

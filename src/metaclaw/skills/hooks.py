@@ -17,6 +17,8 @@ from typing import Any, Protocol
 log = logging.getLogger(__name__)
 
 MAX_QUEUED_TURNS = 32  # failed turns kept per agent between evolutions (the evolver sends its own most recent few)
+PAUSE_AFTER = 3  # consecutive unusable evolutions of an agent before its evolution backs off
+MAX_SKIPPED_TRIGGERS = 32  # the longest back-off, in triggers (session ends and every-N-turns points)
 
 
 class SkillInjectorLike(Protocol):
@@ -75,6 +77,12 @@ class EvolutionScheduler:
     sessions finishes and after every `every_n_turns` scored main turns of that agent. Evolutions run one at a
     time (so changes to a library never race); a failing evolver is logged and never raises here.
 
+    Back-off: after `PAUSE_AFTER` unusable evolutions in a row of one agent (the request failed, or the reply was
+    no valid JSON: a model too small to write it), that agent's next 2, 4, 8, ... (at most
+    `MAX_SKIPPED_TRIGGERS`) triggers are skipped, with a warning naming the last error, so an evolver that cannot
+    do its job does not keep taking the policy server's time from the user and the trainer. Its failed turns
+    stay queued (bounded) for the next try; one usable evolution ends the back-off.
+
     Args:
         evolver: what proposes and writes skill changes (`metaclaw.skills.SkillEvolver`).
         every_n_turns: also evolve after this many scored main turns of an agent; None or 0: only at session end.
@@ -89,7 +97,9 @@ class EvolutionScheduler:
         self._futures: list[Future] = []
         self._lock = threading.Lock()
         self._pool: ThreadPoolExecutor | None = None
-        self.stats = {"evolutions": 0, "accepted": 0, "rejected": 0, "errors": 0}
+        self._unusable: dict[str, int] = {}  # agent -> unusable evolutions in a row
+        self._skip: dict[str, int] = {}  # agent -> triggers still to skip
+        self.stats = {"evolutions": 0, "accepted": 0, "rejected": 0, "errors": 0, "unusable": 0, "skipped": 0}
 
     def note(
         self,
@@ -125,9 +135,13 @@ class EvolutionScheduler:
     def _trigger(self, agent_id: str, why: str) -> None:
         with self._lock:
             self._turns[agent_id] = 0
-            queued = self._failed.pop(agent_id, None)
-            if not queued:
+            if not self._failed.get(agent_id):
                 return
+            if self._skip.get(agent_id):
+                self._skip[agent_id] -= 1
+                self.stats["skipped"] += 1
+                return
+            queued = self._failed.pop(agent_id)
             turns = [queued[k] for k in sorted(queued)]
             if self._pool is None:
                 self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="skill-evolver")
@@ -142,6 +156,7 @@ class EvolutionScheduler:
         except Exception as e:  # noqa: BLE001 - evolution is best effort; scoring and serving go on
             self.stats["errors"] += 1
             log.warning("Skill evolution for agent %s failed: %r", agent_id, e)
+            self._unusable_result(agent_id, repr(e))
             return
         self.stats["evolutions"] += 1
         accepted = list(getattr(result, "accepted_names", []) or [])
@@ -151,7 +166,10 @@ class EvolutionScheduler:
         error = getattr(result, "error", None)
         if error:
             log.warning("Skill evolution for agent %s got no usable proposal: %s", agent_id, error)
+            self._unusable_result(agent_id, error)
         else:
+            with self._lock:
+                self._unusable.pop(agent_id, None)
             log.info(
                 "Skill evolution for agent %s: accepted %s, rejected %d, generation %s",
                 agent_id,
@@ -159,6 +177,24 @@ class EvolutionScheduler:
                 rejected,
                 getattr(result, "generation", "?"),
             )
+
+    def _unusable_result(self, agent_id: str, error: str) -> None:
+        """Count an evolution that gave nothing usable; from the `PAUSE_AFTER`-th in a row, back off."""
+        with self._lock:
+            self.stats["unusable"] += 1
+            n = self._unusable[agent_id] = self._unusable.get(agent_id, 0) + 1
+            if n < PAUSE_AFTER:
+                return
+            skip = self._skip[agent_id] = min(MAX_SKIPPED_TRIGGERS, 2 ** (n - PAUSE_AFTER + 1))
+        log.warning(
+            "Skill evolution for agent %s backs off: %d evolutions in a row gave nothing usable (last: %s); its next "
+            "%d triggers are skipped. Is skills.evolver a model that can write the evolver's JSON? (skills.evolver."
+            "base_url points it at another OpenAI-compatible endpoint)",
+            agent_id,
+            n,
+            error[:200],
+            skip,
+        )
 
     def drain(self, timeout_s: float | None = None) -> bool:
         """Wait for the evolutions submitted so far; True when all finished within `timeout_s`."""
