@@ -20,6 +20,14 @@ Learning throughput with and without batched generation (issue 13, item 6), side
 
 runs each configuration twice, first with `backend.max_batch_size=1` (the HF engine one request at a time, the
 "before"), then with the configured batching, and adds a `batching` block: both throughputs and their ratios.
+
+Runs made by separate invocations (one 2-core machine runs one at a time) are put side by side with
+
+    python bench/learning.py --merge a/learning.json b/learning.json --at-minutes 18 --out six
+
+which writes one `learning.json` (every run, and a `table`: per run the base, best and final compliance and
+the last evaluation at or before `--at-minutes` wall minutes, so runs of different lengths compare over the same
+window) and one `learning.png` with every curve.
 """
 
 from __future__ import annotations
@@ -119,6 +127,31 @@ def compare_batching(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return rows
 
 
+def at_minutes(run: dict[str, Any], minutes: float) -> dict[str, Any] | None:
+    """The run's last evaluation that finished at or before `minutes` wall minutes (None if none did)."""
+    points = [p for p in run.get("curve") or [] if p["minutes"] <= minutes]
+    return points[-1] if points else None
+
+
+def merge(paths: list[Path], minutes: float | None) -> dict[str, Any]:
+    """One report of the runs in several `learning.json` files, with a per-run table (see the module doc)."""
+    reports = [json.loads(Path(path).read_text()) for path in paths]
+    runs = [{**run, "source": str(path), "overrides": report.get("overrides", []),
+             "minutes_per_run": report.get("minutes_per_run")}
+            for path, report in zip(paths, reports, strict=True) for run in report["runs"]]  # fmt: skip
+    table = []
+    for run in runs:
+        row = {k: run.get(k) for k in ("method", "skills", "minutes_per_run", "base", "best", "final",
+                                       "final_good", "final_nll", "minutes_to_target", "steps",
+                                       "trained_samples_per_min", "eval_seconds_median", "error")}  # fmt: skip
+        if minutes is not None:
+            point = at_minutes(run, minutes)
+            keys = ("minutes", "step", "compliance", "good", "nll")
+            row[f"at_{minutes:g}_min"] = point and {k: point[k] for k in keys}
+        table.append(row)
+    return {"merged_from": [str(p) for p in paths], "at_minutes": minutes, "table": table, "runs": runs}
+
+
 def plot(results: list[dict[str, Any]], path: Path, title: str) -> None:
     import matplotlib
 
@@ -159,10 +192,19 @@ def main() -> None:
     )
     p.add_argument("--target", type=float, default=0.8, help="held-out compliance to reach")
     p.add_argument("--out", default=None, help="output dir (default: outputs/bench-learning/<time>)")
+    p.add_argument("--merge", nargs="+", type=Path, default=None, help="learning.json files to put side by side")
+    p.add_argument("--at-minutes", type=float, default=None, help="with --merge: compare runs at this wall minute")
     p.add_argument("override", nargs="*", help="more Hydra overrides for every run (e.g. optimizer.lr=2e-3)")
     args = p.parse_args()
     out = Path(args.out or REPO / "outputs" / "bench-learning" / time.strftime("%Y-%m-%d_%H-%M-%S")).resolve()
     out.mkdir(parents=True, exist_ok=True)
+    if args.merge:
+        report = merge(args.merge, args.at_minutes)
+        plot(report["runs"], out / "learning.png", f"{len(report['runs'])} runs, held-out compliance")
+        report["plot"] = str(out / "learning.png")
+        (out / "learning.json").write_text(json.dumps(report, indent=1))
+        print(json.dumps({k: v for k, v in report.items() if k != "runs"}, indent=1))
+        return
     skills = {"off": [False], "on": [True], "both": [False, True]}[args.skills]
     batching = {"on": [True], "off": [False], "both": [False, True]}[args.batching]
     results = []

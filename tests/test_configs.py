@@ -112,3 +112,15 @@ def test_the_default_rl_advantage_is_centred_over_the_batch(tmp_path):
     mixed, _ = advantage({"mask": mask, "reward": torch.tensor([1.0, -1.0, -1.0, -1.0])})
     assert mixed[0, 0] > 0 > mixed[1, 0]
     assert torch.allclose(mixed.sum(dim=0), torch.zeros(3))
+
+
+@pytest.mark.parametrize("rollout", ["proxy", "simulated_user"])
+def test_a_live_rl_step_waits_for_a_batch_it_can_centre(tmp_path, rollout):
+    """RL centres the verdict over the batch, so a step on one scored sample learns nothing from it: a live user's
+    turns arrive one at a time, and with `rollout=proxy` every step trained on a lone turn (min_batch_size 1).
+    Both live rollouts wait for several samples; `rollout=proxy` for a full batch, as seed 002's batch-size."""
+    cfg = _compose("train", [f"rollout={rollout}"], tmp_path)
+    assert cfg.method.advantage.normalize == "mean" and cfg.data.min_batch_size >= 2
+    assert cfg.data.min_batch_size == cfg.data.batch_size == 4
+    smaller = _compose("train", [f"rollout={rollout}", "data.batch_size=2"], tmp_path)
+    assert rollout != "proxy" or smaller.data.min_batch_size == 2  # follows the batch size the user sets

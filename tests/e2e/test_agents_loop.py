@@ -92,6 +92,7 @@ def run(tmp_path_factory):
             f"rollout.proxy.port={port}",
             "trainer.max_steps=6",
             "data.batch_size=2",
+            "rollout.min_batch_size=1",
             "rollout.scoring.session_idle_s=600",
             "rollout.wait_timeout_s=120",
             "+agents.alice.mode=rl",

@@ -86,6 +86,7 @@ def test_live_loop_captures_scores_trains_and_hot_swaps(policy_server):
         f"rollout.proxy.port={port}",
         "trainer.max_steps=2",
         "data.batch_size=2",
+        "rollout.min_batch_size=1",
         "rollout.scoring.session_idle_s=2",
         "rollout.wait_timeout_s=120",
     )
