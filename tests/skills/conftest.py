@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import threading
+import time
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -40,6 +42,7 @@ class ScriptedLLM:
     def __init__(self) -> None:
         self.replies: list[str | int] = []
         self.context_chars: int | None = None
+        self.delay_s = 0.0  # seconds before each answer (a busy endpoint)
         self.requests: list[dict[str, Any]] = []
         outer = self
 
@@ -49,6 +52,7 @@ class ScriptedLLM:
                 outer.requests.append({"path": self.path, "json": json.loads(body), "auth": self.headers.get(
                     "Authorization")})
                 chars = sum(len(m.get("content") or "") for m in outer.requests[-1]["json"].get("messages", []))
+                time.sleep(outer.delay_s)
                 if outer.context_chars is not None and chars > outer.context_chars:
                     error = {"message": f"the prompt is {chars} characters", "code": "context_length_exceeded"}
                     payload, status = json.dumps({"error": error}).encode(), 400
@@ -57,11 +61,12 @@ class ScriptedLLM:
                 else:
                     msg = {"role": "assistant", "content": reply}
                     payload, status = json.dumps({"choices": [{"index": 0, "message": msg}]}).encode(), 200
-                self.send_response(status)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(payload)))
-                self.end_headers()
-                self.wfile.write(payload)
+                with contextlib.suppress(BrokenPipeError, ConnectionResetError):  # a client that timed out left
+                    self.send_response(status)
+                    self.send_header("Content-Type", "application/json")
+                    self.send_header("Content-Length", str(len(payload)))
+                    self.end_headers()
+                    self.wfile.write(payload)
 
             def log_message(self, *args: Any) -> None:
                 pass

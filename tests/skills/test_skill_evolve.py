@@ -36,7 +36,7 @@ def fenced(*skills: dict) -> str:
 
 
 def make(root, llm, **kw) -> SkillEvolver:
-    return SkillEvolver(root, base_url=llm.base_url, model="judge", api_key="k", timeout_s=5, **kw)
+    return SkillEvolver(root, base_url=llm.base_url, model="judge", api_key="k", **{"timeout_s": 5, **kw})
 
 
 def test_accepted_skill_written_logged_and_generation_bumped(root, llm):
@@ -111,6 +111,14 @@ def test_retries_then_succeeds_and_request_failure_is_logged(root, llm):
     assert SkillLibrary(root, "alice").history()[-1]["action"] == "request"
     dead = SkillEvolver(root, base_url="http://127.0.0.1:9/v1", model="m", timeout_s=1, max_retries=0)
     assert dead.evolve("alice", TURNS).error
+
+
+def test_a_reply_that_times_out_is_not_asked_for_again(root, llm):
+    """A read timeout means the endpoint is busy generating; a retry would start the whole reply again on it."""
+    llm.delay_s = 1.5
+    result = make(root, llm, max_retries=2, timeout_s=0.3).evolve("alice", TURNS)
+    assert result.error and "no reply within timeout_s=0.3s" in result.error
+    assert len(llm.requests) == 1  # not retried, though max_retries is 2
 
 
 def test_no_failed_turns_no_request(root, llm):

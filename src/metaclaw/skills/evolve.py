@@ -130,7 +130,7 @@ class SkillEvolver:
         ranker: similarity used for duplicate detection; defaults to `BM25Ranker()`.
         similarity_threshold: duplicate cut-off; None uses the ranker's `duplicate_threshold`.
         timeout_s: per-request timeout.
-        max_retries: retries after the first attempt on transport errors, 429 and 5xx.
+        max_retries: retries after the first attempt on transport errors, 429 and 5xx (not after a read timeout).
         max_proposals: proposals considered per call (extra ones are refused).
         max_turns: failed turns sent per call (the most recent are kept).
         max_turn_chars: characters per rendered turn.
@@ -189,6 +189,10 @@ class SkillEvolver:
     def complete(self, messages: list[dict[str, str]]) -> str:
         """POST to `{base_url}/chat/completions` with bounded retries; return the reply text.
 
+        Transport errors, 429 and 5xx are retried; a read timeout is not: the endpoint is busy generating, and a
+        retry would start the whole reply again on it (on the embedded model's 2-core server, the policy server
+        the user and the trainer wait on).
+
         Raises:
             RuntimeError: when every attempt failed or the response has no message content.
         """
@@ -205,6 +209,8 @@ class SkillEvolver:
                     time.sleep(min(8.0, 0.5 * 2 ** (attempt - 1)))
                 try:
                     resp = client.post(f"{self.base_url}/chat/completions", json=payload, headers=headers)
+                except httpx.ReadTimeout as exc:  # not retried: a retry asks the slow endpoint for it all again
+                    raise RuntimeError(f"no reply within timeout_s={self.timeout_s:g}s ({exc!r})") from exc
                 except httpx.HTTPError as exc:
                     last = f"{type(exc).__name__}: {exc}"
                     continue
