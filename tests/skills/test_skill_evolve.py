@@ -62,6 +62,7 @@ def test_invalid_json_refused_and_logged(root, llm):
     llm.replies.append("I think you should add a skill about dependencies {not json")
     result = make(root, llm).evolve("alice", TURNS)
     assert result.accepted == [] and result.error and "JSON" in result.error
+    assert "it began: 'I think you should add a skill" in result.error  # what came back, to see why
     (entry,) = SkillLibrary(root, "alice").history()
     assert entry["action"] == "parse" and not entry["accepted"] and entry["source_sample_ids"] == ["s-1", "s-2"]
     assert SkillLibrary(root, "alice").generation == 0

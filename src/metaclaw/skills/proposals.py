@@ -48,7 +48,8 @@ def parse_reply(text: str) -> list[dict[str, Any]]:
         if not isinstance(data, dict) or not isinstance(data.get("skills"), list):
             raise ProposalError('reply JSON must be an object with a "skills" list')
         return data["skills"]
-    raise ProposalError(f"reply is not valid JSON ({errors[-1] if errors else 'empty reply'})")
+    head = " ".join(text.split())[:120]
+    raise ProposalError(f"reply is not valid JSON ({errors[-1] if errors else 'empty reply'}); it began: {head!r}")
 
 
 def validate_proposal(
