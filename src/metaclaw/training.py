@@ -162,9 +162,14 @@ def train(cfg: DictConfig) -> tuple[dict[str, Any], dict[str, Any]]:
     report = None
     if evaluator is not None:
         wall = time.monotonic() - t0
+        at_limit = stop.stopping or trainer.should_stop or 0 < trainer.max_steps <= trainer.global_step
+        ended = None if at_limit else getattr(datamodule, "end_reason", None)
+        if ended is not None:  # the stream ended before max_time / max_steps: the agent or the server stalled
+            log.warning("The run ended early at step %d: %s", trainer.global_step, ended)
         report = write_report(
-            run_dir, evaluator.results, store, trainer.global_step, wall, driver_stats, unfinished=evaluator.unfinished
-        )
+            run_dir, evaluator.results, store, trainer.global_step, wall, driver_stats,
+            unfinished=evaluator.unfinished, ended_early=ended,
+        )  # fmt: skip
         print(report["text"], flush=True)
     for lg in trainer.loggers:  # one W&B run per multirun job
         if hasattr(lg, "experiment") and type(lg).__name__ == "WandbLogger":

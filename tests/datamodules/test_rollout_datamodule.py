@@ -75,9 +75,11 @@ def test_stream_resumes_at_the_trainer_step_and_ends_when_idle(tmp_path):
     ds = StreamingSampleDataset(
         path, lambda: 5, pad_id=0, batch_size=2, max_tokens=None, max_sample_tokens=None, wait_timeout_s=0.3
     )
+    assert ds.end_reason is None
     batches = list(ds)
     assert [len(b["sample_ids"]) for b in batches] == [2, 1]
     assert sorted({s.claimed_step for s in SampleStore(path).select("claimed")}) == [5, 6]
+    assert ds.end_reason == "no ready samples for 0.3s (rollout.wait_timeout_s)"  # the summary says so
 
 
 def test_every_rank_gets_the_global_batch_statistics(tmp_path):

@@ -30,6 +30,7 @@ def test_main_job_prints_the_summary_and_writes_the_plot(tmp_path):
     assert (tmp_path / "compliance.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["steps"] == 2 and summary["samples_trained"] > 0
+    assert summary["ended_early"] is None and summary["unfinished_evaluations"] == []  # ended at max_steps
     user = summary["user"]
     assert user["replies"] > 0 and user["errors"] == 0
     assert 0 < user["anthropic_sessions"] < user["sessions"]  # both routes: /v1/messages and the openai client

@@ -127,6 +127,7 @@ class StreamingSampleDataset(IterableDataset):
         # Many agents in mode=auto: `(open, adapters)`: whether a window is open now (never blocks) and the
         # adapters of `rl` agents, which train outside windows too. None: the gate blocks for every adapter.
         self.ungated = ungated
+        self.end_reason: str | None = None  # why the stream ended (None: it has not, or the trainer stopped it)
 
     def __iter__(self) -> Iterator[dict[str, Tensor]]:
         store = open_store(self.store_path)
@@ -136,9 +137,10 @@ class StreamingSampleDataset(IterableDataset):
                 batch = self._claim(store, step)
                 if batch is None:
                     if self.should_stop():
-                        log.info("Stop requested: the sample stream ends")
+                        self.end_reason = "stop requested"
                     else:
-                        log.info("No ready samples for %.0fs: the stream ends", self.wait_timeout_s)
+                        self.end_reason = f"no ready samples for {self.wait_timeout_s:g}s (rollout.wait_timeout_s)"
+                    log.info("The sample stream ends: %s", self.end_reason)
                     return
                 out = collate_samples(batch[self.rank :: self.world_size], self.pad_id, group=batch)
                 if self.partition is not None:
@@ -296,4 +298,11 @@ class RolloutDataModule(L.LightningDataModule):
             ungated=self._ungated,
             min_batch_size=self.min_batch_size,
         )
+        self._dataset = dataset
         return DataLoader(dataset, batch_size=None, num_workers=0)
+
+    @property
+    def end_reason(self) -> str | None:
+        """Why the sample stream ended the run (`StreamingSampleDataset.end_reason`); None if it did not."""
+        dataset = getattr(self, "_dataset", None)
+        return dataset.end_reason if dataset is not None else None

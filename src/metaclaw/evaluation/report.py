@@ -83,11 +83,14 @@ def write_report(
     user_stats: dict[str, Any] | None = None,
     title: str = "held-out replies: compliance and quality",
     unfinished: list[dict[str, Any]] | None = None,
+    ended_early: str | None = None,
 ) -> dict[str, Any]:
     """Summary dict (`text` holds the printout); writes summary.json and compliance.png into `run_dir`.
 
     `unfinished` names the evaluations the end of training stopped waiting for (`LiveEvaluator.unfinished`): the
-    summary says they are missing rather than pass the last finished one off as the final figure."""
+    summary says they are missing rather than pass the last finished one off as the final figure. `ended_early`:
+    why the sample stream ended the run before its time or step budget (e.g. no samples came for
+    `rollout.wait_timeout_s`: the agent or the policy server stalled)."""
     run_dir = Path(run_dir)
     by_agent: dict[str, list[dict[str, Any]]] = {}
     for r in results:
@@ -104,6 +107,7 @@ def write_report(
         "wall_s": round(wall_s, 1),
         "user": user_stats or {},
         "unfinished_evaluations": list(unfinished or []),
+        "ended_early": ended_early,
     }
     several = len(curves) > 1 or bool(curves and "default" not in curves)
     if several:
@@ -141,6 +145,8 @@ def write_report(
         lines.append(f"  not measured: {what} of agent {u.get('agent_id')} (still running when the end of training"
                      " stopped waiting: raise eval.final_timeout_s)")  # fmt: skip
     lines.append(f"samples trained: {trained}   optimizer steps: {steps}   wall time: {wall_s / 60:.1f} min")
+    if ended_early:
+        lines.append(f"the run ended early, at step {steps}: {ended_early}")
     if user_stats:
         lines.append(
             f"simulated user: {user_stats.get('sessions', 0)} sessions, {user_stats.get('replies', 0)} replies, "
