@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import torch
 
 from metaclaw.datamodules.rollout import StreamingSampleDataset, collate_samples
@@ -79,7 +81,7 @@ def test_stream_resumes_at_the_trainer_step_and_ends_when_idle(tmp_path):
     batches = list(ds)
     assert [len(b["sample_ids"]) for b in batches] == [2, 1]
     assert sorted({s.claimed_step for s in SampleStore(path).select("claimed")}) == [5, 6]
-    assert ds.end_reason == "no ready samples for 0.3s (rollout.wait_timeout_s)"  # the summary says so
+    assert ds.end_reason == "no new sample for 0.3s (rollout.wait_timeout_s)"  # the summary says so
 
 
 def test_every_rank_gets_the_global_batch_statistics(tmp_path):
@@ -180,6 +182,32 @@ def test_a_step_waits_for_the_smallest_batch_that_carries_a_signal(tmp_path):
     )  # fmt: skip
     assert [len(b["sample_ids"]) for b in ds] == [3]  # the last two wait for a third; the stream then ends
     assert SampleStore(path).counts()["ready"] == 2
+    assert ds.end_reason == "no new sample for 0.3s (rollout.wait_timeout_s); 2 ready, fewer than the 3 a step needs"
+
+
+def test_samples_that_keep_coming_slower_than_a_batch_do_not_end_the_stream(tmp_path):
+    """`wait_timeout_s` ends the stream when no new sample came for that long, not when a whole batch did not:
+    a slow agent (one sample every 0.4 s, batches of 4, timeout 1.2 s) is not taken for a stopped one. Before,
+    the simulated user's skills run ended after 2 steps with 3 samples ready and a 4th 10 s away."""
+    import threading
+
+    path = tmp_path / "s.sqlite"
+    SampleStore(path)
+
+    def arrive():
+        for _ in range(8):
+            time.sleep(0.4)
+            _fill(path, 1)
+
+    feeder = threading.Thread(target=arrive)
+    feeder.start()
+    ds = StreamingSampleDataset(
+        path, lambda: 0, pad_id=0, batch_size=4, max_tokens=None, max_sample_tokens=None, wait_timeout_s=1.2,
+        min_batch_size=4,
+    )  # fmt: skip
+    sizes = [len(b["sample_ids"]) for b in ds]
+    feeder.join()
+    assert sizes == [4, 4] and ds.end_reason.startswith("no new sample for 1.2s")
 
 
 def test_min_batch_size_is_checked():

@@ -61,7 +61,7 @@ def test_a_run_the_sample_stream_ended_early_says_so(tmp_path):
     """A simulated-user run whose agent stalled (no samples for `rollout.wait_timeout_s`) ends before its time
     budget; the summary says why, beside the figures it has."""
     results = [{"step": 0, "adapter": "base", "compliance": 0.25, "n": 4}]
-    why = "no ready samples for 120s (rollout.wait_timeout_s)"
+    why = "no new sample for 120s (rollout.wait_timeout_s); 3 ready, fewer than the 4 a step needs"
     summary = write_report(tmp_path, results, SampleStore(tmp_path / "s.sqlite"), 2, 60.0, ended_early=why)
     assert summary["ended_early"] == why and f"the run ended early, at step 2: {why}" in summary["text"]
     assert json.loads((tmp_path / "summary.json").read_text())["ended_early"] == why

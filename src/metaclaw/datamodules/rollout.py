@@ -139,7 +139,9 @@ class StreamingSampleDataset(IterableDataset):
                     if self.should_stop():
                         self.end_reason = "stop requested"
                     else:
-                        self.end_reason = f"no ready samples for {self.wait_timeout_s:g}s (rollout.wait_timeout_s)"
+                        self.end_reason = f"no new sample for {self.wait_timeout_s:g}s (rollout.wait_timeout_s)"
+                        if ready := store.count("ready"):
+                            self.end_reason += f"; {ready} ready, fewer than the {self.min_samples} a step needs"
                     log.info("The sample stream ends: %s", self.end_reason)
                     return
                 out = collate_samples(batch[self.rank :: self.world_size], self.pad_id, group=batch)
@@ -151,8 +153,10 @@ class StreamingSampleDataset(IterableDataset):
             store.close()
 
     def _claim(self, store: SampleStore, step: int) -> list[Sample] | None:
-        deadline = time.monotonic() + (self.wait_timeout_s if self.wait_timeout_s is not None else float("inf"))
+        timeout = self.wait_timeout_s if self.wait_timeout_s is not None else float("inf")
+        deadline = time.monotonic() + timeout
         polled = time.monotonic()
+        seen_ready = store.count("ready")
         while True:
             if self.should_stop():
                 return None
@@ -184,6 +188,10 @@ class StreamingSampleDataset(IterableDataset):
             )
             if batch:
                 return batch
+            ready = store.count("ready")
+            if ready > seen_ready:  # samples still arrive, only slower than a batch: the wait is for the next one
+                deadline = max(deadline, time.monotonic() + timeout)
+            seen_ready = ready
             left = deadline - time.monotonic()
             if left <= 0:
                 return None
