@@ -197,7 +197,7 @@ class StreamingSampleDataset(IterableDataset):
                 return None
             if allowed is not None:  # outside a window: re-check it (and the `rl` agents' samples) every second
                 time.sleep(min(left, 1.0))
-            elif store.count("ready"):  # some are ready, but no batch could be formed yet (fewer than one per rank)
+            elif ready:  # some are ready, but no batch could be formed yet (fewer than one per rank)
                 time.sleep(min(left, 0.2))  # poll gently: each claim attempt is a write transaction
             else:
                 store.wait_for_ready(min(left, 0.5))  # short waits: a stop request is seen within 0.5 s
