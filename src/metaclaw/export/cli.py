@@ -48,8 +48,9 @@ def export(run_dir: str, step: str, agent: str, fmt: str, out: str, dtype: str =
             parity = export_gguf_lora(adapter_dir, tmp, spec)
         else:
             parity = export_ollama(adapter_dir, tmp, spec, base_gguf)
-        if parity["max_abs_diff"] > parity["tolerance"]:
-            raise ExportError(f"parity check failed: max |diff| {parity['max_abs_diff']:.3g} > {parity['tolerance']} "
+        measured = parity.get("tolerance_on", "max_abs_diff")
+        if parity[measured] > parity["tolerance"]:
+            raise ExportError(f"parity check failed: {measured} {parity[measured]:.3g} > {parity['tolerance']} "
                               f"({parity['check']}); nothing was written")  # fmt: skip
         record.update({
             "format": fmt + (f" ({dtype})" if fmt == "merged" else ""),

@@ -16,7 +16,7 @@ from peft import PeftModel, set_peft_model_state_dict
 
 from metaclaw.modules.loading import ModelSpec
 
-__all__ = ["PROBES", "compare", "reply_logprobs", "served_model"]
+__all__ = ["PROBES", "compare", "llama_cpp_parity", "reply_logprobs", "served_model"]
 
 #: (messages, reply) pairs scored by every parity check: short chat turns of the kinds an agent sees.
 PROBES: list[tuple[list[dict[str, str]], str]] = [
@@ -72,3 +72,41 @@ def served_model(spec: ModelSpec, adapter_dir: str | Path) -> PeftModel:
     if result.unexpected_keys:
         raise ValueError(f"adapter {adapter_dir} has keys the base model lacks: {result.unexpected_keys[:3]}")
     return model.eval()
+
+
+def llama_cpp_parity(spec: ModelSpec, adapter_dir: str | Path, base_gguf: Path, lora_gguf: Path,
+                     probes: Sequence[tuple[list[dict[str, str]], str]] = PROBES) -> dict[str, Any]:  # fmt: skip
+    """The LoRA's effect in llama.cpp against its effect here: per-token (with − without adapter) logprob deltas.
+
+    The base GGUF is usually quantised (SmolLM2 ships Q4_1) while the served base is its fp32 de-quantisation, so
+    absolute logprobs differ by the quantisation; what the adapter changes is compared instead. Needs
+    `llama-cpp-python` (an optional install: it compiles llama.cpp).
+    """
+    import numpy as np
+    from llama_cpp import Llama
+
+    tokenizer = spec.load_tokenizer()
+    base = reply_logprobs(spec.load_model("cpu").float().eval(), tokenizer, probes)
+    served = reply_logprobs(served_model(spec, adapter_dir), tokenizer, probes)
+
+    def run(lora: Path | None) -> list[torch.Tensor]:
+        llm = Llama(model_path=str(base_gguf), lora_path=str(lora) if lora else None, logits_all=True, n_ctx=512,
+                    n_threads=2, verbose=False, seed=0)  # fmt: skip
+        out = []
+        for messages, reply in probes:
+            ids, start = encode(tokenizer, messages, reply)
+            llm.reset()
+            llm.eval(ids)
+            logits = torch.from_numpy(np.array(llm.scores[: len(ids)], dtype=np.float32))
+            logp = torch.log_softmax(logits[start - 1 : -1].double(), dim=-1).float()
+            out.append(logp.gather(-1, torch.tensor(ids[start:]).unsqueeze(-1)).squeeze(-1))
+        del llm
+        return out
+
+    cpp_base, cpp_lora = run(None), run(lora_gguf)
+    ours = [s - b for s, b in zip(served, base, strict=True)]
+    theirs = [s - b for s, b in zip(cpp_lora, cpp_base, strict=True)]
+    effect = torch.cat([d.abs() for d in ours])
+    return {"check": "llama.cpp (base GGUF + GGUF LoRA) vs served: the adapter's per-token logprob change",
+            **compare(ours, theirs), "adapter_effect_mean_abs": float(effect.mean()),
+            "base_gap_mean_abs": compare(base, cpp_base)["mean_abs_diff"]}  # fmt: skip
