@@ -22,7 +22,7 @@ LAYERS: list[tuple[str, frozenset[str]]] = [
     ("libraries", frozenset({"losses", "advantages", "skills", "simulate", "scheduler"})),
     ("serving", frozenset({"serving"})),
     ("model", frozenset({"modules"})),
-    ("services", frozenset({"rollout", "scoring", "evaluation", "control", "serving.training_server"})),
+    ("services", frozenset({"rollout", "scoring", "evaluation", "control", "export", "serving.training_server"})),
     ("training data", frozenset({"datamodules"})),
     ("orchestration", frozenset({"loop"})),
     ("entry", frozenset({"training", "__main__", "__init__"})),

@@ -20,6 +20,7 @@ from metaclaw.control.plane import build_control
 from metaclaw.datamodules.seed import seed_store
 from metaclaw.devices import resolve_devices
 from metaclaw.evaluation.report import write_report
+from metaclaw.export.apply import ApplyImport
 from metaclaw.loop.eval_wiring import build_evaluator
 from metaclaw.loop.live import Live, live_loop, run_skills_only
 from metaclaw.modules.agent_publish import AgentPublishing
@@ -119,6 +120,7 @@ def train(cfg: DictConfig) -> tuple[dict[str, Any], dict[str, Any]]:
         logger=build_loggers(cfg),
         callbacks=[
             publisher,
+            ApplyImport(run_dir, agents, publisher),  # after the publisher: `python -m metaclaw import` wins
             *([evaluator] if evaluator else []),
             *([scheduler] if scheduler else []),
             *([health] if health else []),
