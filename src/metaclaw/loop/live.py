@@ -148,6 +148,11 @@ def live_loop(
             return
         live.worker = build_worker(cfg, store, tokenizer, server).start()
         stack.callback(live.worker.stop)
+        privacy = getattr(store, "screen", None)
+        if getattr(privacy, "retention_days", None) is not None:  # trained samples older than N days: deleted
+            from metaclaw.privacy.forget import RetentionSweeper
+
+            stack.callback(RetentionSweeper(store.path, privacy.retention_days, privacy.retention_check_s).start().stop)
         if evaluator is not None:
             from metaclaw.loop.eval_wiring import bind_evaluator
 
