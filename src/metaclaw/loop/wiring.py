@@ -130,8 +130,9 @@ def build_privacy(cfg: DictConfig) -> PrivacyPolicy | None:
 
 def build_proxy(cfg: DictConfig, store: SampleStore, tokenizer: Any, server: Upstream) -> ProxyService:
     """The proxy and its HTTP app (`rollout.proxy`), forwarding to `server`; it captures only when training."""
+    node = OmegaConf.masked_copy(cfg.rollout.proxy, [k for k in cfg.rollout.proxy if k != "agent_keys"])
     return instantiate(
-        cfg.rollout.proxy,
+        node,
         store=store,
         upstream_url=server.url,
         upstream_api_key=server.api_key,
