@@ -130,7 +130,8 @@ def build_privacy(cfg: DictConfig) -> PrivacyPolicy | None:
 
 def build_proxy(cfg: DictConfig, store: SampleStore, tokenizer: Any, server: Upstream) -> ProxyService:
     """The proxy and its HTTP app (`rollout.proxy`), forwarding to `server`; it captures only when training."""
-    node = OmegaConf.masked_copy(cfg.rollout.proxy, [k for k in cfg.rollout.proxy if k != "agent_keys"])
+    node = OmegaConf.create(OmegaConf.to_container(cfg.rollout.proxy, resolve=True))
+    node.pop("agent_keys", None)  # the live loop's concern (privacy.access), not the proxy's
     return instantiate(
         node,
         store=store,
