@@ -116,3 +116,13 @@ def test_outbound_calls_off_this_machine_get_redacted_text():
     assert EMAIL not in str(seen)
     assert not PrivacyPolicy(outbound="off").redacts_for("https://judge.example.com")
     assert PrivacyPolicy(outbound="redact_all").redacts_for("http://localhost:1")
+
+
+def test_status_shows_turns_dropped_for_a_secret(store, tmp_path):
+    from metaclaw.control.cli import format_status
+    from metaclaw.control.plane import ControlPlane
+
+    store.insert(sample(f"OPENAI_API_KEY={KEY}"))
+    status = ControlPlane(tmp_path, store).status()
+    assert status["samples_dropped"] == {"secret": 1}
+    assert "dropped:       secret 1" in format_status(status)

@@ -74,6 +74,8 @@ def format_status(s: dict[str, Any]) -> str:
     counts = s.get("samples") or {}
     by_status = ", ".join(f"{k} {v}" for k, v in counts.items())
     lines.append(f"samples:       {s.get('samples_waiting')} waiting ({by_status})")
+    if s.get("samples_dropped"):  # why: secret / pii (docs/privacy.md), stale, backlog, ...
+        lines.append("dropped:       " + ", ".join(f"{k} {v}" for k, v in sorted(s["samples_dropped"].items())))
     lines.append(f"steps done:    {s.get('steps_done')}")
     lines.append(f"serving:       {_served(s.get('served_adapter') or {})}")
     for agent, a in (s.get("agents") or {}).items():  # agents with adapters of their own (docs/agents.md)
