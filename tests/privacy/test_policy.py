@@ -126,3 +126,14 @@ def test_status_shows_turns_dropped_for_a_secret(store, tmp_path):
     status = ControlPlane(tmp_path, store).status()
     assert status["samples_dropped"] == {"secret": 1}
     assert "dropped:       secret 1" in format_status(status)
+
+
+def test_status_shows_eval_example_replies_only_when_configured(tmp_path):
+    import json
+
+    from metaclaw.control.plane import ControlPlane
+
+    record = {"step": 2, "adapter": "step-000002", "compliance": 0.5, "examples": ["my reply to Alice's question"]}
+    (tmp_path / "eval.jsonl").write_text(json.dumps(record) + "\n")
+    assert "examples" not in ControlPlane(tmp_path).status()["eval"][0]
+    assert ControlPlane(tmp_path, show_text=True).status()["eval"][0]["examples"] == record["examples"]

@@ -48,6 +48,8 @@ class PrivacyPolicy:
         phone_region: region for numbers written without a country code.
         retention_days: trained (`consumed`) and `dropped` samples older than this are deleted (null: kept).
         retention_check_s: how often the running service applies `retention_days`.
+        show_text: whether `status` and the live service's evaluation records may carry example replies (read by
+            the control plane and the evaluation wiring).
     """
 
     def __init__(
@@ -58,6 +60,7 @@ class PrivacyPolicy:
         phone_region: str = "US",
         retention_days: float | None = 30.0,
         retention_check_s: float = 3600.0,
+        show_text: bool = False,
     ) -> None:
         actions = {**DEFAULT_PII, **dict(pii or {})}
         for category, action in actions.items():
@@ -70,7 +73,7 @@ class PrivacyPolicy:
         if retention_days is not None and retention_days <= 0:
             raise ValueError(f"privacy.retention_days must be > 0 or null, got {retention_days}")
         self.pii, self.outbound, self.entropy, self.phone_region = actions, outbound, entropy, phone_region
-        self.retention_days, self.retention_check_s = retention_days, retention_check_s
+        self.retention_days, self.retention_check_s, self.show_text = retention_days, retention_check_s, show_text
         self._screened = [c for c, a in actions.items() if a != "keep"]
         self._cache: OrderedDict[bytes, tuple[Finding, ...]] = OrderedDict()
         self._lock = threading.Lock()
