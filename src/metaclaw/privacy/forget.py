@@ -132,7 +132,13 @@ def forget(
         except BaseException:
             conn.execute("ROLLBACK")
             raise
-        report.wal_checkpoint = purge(conn)
+        try:
+            report.wal_checkpoint = purge(conn)
+        except sqlite3.OperationalError as e:  # the running service held the file past the busy timeout
+            report.notes.append(f"the rows are deleted (zeroed) but the file could not be vacuumed now ({e}): run "
+                                "forget again (it is idempotent) or stop the service first")  # fmt: skip
+        if report.wal_checkpoint and report.wal_checkpoint[0] != 0:
+            report.notes.append("a reader held the WAL: it was not truncated; run forget again")
     finally:
         conn.close()
     report.agents = sorted(by_agent)
