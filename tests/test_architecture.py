@@ -21,6 +21,7 @@ LAYERS: list[tuple[str, frozenset[str]]] = [
     ("vocabulary", frozenset({"wire", "config"})),
     ("libraries", frozenset({"losses", "advantages", "skills", "simulate", "scheduler"})),
     ("serving", frozenset({"serving"})),
+    ("privacy", frozenset({"privacy"})),
     ("model", frozenset({"modules"})),
     ("services", frozenset({"rollout", "scoring", "evaluation", "control", "export", "serving.training_server"})),
     ("training data", frozenset({"datamodules"})),

@@ -23,6 +23,7 @@ from metaclaw.evaluation.report import write_report
 from metaclaw.export.apply import ApplyImport
 from metaclaw.loop.eval_wiring import build_evaluator
 from metaclaw.loop.live import Live, live_loop, run_skills_only
+from metaclaw.loop.wiring import build_privacy
 from metaclaw.modules.agent_publish import AgentPublishing
 from metaclaw.modules.online_rl import OnlineRLModule
 from metaclaw.stopping import GracefulStop, RunAbandoned, RunFailed, StopController
@@ -57,7 +58,8 @@ def prepare_store(cfg: DictConfig, tokenizer, policy) -> SampleStore:
     With `data.backlog_policy=pause_capture` the proxy's writes through this store pause at `data.max_backlog`.
     """
     pause = cfg.data.get("backlog_policy") == "pause_capture"
-    store = open_store(cfg.store_path, capture_limit=cfg.data.get("max_backlog") if pause else None)
+    privacy = build_privacy(cfg)  # secrets and personal data are screened before any write (docs/privacy.md)
+    store = open_store(cfg.store_path, capture_limit=cfg.data.get("max_backlog") if pause else None, screen=privacy)
     seed_file = cfg.rollout.get("seed_file")
     if seed_file and store.count() == 0:
         seed_store(store, seed_file, tokenizer, policy, cfg.method.needs_reward, cfg.method.needs_teacher)

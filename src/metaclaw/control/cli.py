@@ -17,6 +17,7 @@ from typing import Any
 import httpx
 
 from metaclaw.control.plane import CONTROL_FILE
+from metaclaw.privacy.cli import add_forget_parser, forget_main
 from metaclaw.wire import bearer_headers
 
 DEFAULT_URL = "http://127.0.0.1:30000"
@@ -34,6 +35,13 @@ def resolve_url(url: str | None, run_dir: str | None) -> str:
         except (OSError, ValueError, KeyError) as e:
             raise SystemExit(f"no running service found in {run_dir} ({path}: {e})") from e
     return DEFAULT_URL
+
+
+def _running(run_dir: str | None) -> str:
+    try:
+        return resolve_url(None, run_dir)
+    except SystemExit:
+        return DEFAULT_URL
 
 
 def format_eval(record: dict[str, Any]) -> str:
@@ -66,6 +74,8 @@ def format_status(s: dict[str, Any]) -> str:
     counts = s.get("samples") or {}
     by_status = ", ".join(f"{k} {v}" for k, v in counts.items())
     lines.append(f"samples:       {s.get('samples_waiting')} waiting ({by_status})")
+    if s.get("samples_dropped"):  # why: secret / pii (docs/privacy.md), stale, backlog, ...
+        lines.append("dropped:       " + ", ".join(f"{k} {v}" for k, v in sorted(s["samples_dropped"].items())))
     lines.append(f"steps done:    {s.get('steps_done')}")
     lines.append(f"serving:       {_served(s.get('served_adapter') or {})}")
     for agent, a in (s.get("agents") or {}).items():  # agents with adapters of their own (docs/agents.md)
@@ -114,10 +124,16 @@ def main(argv: list[str] | None = None) -> int:
     rb = sub.add_parser("rollback", parents=[common], help="serve an earlier step's adapter again (pauses training)")
     rb.add_argument("step", type=int)
     rb.add_argument("--agent", default=None, help="roll back this agent's own adapter (default: the default one)")
+    add_forget_parser(sub, common)  # privacy (docs/privacy.md): works on the run dir's files
     args = parser.parse_args(argv)
     args.key = args.key or os.environ.get("METACLAW_PROXY_API_KEY")
     args.timeout = args.timeout or 90.0
 
+    if args.command == "forget":
+        run_dir, args.run_dir = args.run_dir, None  # no control.json needed: the service may not be running
+        url = resolve_url(args.url, None) if args.url else _running(run_dir)
+        args.run_dir = run_dir
+        return forget_main(args, url, bearer_headers(args.key))
     url = resolve_url(args.url, args.run_dir)
     headers = bearer_headers(args.key)
     method, body = "POST", None

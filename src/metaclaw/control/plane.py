@@ -83,8 +83,10 @@ class ControlPlane:
         timeout_s: float = 60.0,
         api_key: str | None = None,
         agents: AgentProfiles | None = None,
+        show_text: bool = False,
     ) -> None:
         self.run_dir, self.store, self.scheduler, self.api_key = Path(run_dir), store, scheduler, api_key
+        self.show_text = show_text  # privacy.show_text: eval records' example replies in `status`
         self.agents = agents or AgentProfiles(lora_name=lora_name)
         self.lora_name, self.server_api_key, self.eval_tail, self.timeout_s = (
             lora_name, server_api_key, eval_tail, timeout_s)  # fmt: skip
@@ -172,12 +174,14 @@ class ControlPlane:
                 "open": True, "reasons": ["no scheduler in this mode: always open"], "next_window": None},
             "samples": self.store.counts() if self.store is not None else None,
             "samples_waiting": self.store.count("ready") if self.store is not None else None,
+            "samples_dropped": self.store.dropped_reasons() if self.store is not None else None,  # secret, pii, ...
             "steps_done": self.steps_done(),
             "served_adapter": served.pop(DEFAULT_PROFILE),
             "agents": served,  # every other agent with an adapter of its own: {id: served adapter}
             "rollback_step": state and state.rollback_step,
             "rollback_agent": state and state.rollback_agent,
-            "eval": tail_jsonl(self.run_dir / "eval.jsonl", self.eval_tail),
+            "eval": [r if self.show_text else {k: v for k, v in r.items() if k != "examples"}
+                     for r in tail_jsonl(self.run_dir / "eval.jsonl", self.eval_tail)],  # fmt: skip
         }  # fmt: skip
 
     # ---- changes ------------------------------------------------------------------------------------------
@@ -274,4 +278,5 @@ def build_control(cfg: Any, store: SampleStore, scheduler: Any) -> ControlPlane 
         timeout_s=control.timeout_s,
         api_key=cfg.rollout.proxy.get("api_key"),
         agents=AgentProfiles.from_config(cfg),
+        show_text=bool((cfg.get("privacy") or {}).get("show_text", False)),
     )

@@ -120,6 +120,7 @@ def bind_evaluator(
             turns = HeldoutTurnsEvaluator(
                 store, server_url, base_model, api_key=server_key, max_turns=fallback.get("max_turns", 32),
                 min_turns=fallback.get("min_turns", 4), nll_margin=float(quality.get("nll_margin", 1.0)), owner=owner,
+                keep_examples=3 if (cfg.get("privacy") or {}).get("show_text") else 0,  # users' turns: docs/privacy.md
             )  # fmt: skip
             evaluator.add_agent(profiles.by_adapter(adapter).name, turns)
         evaluator.bind(server_url, api_key=server_key)

@@ -137,6 +137,11 @@ def live_loop(
         service = build_proxy(cfg, store, tokenizer, server)
         live.proxy = service.proxy
         app = wrap_app(service.app) if wrap_app else service.app
+        if p.get("agent_keys"):  # per-agent keys: a key holder is pinned to its agent (docs/privacy.md)
+            from metaclaw.privacy.access import AgentKeyMiddleware, check_agent_keys
+
+            keys = check_agent_keys(OmegaConf.to_container(p.agent_keys), p.get("api_key"))
+            app = AgentKeyMiddleware(app, p.api_key, keys, store)
         drain_s = cfg.get("stop", {}).get("drain_timeout_s", 30.0)
         proxy_srv = stack.enter_context(ThreadedServer(app, host=p.host, port=p.port, drain_timeout_s=drain_s))
         live.proxy_url = proxy_srv.url
@@ -148,6 +153,11 @@ def live_loop(
             return
         live.worker = build_worker(cfg, store, tokenizer, server).start()
         stack.callback(live.worker.stop)
+        privacy = getattr(store, "screen", None)
+        if getattr(privacy, "retention_days", None) is not None:  # trained samples older than N days: deleted
+            from metaclaw.privacy.forget import RetentionSweeper
+
+            stack.callback(RetentionSweeper(store.path, privacy.retention_days, privacy.retention_check_s).start().stop)
         if evaluator is not None:
             from metaclaw.loop.eval_wiring import bind_evaluator
 

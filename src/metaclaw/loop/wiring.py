@@ -16,6 +16,8 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from metaclaw.agents import AgentProfiles
+from metaclaw.privacy import PrivacyPolicy
+from metaclaw.privacy.outbound import RedactingEvolver, RedactingJudge, teacher_renderer
 from metaclaw.rollout.proxy_app import ProxyService
 from metaclaw.scoring.judges import Judge
 from metaclaw.scoring.teacher import TeacherClient, hinted_prompt_ids
@@ -99,24 +101,39 @@ def build_worker(cfg: DictConfig, store: SampleStore, tokenizer: Any, server: Up
     """The scoring worker (`rollout.scoring`) for `cfg.method`, with its judge, teacher and skill evolver."""
     from metaclaw.loop.eval_wiring import heldout_share  # sessions held out for the judge-based evaluation
 
+    judge, teacher, evolver = build_judge(cfg, server), build_teacher(cfg, server), build_evolver(cfg, server)
+    render = lambda sample, hint: hinted_prompt_ids(tokenizer, sample, hint)  # noqa: E731
+    privacy = getattr(store, "screen", None)
+    if isinstance(privacy, PrivacyPolicy):  # calls off this machine get redacted text (privacy.outbound)
+        judge = RedactingJudge(judge, privacy)
+        evolver = RedactingEvolver(evolver, privacy) if evolver is not None else None
+        render = teacher_renderer(render, teacher, privacy)
     return instantiate(
         cfg.rollout.scoring,
         store=store,
-        judge=build_judge(cfg, server),
+        judge=judge,
         needs_reward=cfg.method.needs_reward,
         needs_teacher=cfg.method.needs_teacher,
-        teacher=build_teacher(cfg, server),
-        render_teacher_prompt=lambda sample, hint: hinted_prompt_ids(tokenizer, sample, hint),
-        evolver=build_evolver(cfg, server),
+        teacher=teacher,
+        render_teacher_prompt=render,
+        evolver=evolver,
         evolve_every_n_turns=cfg.skills.evolve_every_n_turns if cfg.get("skills") else None,
         heldout_share=heldout_share(cfg),
     )
 
 
+def build_privacy(cfg: DictConfig) -> PrivacyPolicy | None:
+    """The run's privacy policy (`privacy`, docs/privacy.md); the store applies it to every sample it writes."""
+    node = cfg.get("privacy")
+    return instantiate(node) if node else None
+
+
 def build_proxy(cfg: DictConfig, store: SampleStore, tokenizer: Any, server: Upstream) -> ProxyService:
     """The proxy and its HTTP app (`rollout.proxy`), forwarding to `server`; it captures only when training."""
+    node = OmegaConf.create(OmegaConf.to_container(cfg.rollout.proxy, resolve=True))
+    node.pop("agent_keys", None)  # the live loop's concern (privacy.access), not the proxy's
     return instantiate(
-        cfg.rollout.proxy,
+        node,
         store=store,
         upstream_url=server.url,
         upstream_api_key=server.api_key,

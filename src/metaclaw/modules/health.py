@@ -60,6 +60,7 @@ class HealthMonitor(L.Callback):
             "rollout/backlog": counts["pending"] + counts["ready"],
             "rollout/dropped": counts["dropped"],
         }
+        out["rollout/dropped_secret"] = 0  # always logged: turns holding a secret (docs/privacy.md)
         out.update({f"rollout/dropped_{reason}": n for reason, n in self._store.dropped_reasons().items()})
         if self.proxy is not None:
             out["rollout/captured"] = self.proxy.stats.get("captured", 0)

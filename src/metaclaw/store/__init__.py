@@ -15,6 +15,7 @@ from metaclaw.store.samples import (
     STATUSES,
     BacklogFull,
     Sample,
+    SampleScreen,
     SampleStore,
     SampleValidationError,
 )
@@ -28,6 +29,7 @@ __all__ = [
     "BacklogFull",
     "GroupCommitWriter",
     "Sample",
+    "SampleScreen",
     "SampleStore",
     "SampleValidationError",
     "SessionLog",
@@ -36,9 +38,10 @@ __all__ = [
 ]
 
 
-def open_store(path: str | Path, capture_limit: int | None = None) -> SampleStore:
-    """The sample store at `path` (created if missing); `capture_limit` pauses capture at that backlog."""
-    return SampleStore(path, capture_limit=capture_limit)
+def open_store(path: str | Path, capture_limit: int | None = None, screen: SampleScreen | None = None) -> SampleStore:
+    """The sample store at `path` (created if missing); `capture_limit` pauses capture at that backlog; `screen`
+    is applied to every sample written through it (`metaclaw.privacy.PrivacyPolicy`)."""
+    return SampleStore(path, capture_limit=capture_limit, screen=screen)
 
 
 def open_session_log(store: SampleStore) -> SessionLog:

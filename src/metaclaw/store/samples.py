@@ -22,7 +22,7 @@ from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 STATUSES = ("pending", "ready", "claimed", "consumed", "dropped")
 
@@ -59,6 +59,14 @@ REOPENABLE_DROPS = ("no_hint", "no_reward", "no_next_state", "judge_failed")
 
 
 BACKLOG_POLICIES = ("drop_oldest", "pause_capture")
+
+
+class SampleScreen(Protocol):
+    """What the store applies to every sample and next state before writing them (`metaclaw.privacy`)."""
+
+    def screen(self, sample: Sample) -> Sample: ...
+
+    def screen_next_state(self, text: str) -> str: ...
 
 
 class SampleValidationError(ValueError):
@@ -196,12 +204,20 @@ class SampleStore:
         busy_timeout_s: how long a writer waits for another process's lock.
         capture_limit: with it, `check_backlog()` (called by `GroupCommitWriter.submit` for new turns) refuses
             new samples while this many are pending or ready (`data.backlog_policy=pause_capture`).
+        screen: applied to every new sample and next state before it is written (`metaclaw.privacy`: secrets and
+            personal data never reach the file).
     """
 
-    def __init__(self, path: str | Path, busy_timeout_s: float = 30.0, capture_limit: int | None = None) -> None:
+    def __init__(
+        self,
+        path: str | Path,
+        busy_timeout_s: float = 30.0,
+        capture_limit: int | None = None,
+        screen: SampleScreen | None = None,
+    ) -> None:
         if capture_limit is not None and capture_limit < 1:
             raise ValueError(f"data.max_backlog must be >= 1 or null, got {capture_limit}")
-        self.capture_limit = capture_limit
+        self.capture_limit, self.screen = capture_limit, screen
         self.stats = {"capture_paused": 0}
         self._backlog_seen = (0, -1.0)  # (pending + ready, when counted): counted at most every 0.5 s
         self.path = Path(path)
@@ -274,6 +290,9 @@ class SampleStore:
         if validate:
             for sample in samples:
                 sample.validate()
+        if self.screen is not None:
+            samples = [self.screen.screen(s) for s in samples]
+            next_states = [(i, self.screen.screen_next_state(t)) for i, t in next_states]
         now = time.time()
         rows = [_insert_row(s, now) for s in samples]  # serialise before taking the write lock
         with self._tx() as c:
@@ -291,6 +310,8 @@ class SampleStore:
         return ids
 
     def set_next_state(self, sample_id: int, next_state: str) -> None:
+        if self.screen is not None:
+            next_state = self.screen.screen_next_state(next_state)
         with self._tx() as c:
             c.execute("UPDATE samples SET next_state=?, updated_at=? WHERE id=?", (next_state, time.time(), sample_id))
 
@@ -348,6 +369,8 @@ class SampleStore:
             if row is None:
                 raise KeyError(f"no sample with id {sample_id}")
             before, meta = row["status"], json.loads(row["meta"])
+            if self.screen is not None and isinstance(feedback.get("text"), str):
+                feedback = {**feedback, "text": self.screen.screen_next_state(feedback["text"])}
             meta["feedback"] = feedback
             after = before
             if before == "ready" or (before == "dropped" and meta.get("dropped") in REOPENABLE_DROPS):

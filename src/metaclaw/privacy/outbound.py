@@ -1,0 +1,63 @@
+"""Redacted views for the judge, the teacher and the skill evolver when they are off this machine.
+
+`PrivacyPolicy.redacts_for(base_url)` decides per destination (`privacy.outbound`); the live loop wraps each
+component whose `base_url` gets redacted text (`metaclaw.loop.wiring`). Turns holding a secret never get here at
+all: they are stored `dropped` and the scorer only reads pending ones.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from metaclaw.privacy.policy import PrivacyPolicy
+from metaclaw.store import Sample
+
+
+def _base_url(component: Any) -> str | None:
+    return getattr(component, "base_url", None)  # a rule judge has none: it runs here and sends nothing
+
+
+class RedactingJudge:
+    """A judge that reads `policy.view(sample)` (every secret and personal-data item redacted) whenever its
+    `base_url` gets redacted text; decided per call, so a judge bound to the policy server later is covered."""
+
+    def __init__(self, judge: Any, policy: PrivacyPolicy) -> None:
+        self.judge, self.policy = judge, policy
+
+    def _view(self, sample: Sample) -> Sample:
+        return self.policy.view(sample) if self.policy.redacts_for(_base_url(self.judge)) else sample
+
+    async def reward(self, sample: Sample) -> Any:
+        return await self.judge.reward(self._view(sample))
+
+    async def hint(self, sample: Sample) -> str | None:
+        return await self.judge.hint(self._view(sample))
+
+    def __getattr__(self, name: str) -> Any:  # bind(), model, base_url, ...: the wrapped judge's
+        return getattr(self.judge, name)
+
+
+class RedactingEvolver:
+    """A skill evolver that is handed redacted copies of the failed turns when its `base_url` gets redacted text."""
+
+    def __init__(self, evolver: Any, policy: PrivacyPolicy) -> None:
+        self.evolver, self.policy = evolver, policy
+
+    def evolve(self, agent_id: str, failed_turns: Sequence[Mapping[str, Any]]) -> Any:
+        if self.policy.redacts_for(_base_url(self.evolver)):
+            failed_turns = self.policy.view_turns(failed_turns)
+        return self.evolver.evolve(agent_id, failed_turns)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.evolver, name)
+
+
+def teacher_renderer(render: Callable[[Sample, str], list[int]], teacher: Any, policy: PrivacyPolicy):
+    """The teacher's prompt renderer, fed a redacted copy of the turn when the teacher's `base_url` gets redacted
+    text (its conditioning then differs from the student's by the placeholders as well as the hint)."""
+
+    def rendered(sample: Sample, hint: str) -> list[int]:
+        return render(policy.view(sample) if policy.redacts_for(_base_url(teacher)) else sample, hint)
+
+    return rendered

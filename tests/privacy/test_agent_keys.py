@@ -1,0 +1,67 @@
+"""Per-agent keys (`rollout.proxy.agent_keys`): a key holder is pinned to its agent, cannot reach the control
+routes, and cannot touch another agent's turns; the owner's key keeps full access. Real proxy on 127.0.0.1,
+the real `openai` SDK, a scripted upstream."""
+
+from __future__ import annotations
+
+import httpx
+import openai
+import pytest
+
+from metaclaw.privacy.access import AgentKeyMiddleware, check_agent_keys
+from metaclaw.rollout.proxy import RolloutProxy
+from metaclaw.rollout.proxy_app import create_app
+from metaclaw.rollout.server import ThreadedServer
+from metaclaw.rollout.testing import scripted_upstream
+from metaclaw.store import SampleStore
+
+OWNER, ALICE_KEY, BOB_KEY = "owner-key-0123456789", "alice-key-0123456789", "bob-key-0123456789ab"
+
+
+@pytest.fixture
+def proxy(tmp_path):
+    store = SampleStore(tmp_path / "samples.sqlite")
+    keys = check_agent_keys({ALICE_KEY: "alice", BOB_KEY: "bob"}, OWNER)
+    with ThreadedServer(scripted_upstream()) as upstream:
+        app = create_app(RolloutProxy(store, upstream.url, base_model="tiny"), api_key=OWNER)
+        with ThreadedServer(AgentKeyMiddleware(app, OWNER, keys, store)) as srv:
+            yield srv.url, store
+
+
+def ask(url: str, key: str, **headers: str):
+    c = openai.OpenAI(base_url=f"{url}/v1", api_key=key, max_retries=0)
+    messages = [{"role": "user", "content": "hello"}]
+    return c.chat.completions.with_raw_response.create(model="metaclaw", messages=messages, extra_headers=headers)
+
+
+def test_an_agent_key_is_pinned_to_its_agent(proxy):
+    url, store = proxy
+    r = ask(url, ALICE_KEY, **{"X-Session-Id": "s1"})  # no X-Agent-Id: filed as alice's
+    assert [s.agent_id for s in store.select()] == ["alice"]
+    with pytest.raises(openai.PermissionDeniedError, match="agent 'alice'"):
+        ask(url, ALICE_KEY, **{"X-Agent-Id": "bob"})
+    rid = r.headers["x-metaclaw-response-id"]
+    fb = {"response_id": rid, "score": 1.0}
+    assert httpx.post(f"{url}/v1/feedback", json=fb, headers={"Authorization": f"Bearer {BOB_KEY}"}).status_code == 404
+    assert httpx.post(f"{url}/v1/feedback", json={**fb, "agent_id": "alice"},
+                      headers={"Authorization": f"Bearer {BOB_KEY}"}).status_code == 403  # fmt: skip
+    assert "feedback" not in store.select()[0].meta  # bob could not touch alice's turn
+    ok = httpx.post(f"{url}/v1/feedback", json=fb, headers={"Authorization": f"Bearer {ALICE_KEY}"})
+    assert ok.status_code == 200 and ok.json()["agent_id"] == "alice"
+    for path in ("/control/status", "/dashboard"):
+        assert httpx.get(f"{url}{path}", headers={"Authorization": f"Bearer {ALICE_KEY}"}).status_code == 403
+    ask(url, OWNER, **{"X-Agent-Id": "bob", "X-Session-Id": "s2"})  # the owner: any agent
+    assert sorted(s.agent_id for s in store.select()) == ["alice", "bob"]
+    with pytest.raises(openai.AuthenticationError):
+        ask(url, "not-a-key-0123456789")
+
+
+def test_agent_keys_are_checked_where_the_config_is_built():
+    with pytest.raises(ValueError, match="needs rollout.proxy.api_key"):
+        check_agent_keys({ALICE_KEY: "alice"}, None)
+    with pytest.raises(ValueError, match="at least 16"):
+        check_agent_keys({"short": "alice"}, OWNER)
+    with pytest.raises(ValueError, match="equals"):
+        check_agent_keys({OWNER: "alice"}, OWNER)
+    with pytest.raises(ValueError):
+        check_agent_keys({ALICE_KEY: "../etc"}, OWNER)
