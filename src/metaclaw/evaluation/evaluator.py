@@ -16,9 +16,12 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from metaclaw import profiling
 from metaclaw.evaluation.quality import base_nll, fluency, text_stats
 from metaclaw.simulate.preferences import PreferenceSet
 from metaclaw.simulate.tasks import load_tasks
+
+EVAL_USER = "metaclaw-eval"  # the OpenAI `user` field of evaluation requests: the server counts their cost apart
 
 
 @dataclass
@@ -112,6 +115,10 @@ class ComplianceEvaluator:
         self.base_model, self.nll_margin = base_model, nll_margin
         self.reference_nll: float | None = None  # the base model's mean NLL of its own replies (first scored)
 
+    def _timed_reply(self, model: str, prompt: str) -> tuple[str, float | None] | None:
+        with profiling.phase("eval_client", cpu="thread"):
+            return self._reply(model, prompt)
+
     def _reply(self, model: str, prompt: str) -> tuple[str, float | None] | None:
         messages = [{"role": "system", "content": self.system}] if self.system else []
         messages.append({"role": "user", "content": prompt})
@@ -123,6 +130,7 @@ class ComplianceEvaluator:
                 messages=messages,
                 max_tokens=self.max_tokens,
                 temperature=self.temperature,
+                user=EVAL_USER,
                 extra_body={"return_token_ids": True} if self.base_model else None,
             )
             text = out.choices[0].message.content or ""
@@ -132,7 +140,9 @@ class ComplianceEvaluator:
             prompt_ids, reply_ids = raw.get("prompt_token_ids"), raw["choices"][0].get("token_ids")
             if not prompt_ids or reply_ids is None:
                 raise ValueError("the policy server returned no token ids (return_token_ids)")
-            nll = base_nll(self.server_url, self.base_model, prompt_ids, reply_ids, self.api_key, self.timeout_s)
+            nll = base_nll(
+                self.server_url, self.base_model, prompt_ids, reply_ids, self.api_key, self.timeout_s, user=EVAL_USER
+            )
         except Exception:  # noqa: BLE001 - counted as an error, never as a compliant or failing reply
             return None
         return text, nll
@@ -144,7 +154,7 @@ class ComplianceEvaluator:
         t0 = time.monotonic()
         jobs = [p for p in self.prompts for _ in range(self.samples_per_prompt)]
         with ThreadPoolExecutor(self.concurrency, thread_name_prefix="eval") as pool:
-            replies = list(pool.map(lambda p: self._reply(model, p), jobs))
+            replies = list(pool.map(lambda p: self._timed_reply(model, p), jobs))
         done = [r for r in replies if r is not None]
         errors = len(replies) - len(done)
         if not done:

@@ -26,6 +26,7 @@ from typing import Any, Protocol, runtime_checkable
 
 import lightning as L
 
+from metaclaw import profiling
 from metaclaw.devices import full_params
 from metaclaw.modules.adapter_writer import AdapterWriter, clean_leftovers
 from metaclaw.modules.agent_publish import AgentPublishing, rank_fingerprints
@@ -145,6 +146,10 @@ class AdapterPublisher(L.Callback):
             self.samples.settle(trainer.global_step)
 
     def publish(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        with profiling.phase("publish"):
+            self._publish(trainer, pl_module)
+
+    def _publish(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         step = self._last_step = trainer.global_step
         if self.agents is not None:
             self.published += self.agents.publish(trainer, pl_module)
@@ -156,9 +161,11 @@ class AdapterPublisher(L.Callback):
             if trainer.is_global_zero:
                 pl_module.policy.save_adapter(target)
         fingerprints = self._rank_fingerprints(trainer, pl_module)
-        trainer.save_checkpoint(self.files.checkpoint_tmp, weights_only=False)  # collective: rank 0 writes
+        with profiling.phase("checkpoint"):
+            trainer.save_checkpoint(self.files.checkpoint_tmp, weights_only=False)  # collective: rank 0 writes
+            if trainer.is_global_zero:
+                self.files.commit_checkpoint()
         if trainer.is_global_zero:
-            self.files.commit_checkpoint()
             self.samples.consume_through(step)
             self.files.write_latest(step, target, self.lora_name, fingerprints)
             log.info("Published adapter v%d at %s", step, target)
@@ -173,7 +180,8 @@ class AdapterPublisher(L.Callback):
 
     def _serve(self, path: Path, step: int) -> None:
         """Serve `path` (hot-load it into the policy server when there is one)."""
-        self.server.serve(path, step)
+        with profiling.phase("hot_load_wait"):
+            self.server.serve(path, step)
 
     def _sync_served(self, trainer: L.Trainer) -> None:
         """Every rank learns rank 0's served version (and a hot-load failure that must stop the run)."""
