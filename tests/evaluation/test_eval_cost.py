@@ -77,3 +77,24 @@ def test_without_a_budget_every_due_adapter_is_measured(tmp_path):
     finally:
         live.stop()
     assert [r["adapter"] for r in live.results] == ["base", "step-000001"]
+
+
+class UncachedEvaluator(CostlyEvaluator):
+    def has_cached(self, model: str) -> bool:
+        return False
+
+
+def test_an_uncached_base_model_is_measured_after_training_beside_the_final_adapter(tmp_path):
+    """First run on a machine: the first samples do not wait behind the base model's evaluation."""
+    ev = UncachedEvaluator(seconds=1.0)
+    live = LiveEvaluator(ev, tmp_path, base_model="base", server_url="http://unused", baseline="auto", max_share=0.15)
+    live._load_candidate = lambda path: None
+    live.start()
+    try:
+        live.submit(1, tmp_path / "step-000001", lambda path: None)
+        assert live.wait(30)
+        assert ev.scored == [] and live.counts["skipped_budget"] == 1  # nothing measured during training
+        live.on_train_end(SimpleNamespace(loggers=[]), None)
+    finally:
+        live.stop()
+    assert [r["adapter"] for r in live.results] == ["base", "step-000001"]

@@ -162,6 +162,12 @@ class ComplianceEvaluator:
         }
         return self.cache.key(parts), parts
 
+    def has_cached(self, model: str) -> bool:
+        """Whether `model`'s replies are in the cache (scoring it then asks no server)."""
+        jobs = [p for p in self.prompts for _ in range(self.samples_per_prompt)]
+        entry = self._cache_key(model, jobs)
+        return entry is not None and self.cache.get(entry[0]) is not None  # type: ignore[union-attr]
+
     def _sample(self, model: str, jobs: list[str]) -> tuple[list[tuple[str, float | None] | None], bool]:
         """Every job's reply (None: the request failed) and whether they came from the cache."""
         entry = self._cache_key(model, jobs)

@@ -16,8 +16,11 @@ that has been replaced (the step of such a record is the served version; the las
 
 Cost (`max_share`): with the gate off, an adapter evaluation during training is skipped (`eval/skipped_budget`)
 when it would bring the evaluator's busy time above `max_share` of the time since it started (the cost of the
-next one is taken to be the last one's); the base model first and the final adapter are always measured. On a CPU
-an evaluation competes with training for the same cores, so the budget is what keeps the training going.
+next one is taken to be the last one's); the base model and the final adapter are always measured. On a CPU an
+evaluation competes with training for the same cores, so the budget is what keeps the training going. With
+`baseline="auto"` the base model is measured first when its replies are cached (free), else after training, beside
+the final adapter, when the first samples no longer wait behind it (the gate always measures it first); such a
+first run measures no adapter during training (each would need the base model's figures first).
 
 One background thread does the work; the queue holds at most `max_pending` adapters and drops the oldest
 waiting one when a newer arrives (counted as `eval/skipped`): training and serving never wait for it. Results
@@ -102,6 +105,7 @@ class LiveEvaluator(L.Callback):
         final_timeout_s: how long the end of training waits for pending evaluations.
         max_share: the most of the run's time evaluations during training may take (None: no limit); see the
             module docstring.
+        baseline: `first` (the base model before any adapter) or `auto` (first when cached, else at the end).
     """
 
     def __init__(
@@ -119,7 +123,10 @@ class LiveEvaluator(L.Callback):
         max_pending: int = 2,
         final_timeout_s: float = 300.0,
         max_share: float | None = None,
+        baseline: str = "first",
     ) -> None:
+        if baseline not in ("first", "auto"):
+            raise ValueError(f"eval.baseline must be first or auto, got {baseline!r}")
         if max_share is not None and not 0 < max_share <= 1:
             raise ValueError(f"eval.max_share must be in (0, 1] or null, got {max_share}")
         if every_n_adapters < 1 or max_pending < 1:
@@ -146,6 +153,8 @@ class LiveEvaluator(L.Callback):
         self._started_at: float | None = None
         self.busy_s, self._last_cost = 0.0, 0.0  # seconds spent evaluating (cache hits cost none)
         self._training_over = False
+        self.baseline = baseline
+        self._deferred: list[str] = []  # agents whose base model is measured after training
 
     # ---- wiring ---------------------------------------------------------------------------------------------
     @property
@@ -195,8 +204,18 @@ class LiveEvaluator(L.Callback):
             self._thread.start()
         for track in self.tracks.values():
             if baseline and track.evaluator is not None and not track.by_version:
-                self._put(track.agent, 0, None, None)
+                if self._defer_baseline(track):
+                    self._deferred.append(track.agent)
+                    log.info("Eval: the base model (%s) is measured after training (not cached yet)", track.agent)
+                else:
+                    self._put(track.agent, 0, None, None)
         return self
+
+    def _defer_baseline(self, track: Track) -> bool:
+        if self.baseline != "auto" or self.gate:
+            return False
+        cached = getattr(track.evaluator, "has_cached", None)
+        return cached is not None and not cached(self.base_model)
 
     @property
     def by_version(self) -> bool:
@@ -245,7 +264,7 @@ class LiveEvaluator(L.Callback):
                 item = self._queue.popleft()
                 self._busy, self._current = True, (item[0], item[1])
             track = self.tracks[item[0]]
-            if self._over_budget(item[1], item[2], item[3]):
+            if self._over_budget(track, item[1], item[2], item[3]):
                 track.counts["skipped_budget"] += 1
                 track.queued.discard(item[1])  # the end of training measures it if it is the final one
                 log.info("Eval: skipping %s adapter v%d (evaluations took %.0fs of %.0fs; eval.max_share %.2f)",
@@ -267,9 +286,14 @@ class LiveEvaluator(L.Callback):
                     self._busy, self._current = False, None
                     self._cond.notify_all()
 
-    def _over_budget(self, step: int, path: Path | None, hot_load: HotLoad | None) -> bool:
-        """A mid-training adapter evaluation (not the base, not gated, not the final) that would exceed the budget."""
-        if self.max_share is None or path is None or hot_load is not None or step < 0 or self._training_over:
+    def _over_budget(self, track: Track, step: int, path: Path | None, hot_load: HotLoad | None) -> bool:
+        """A mid-training adapter evaluation (not the base, not gated, not the final) that would exceed the budget;
+        with the base model deferred, every one (its quality figures would measure the base model now)."""
+        if path is None or hot_load is not None or step < 0 or self._training_over:
+            return False
+        if track.agent in self._deferred:
+            return True
+        if self.max_share is None:
             return False
         elapsed = time.monotonic() - (self._started_at or time.monotonic())
         return self.busy_s + self._last_cost > self.max_share * (elapsed + self._last_cost)
@@ -387,6 +411,9 @@ class LiveEvaluator(L.Callback):
         self._training_over = True
         if self.before_final_wait is not None:
             self.before_final_wait()
+        for agent in self._deferred:
+            self._put(agent, 0, None, None)
+        self._deferred = []
         for track in self.tracks.values():
             if track.by_version:
                 self._put(track.agent, FINAL_TURNS, None, None)

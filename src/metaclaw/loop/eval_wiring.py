@@ -100,6 +100,7 @@ def build_evaluator(cfg: DictConfig) -> LiveEvaluator | None:
         max_pending=ev.get("max_pending", 2),
         final_timeout_s=ev.get("final_timeout_s", 300.0),
         max_share=ev.get("max_share"),
+        baseline=ev.get("baseline", "first"),
     )
 
 
