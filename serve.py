@@ -8,6 +8,7 @@ from omegaconf import DictConfig
 
 from metaclaw.config import register_resolvers
 from metaclaw.lifecycle import bind_children, bind_to_launcher, bind_to_spawning_parent
+from metaclaw.profiling import start_from_env
 
 register_resolvers()
 
@@ -22,6 +23,7 @@ def main(cfg: DictConfig) -> None:
     logging.getLogger("metaclaw").setLevel(logging.INFO)
     bind_to_launcher()  # started by train.py: die with it
     bind_children()  # LitServe's forked children die with this process
+    start_from_env("server")  # bench/cycle_profile.py
     resolve_devices(cfg)
     get_method(cfg.app.entry)(cfg)
 

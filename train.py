@@ -15,12 +15,14 @@ register_resolvers()
 @hydra.main(version_base="1.3", config_path="conf", config_name="train")
 def main(cfg: DictConfig) -> float | None:
     from metaclaw.lifecycle import die_with_parent
+    from metaclaw.profiling import start_from_env
     from metaclaw.stopping import RunFailed
     from metaclaw.training import train
 
     logging.getLogger("metaclaw").setLevel(logging.INFO)
     if os.environ.get("LOCAL_RANK", "0") != "0" and "TORCHELASTIC_RUN_ID" not in os.environ:
         die_with_parent()  # a DDP rank Lightning started: it goes when rank 0 goes
+    start_from_env("train")
     try:
         metrics, _ = train(cfg)
     except RunFailed as err:

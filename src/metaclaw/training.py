@@ -26,6 +26,7 @@ from metaclaw.loop.live import Live, live_loop, run_skills_only
 from metaclaw.loop.wiring import build_privacy
 from metaclaw.modules.agent_publish import AgentPublishing
 from metaclaw.modules.online_rl import OnlineRLModule
+from metaclaw.modules.progress import LoopProgressBar
 from metaclaw.stopping import GracefulStop, RunAbandoned, RunFailed, StopController
 from metaclaw.store import SampleStore, open_store
 
@@ -127,6 +128,7 @@ def train(cfg: DictConfig) -> tuple[dict[str, Any], dict[str, Any]]:
             *([scheduler] if scheduler else []),
             *([health] if health else []),
             GracefulStop(stop),
+            *([LoopProgressBar()] if cfg.trainer.get("enable_progress_bar", True) else []),
             *build_callbacks(cfg),
         ],
     )

@@ -14,6 +14,9 @@ def test_main_job_prints_the_summary_and_writes_the_plot(tmp_path):
         "trainer.max_steps=2",
         "eval.n_prompts=4",
         "eval.every_n_adapters=1",
+        "eval.max_share=null",  # every adapter, whatever it costs: the curve is the subject here
+        "eval.baseline=first",
+        f"eval.cache.dir={tmp_path / 'eval-cache'}",
         "rollout.simulated_user.anthropic_share=0.5",
         f"hydra.run.dir={tmp_path}",
         timeout=600,

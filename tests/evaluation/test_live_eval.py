@@ -166,3 +166,28 @@ def test_agent_gates_decide_per_agent_against_each_agents_served_adapter(served,
     header = (tmp_path / "csv" / "metrics.csv").read_text().splitlines()[0].split(",")
     assert {"eval/compliance", "eval/gate_accepted", "agent/alice/eval/compliance"} <= set(header)
     assert "agent/alice/eval/gate_rejected" in header and "agent/default/eval/compliance" not in header
+
+
+def test_the_base_models_replies_are_sampled_once_and_reused_by_a_later_run(served, tmp_path):
+    """The second run scores the base model from the cache without asking any server (its URL is dead); a change
+    of what identifies the model misses the cache; adapters are never cached."""
+    from metaclaw.evaluation.cache import BaselineCache
+
+    url, run_dir, good, _ = served
+    cache = BaselineCache(tmp_path / "cache", max_entries=4)
+    parts = {"model_files": "abc"}
+    first = evaluator(url, base_model="tiny", cache=cache, cache_parts=parts, baseline_name="tiny").score("tiny")
+    assert not first.cached and first.ci_low <= first.compliance <= first.ci_high
+    assert len(list((tmp_path / "cache").glob("*.json"))) == 1
+    dead = "http://127.0.0.1:9"
+    again = evaluator(dead, base_model="tiny", cache=cache, cache_parts=parts, baseline_name="tiny").score("tiny")
+    assert again.cached and (again.compliance, again.nll, again.n) == (first.compliance, first.nll, first.n)
+    with pytest.raises(RuntimeError, match="every request"):  # other model files: a miss, sampled again
+        evaluator(dead, base_model="tiny", cache=cache, cache_parts={"model_files": "xyz"}, baseline_name="tiny").score(
+            "tiny"
+        )
+    ev = evaluator(url, base_model="tiny", cache=cache, cache_parts=parts, baseline_name="tiny")
+    live = LiveEvaluator(ev, run_dir, base_model="tiny", server_url=url)
+    live._load_candidate(good)
+    assert not ev.score(live.eval_name).cached  # an adapter is always sampled
+    assert len(list((tmp_path / "cache").glob("*.json"))) == 1

@@ -191,3 +191,47 @@ def test_on_policy_ratio_is_one_with_top_p_and_top_k_on_smollm2():
     _perturb_adapter(policy, scale=0.01)
     ratio, _ = _ratio_at_top_p_top_k(policy, spec.load_tokenizer(), max_tokens=48)
     assert ratio.numel() > 60 and (ratio - 1).abs().max().item() <= 1e-4, ratio
+
+
+def test_length_groups_bound_the_padding():
+    from metaclaw.modules.policy import length_groups
+
+    assert length_groups([100, 100, 100, 100]) == [[0, 1, 2, 3]]
+    assert length_groups([40, 200, 45, 190]) == [[1, 3], [2, 0]]  # two groups, each within 10% padding
+    groups = length_groups([17, 300, 90, 64, 250])
+    assert sorted(i for g in groups for i in g) == [0, 1, 2, 3, 4]
+    lengths = [17, 300, 90, 64, 250]
+    for g in groups:
+        assert len(g) * max(lengths[i] for i in g) <= 1.1 * sum(lengths[i] for i in g)
+
+
+def test_a_right_padded_batch_gets_each_rows_own_logprobs_and_gradients(tiny_policy):
+    """Length-grouped micro-batches give every row what it gets alone, unpadded: values and gradients."""
+    _perturb_adapter(tiny_policy)
+    torch.manual_seed(0)
+    rows = [torch.randint(1, 400, (n,)) for n in (30, 9, 28, 12)]
+    T = max(len(r) for r in rows) - 1
+    ids, targets, attn = (torch.zeros(len(rows), T, dtype=torch.long) for _ in range(3))
+    for b, r in enumerate(rows):
+        ids[b, : len(r) - 1], targets[b, : len(r) - 1], attn[b, : len(r) - 1] = r[:-1], r[1:], 1
+    params = [p for p in tiny_policy.parameters() if p.requires_grad]
+    seen = []
+    embed = tiny_policy.model.get_base_model().get_input_embeddings()
+    hook = embed.register_forward_hook(lambda m, args, out: seen.append(args[0].numel()))
+    try:
+        batched = tiny_policy.logprobs(ids, targets, attn, temperature=0.8)
+    finally:
+        hook.remove()
+    assert sum(seen) <= 1.1 * int(attn.sum()) < ids.numel()  # no padding waste: 4 x 29 positions were computed
+    grads = torch.autograd.grad(batched.sum(), params)
+    alone = []
+    for r in rows:
+        lp = tiny_policy.logprobs(r[None, :-1], r[None, 1:], torch.ones(1, len(r) - 1, dtype=torch.long), 0.8)
+        alone.append(lp[0])
+    expected = torch.zeros_like(batched)
+    for b, lp in enumerate(alone):
+        expected[b, : len(lp)] = lp
+    assert torch.allclose(batched, expected, atol=1e-5)
+    grads_alone = torch.autograd.grad(sum(lp.sum() for lp in alone), params)
+    for g, h in zip(grads, grads_alone, strict=True):
+        assert torch.allclose(g, h, atol=1e-4)

@@ -87,3 +87,44 @@ def test_failed_hot_loads_keep_samples_fresh_then_stop_the_run(tmp_path, caplog)
     assert not [s for s in store.select("dropped") if s.meta["dropped"].startswith("stale")]
     assert (tmp_path / "adapters" / "step-000003").exists()
     assert not (tmp_path / "adapters" / "step-000004").exists()
+
+
+def test_an_asynchronous_hot_load_does_not_hold_the_step_and_settles_in_order(tmp_path):
+    """The server answers the load only when the test lets it: `serve` has returned long before, the version is
+    learnt at `settle`; a second load waits for the first one, so versions arrive in order."""
+    import json
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    from metaclaw.modules.hot_load import HotLoader
+
+    release, received = threading.Event(), []
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:  # noqa: N802 - http.server's name
+            body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            received.append(body["lora_path"])
+            release.wait(30)
+            reply = json.dumps({"adapter_version": int(body["lora_path"][-6:])}).encode()
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(reply)))
+            self.end_headers()
+            self.wfile.write(reply)
+
+        def log_message(self, *args) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        loader = HotLoader(f"http://127.0.0.1:{server.server_port}", asynchronous=True)
+        assert loader.serve(tmp_path / "step-000001", 1) == 0  # returned while the server holds the request
+        assert not release.is_set() and loader.served_version == 0
+        release.set()
+        loader.settle()
+        assert loader.served_version == 1 and len(received) == 1
+        loader.serve(tmp_path / "step-000002", 2)
+        loader.settle()
+        assert loader.served_version == 2 and [Path(p).name for p in received] == ["step-000001", "step-000002"]
+    finally:
+        server.shutdown()

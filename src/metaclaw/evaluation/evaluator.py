@@ -4,11 +4,14 @@ It talks to the policy server directly (not through the proxy), so evaluation tu
 training data. `score(model)` asks every chosen prompt `samples_per_prompt` times (the base model's name or an
 adapter's) and returns the share of replies that comply with every preference, plus per-rule failure rates,
 and their quality (`metaclaw.evaluation.quality`): the base model's NLL per token of each reply, the share of
-good replies (compliant and fluent) and cheap diversity signals.
+good replies (compliant and fluent) and cheap diversity signals. Each compliance figure carries its 95% Wilson
+score interval (`ci_low`, `ci_high`). With a `BaselineCache`, the base model's replies are sampled once per
+(model files, engine, messages, sampling, max_tokens) and reused by later runs (`metaclaw.evaluation.cache`).
 """
 
 from __future__ import annotations
 
+import math
 import random
 import time
 from collections.abc import Mapping
@@ -16,9 +19,23 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from metaclaw import profiling
+from metaclaw.evaluation.cache import BaselineCache
 from metaclaw.evaluation.quality import base_nll, fluency, text_stats
 from metaclaw.simulate.preferences import PreferenceSet
 from metaclaw.simulate.tasks import load_tasks
+
+EVAL_USER = "metaclaw-eval"  # the OpenAI `user` field of evaluation requests: the server counts their cost apart
+
+
+def wilson_interval(successes: int, n: int, z: float = 1.96) -> tuple[float, float]:
+    """The Wilson score interval of a binomial proportion (95% for z = 1.96); (0, 1) when n = 0."""
+    if n <= 0:
+        return 0.0, 1.0
+    p = successes / n
+    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
+    return max(0.0, centre - half), min(1.0, centre + half)
 
 
 @dataclass
@@ -40,6 +57,9 @@ class EvalResult:
     distinct_replies: float = 0.0
     junk: float = 0.0
     reward: float | None = None  # judge fallback: the mean judge reward of the held-out turns
+    ci_low: float | None = None  # 95% Wilson interval of `compliance`
+    ci_high: float | None = None
+    cached: bool = False  # the base model's replies came from the cache (sampled by an earlier run)
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -68,6 +88,10 @@ class ComplianceEvaluator:
         agent_id: whose skills.
         base_model: the server's base model name: replies are scored under it (None: no NLL, no `good`).
         nll_margin: a reply is fluent when its base NLL is at most the base model's own mean plus this (nats).
+        cache: where the base model's replies are reused from (None: sampled every run).
+        cache_parts: what identifies the served base model beyond its name (model files' hash, engine, dtype);
+            the cache is used only when given.
+        baseline_name: the model name whose replies are cached (the server's base model name).
     """
 
     def __init__(
@@ -90,6 +114,9 @@ class ComplianceEvaluator:
         agent_id: str = "simulated-user",
         base_model: str | None = None,
         nll_margin: float = 1.0,
+        cache: BaselineCache | None = None,
+        cache_parts: dict[str, Any] | None = None,
+        baseline_name: str | None = None,
     ) -> None:
         from openai import OpenAI
 
@@ -111,18 +138,62 @@ class ComplianceEvaluator:
         self.server_url, self.api_key, self.timeout_s = base, api_key, timeout_s
         self.base_model, self.nll_margin = base_model, nll_margin
         self.reference_nll: float | None = None  # the base model's mean NLL of its own replies (first scored)
+        self.cache, self.cache_parts = cache, cache_parts
+        self.baseline_name = baseline_name or base_model
 
-    def _reply(self, model: str, prompt: str) -> tuple[str, float | None] | None:
+    def _messages(self, prompt: str) -> list[dict[str, str]]:
         messages = [{"role": "system", "content": self.system}] if self.system else []
         messages.append({"role": "user", "content": prompt})
         if self.injector is not None:
             messages, _ = self.injector.inject(messages, self.agent_id)
+        return messages
+
+    def _cache_key(self, model: str, jobs: list[str]) -> tuple[str, dict[str, Any]] | None:
+        """The cache entry of `model`'s replies to `jobs`, when `model` is the base model and a cache is set."""
+        if self.cache is None or self.cache_parts is None or model != self.baseline_name:
+            return None
+        parts = {
+            "model": model,
+            **self.cache_parts,
+            "messages": [self._messages(p) for p in jobs],
+            "max_tokens": self.max_tokens,
+            "temperature": self.temperature,
+            "quality": bool(self.base_model),
+        }
+        return self.cache.key(parts), parts
+
+    def has_cached(self, model: str) -> bool:
+        """Whether `model`'s replies are in the cache (scoring it then asks no server)."""
+        jobs = [p for p in self.prompts for _ in range(self.samples_per_prompt)]
+        entry = self._cache_key(model, jobs)
+        return entry is not None and self.cache.get(entry[0]) is not None  # type: ignore[union-attr]
+
+    def _sample(self, model: str, jobs: list[str]) -> tuple[list[tuple[str, float | None] | None], bool]:
+        """Every job's reply (None: the request failed) and whether they came from the cache."""
+        entry = self._cache_key(model, jobs)
+        if entry is not None:
+            stored = self.cache.get(entry[0])  # type: ignore[union-attr]
+            if stored is not None and len(stored) == len(jobs):
+                return [(r["text"], r["nll"]) for r in stored], True
+        with ThreadPoolExecutor(self.concurrency, thread_name_prefix="eval") as pool:
+            replies = list(pool.map(lambda p: self._timed_reply(model, p), jobs))
+        if entry is not None and all(r is not None for r in replies):
+            self.cache.put(entry[0], [{"text": r[0], "nll": r[1]} for r in replies], entry[1])  # type: ignore[union-attr,index]
+        return replies, False
+
+    def _timed_reply(self, model: str, prompt: str) -> tuple[str, float | None] | None:
+        with profiling.phase("eval_client", cpu="thread"):
+            return self._reply(model, prompt)
+
+    def _reply(self, model: str, prompt: str) -> tuple[str, float | None] | None:
+        messages = self._messages(prompt)
         try:
             out = self.client.chat.completions.create(
                 model=model,
                 messages=messages,
                 max_tokens=self.max_tokens,
                 temperature=self.temperature,
+                user=EVAL_USER,
                 extra_body={"return_token_ids": True} if self.base_model else None,
             )
             text = out.choices[0].message.content or ""
@@ -132,7 +203,9 @@ class ComplianceEvaluator:
             prompt_ids, reply_ids = raw.get("prompt_token_ids"), raw["choices"][0].get("token_ids")
             if not prompt_ids or reply_ids is None:
                 raise ValueError("the policy server returned no token ids (return_token_ids)")
-            nll = base_nll(self.server_url, self.base_model, prompt_ids, reply_ids, self.api_key, self.timeout_s)
+            nll = base_nll(
+                self.server_url, self.base_model, prompt_ids, reply_ids, self.api_key, self.timeout_s, user=EVAL_USER
+            )
         except Exception:  # noqa: BLE001 - counted as an error, never as a compliant or failing reply
             return None
         return text, nll
@@ -143,8 +216,7 @@ class ComplianceEvaluator:
             self.score(self.base_model)  # fluency is measured against the base model's own replies
         t0 = time.monotonic()
         jobs = [p for p in self.prompts for _ in range(self.samples_per_prompt)]
-        with ThreadPoolExecutor(self.concurrency, thread_name_prefix="eval") as pool:
-            replies = list(pool.map(lambda p: self._reply(model, p), jobs))
+        replies, cached = self._sample(model, jobs)
         done = [r for r in replies if r is not None]
         errors = len(replies) - len(done)
         if not done:
@@ -161,9 +233,13 @@ class ComplianceEvaluator:
         n = len(ok_replies)
         quality = self._quality(model, compliant, nlls)
         stats = text_stats(ok_replies)
+        low, high = wilson_interval(sum(compliant), n)
         return EvalResult(
             model=model,
             compliance=sum(compliant) / n,
+            ci_low=low,
+            ci_high=high,
+            cached=cached,
             n=n,
             failures={k: c / n for k, c in sorted(broken.items())},
             errors=errors,

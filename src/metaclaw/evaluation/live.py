@@ -14,6 +14,14 @@ Without a verifier (`rollout=proxy|replay`) the evaluator may be a `HeldoutTurns
 each publish queues a pass that reports the judge's verdicts on the held-out turns of every adapter version
 that has been replaced (the step of such a record is the served version; the last one at the end).
 
+Cost (`max_share`): with the gate off, an adapter evaluation during training is skipped (`eval/skipped_budget`)
+when it would bring the evaluator's busy time above `max_share` of the time since it started (the cost of the
+next one is taken to be the last one's); the base model and the final adapter are always measured. On a CPU an
+evaluation competes with training for the same cores, so the budget is what keeps the training going. With
+`baseline="auto"` the base model is measured first when its replies are cached (free), else after training, beside
+the final adapter, when the first samples no longer wait behind it (the gate always measures it first); such a
+first run measures no adapter during training (each would need the base model's figures first).
+
 One background thread does the work; the queue holds at most `max_pending` adapters and drops the oldest
 waiting one when a newer arrives (counted as `eval/skipped`): training and serving never wait for it. Results
 are appended to `<run dir>/eval.jsonl` at once and logged as `eval/*` metrics from the training thread (the
@@ -54,7 +62,7 @@ def _label(unfinished: dict[str, Any]) -> str:
     return f"{unfinished['agent_id']} {'served versions' if step is None else f'step {step}'}"
 
 
-COUNTS = ("evaluated", "skipped", "gate_accepted", "gate_rejected", "errors")
+COUNTS = ("evaluated", "skipped", "skipped_budget", "gate_accepted", "gate_rejected", "errors")
 
 
 @dataclass
@@ -95,6 +103,9 @@ class LiveEvaluator(L.Callback):
         server_url / api_key: the policy server (to load the candidate under `eval_name`).
         max_pending: queue bound (oldest waiting adapter dropped first).
         final_timeout_s: how long the end of training waits for pending evaluations.
+        max_share: the most of the run's time evaluations during training may take (None: no limit); see the
+            module docstring.
+        baseline: `first` (the base model before any adapter) or `auto` (first when cached, else at the end).
     """
 
     def __init__(
@@ -111,7 +122,13 @@ class LiveEvaluator(L.Callback):
         api_key: str | None = None,
         max_pending: int = 2,
         final_timeout_s: float = 300.0,
+        max_share: float | None = None,
+        baseline: str = "first",
     ) -> None:
+        if baseline not in ("first", "auto"):
+            raise ValueError(f"eval.baseline must be first or auto, got {baseline!r}")
+        if max_share is not None and not 0 < max_share <= 1:
+            raise ValueError(f"eval.max_share must be in (0, 1] or null, got {max_share}")
         if every_n_adapters < 1 or max_pending < 1:
             raise ValueError("eval.every_n_adapters and eval.max_pending must be >= 1")
         self.run_dir, self.base_model = Path(run_dir), base_model
@@ -132,6 +149,12 @@ class LiveEvaluator(L.Callback):
         self.unfinished: list[dict[str, Any]] = []  # evaluations the end of training did not wait for
         self._thread: threading.Thread | None = None
         self.before_final_wait: Callable[[], Any] | None = None  # e.g. stop the simulated user first
+        self.max_share = max_share
+        self._started_at: float | None = None
+        self.busy_s, self._last_cost = 0.0, 0.0  # seconds spent evaluating (cache hits cost none)
+        self._training_over = False
+        self.baseline = baseline
+        self._deferred: list[str] = []  # agents whose base model is measured after training
 
     # ---- wiring ---------------------------------------------------------------------------------------------
     @property
@@ -174,13 +197,25 @@ class LiveEvaluator(L.Callback):
         """Start the worker; with `baseline`, the base model is evaluated first (step 0), for every agent."""
         if all(t.evaluator is None for t in self.tracks.values()):
             raise RuntimeError("LiveEvaluator has no evaluator: bind one before start()")
+        if self._started_at is None:
+            self._started_at = time.monotonic()
         if self._thread is None:
             self._thread = threading.Thread(target=self._run, name="live-evaluator", daemon=True)
             self._thread.start()
         for track in self.tracks.values():
             if baseline and track.evaluator is not None and not track.by_version:
-                self._put(track.agent, 0, None, None)
+                if self._defer_baseline(track):
+                    self._deferred.append(track.agent)
+                    log.info("Eval: the base model (%s) is measured after training (not cached yet)", track.agent)
+                else:
+                    self._put(track.agent, 0, None, None)
         return self
+
+    def _defer_baseline(self, track: Track) -> bool:
+        if self.baseline != "auto" or self.gate:
+            return False
+        cached = getattr(track.evaluator, "has_cached", None)
+        return cached is not None and not cached(self.base_model)
 
     @property
     def by_version(self) -> bool:
@@ -229,6 +264,16 @@ class LiveEvaluator(L.Callback):
                 item = self._queue.popleft()
                 self._busy, self._current = True, (item[0], item[1])
             track = self.tracks[item[0]]
+            if self._over_budget(track, item[1], item[2], item[3]):
+                track.counts["skipped_budget"] += 1
+                track.queued.discard(item[1])  # the end of training measures it if it is the final one
+                log.info("Eval: skipping %s adapter v%d (evaluations took %.0fs of %.0fs; eval.max_share %.2f)",
+                         track.agent, item[1], self.busy_s, time.monotonic() - (self._started_at or 0.0),
+                         self.max_share)  # fmt: skip
+                with self._cond:
+                    self._busy, self._current = False, None
+                    self._cond.notify_all()
+                continue
             try:
                 self._evaluate(track, *item[1:])
             except Exception as e:  # noqa: BLE001 - evaluation never takes training down; said loudly
@@ -240,6 +285,18 @@ class LiveEvaluator(L.Callback):
                 with self._cond:
                     self._busy, self._current = False, None
                     self._cond.notify_all()
+
+    def _over_budget(self, track: Track, step: int, path: Path | None, hot_load: HotLoad | None) -> bool:
+        """A mid-training adapter evaluation (not the base, not gated, not the final) that would exceed the budget;
+        with the base model deferred, every one (its quality figures would measure the base model now)."""
+        if path is None or hot_load is not None or step < 0 or self._training_over:
+            return False
+        if track.agent in self._deferred:
+            return True
+        if self.max_share is None:
+            return False
+        elapsed = time.monotonic() - (self._started_at or time.monotonic())
+        return self.busy_s + self._last_cost > self.max_share * (elapsed + self._last_cost)
 
     def _load_candidate(self, path: Path) -> None:
         load_adapter(self.server_url, self.eval_name, str(path.resolve()), self.api_key, 60.0).raise_for_status()
@@ -269,6 +326,9 @@ class LiveEvaluator(L.Callback):
         """Append the record to eval.jsonl, queue its metrics for the training thread, log a line."""
         record: dict[str, Any] = {"step": step, "adapter": adapter, "agent_id": track.agent, "time": time.time()}
         record.update({k: v for k, v in result.as_dict().items() if k != "model"})
+        if not result.cached:
+            self.busy_s += result.seconds
+            self._last_cost = result.seconds
         if gate is not None:
             record["gate"] = gate
         with self._cond:
@@ -280,6 +340,7 @@ class LiveEvaluator(L.Callback):
             record["counts"] = dict(track.counts)
             self._append(record)
         figures = {"compliance": result.compliance, "n": float(result.n), "errors": float(result.errors)}
+        figures.update({k: getattr(result, k) for k in ("ci_low", "ci_high") if getattr(result, k) is not None})
         figures.update({f"fail_{k}": v for k, v in result.failures.items()})
         quality = {k: getattr(result, k) for k in ("nll", "fluent", "good", "distinct_2", "distinct_replies", "junk")}
         quality["reward"] = result.reward
@@ -287,15 +348,17 @@ class LiveEvaluator(L.Callback):
         figures.update({k: float(v) for k, v in track.counts.items()})
         with self._cond:
             self._unlogged.append((step, {f"{track.prefix}{k}": v for k, v in figures.items()}))
+        ci = "" if result.ci_low is None else f" [95% CI {100 * result.ci_low:.0f}-{100 * result.ci_high:.0f}%]"
         log.info(
-            "Eval %s%s: held-out compliance %.0f%%, good %s, base NLL %s (%d replies, %.0fs)%s",
+            "Eval %s%s: held-out compliance %.0f%%%s, good %s, base NLL %s (%d replies, %s)%s",
             "" if track.agent == DEFAULT_PROFILE else f"agent {track.agent} ",
             record["adapter"],
             100 * result.compliance,
+            ci,
             "-" if result.good is None else f"{100 * result.good:.0f}%",
             "-" if result.nll is None else f"{result.nll:.2f}",
             result.n,
-            result.seconds,
+            "cached" if result.cached else f"{result.seconds:.0f}s",
             f" gate: {record['gate']['decision']}" if "gate" in record else "",
         )
 
@@ -345,8 +408,12 @@ class LiveEvaluator(L.Callback):
         self.flush(trainer)
 
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._training_over = True
         if self.before_final_wait is not None:
             self.before_final_wait()
+        for agent in self._deferred:
+            self._put(agent, 0, None, None)
+        self._deferred = []
         for track in self.tracks.values():
             if track.by_version:
                 self._put(track.agent, FINAL_TURNS, None, None)

@@ -29,11 +29,12 @@ def base_nll(
     reply_ids: Sequence[int],
     api_key: str | None = None,
     timeout_s: float = 120.0,
+    user: str | None = None,
 ) -> float | None:
     """Mean NLL per token (nats) of `reply_ids` after `prompt_ids` under the base model; None for an empty reply."""
     if not reply_ids:
         return None
-    lps = teacher_logprobs(server_url, base_model, prompt_ids, reply_ids, api_key, timeout_s)
+    lps = teacher_logprobs(server_url, base_model, prompt_ids, reply_ids, api_key, timeout_s, user=user)
     return -sum(lps) / len(lps)
 
 

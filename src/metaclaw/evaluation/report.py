@@ -39,6 +39,14 @@ def _draw(ax: Any, points: list[dict[str, Any]], title: str) -> None:
     """One panel: compliance, good replies and the replies' base NLL of one agent's evaluations."""
     xs = [p["step"] for p in points]
     ax.plot(xs, [100 * p["compliance"] for p in points], marker="o", label="complies")
+    band = [
+        (x, 100 * p["ci_low"], 100 * p["ci_high"])
+        for x, p in zip(xs, points, strict=True)
+        if p.get("ci_low") is not None
+    ]
+    if band:
+        bx, lo, hi = zip(*band, strict=True)
+        ax.fill_between(bx, lo, hi, alpha=0.15, color="tab:blue", label="complies: 95% interval")
     good = [(x, 100 * p["good"]) for x, p in zip(xs, points, strict=True) if p.get("good") is not None]
     if good:
         ax.plot(*zip(*good, strict=True), marker="s", color="tab:green", label="good (complies and fluent)")
@@ -64,7 +72,7 @@ def _draw(ax: Any, points: list[dict[str, Any]], title: str) -> None:
 
 def _curve(results: list[dict[str, Any]]) -> dict[str, Any]:
     """One agent's curve and its base and final figures."""
-    keys = ("step", "adapter", "compliance", "n", *QUALITY_KEYS)
+    keys = ("step", "adapter", "compliance", "ci_low", "ci_high", "n", *QUALITY_KEYS)
     points = sorted(({k: r.get(k) for k in keys} for r in results), key=lambda p: p["step"])
     base = next((p for p in points if p["adapter"] == "base"), None)
     final = points[-1] if points and points[-1]["adapter"] != "base" else None
@@ -123,7 +131,7 @@ def write_report(
         "=== metaclaw: what the agent learned ===",
         f"{what}; good = complies and fluent (the",
         "base model's NLL/token of the reply within the margin of its own); junk = empty or repetitive",
-        f"  {'':<22} {'complies':>8} {'good':>6} {'NLL':>6} {'junk':>5}",
+        f"  {'':<22} {'complies':>8} {'95% CI':>9} {'good':>6} {'NLL':>6} {'junk':>5}",
     ]
     for agent, curve in curves.items():
         if several:
@@ -135,8 +143,9 @@ def write_report(
             good = "-" if p.get("good") is None else f"{100 * p['good']:.0f}%"
             nll = "-" if p.get("nll") is None else f"{p['nll']:.2f}"
             junk = "-" if p.get("junk") is None else f"{100 * p['junk']:.0f}%"
+            ci = "-" if p.get("ci_low") is None else f"{100 * p['ci_low']:.0f}-{100 * p['ci_high']:.0f}%"
             lines.append(
-                f"  {label:<22} {100 * p['compliance']:7.1f}% {good:>6} {nll:>6} {junk:>5}  ({p['n']} replies)"
+                f"  {label:<22} {100 * p['compliance']:7.1f}% {ci:>9} {good:>6} {nll:>6} {junk:>5}  ({p['n']} replies)"
             )
     if not curves:
         lines.append("  (no evaluation finished)")

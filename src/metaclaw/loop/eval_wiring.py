@@ -10,9 +10,11 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
 from metaclaw.agents import AgentProfiles
+from metaclaw.evaluation.cache import BaselineCache, model_fingerprint
 from metaclaw.evaluation.evaluator import ComplianceEvaluator
 from metaclaw.evaluation.live import LiveEvaluator
 from metaclaw.evaluation.turns import HeldoutTurnsEvaluator
@@ -97,6 +99,8 @@ def build_evaluator(cfg: DictConfig) -> LiveEvaluator | None:
         api_key=cfg.serving.get("api_key"),
         max_pending=ev.get("max_pending", 2),
         final_timeout_s=ev.get("final_timeout_s", 300.0),
+        max_share=ev.get("max_share"),
+        baseline=ev.get("baseline", "first"),
     )
 
 
@@ -127,6 +131,7 @@ def bind_evaluator(
         evaluator.start()
         return
     injector = build_injector(cfg)
+    cache, cache_parts = baseline_cache(cfg)
     for agent, user in simulated_agents(cfg).items():  # each agent's adapter against its own user's preference
         evaluator.add_agent(
             agent,
@@ -146,7 +151,30 @@ def bind_evaluator(
                 agent_id=user.get("agent_id", "simulated-user"),
                 base_model=base_model,
                 nll_margin=float(quality.get("nll_margin", 1.0)),
+                cache=cache,
+                cache_parts=cache_parts,
+                baseline_name=cfg.model.name,
             ),
         )
     evaluator.bind(server_url, api_key=server_key)
     evaluator.start(baseline=True)
+
+
+def baseline_cache(cfg: DictConfig) -> tuple[BaselineCache | None, dict[str, Any] | None]:
+    """The cache of the base model's held-out replies (`eval.cache`) and what identifies the served base model:
+    its files' content hash, the model, backend and inference devices settings."""
+    node = cfg.eval.get("cache") or {}
+    if not node.get("enabled", False):
+        return None, None
+    try:
+        where = instantiate(cfg.model).local_dir()
+    except Exception as e:  # noqa: BLE001 - no cache rather than no evaluation
+        log.warning("Eval cache off: cannot locate the model's files (%s)", e)
+        return None, None
+    parts = {
+        "model_files": model_fingerprint(where),
+        "model_config": OmegaConf.to_container(cfg.model, resolve=True),
+        "backend": OmegaConf.to_container(cfg.backend, resolve=True),
+        "infer_devices": OmegaConf.to_container(cfg.devices, resolve=True).get("infer"),
+    }
+    return BaselineCache(node.get("dir"), int(node.get("max_entries", 32))), parts

@@ -4,11 +4,17 @@ A failed load leaves the server on the adapter it still serves (so samples it ke
 `max_failures` failures in a row are fatal (`HotLoadError`, raised by the publisher on every rank). While the
 server is down or restarting (`restarting()`), a failed load is not counted: the watchdog restarts the server and
 reloads the newest adapter, or stops the run naming what died.
+
+`asynchronous`: the load runs on a thread of its own and `serve` returns at once, so the training step never
+waits for the server (whose model lock a generation may hold for seconds). Loads stay in order: the next `serve`
+(or `settle`) first waits for the previous one, which had a whole step to finish; its outcome (the version now
+served, a failure) is known from then on, one publish later than with synchronous loads.
 """
 
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Callable
 from pathlib import Path
 
@@ -32,6 +38,7 @@ class HotLoader:
         api_key: bearer key for the server.
         timeout_s: how long a load request may take.
         max_failures: failures in a row that are fatal (None: only warn).
+        asynchronous: load on a background thread; `serve` does not wait (see the module docstring).
     """
 
     def __init__(
@@ -41,6 +48,7 @@ class HotLoader:
         api_key: str | None = None,
         timeout_s: float = 30.0,
         max_failures: int | None = 3,
+        asynchronous: bool = False,
     ) -> None:
         if max_failures is not None and max_failures < 1:
             raise ValueError(f"publish.max_hot_load_failures must be >= 1 or null, got {max_failures}")
@@ -50,6 +58,8 @@ class HotLoader:
         self.stats = {"hot_load_failures": 0, "hot_load_failures_in_a_row": 0}
         self.restarting: Callable[[], bool] = lambda: False
         self._last_error = ""
+        self.asynchronous = asynchronous
+        self._inflight: threading.Thread | None = None
 
     def connect(self, server_url: str, api_key: str | None, restarting: Callable[[], bool] | None = None) -> None:
         """Point at the live loop's policy server (its URL and key, resolved once by the loop)."""
@@ -58,9 +68,29 @@ class HotLoader:
             self.restarting = restarting
 
     def serve(self, path: Path, step: int) -> int:
-        """Serve `path` (hot-load it when there is a server); returns the version now served."""
-        self.served_version = self._load(path, step) if self.server_url else step
+        """Serve `path` (hot-load it when there is a server); returns the version now served (asynchronous: the
+        version served so far; `path`'s load is under way)."""
+        if not self.server_url:
+            self.served_version = step
+        elif not self.asynchronous:
+            self.served_version = self._load(path, step)
+        else:
+            self.settle()
+            self._inflight = threading.Thread(target=self._load_in_background, args=(path, step), name="hot-load",
+                                              daemon=True)  # fmt: skip
+            self._inflight.start()
         return self.served_version
+
+    def _load_in_background(self, path: Path, step: int) -> None:
+        self.served_version = self._load(path, step)
+
+    def settle(self, timeout_s: float | None = None) -> None:
+        """Wait for the load under way (asynchronous), at most `timeout_s` (default: the load's own timeout)."""
+        inflight = self._inflight
+        if inflight is not None:
+            inflight.join(self.timeout_s + 5.0 if timeout_s is None else timeout_s)
+            if not inflight.is_alive():
+                self._inflight = None
 
     def fatal(self) -> str | None:
         """Why the run must stop, once `max_failures` loads failed in a row; else None."""

@@ -35,6 +35,7 @@ import torch
 from torch import Tensor
 from torchmetrics import MeanMetric
 
+from metaclaw import profiling
 from metaclaw.modules.agent_state import ADAPTERS_KEY, remap_optimizer_state, same_adapter
 from metaclaw.modules.policy import LoraPolicy
 
@@ -129,6 +130,11 @@ class OnlineRLModule(L.LightningModule):
 
     def on_train_batch_start(self, batch: Any, batch_idx: int) -> None:
         self._t0 = time.perf_counter()
+        if isinstance(batch, dict) and "attention_mask" in batch:  # bench/cycle_profile.py: padding waste
+            mask = batch["attention_mask"]
+            profiling.record("train_positions", 0.0, 0.0, float(mask.numel()), count=0)
+            profiling.record("train_tokens", 0.0, 0.0, float(mask.sum()), count=0)
+            profiling.record("train_samples", 0.0, 0.0, float(mask.shape[0]), count=0)
         self.current_adapter = batch.get("adapter", "default") if isinstance(batch, dict) else "default"
         if self.many:
             if self._trainer is not None and self.trainer.world_size > 1:  # DDP: one adapter on every rank
@@ -147,7 +153,7 @@ class OnlineRLModule(L.LightningModule):
         loss, metrics = out.loss, dict(out.metrics)
         loss = loss * global_scale(getattr(self.loss_fn, "aggregation", "token-mean"), mask, batch, world_size)
         if self.kl is not None and self.kl.coef > 0:
-            with torch.no_grad(), self.policy.reference():
+            with torch.no_grad(), self.policy.reference(), profiling.phase("kl_reference"):
                 ref = self._logprobs(batch)
             kl_out = self.kl(logprobs, ref, mask)
             loss = loss + kl_out.loss * global_scale(self.kl.aggregation, mask, batch, world_size)
@@ -164,6 +170,11 @@ class OnlineRLModule(L.LightningModule):
         if skip is None:
             return loss
         return None if world_size == 1 else loss * 0.0  # DDP: see the module docstring
+
+    def optimizer_step(self, *args: Any, **kwargs: Any) -> None:
+        """Lightning's step (forward, backward and the optimizer inside its closure), timed as `train_step`."""
+        with profiling.phase("train_step"):
+            super().optimizer_step(*args, **kwargs)
 
     def on_after_backward(self) -> None:
         """A refused step under DDP: drop the (all-reduced) gradients, so AdamW leaves every weight as it was."""

@@ -26,6 +26,7 @@ from typing import Any, Protocol, runtime_checkable
 
 import lightning as L
 
+from metaclaw import profiling
 from metaclaw.devices import full_params
 from metaclaw.modules.adapter_writer import AdapterWriter, clean_leftovers
 from metaclaw.modules.agent_publish import AgentPublishing, rank_fingerprints
@@ -66,6 +67,8 @@ class AdapterPublisher(L.Callback):
         max_hot_load_failures: stop the run after this many failed hot-loads in a row (None: only warn).
         gate: config of the publish gate (`enabled`, `margin`), read by `metaclaw.loop.eval_wiring`; the
             object that evaluates and gates is attached as `release`.
+        hot_load_async: hot-load on a background thread: the step never waits for the server; the version
+            served and a failure are learnt at the next publish (`metaclaw.modules.hot_load`).
 
     `release`: None, or a `Release` that decides when `hot_load(path)` runs: at once (evaluation only) or after
     the candidate passed the gate.
@@ -83,13 +86,14 @@ class AdapterPublisher(L.Callback):
         keep_last: int | None = None,
         max_hot_load_failures: int | None = 3,
         gate: Any = None,
+        hot_load_async: bool = False,
     ) -> None:
         if every_n_steps < 1:
             raise ValueError(f"publish.every_n_steps must be >= 1, got {every_n_steps}")
         self.every_n_steps, self.lora_name = every_n_steps, lora_name
         self.files = AdapterWriter(run_dir, keep_last)
         self.samples = SampleConsumer(store_path)
-        self.server = HotLoader(server_url, lora_name, api_key, timeout_s, max_hot_load_failures)
+        self.server = HotLoader(server_url, lora_name, api_key, timeout_s, max_hot_load_failures, hot_load_async)
         self.run_dir = self.files.run_dir
         self.published: list[Path] = []
         self.cleaned: list[Path] = []
@@ -130,6 +134,7 @@ class AdapterPublisher(L.Callback):
             self.agents.serve_again(step)  # every adapter's newest published dir the checkpoint covers
         elif step > 0 and trainer.is_global_zero and target.exists():
             self.server.serve(target, step)
+            self.server.settle()  # staleness starts from the version actually served
         self._sync_served(trainer)
 
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, *args: Any) -> None:
@@ -141,10 +146,20 @@ class AdapterPublisher(L.Callback):
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if trainer.global_step > 0 and self._last_step != trainer.global_step:
             self.publish(trainer, pl_module)
+        self.server.settle()  # the final adapter is served before the run reports on it
+        self._sync_served(trainer)
         if trainer.is_global_zero:  # the prefetched next batch was never trained on: hand it back
             self.samples.settle(trainer.global_step)
 
     def publish(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if self.server.asynchronous:  # the previous hot-load's outcome (it had the whole step to finish)
+            with profiling.phase("hot_load_wait"):
+                self.server.settle()
+            self._sync_served(trainer)  # raises HotLoadError before anything more is published
+        with profiling.phase("publish"):
+            self._publish(trainer, pl_module)
+
+    def _publish(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         step = self._last_step = trainer.global_step
         if self.agents is not None:
             self.published += self.agents.publish(trainer, pl_module)
@@ -156,9 +171,11 @@ class AdapterPublisher(L.Callback):
             if trainer.is_global_zero:
                 pl_module.policy.save_adapter(target)
         fingerprints = self._rank_fingerprints(trainer, pl_module)
-        trainer.save_checkpoint(self.files.checkpoint_tmp, weights_only=False)  # collective: rank 0 writes
+        with profiling.phase("checkpoint"):
+            trainer.save_checkpoint(self.files.checkpoint_tmp, weights_only=False)  # collective: rank 0 writes
+            if trainer.is_global_zero:
+                self.files.commit_checkpoint()
         if trainer.is_global_zero:
-            self.files.commit_checkpoint()
             self.samples.consume_through(step)
             self.files.write_latest(step, target, self.lora_name, fingerprints)
             log.info("Published adapter v%d at %s", step, target)
@@ -173,7 +190,8 @@ class AdapterPublisher(L.Callback):
 
     def _serve(self, path: Path, step: int) -> None:
         """Serve `path` (hot-load it into the policy server when there is one)."""
-        self.server.serve(path, step)
+        with profiling.phase("hot_load_wait"):
+            self.server.serve(path, step)
 
     def _sync_served(self, trainer: L.Trainer) -> None:
         """Every rank learns rank 0's served version (and a hot-load failure that must stop the run)."""

@@ -33,6 +33,7 @@ def teacher_logprobs(
     temperature: float = 1.0,
     top_p: float = 1.0,
     top_k: int = -1,
+    user: str | None = None,
 ) -> list[float]:
     """Logprob of each `target_ids[t]` after `prompt_ids + target_ids[:t]` under `model` (base or adapter name),
     over the distribution `(temperature, top_p, top_k)` the student's tokens were sampled from.
@@ -65,6 +66,8 @@ def teacher_logprobs(
         "logprobs": 0,
         "prompt_logprobs": 0,
     }
+    if user is not None:  # OpenAI's end-user field: the policy server tags its work with it (metaclaw.profiling)
+        body["user"] = user
     if not raw:
         body.update(top_p=dist[1], top_k=dist[2], logprobs_mode="processed_logprobs")
     response = httpx.post(f"{_v1(base_url)}/completions", json=body, headers=headers, timeout=timeout)

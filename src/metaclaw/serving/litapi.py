@@ -186,6 +186,9 @@ class PolicyAPI(ls.LitAPI):
         if not logging.getLogger("metaclaw").handlers:
             logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
             logging.getLogger("metaclaw").setLevel(logging.INFO)
+        from metaclaw.profiling import start_from_env
+
+        start_from_env("server-worker")
         self.engine = self.engine_factory(device)
         self.service = PolicyService(
             self.engine, self.adapter_root, self.default_max_tokens, self.model_root, info=self.info

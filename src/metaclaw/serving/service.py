@@ -13,6 +13,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+from metaclaw import profiling
 from metaclaw.serving.completions import TextDecoder, chat_completion, chat_completion_stream
 from metaclaw.serving.engines.base import AdapterError, Engine, UnknownAdapterError
 from metaclaw.serving.protocol import (
@@ -71,7 +72,8 @@ class PolicyService:
     def handle(self, op: str, body: Any) -> Events:
         """Run `op`; errors become error events (4xx for the client's mistakes, 500 with a log line otherwise)."""
         try:
-            yield from self._ops[op](body)
+            with profiling.for_purpose(body.get("user") if isinstance(body, dict) else None):
+                yield from self._ops[op](body)
         except RequestError as err:
             yield error_event(err)
         except UnknownAdapterError as err:

@@ -26,6 +26,7 @@ from typing import Any
 
 import httpx
 
+from metaclaw import profiling
 from metaclaw.simulate.preferences import PreferenceSet, Violation
 from metaclaw.simulate.tasks import Task, load_tasks
 
@@ -153,6 +154,10 @@ class SimulatedUser:
     # ---- one session ----------------------------------------------------------------------------------------
     def session(self, rng: random.Random, index: int) -> None:
         """One multi-turn session: tasks, each reply judged in the next user message."""
+        with profiling.phase("user_simulation", cpu="thread"):
+            self._session(rng, index)
+
+    def _session(self, rng: random.Random, index: int) -> None:
         anthropic = rng.random() < self.anthropic_share
         sid = f"sim-{index}-{uuid.uuid4().hex[:8]}"
         base = {"X-Session-Id": sid, "X-Turn-Type": "main", "X-Agent-Id": self.agent_id}

@@ -28,6 +28,7 @@ from peft import LoraConfig, PeftModel, set_peft_model_state_dict
 from safetensors.torch import load_file
 from torch import nn
 
+from metaclaw import profiling
 from metaclaw.serving import sampling
 from metaclaw.serving.engines.adapters import AdapterRegistry, LoadedAdapter, ServedAdapters, check_adapter_files
 from metaclaw.serving.engines.base import (
@@ -135,12 +136,17 @@ class HFEngine(ServedAdapters):
         """Load the adapter under a fresh internal name, then re-point `name` to it atomically."""
         self._check_new_name(name)
         started = time.perf_counter()
-        config, state = read_adapter(path, self.device)  # the slow part, outside the model lock
-        version = self._registry.next_version(name, path)
-        internal = f"adapter{next(self._ids)}"
-        with self._lock:
-            self._add_weights(internal, config, state, path)
-        return self._publish(name, internal, version, path, started)
+        with profiling.phase("hot_load"):
+            config, state = read_adapter(path, self.device)  # the slow part, outside the model lock
+            version = self._registry.next_version(name, path)
+            internal = f"adapter{next(self._ids)}"
+            with profiling.phase("hot_load_lock_wait"):
+                self._lock.acquire()
+            try:
+                self._add_weights(internal, config, state, path)
+            finally:
+                self._lock.release()
+            return self._publish(name, internal, version, path, started)
 
     def _add_weights(self, internal: str, config: LoraConfig, state: dict[str, torch.Tensor], path: str) -> None:
         if self._peft is None:
@@ -217,8 +223,10 @@ class HFEngine(ServedAdapters):
             if self.max_batch_size > 1 and key is not None:
                 outputs = self._batched(list(prompt_ids), params, slot, key)
             else:
-                with self._lock, self._model(slot) as model:
+                tag = f"generate:{profiling.purpose()}"
+                with self._lock, self._model(slot) as model, profiling.phase(tag) as ph:
                     outputs = sampling.generate(model, self.tokenizer, prompt_ids, params)
+                    ph["tokens"] = sum(len(o.token_ids) for o in outputs)
                     self._count(1)
         for out in outputs:
             out.adapter_version = None if slot is None else slot.version
@@ -242,10 +250,11 @@ class HFEngine(ServedAdapters):
                     for p in batch:
                         self._pending.remove(p)
                 try:
-                    with self._model(slot) as model:
+                    with self._model(slot) as model, profiling.phase(f"generate:{profiling.purpose()}") as ph:
                         outs = sampling.generate_batch(
                             model, self.tokenizer, [p.prompt_ids for p in batch], [p.params for p in batch]
                         )
+                        ph["tokens"] = sum(len(o.token_ids) for o in outs)
                     self._count(len(batch))
                     for p, out in zip(batch, outs, strict=True):
                         p.result = [out]
@@ -288,8 +297,10 @@ class HFEngine(ServedAdapters):
             raise ValueError(f"prompt + target is {len(ids)} tokens; model.max_seq_len is {self.max_seq_len}")
         dist = sampling.distribution(temperature, top_p, top_k)
         x = torch.tensor([ids], device=self.device)
-        with self._pinned(adapter) as slot, self._lock, self._model(slot) as model:
+        tag = f"score:{profiling.purpose()}"
+        with self._pinned(adapter) as slot, self._lock, self._model(slot) as model, profiling.phase(tag) as ph:
             logits = model(input_ids=x, use_cache=False, logits_to_keep=len(target_ids) + 1).logits
+            ph["tokens"] = len(ids)
         logits = logits[0, :-1].float()  # [T_target, V]
         targets = torch.tensor(list(target_ids), device=logits.device)
         logprobs = sampling.token_logprobs(logits, targets, *dist)
@@ -317,10 +328,12 @@ class _HFTokenStream(TokenStream):
 
     def _run(self) -> None:
         try:
-            with self._engine._lock, self._engine._model(self._slot) as model:
+            engine = self._engine
+            with engine._lock, engine._model(self._slot) as model, profiling.phase("generate:stream") as ph:
                 outputs = sampling.generate(
                     model, self._engine.tokenizer, self._prompt_ids, self._params, streamer=self._streamer
                 )
+                ph["tokens"] = len(outputs[0].token_ids)
             self.output = outputs[0]
             self.output.adapter_version = self.adapter_version
             self.finish_reason = self.output.finish_reason
