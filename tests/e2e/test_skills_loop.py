@@ -147,7 +147,7 @@ def test_failed_session_evolves_a_skill_that_later_turns_of_that_agent_only_get(
     wait_until(lambda: any(e["accepted"] for e in library.history()), "the evolver to write and log the new skill")
     assert (loop.root / "bea" / NEW_SKILL / "SKILL.md").is_file()
     first, last = loop.samples("bea", "b1")
-    assert first.meta["judge"]["rule"] == "negative"  # the rule judge read "wrong": -1 ...
+    assert first.meta["judge"]["rule"] == "negative"  # the judge read the correction: -1 ...
     # ... then at-least-one lifted it, the session's only turn with a next state (the last one has no evidence)
     assert first.meta["at_least_one"] == {"from": -1.0} and last.reward == 0.0
     assert first.meta["skill_generation"] == last.meta["skill_generation"] == 0

