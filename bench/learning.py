@@ -229,7 +229,9 @@ def main() -> None:
         "--methods", default=None, help="comma-separated: rl, opd, combine (default: all three; the real path: rl)"
     )
     p.add_argument("--skills", choices=["off", "on", "both"], default="both")
-    p.add_argument("--minutes", type=float, default=40.0, help="training wall time per run (rollout.max_time)")
+    p.add_argument(
+        "--minutes", type=float, default=40.0, help="training time per run (rollout.max_time); real path: people's"
+    )
     p.add_argument("--model", default="smollm2_135m")
     p.add_argument(
         "--preference",
