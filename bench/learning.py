@@ -49,6 +49,7 @@ import importlib.util
 import itertools
 import json
 import os
+import signal
 import statistics
 import subprocess
 import sys
@@ -197,8 +198,12 @@ def real_path(args: argparse.Namespace, out: Path) -> dict[str, Any]:
     spec.loader.exec_module(rp)
     methods = [m.strip() for m in (args.methods or "rl").split(",") if m.strip()]
     kinds = [k.strip() for k in (args.preference or "number").split(",") if k.strip()]
+    for sig in (signal.SIGTERM, signal.SIGINT):  # stop early, but stop the service and report what was measured
+        signal.signal(sig, lambda *_: rp.STOP.set())
     results = []
     for method, kind in itertools.product(methods, kinds):
+        if rp.STOP.is_set():
+            break
         results.append(rp.run_real_path(kind, method, args, out))
         brief = {k: v for k, v in results[-1].items() if k not in ("curve", "backlog", "store", "people")}
         print(json.dumps(brief), file=sys.stderr, flush=True)

@@ -29,12 +29,14 @@ from typing import Any
 import httpx
 
 from metaclaw.evaluation.evaluator import ComplianceEvaluator
+from metaclaw.lifecycle import set_pdeathsig
 from metaclaw.serving.client import load_adapter
 from metaclaw.simulate.people import People, PreferenceKind, _pools
 
 REPO = Path(__file__).resolve().parents[1]
 SERVER_KEY_ENV = "METACLAW_BENCH_SERVER_KEY"
 EVAL_NAME = "bench-eval"
+STOP = threading.Event()  # SIGTERM / SIGINT to the bench: the run in progress ends early, its figures are kept
 PROXY_READY = re.compile(r"point your agent at base_url=(\S+)")
 SERVER_READY = re.compile(r"Policy server ready on (http://\S+)")
 
@@ -57,6 +59,8 @@ def wait_for_urls(log_path: Path, proc: subprocess.Popen, timeout_s: float) -> t
             return proxy.group(1), server.group(1)
         if proc.poll() is not None:
             raise RuntimeError(f"train.py exited with {proc.returncode} before serving; see {log_path}")
+        if STOP.is_set():
+            raise RuntimeError("the bench was stopped before the service was ready")
         time.sleep(0.5)
     raise TimeoutError(f"train.py did not print its base_url within {timeout_s}s; see {log_path}")
 
@@ -289,7 +293,8 @@ def run_real_path(kind_name: str, method: str, args: Any, out: Path) -> dict[str
     paces = {"machine": ["machine"] * args.people, "human": ["human"] * args.people,
              "mixed": [("machine", "human")[i % 2] for i in range(args.people)]}[args.pace]  # fmt: skip
     with open(log_path, "w") as logf:
-        proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=logf, stderr=subprocess.STDOUT, start_new_session=True)
+        proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=logf, stderr=subprocess.STDOUT, start_new_session=True,
+                                preexec_fn=set_pdeathsig)  # the service gets SIGTERM when the bench dies  # fmt: skip
     people = evals = watch = None
     try:
         proxy_url, server_url = wait_for_urls(log_path, proc, args.startup_timeout_s)
@@ -312,7 +317,7 @@ def run_real_path(kind_name: str, method: str, args: Any, out: Path) -> dict[str
         ).start()
         evals.start()
         deadline = watch.t0 + args.minutes * 60
-        while time.time() < deadline and proc.poll() is None:
+        while time.time() < deadline and proc.poll() is None and not STOP.is_set():
             time.sleep(1.0)
         people.stop()
         evals.finish()
@@ -325,6 +330,7 @@ def run_real_path(kind_name: str, method: str, args: Any, out: Path) -> dict[str
             watch.stop()
         result["returncode"] = stop_service(proc)
     result["wall_minutes"] = round((time.time() - watch.t0) / 60, 2) if watch else None
+    result["stopped_early"] = STOP.is_set()
     if evals is not None:
         curve = evals.curve
         result.update(base=curve[0]["compliance"] if curve else None,
