@@ -28,14 +28,28 @@ Runs made by separate invocations (one 2-core machine runs one at a time) are pu
 which writes one `learning.json` (every run, and a `table`: per run the base, best and final compliance and
 the last evaluation at or before `--at-minutes` wall minutes, so runs of different lengths compare over the same
 window) and one `learning.png` with every curve.
+
+The real path (issue 24, `bench/real_path.py`): the live service `train.py rollout=proxy` with its own defaults,
+people talking to it with the plain `openai` client (and the `anthropic` SDK) and no session headers, feedback
+only in their next message, in their own words (`metaclaw.simulate.people`):
+
+    python bench/learning.py --real-path --people 2 --pace machine --preference summary_first --minutes 40
+    python bench/learning.py --real-path --preference number,summary_first,address_you --minutes 40
+
+One run per method and preference kind; the JSON has the held-out curve (measured from outside the proxy) and
+the store's figures: sample age at training, staleness in adapter versions, the reward mix by rule and by the
+person's reaction, corrections trained above 0, unreacted turns trained at 0, the backlog over time, drops by
+reason; `learning.png` plots the curves and the backlog.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import itertools
 import json
 import os
+import signal
 import statistics
 import subprocess
 import sys
@@ -177,13 +191,80 @@ def plot(results: list[dict[str, Any]], path: Path, title: str) -> None:
     plt.close(fig)
 
 
+def real_path(args: argparse.Namespace, out: Path) -> dict[str, Any]:
+    """`--real-path`: one `train.py rollout=proxy` run per method and preference kind (`bench/real_path.py`)."""
+    spec = importlib.util.spec_from_file_location("real_path", Path(__file__).with_name("real_path.py"))
+    rp = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(rp)
+    methods = [m.strip() for m in (args.methods or "rl").split(",") if m.strip()]
+    kinds = [k.strip() for k in (args.preference or "number").split(",") if k.strip()]
+    for sig in (signal.SIGTERM, signal.SIGINT):  # stop early, but stop the service and report what was measured
+        signal.signal(sig, lambda *_: rp.STOP.set())
+    results = []
+    for method, kind in itertools.product(methods, kinds):
+        if rp.STOP.is_set():
+            break
+        results.append(rp.run_real_path(kind, method, args, out))
+        brief = {k: v for k, v in results[-1].items() if k not in ("curve", "backlog", "store", "people")}
+        print(json.dumps(brief), file=sys.stderr, flush=True)
+    report = {
+        "mode": "real_path",
+        "machine": {"cpus": os.cpu_count(), "load_avg_1m_at_end": os.getloadavg()[0]},
+        "model": args.model,
+        "minutes_per_run": args.minutes,
+        "people": args.people,
+        "pace": args.pace,
+        "phrasings": args.phrasings,
+        "max_tokens": args.max_tokens,
+        "target": args.target,
+        "overrides": args.override,
+        "runs": results,
+    }
+    title = f"real path: {args.model}, {args.people} people at {args.pace} pace, {args.minutes:g} min per run"
+    rp.plot_real_path(results, out / "learning.png", title)
+    report["plot"] = str(out / "learning.png")
+    (out / "learning.json").write_text(json.dumps(report, indent=1))
+    print(json.dumps(report, indent=1))
+    return report
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--methods", default="rl,opd,combine", help="comma-separated: rl, opd, combine")
+    p.add_argument(
+        "--methods", default=None, help="comma-separated: rl, opd, combine (default: all three; the real path: rl)"
+    )
     p.add_argument("--skills", choices=["off", "on", "both"], default="both")
-    p.add_argument("--minutes", type=float, default=40.0, help="training wall time per run (rollout.max_time)")
+    p.add_argument(
+        "--minutes", type=float, default=40.0, help="training time per run (rollout.max_time); real path: people's"
+    )
     p.add_argument("--model", default="smollm2_135m")
-    p.add_argument("--preference", default=None, help="a conf/preference name (default: the demo's)")
+    p.add_argument(
+        "--preference",
+        default=None,
+        help="a conf/preference name (default: the demo's); with "
+        "--real-path: people's preference kinds, comma-separated (metaclaw/simulate/people.yaml)",
+    )
+    real = p.add_argument_group("the real path (--real-path)")
+    real.add_argument("--real-path", action="store_true", help="drive `train.py rollout=proxy` with people")
+    real.add_argument("--people", type=int, default=2, help="people talking at once")
+    real.add_argument(
+        "--pace",
+        choices=["machine", "human", "mixed"],
+        default="machine",
+        help="machine: next message as soon as the reply arrives; human: reading/typing pauses",
+    )
+    real.add_argument(
+        "--phrasings",
+        choices=["train", "heldout", "all"],
+        default="train",
+        help="which share of the people's phrasings (every 5th is held out)",
+    )
+    real.add_argument("--anthropic-share", type=float, default=0.25, help="conversations through /v1/messages")
+    real.add_argument("--max-tokens", type=int, default=48, help="max_tokens the people's client sends")
+    real.add_argument("--eval-every-min", type=float, default=4.0, help="evaluate the newest adapter this often")
+    real.add_argument("--eval-prompts", type=int, default=32, help="held-out prompts per evaluation")
+    real.add_argument("--startup-timeout-s", type=float, default=900.0)
+    real.add_argument("--seed", type=int, default=0)
     p.add_argument(
         "--batching",
         choices=["on", "off", "both"],
@@ -205,10 +286,13 @@ def main() -> None:
         (out / "learning.json").write_text(json.dumps(report, indent=1))
         print(json.dumps({k: v for k, v in report.items() if k != "runs"}, indent=1))
         return
+    if args.real_path:
+        real_path(args, out)
+        return
     skills = {"off": [False], "on": [True], "both": [False, True]}[args.skills]
     batching = {"on": [True], "off": [False], "both": [False, True]}[args.batching]
     results = []
-    methods = [m.strip() for m in args.methods.split(",") if m.strip()]
+    methods = [m.strip() for m in (args.methods or "rl,opd,combine").split(",") if m.strip()]
     for method, sk, batched in itertools.product(methods, skills, batching):
         results.append(run_one(method, sk, args, out, batching=batched))
         print(json.dumps({k: v for k, v in results[-1].items() if k != "curve"}), file=sys.stderr, flush=True)

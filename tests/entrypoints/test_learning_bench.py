@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import importlib.util
 
+import pytest
+
 from tests.conftest import REPO
 
 
@@ -69,3 +71,85 @@ def test_runs_of_separate_invocations_are_merged_and_compared_at_one_wall_minute
         "short.json")
     bench.plot(merged["runs"], tmp_path / "six.png", "merged")
     assert (tmp_path / "six.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def _real_path():
+    spec = importlib.util.spec_from_file_location("real_path", REPO / "bench" / "real_path.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_store_figures_say_how_each_reaction_was_trained(tmp_path):
+    """Age and staleness at training, the reward by rule, and the checks the real path must pass (issue 24)."""
+    import sqlite3
+
+    from metaclaw.simulate.people import PreferenceKind
+    from metaclaw.store import Sample, SampleStore
+
+    kind = PreferenceKind.load("number", "all")
+    correction, praise = kind.correction[0], kind.praise[0]
+    store = SampleStore(tmp_path / "samples.sqlite")
+    cases = [  # (next state, adapter version, reward, meta)
+        (f"{correction}\n\nHow tall?", 0, 1.0, {"judge": {"rule": "neutral"}, "at_least_one": {"from": -1.0}}),
+        (f"{praise} How far is the moon?", 1, 1.0, {"judge": {"rule": "positive"}}),
+        (None, 2, 0.0, {"judge": {"rule": "no_next_state"}}),
+        (correction, 2, -1.0, {"judge": {"rule": "negative"}}),
+        (f"{correction} And pasta?", 0, None, {"dropped": "stale:v0<v3"}),
+        (praise, 3, None, None),
+    ]  # fmt: skip
+    for i, (next_state, version, reward, meta) in enumerate(cases):
+        sid = store.insert(Sample([1, 2], [3], [-0.5], session_id=f"s{i}", next_state=next_state,
+                                  adapter_version=version, meta={"session_source": "derived"}))  # fmt: skip
+        if meta is not None:
+            store.set_score(sid, reward=reward, status="dropped" if "dropped" in meta else "ready", meta=meta)
+    assert len(store.claim_batch(step=2, max_samples=8)) == 4
+    store.mark_consumed(3)
+    with sqlite3.connect(tmp_path / "samples.sqlite") as c:  # captured 1, 2, 3, 4 minutes before training
+        c.execute("UPDATE samples SET created_at = updated_at - 60 * id")
+    figures = _real_path().store_figures(tmp_path / "samples.sqlite")
+    assert figures["captured"] == 6 and figures["trained"] == 4 and figures["steps"] == 1
+    assert figures["session_source"] == {"derived": 6}
+    assert figures["age_at_training_s"]["median"] == 150.0 and figures["age_at_training_s"]["max"] == 240.0
+    assert figures["staleness_versions"]["median"] == 0.5 and figures["staleness_versions"]["max"] == 2
+    assert figures["reward_by_rule"]["at_least_one"] == {"n": 1, "positive": 1, "zero": 0, "negative": 0,
+                                                         "mean": 1.0}  # fmt: skip
+    assert figures["reward_by_rule"]["judge:negative"]["negative"] == 1
+    assert figures["reward_by_reaction"]["correction"]["n"] == 2 and figures["reward_by_reaction"]["praise"]["n"] == 1
+    assert figures["corrections_trained_positive"] == 1  # the lifted correction
+    assert figures["lifted_from_negative"] == 1
+    assert figures["unreacted_trained_zero"] == 1
+    assert figures["dropped_by_reason"] == {"stale": 1}
+    assert figures["status"] == {"consumed": 4, "dropped": 1, "pending": 1}
+
+
+@pytest.mark.slow
+def test_real_path_bench_drives_the_live_service_like_people(tmp_path):
+    """`--real-path` on the tiny model for seconds: the curve (base first), the store's figures, no session
+    header on any request, every captured turn in a session the proxy derived."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    out = tmp_path / "bench"
+    cmd = [sys.executable, "bench/learning.py", "--real-path", "--model", "tiny", "--people", "2", "--minutes", "0.3",
+           "--eval-prompts", "4", "--max-tokens", "8", "--eval-every-min", "0.05", "--out", str(out)]  # fmt: skip
+    env = {**os.environ, "PYTHONPATH": str(REPO / "src")}
+    proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    report = json.loads((out / "learning.json").read_text())
+    assert report["mode"] == "real_path" and (out / "learning.png").read_bytes()[:4] == b"\x89PNG"
+    run = report["runs"][0]
+    assert "error" not in run and run["returncode"] == 0
+    assert "rollout=proxy" in run["command"] and "simulated_user" not in run["command"]
+    assert run["curve"][0]["adapter"] == 0 and run["curve"][0]["minutes"] == 0.0 and run["base"] is not None
+    people = run["people"]
+    assert people["replies"] > 0 and people["errors"] == 0 and people["session_headers_sent"] == 0
+    store = run["store"]
+    assert store["captured"] >= people["replies"] - people["people"]  # a reply still in flight at the end
+    assert set(store["session_source"]) == {"derived"}
+    for key in ("age_at_training_s", "staleness_versions", "reward_by_rule", "corrections_trained_positive",
+                "unreacted_trained_zero", "dropped_by_reason"):  # fmt: skip
+        assert key in store
+    assert run["backlog"] and "backlog" in run["backlog"][-1]

@@ -1,0 +1,99 @@
+"""People of the real-path bench: their phrasing pools, and how they talk to a real proxy (no session headers)."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+import yaml
+
+from metaclaw.rollout.proxy import RolloutProxy
+from metaclaw.rollout.proxy_app import create_app
+from metaclaw.rollout.server import ThreadedServer
+from metaclaw.rollout.testing import scripted_upstream
+from metaclaw.simulate import user as simulated
+from metaclaw.simulate.people import POOLS, SESSION_HEADERS, People, PreferenceKind, _pools, kinds
+from metaclaw.store import SampleStore
+from tests.conftest import REPO
+
+
+def _all_phrases() -> list[str]:
+    pools = _pools()
+    return pools["praise"] + [p for k in pools["kinds"].values() for p in k["praise"] + k["correction"]]
+
+
+def test_every_kind_has_enough_varied_phrasings_and_a_verifier():
+    assert len(kinds()) >= 3
+    presets = {r["kind"] for f in (REPO / "conf" / "preference").glob("*.yaml")
+               for r in yaml.safe_load(f.read_text())["rules"]}  # fmt: skip
+    not_preset = [k for k in kinds() if not {r["kind"] for r in PreferenceKind.load(k).rules} <= presets - {"regex"}]
+    assert not_preset, "at least one kind must be outside the simulated user's presets"
+    for name in kinds():
+        full = PreferenceKind.load(name, "all")
+        assert len(full.praise) >= 60 and len(full.correction) >= 60, name
+        assert len(set(full.correction)) == len(full.correction)
+        train, held = PreferenceKind.load(name, "train"), PreferenceKind.load(name, "heldout")
+        assert set(train.correction).isdisjoint(held.correction) and held.correction
+        assert set(train.correction) | set(held.correction) == set(full.correction)
+        full.verifier.check("some reply")  # the rules validate
+    summary = PreferenceKind.load("summary_first").verifier
+    assert summary.complies("Boil it for 6 minutes.\n\nThen cool it in cold water for a while before peeling.")
+    assert not summary.complies("When it comes to boiling eggs there are many factors to weigh, such as size, "
+                                "altitude and how runny you like the yolk, so it depends.")  # fmt: skip
+    you = PreferenceKind.load("address_you").verifier
+    assert you.complies("You should boil it for 6 minutes.") and not you.complies("Eggs boil in 6 minutes.")
+
+
+def test_phrasings_avoid_the_rule_judge_the_simulated_user_and_the_judge_tests():
+    rule = yaml.safe_load((REPO / "conf" / "judge" / "rule.yaml").read_text())
+    judge = re.compile(f"{rule['negative']}|{rule['positive']}", re.I)
+    phrases = _all_phrases()
+    assert [p for p in phrases if judge.search(p)] == []
+    assert simulated.THANKS not in phrases and simulated.CORRECTION not in phrases
+    mine = {POOLS.resolve(), (REPO / "tests" / "simulate" / "test_people.py").resolve()}
+    texts = [
+        f.read_text(errors="replace").lower()
+        for d in ("tests", "bench")
+        for f in (REPO / d).rglob("*")
+        if f.is_file() and f.suffix in (".py", ".json", ".jsonl", ".yaml", ".txt") and f.resolve() not in mine
+    ]
+    reused = [p for p in phrases if len(p.split()) >= 3 and any(p.lower() in t for t in texts)]
+    assert reused == [], "phrasings also used by tests or benches (the judge's own data)"
+
+
+def _reply(body):
+    """Complies with `number` on the first reply of a conversation only."""
+    return "About 12 minutes." if len(body["messages"]) == 1 else "It depends on many things."
+
+
+@pytest.fixture
+def proxy(tmp_path):
+    with ThreadedServer(scripted_upstream(_reply)) as upstream:
+        store = SampleStore(tmp_path / "samples.sqlite")
+        with ThreadedServer(create_app(RolloutProxy(store, upstream.url, base_model="tiny"), api_key="k")) as srv:
+            yield srv.url, store
+
+
+def test_people_talk_like_users_and_react_only_in_their_next_message(proxy):
+    url, store = proxy
+    people = People(f"{url}/v1", PreferenceKind.load("number"), people=2, api_key="k", anthropic_share=0.5,
+                    max_conversations=2, seed=3).start()  # fmt: skip
+    people.join(120)
+    people.stop()
+    summary = people.summary()
+    assert summary["errors"] == 0 and summary["conversations"] == 4 and summary["replies"] == 16
+    assert 0 < summary["anthropic_replies"] < 16  # both SDKs
+    assert summary["session_headers_sent"] == 0 and summary["requests"] == 17  # /v1/models once, then 16 turns
+    assert not set(summary["request_headers"]) & set(SESSION_HEADERS)
+    turns = people.turn_records()
+    for t in turns:  # the first reply complies, the others do not; the 4th is never reacted to
+        assert t["complied"] == (t["index"] == 0)
+        assert t["reaction"] == (None if t["index"] == 3 else ("praise" if t["index"] == 0 else "correction"))
+        assert (t["next_message"] is None) == (t["index"] == 3)
+        if t["index"] == 2:  # the closing reaction is alone: no question after it
+            assert t["next_message"] in PreferenceKind.load("number").correction
+    samples = store.select()
+    assert len(samples) == 16
+    assert {s.meta.get("session_source") for s in samples} == {"derived"}  # the proxy found the conversations
+    assert len({s.session_id for s in samples}) == 4
+    assert sorted(s.next_state is None for s in samples).count(True) == 4
