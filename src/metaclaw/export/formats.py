@@ -55,9 +55,8 @@ def export_peft(adapter_dir: Path, out: Path, spec: ModelSpec) -> dict[str, Any]
 def export_merged(adapter_dir: Path, out: Path, spec: ModelSpec, dtype: str = "float32") -> dict[str, Any]:
     """Base + adapter merged into one safetensors model, with the tokenizer and its chat template.
 
-    The reference is the adapter served at the export's precision (a bf16 export against the adapter served on a
-    bf16 base, as a GPU serves it), so the check measures what merging changes; the gap to the fp32 served adapter
-    is reported beside it (`vs_fp32_served`).
+    The reference is the adapter as served here (fp32 base, unmerged); a bf16 export is held to bf16's own noise
+    floor (below).
     """
     from transformers import AutoModelForCausalLM
 
@@ -66,24 +65,25 @@ def export_merged(adapter_dir: Path, out: Path, spec: ModelSpec, dtype: str = "f
     tokenizer = spec.load_tokenizer()
     model = served_model(spec, adapter_dir)
     fp32 = reply_logprobs(model, tokenizer)
-    reference = fp32
-    if dtype != "float32":  # a second served copy at the export's precision; the merge itself happens in fp32
-        reference = reply_logprobs(served_model(spec, adapter_dir).to(getattr(torch, dtype)), tokenizer)
-    merged = model.merge_and_unload().to(getattr(torch, dtype))
+    merged = model.merge_and_unload().to(getattr(torch, dtype))  # merged in fp32, then cast
     merged.save_pretrained(out, safe_serialization=True)
     tokenizer.save_pretrained(out)
     loaded = AutoModelForCausalLM.from_pretrained(out, dtype=getattr(torch, dtype)).eval()
     got = reply_logprobs(loaded, tokenizer)
     if dtype == "float32":
         return {"check": "AutoModelForCausalLM.from_pretrained (float32) vs served (float32)",
-                "tolerance": MERGED_TOLERANCE[dtype], **compare(reference, got)}  # fmt: skip
-    # bf16 rounds every weight (8-bit mantissa): the same model cast twice differs by tenths of a nat on single
-    # tokens, so the tolerance holds for the mean; the max and the base model's own fp32-vs-bf16 gap are reported.
+                "tolerance": MERGED_TOLERANCE[dtype], **compare(fp32, got)}  # fmt: skip
+    # bf16 rounds every weight (8-bit mantissa): the base model alone, cast to bf16, moves the replies' logprobs by
+    # ~0.035 nats per token on average on SmolLM2 (30 layers), above 1e-2. So a bf16 export is held, on the mean
+    # against the fp32 served adapter, to 1e-2 or 1.5x that noise floor, whichever is larger: merging may not add
+    # more error than bf16 itself. The max, and the gap to the adapter served in bf16 (unmerged), are reported.
     base = spec.load_model("cpu").float().eval()
     floor = compare(reply_logprobs(base, tokenizer), reply_logprobs(base.to(getattr(torch, dtype)), tokenizer))
-    return {"check": f"AutoModelForCausalLM.from_pretrained ({dtype}) vs served ({dtype}), mean over tokens",
-            "tolerance": MERGED_TOLERANCE[dtype], "tolerance_on": "mean_abs_diff", **compare(reference, got),
-            "vs_fp32_served": compare(fp32, got), "bf16_noise_floor_base_model": floor}  # fmt: skip
+    served_low = reply_logprobs(served_model(spec, adapter_dir).to(getattr(torch, dtype)), tokenizer)
+    return {"check": f"AutoModelForCausalLM.from_pretrained ({dtype}) vs served (float32), mean over tokens",
+            "tolerance": max(MERGED_TOLERANCE[dtype], 1.5 * floor["mean_abs_diff"]), "tolerance_on": "mean_abs_diff",
+            **compare(fp32, got), f"vs_served_{dtype}": compare(served_low, got),
+            f"{dtype}_noise_floor_base_model": floor}  # fmt: skip
 
 
 # ---------------------------------------------------------------------------------------------- GGUF LoRA
