@@ -143,6 +143,7 @@ def test_refused_requests_are_not_user_activity(tmp_path):
         chat = f"{rig.url}/v1/chat/completions"
         assert httpx.post(chat, json=CHAT).status_code == 401  # a stranger without the key
         assert httpx.post(chat, json=CHAT, headers={"Authorization": "Bearer nope"}).status_code == 401
+        assert activity.last == long_ago
         auth = {"Authorization": "Bearer proxy-key"}
         assert post(chat, CHAT, **auth, **{"Content-Type": "text/plain"}).status_code == 415
         assert post(chat, CHAT, **auth, **{"Content-Type": "application/json", "Origin": EVIL}).status_code == 403
