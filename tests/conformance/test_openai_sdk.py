@@ -148,6 +148,6 @@ def test_policy_server_rejects_deep_json_with_400(rig):
     headers = {"Authorization": f"Bearer {rig.server_key}", "content-type": "application/json"}
     r = httpx.post(f"{rig.server_url}/v1/chat/completions", content=deep, headers=headers, timeout=60)
     assert r.status_code == 400 and "deeper than" in r.json()["error"]["message"]
-    r = httpx.post(f"{rig.url}/v1/chat/completions", content=deep,
-                   headers={"Authorization": f"Bearer {PROXY_KEY}"}, timeout=60)  # fmt: skip
+    headers["Authorization"] = f"Bearer {PROXY_KEY}"
+    r = httpx.post(f"{rig.url}/v1/chat/completions", content=deep, headers=headers, timeout=60)
     assert r.status_code == 400

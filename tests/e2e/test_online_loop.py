@@ -66,8 +66,12 @@ def drive(base_url: str, errors: list) -> None:
                 },
                 {"role": "tool", "tool_call_id": "c1", "content": "18C"},
             ]
-            c.chat.completions.create(model="metaclaw", messages=tool_msgs, tools=TOOLS, max_tokens=8)
-            tool_msgs += [{"role": "assistant", "content": "It is 18C."}, {"role": "user", "content": "great, thanks"}]
+            got = c.chat.completions.create(model="metaclaw", messages=tool_msgs, tools=TOOLS, max_tokens=8)
+            said = got.choices[0].message  # sent back as received: a continuation carries the recorded reply
+            reply = {"role": "assistant", "content": said.content or ""}
+            if said.tool_calls:
+                reply["tool_calls"] = [tc.model_dump() for tc in said.tool_calls]
+            tool_msgs += [reply, {"role": "user", "content": "great, thanks"}]
             c.chat.completions.create(model="metaclaw", messages=tool_msgs, tools=TOOLS, max_tokens=8, stream=True)
     except openai.APIConnectionError:
         pass  # training finished and the proxy went away

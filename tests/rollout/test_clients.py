@@ -112,6 +112,9 @@ def test_malformed_anthropic_shapes_get_400_in_anthropics_error_shape(harness):
     assert harness.store.count() == 0
 
 
+JSON = {"content-type": "application/json"}  # raw bodies declare their type (else 415: docs/security.md)
+
+
 def nested(depth: int) -> bytes:
     return b'{"model": "m", "messages": [{"role": "user", "content": "x"}], "x": ' + b"[" * depth + b"]" * depth + b"}"
 
@@ -119,7 +122,7 @@ def nested(depth: int) -> bytes:
 def test_deeply_nested_json_is_a_400(harness):
     for depth in (65, 481, 100_000):
         for path in ("/v1/chat/completions", "/v1/messages", "/v1/sessions/done"):
-            r = httpx.post(f"{harness.url}{path}", content=nested(depth), timeout=30)
+            r = httpx.post(f"{harness.url}{path}", content=nested(depth), headers=JSON, timeout=30)
             assert r.status_code == 400 and "deeper than" in r.json()["error"]["message"], (depth, path, r.text)
     assert chat(harness, {"model": "m", "messages": [{"role": "user", "content": "x"}]}).status_code == 200
 
@@ -127,7 +130,7 @@ def test_deeply_nested_json_is_a_400(harness):
 def test_nan_and_infinity_are_a_400_not_a_500(harness):
     for constant in (b"NaN", b"Infinity", b"-Infinity"):
         body = b'{"model": "m", "temperature": ' + constant + b', "messages": [{"role": "user", "content": "x"}]}'
-        r = httpx.post(f"{harness.url}/v1/chat/completions", content=body, timeout=30)
+        r = httpx.post(f"{harness.url}/v1/chat/completions", content=body, headers=JSON, timeout=30)
         assert r.status_code == 400 and "not a JSON number" in r.json()["error"]["message"], r.text
     assert harness.store.count() == 0
 
@@ -141,10 +144,10 @@ def test_chunked_body_over_the_limit_is_a_413(tmp_path, upstream):
                 yield b"x" * 1000
             yield b'"}]}'
 
-        r = httpx.post(f"{h.url}/v1/chat/completions", content=chunks(), timeout=30)
+        r = httpx.post(f"{h.url}/v1/chat/completions", content=chunks(), headers=JSON, timeout=30)
         assert r.status_code == 413 and "limit" in r.json()["error"]["message"]
         small = b'{"model": "m", "messages": [{"role": "user", "content": "ok"}]}'
-        r = httpx.post(f"{h.url}/v1/chat/completions", content=iter([small[:10], small[10:]]), timeout=30)
+        r = httpx.post(f"{h.url}/v1/chat/completions", content=iter([small[:10], small[10:]]), headers=JSON, timeout=30)
         assert r.status_code == 200 and h.store.count() == 1
 
 

@@ -95,7 +95,7 @@ def test_feedback_before_and_after_scoring_and_after_training(harness):
     assert harness.store.select()[1].meta["hint"] == "Check again."
 
     [claimed] = harness.store.claim_batch(step=0, max_samples=1)
-    late = feedback(harness, response_id=claimed.meta["response_id"], score=-1.0)
+    late = feedback(harness, response_id=claimed.meta["response_id"], score=-1.0, agent_id="ui")  # ui's own turn
     assert late.status_code == 200 and late.json()["trained"] is True and late.json()["sample_status"] == "claimed"
     got = harness.store.get(claimed.id)
     assert got.status == "claimed" and got.reward == claimed.reward and got.meta["feedback"]["score"] == -1.0
@@ -152,7 +152,8 @@ def test_unknown_turns_404_and_bad_bodies_400(tmp_path, upstream):
         ]:
             resp = post(bad)
             assert resp.status_code == 400 and field in resp.json()["error"]["message"], (bad, resp.text)
-        assert httpx.post(f"{h.url}/v1/feedback", content=b"NaN", headers=auth).status_code == 400
+        json_auth = {**auth, "Content-Type": "application/json"}
+        assert httpx.post(f"{h.url}/v1/feedback", content=b"NaN", headers=json_auth).status_code == 400
         assert post({"response_id": r.id, "score": 1}).status_code == 200  # still serving
         schema = httpx.get(f"{h.url}/openapi.json", headers=auth).json()["paths"]["/v1/feedback"]["post"]
         assert "score" in schema["requestBody"]["content"]["application/json"]["schema"]["properties"]

@@ -1,7 +1,13 @@
-"""The control HTTP API, `/control/*` on the proxy's port, behind the proxy's key and reachable from loopback only.
+"""The control HTTP API, `/control/*` on the proxy's port: loopback clients only, behind a per-run key.
 
 `mount_control(app, plane, api_key)` wraps the proxy's ASGI app: `/control/*` goes to the control routes, every
-other request goes to the proxy untouched (and `/v1/*` requests count as user activity for the scheduler).
+other request goes to the proxy untouched. `/v1/*` requests the proxy accepts count as user activity for the
+scheduler; refused ones (401, 403, 413, 415) do not: a stranger's rejected requests must not keep training off.
+
+The control routes need a key even when the proxy has none: a fresh one per run, written to
+`<run dir>/control.key` (mode 0600) and read from there by `python -m metaclaw --run-dir DIR` (never in a URL
+or an argument); the proxy's own key, when it has one, is accepted too. Host, Origin and the JSON content type
+are checked as on the proxy (`metaclaw.serving.security.BrowserGuard`): a web page cannot pause or roll back.
 """
 
 from __future__ import annotations
@@ -16,10 +22,18 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from metaclaw.agents import check_agent_id
+from metaclaw.control.keys import issue_control_key
 from metaclaw.control.plane import ControlError, ControlPlane
-from metaclaw.serving.security import BearerAuthMiddleware, BodySizeLimitMiddleware, send_json_error
+from metaclaw.serving.security import (
+    BearerAuthMiddleware,
+    BodySizeLimitMiddleware,
+    BrowserGuard,
+    BrowserGuardMiddleware,
+    send_json_error,
+)
 
 LOOPBACK = frozenset({"127.0.0.1", "::1", "localhost", "testclient"})
+REFUSED = frozenset({401, 403, 413, 415})  # answers that are not the user's activity
 
 
 class TrainNowBody(BaseModel):
@@ -82,9 +96,13 @@ def create_control_app(plane: ControlPlane) -> FastAPI:
 
 
 def mount_control(app: ASGIApp, plane: ControlPlane, api_key: str | None, max_body_bytes: int = 65536) -> ASGIApp:
-    """`app` with `/control/*` mounted in front of it (same key as the proxy, loopback clients only)."""
-    control = BearerAuthMiddleware(
-        BodySizeLimitMiddleware(create_control_app(plane), max_body_bytes), api_key, open_paths=()
+    """`app` with `/control/*` mounted in front of it: loopback clients only, the run's control key (or the proxy's
+    `api_key`), the same Host / Origin / content-type guard as `app` (a guarded proxy app's own, else loopback's)."""
+    run_key = issue_control_key(plane.run_dir)
+    guard = app.guard if isinstance(app, BrowserGuardMiddleware) else BrowserGuard()
+    limited = BodySizeLimitMiddleware(create_control_app(plane), max_body_bytes)
+    control = guard.around_auth(
+        limited, lambda inner: BearerAuthMiddleware(inner, run_key, open_paths=(), extra_keys=(api_key or "",))
     )
     activity = plane.activity
 
@@ -98,7 +116,18 @@ def mount_control(app: ASGIApp, plane: ControlPlane, api_key: str | None, max_bo
                                                  "permission_error")  # fmt: skip
                 return await control(scope, receive, send)
             if activity is not None and path.startswith("/v1/"):
-                activity.touch()
+                return await app(scope, receive, _touching(send, activity))
         return await app(scope, receive, send)
 
     return dispatch
+
+
+def _touching(send: Send, activity: Any) -> Send:
+    """`send` that marks user activity once the response starts, unless the request was refused (`REFUSED`)."""
+
+    async def wrapped(message: dict) -> None:
+        if message["type"] == "http.response.start" and message["status"] not in REFUSED:
+            activity.touch()
+        await send(message)
+
+    return wrapped

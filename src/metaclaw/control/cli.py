@@ -1,8 +1,10 @@
 """`python -m metaclaw status|pause|resume|train-now|rollback STEP [--agent ID]`: control the running service over
 loopback.
 
-The service is found by `--url`, `$METACLAW_CONTROL_URL`, `--run-dir DIR` (its `control.json`), or the proxy's
-default `http://127.0.0.1:30000`; the key comes from `--key` or `$METACLAW_PROXY_API_KEY`.
+The service is found by `--url`, `$METACLAW_CONTROL_URL` or `--run-dir DIR` (the `control.json` the service wrote
+there, with its URL and pid); without any of them the command refuses rather than send a key to whatever happens
+to listen on a default port. The key comes from `$METACLAW_PROXY_API_KEY` (or `--key`), else the run's own
+control key, `DIR/control.key` (0600; never in a URL or an argument).
 """
 
 from __future__ import annotations
@@ -16,25 +18,50 @@ from typing import Any
 
 import httpx
 
+from metaclaw.control.keys import read_control_key
 from metaclaw.control.plane import CONTROL_FILE
 from metaclaw.privacy.cli import add_forget_parser, forget_main
 from metaclaw.wire import bearer_headers
 
-DEFAULT_URL = "http://127.0.0.1:30000"
+
+def _alive(pid: Any) -> bool:
+    if not isinstance(pid, int) or pid <= 0:
+        return True  # not recorded: cannot tell
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # e.g. another user's process: it exists
+        return True
+    return True
 
 
 def resolve_url(url: str | None, run_dir: str | None) -> str:
+    """The service's URL: `--url`, `$METACLAW_CONTROL_URL`, or the run dir's `control.json`; else refuse."""
     if url:
         return url.rstrip("/")
     if os.environ.get("METACLAW_CONTROL_URL"):
         return os.environ["METACLAW_CONTROL_URL"].rstrip("/")
-    if run_dir:
-        path = Path(run_dir) / CONTROL_FILE
-        try:
-            return str(json.loads(path.read_text())["url"]).rstrip("/")
-        except (OSError, ValueError, KeyError) as e:
-            raise SystemExit(f"no running service found in {run_dir} ({path}: {e})") from e
-    return DEFAULT_URL
+    if not run_dir:
+        raise SystemExit("which service? Give --run-dir DIR (the run directory the service logged at start) or --url "
+                         "URL; there is no default, so no key goes to whatever listens on a port")  # fmt: skip
+    path = Path(run_dir) / CONTROL_FILE
+    try:
+        announced = json.loads(path.read_text())
+        found = str(announced["url"]).rstrip("/")
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise SystemExit(f"no running service found in {run_dir} ({path}: {e})") from e
+    if not _alive(announced.get("pid")):
+        raise SystemExit(f"the service that wrote {path} (pid {announced['pid']}) is not running any more")
+    return found
+
+
+def resolve_key(key: str | None, run_dir: str | None) -> str | None:
+    """`--key` / `$METACLAW_PROXY_API_KEY`, else the run's control key (`DIR/control.key`)."""
+    key = key or os.environ.get("METACLAW_PROXY_API_KEY")
+    if key or not run_dir:
+        return key
+    return read_control_key(run_dir)
 
 
 def _running(run_dir: str | None) -> str:
@@ -102,10 +129,12 @@ def _served(a: dict[str, Any]) -> str:
 
 def _common(parser: argparse.ArgumentParser, default: Any) -> None:
     """The connection options, accepted before or after the command."""
-    parser.add_argument("--url", default=default, help="the service's proxy URL (else $METACLAW_CONTROL_URL, "
-                        "--run-dir, http://127.0.0.1:30000)")  # fmt: skip
-    parser.add_argument("--run-dir", default=default, help="the service's run directory (reads its control.json)")
-    parser.add_argument("--key", default=default, help="the proxy's API key (else $METACLAW_PROXY_API_KEY)")
+    parser.add_argument("--url", default=default, help="the service's proxy URL (else $METACLAW_CONTROL_URL or "
+                        "--run-dir)")  # fmt: skip
+    parser.add_argument("--run-dir", default=default, help="the service's run directory (its control.json and "
+                        "control.key)")  # fmt: skip
+    parser.add_argument("--key", default=default, help="the proxy's API key (prefer $METACLAW_PROXY_API_KEY or "
+                        "--run-dir: an argument is visible to every user in `ps`)")  # fmt: skip
     parser.add_argument("--json", action="store_true", default=default, help="print the raw JSON answer")
     parser.add_argument("--timeout", type=float, default=default, help="seconds (default 90)")
 
@@ -126,7 +155,6 @@ def main(argv: list[str] | None = None) -> int:
     rb.add_argument("--agent", default=None, help="roll back this agent's own adapter (default: the default one)")
     add_forget_parser(sub, common)  # privacy (docs/privacy.md): works on the run dir's files
     args = parser.parse_args(argv)
-    args.key = args.key or os.environ.get("METACLAW_PROXY_API_KEY")
     args.timeout = args.timeout or 90.0
 
     if args.command == "forget":
@@ -135,10 +163,11 @@ def main(argv: list[str] | None = None) -> int:
         args.run_dir = run_dir
         return forget_main(args, url, bearer_headers(args.key))
     url = resolve_url(args.url, args.run_dir)
+    args.key = resolve_key(args.key, args.run_dir)
     headers = bearer_headers(args.key)
-    method, body = "POST", None
+    method, body = "POST", {}  # a JSON body on every POST: the service refuses other content types
     if args.command == "status":
-        method = "GET"
+        method, body = "GET", None
     elif args.command == "train-now":
         body = {"minutes": args.minutes} if args.minutes is not None else {}
     elif args.command == "rollback":

@@ -10,24 +10,34 @@ strongest first:
    reply each got, so they stay apart).
 2. `last`: the last exchange (the messages after the previous assistant message, plus the reply) is the same,
    the older history is not (the client trimmed or summarised its context).
-3. `prompt`: everything before the last assistant message is the session's last request, the reply differs
-   (the client edited or reformatted the reply it got).
+3. `prompt`: everything before the last assistant message is the session's last request and the reply is a
+   light edit of the recorded one (one contains the other, at least half its length, compared on letters and
+   digits only): the client reformatted or annotated the reply it got. A reply that is not the recorded one
+   never continues the session: whoever sends `[user "Hi", assistant <anything>, user X]` cannot step into
+   someone else's conversation that opened with "Hi" (docs/security.md). Only a request that names its end
+   user (OpenAI `user`, Anthropic `metadata.user_id`) may continue with a rewritten reply, inside that user's
+   own sessions.
 
-System messages are left out of every fingerprint, so a system prompt that changes between turns (a clock,
-injected memories or skills) does not split a session. Messages are compared in a canonical form: role, text
-(stripped), tool calls by name and JSON-normalised arguments (ids left out, clients rewrite them).
+Every fingerprint is seeded with a *partition*: the agent, the client (a digest of the key it presents), the end
+user it names, and its system messages; a session is never continued across any of them. Digits in system
+messages are left out (a clock in the system prompt does not split a session; a different prompt does).
+Messages are compared in a canonical form: role, text (stripped), tool calls by name and JSON-normalised
+arguments (ids left out, clients rewrite them).
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import re
 from dataclasses import dataclass
 from typing import Any
 
 from metaclaw.messages import content_text
 
 SEP, US = b"\x1e", "\x1f"  # record and unit separators
+DIGITS = re.compile(r"\d+")
+NOT_WORD = re.compile(r"[\W_]+")
 
 
 def _arguments(raw: Any) -> Any:
@@ -52,8 +62,30 @@ def canonical(message: dict[str, Any]) -> bytes:
     return out.encode()
 
 
-def _hasher(agent_id: str) -> Any:
-    return hashlib.blake2b(agent_id.encode(), digest_size=16)
+def loose(message: dict[str, Any] | None) -> str:
+    """A reply as the `prompt` match compares it: letters and digits of its text and tool names, lowercased."""
+    if not message:
+        return ""
+    names = " ".join(str((tc.get("function") or {}).get("name", "")) for tc in message.get("tool_calls") or ()
+                     if isinstance(tc, dict))  # fmt: skip
+    return NOT_WORD.sub("", f"{content_text(message.get('content'))} {names}".lower())
+
+
+def edited(recorded: str, sent: str) -> bool:
+    """Whether `sent` is the `recorded` reply lightly edited: equal, or one holds the other at half its length."""
+    if recorded == sent:
+        return True
+    short, long = sorted((recorded, sent), key=len)
+    return bool(short) and short in long and 2 * len(short) >= len(long)
+
+
+def _seed(agent_id: str, partition: str, messages: list[dict[str, Any]]) -> Any:
+    """The hash every fingerprint of a conversation starts from: agent, partition, system messages."""
+    h = hashlib.blake2b(f"{agent_id}{US}{partition}".encode(), digest_size=16)
+    for m in messages:
+        if m.get("role") == "system":
+            h.update(SEP + DIGITS.sub("#", content_text(m.get("content")).strip()).encode())
+    return h
 
 
 @dataclass(frozen=True)
@@ -63,6 +95,7 @@ class Tail:
     full: str
     last: str
     prompt: str
+    reply: str = ""  # the reply, `loose`: a `prompt` match must carry a light edit of it
 
     def fingerprints(self) -> tuple[tuple[str, str], ...]:
         return (("full", self.full), ("last", self.last), ("prompt", self.prompt))
@@ -74,14 +107,17 @@ class Query:
     Built in one pass over the messages (each hashed once; prefixes are copies of the running hash).
     """
 
-    __slots__ = ("agent_id", "last_assistant", "_candidates", "_all", "_new")
+    __slots__ = ("agent_id", "last_assistant", "reply", "lax", "_candidates", "_all", "_new")
 
-    def __init__(self, messages: list[dict[str, Any]], agent_id: str) -> None:
+    def __init__(
+        self, messages: list[dict[str, Any]], agent_id: str, partition: str = "", lax: bool = False
+    ) -> None:
         kept = [m for m in messages if m.get("role") != "system"]
         roles = [m.get("role") for m in kept]
         k = max((i for i, r in enumerate(roles) if r == "assistant"), default=-1)
         prev = max((i for i in range(k) if roles[i] == "assistant"), default=-1)
-        everything, exchange, new = _hasher(agent_id), _hasher(agent_id), _hasher(agent_id)
+        seed = _seed(agent_id, partition, messages)
+        everything, exchange, new = seed.copy(), seed.copy(), seed
         prompt = full = ""
         for i, m in enumerate(kept):
             part = SEP + canonical(m)
@@ -95,11 +131,18 @@ class Query:
             elif i > k:
                 new.update(part)
         self.agent_id, self.last_assistant, self._all, self._new = agent_id, k, everything, new
+        self.reply, self.lax = (loose(kept[k]) if k >= 0 else ""), lax  # lax: any reply continues (`user` named)
         self._candidates = () if k < 0 else (("full", full), ("last", exchange.hexdigest()), ("prompt", prompt))
 
     @classmethod
-    def of(cls, messages: list[dict[str, Any]], agent_id: str) -> Query:
-        return cls(messages, agent_id)
+    def of(cls, messages: list[dict[str, Any]], agent_id: str, partition: str = "", lax: bool = False) -> Query:
+        """`messages` as sent by `partition` (client and end user) of `agent_id`; `lax`: see `continues`."""
+        return cls(messages, agent_id, partition, lax)
+
+    def continues(self, kind: str, tail: Tail) -> bool:
+        """Whether a session whose `tail` matched this request's `kind` fingerprint may take it: `full` and `last`
+        include the reply; a `prompt` match needs a light edit of the recorded reply (`lax`: see the tracker)."""
+        return kind != "prompt" or edited(tail.reply, self.reply)
 
     def candidates(self) -> tuple[tuple[str, str], ...]:
         """`(kind, fingerprint)` to look up, strongest first; empty for a conversation's first turn."""
@@ -111,4 +154,4 @@ class Query:
         full, last = self._all.copy(), self._new.copy()
         full.update(part)
         last.update(part)
-        return Tail(full=full.hexdigest(), last=last.hexdigest(), prompt=self._all.hexdigest())
+        return Tail(full=full.hexdigest(), last=last.hexdigest(), prompt=self._all.hexdigest(), reply=loose(reply))

@@ -4,6 +4,10 @@ The turn is named by the reply id the client got (`response_id`: the OpenAI `id`
 or by `session_id` + `turn_index`. The feedback is stored with the turn (`meta.feedback`); the scoring worker
 settles the turn with it (`scoring.feedback`). A turn already trained on keeps its training; the feedback is
 still recorded and the reply says so.
+
+Feedback is scoped to the caller's agent (`X-Agent-Id`, else the body's `agent_id`, else the default; a body
+`agent_id` that contradicts the header is refused): another agent's turn answers 404, exactly as an unknown one,
+so nothing about it (its session, its existence) is disclosed (docs/security.md).
 """
 
 from __future__ import annotations
@@ -57,9 +61,9 @@ def parse(body: Any) -> FeedbackRequest:
 def _find(store: SampleStore, req: FeedbackRequest, agent_id: str) -> Sample:
     if req.response_id is not None:
         rid = req.response_id.removeprefix("msg_")  # the Anthropic route's id wraps the OpenAI one
-        found = store.by_response_id(rid)
+        found = [s for s in store.by_response_id(rid) if s.agent_id == agent_id]  # another agent's: as unknown
         if not found:
-            raise FeedbackNotFound(f"no captured turn has response_id {req.response_id!r}")
+            raise FeedbackNotFound(f"no captured turn of agent {agent_id!r} has response_id {req.response_id!r}")
         sample = found[0]
         if req.session_id is not None and req.session_id != sample.session_id:
             raise RequestError(f"response_id {req.response_id!r} is not in session {req.session_id!r}")
@@ -73,8 +77,15 @@ def _find(store: SampleStore, req: FeedbackRequest, agent_id: str) -> Sample:
 
 
 def record(store: SampleStore, req: FeedbackRequest, agent_id: str) -> dict[str, Any]:
-    """Store the feedback with its turn; the reply body. Raises `FeedbackNotFound` or `RequestError`."""
-    sample = _find(store, req, req.agent_id or agent_id)
+    """Store the feedback with its turn of `agent_id` (the caller's agent); the reply body.
+
+    Raises `FeedbackNotFound` (no such turn of this agent) or `RequestError` (a body `agent_id` other than the
+    caller's agent).
+    """
+    if req.agent_id is not None and req.agent_id != agent_id:
+        raise RequestError(f"agent_id {req.agent_id!r} in the body contradicts the caller's agent {agent_id!r} "
+                           "(X-Agent-Id): feedback goes to the caller's own turns only")  # fmt: skip
+    sample = _find(store, req, agent_id)
     feedback = {"score": float(req.score), "text": req.text, "at": time.time()}
     before, after = store.add_feedback(sample.id, feedback)
     return {

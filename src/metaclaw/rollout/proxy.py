@@ -239,8 +239,11 @@ class RolloutProxy:
         return self.default_agent_id
 
     # ---- request preparation -----------------------------------------------------------------------------
-    async def prepare(self, body: Any, headers: dict[str, str]) -> Turn:
-        """Validate and normalise an OpenAI chat request; allocate its turn. Raises `RequestError`."""
+    async def prepare(self, body: Any, headers: dict[str, str], client: str = "") -> Turn:
+        """Validate and normalise an OpenAI chat request; allocate its turn. Raises `RequestError`.
+
+        `client` names the caller (a digest of the key it presented): derived sessions never cross clients.
+        """
         if not isinstance(body, dict):
             raise RequestError("the request body must be a JSON object")
         messages, has_image = normalize_messages(body.get("messages"))
@@ -268,7 +271,11 @@ class RolloutProxy:
         if has_image:
             meta["has_image"] = True
         derive = self.capture and profile.trains and not keys.session_id
-        query = Query.of(messages, agent_id) if derive else None  # taken before skills change the messages
+        if derive:  # taken before skills change the messages; never across clients, end users or system prompts
+            partition = f"{client}\x1f{keys.end_user or ''}"
+            query = Query.of(messages, agent_id, partition, lax=keys.end_user is not None)
+        else:
+            query = None
         if turn_type == "main" and self.skills is not None:  # also in skills_only (capture off)
             messages, names = await asyncio.to_thread(self.skills.inject, messages, agent_id)
             meta["skills"] = names
@@ -317,7 +324,10 @@ class RolloutProxy:
             turn.turn_index, prev_id = self.sessions.begin_turn(turn.state)
             new = new_messages_since_last_assistant(messages)
             if prev_id is not None and new:  # committed with the next group; awaited before this turn replies
-                turn.next_state_write = self.writer.submit_next_state(prev_id, next_state_text(new))
+                try:
+                    turn.next_state_write = self.writer.submit_next_state(prev_id, next_state_text(new))
+                except Exception as e:  # noqa: BLE001 - a broken store never fails the request (`finish`)
+                    self._capture_failed(turn, "the previous turn's next state", e)
         elif query is not None:
             turn.session_id = self.sessions.peek(query) or "auto"
         return turn
@@ -454,10 +464,18 @@ class RolloutProxy:
 
     # ---- capture ------------------------------------------------------------------------------------------
     async def finish(self, turn: Turn, ok: bool = True) -> None:
-        """Make the turn durable (sample insert, previous turn's next state, session done) before replying."""
+        """Make the turn durable (sample insert, previous turn's next state, session done) before replying.
+
+        A store that cannot write (a full disk, a read-only or broken SQLite file) never fails the user's request:
+        the reply goes out as the upstream gave it, and the loss is logged and counted (`capture_errors`, the
+        `rollout/capture_failures` metric).
+        """
         if turn.next_state_write is not None:
             write, turn.next_state_write = turn.next_state_write, None
-            await asyncio.shield(asyncio.wrap_future(write))
+            try:
+                await asyncio.shield(asyncio.wrap_future(write))
+            except Exception as e:  # noqa: BLE001 - see the docstring
+                self._capture_failed(turn, "the previous turn's next state", e)
         if not turn.main or turn.state is None:
             return
         state, turn.state = turn.state, None
@@ -471,25 +489,43 @@ class RolloutProxy:
         if sample is not None:
             try:
                 write = self.writer.submit(sample)
-            except ValueError as e:
+            except ValueError as e:  # the sample or the backlog bound: said by `_not_captured`
                 self._not_captured(turn, str(e))
+            except Exception as e:  # noqa: BLE001 - the store itself failed
+                self._capture_failed(turn, "the turn", e)
         if write is None:
             self.sessions.end_turn(state, turn.turn_index, None)
         else:
             # Session bookkeeping runs on commit even if this request is cancelled meanwhile.
             write.add_done_callback(lambda w: self._stored(state, turn.turn_index, w))
-            turn.sample_id = await asyncio.shield(asyncio.wrap_future(write))
-            log.debug(
-                "Captured %s turn %d (agent %s): %d prompt + %d response tokens, adapter v%d",
-                turn.session_id,
-                turn.turn_index,
-                turn.agent_id,
-                len(sample.prompt_ids),
-                len(sample.response_ids),
-                sample.adapter_version,
-            )
+            try:
+                turn.sample_id = await asyncio.shield(asyncio.wrap_future(write))
+            except Exception as e:  # noqa: BLE001 - see the docstring
+                self._capture_failed(turn, "the turn", e)
+            else:
+                log.debug(
+                    "Captured %s turn %d (agent %s): %d prompt + %d response tokens, adapter v%d",
+                    turn.session_id,
+                    turn.turn_index,
+                    turn.agent_id,
+                    len(sample.prompt_ids),
+                    len(sample.response_ids),
+                    sample.adapter_version,
+                )
         if ok and turn.done:
-            await asyncio.to_thread(self.sessions.log.touch, turn.agent_id, turn.session_id, True)
+            try:
+                await asyncio.to_thread(self.sessions.log.touch, turn.agent_id, turn.session_id, True)
+            except Exception as e:  # noqa: BLE001 - see the docstring
+                self._capture_failed(turn, "the session's end", e)
+
+    def _capture_failed(self, turn: Turn, what: str, error: BaseException) -> None:
+        """The store could not record `what`: counted and logged loudly; the user's reply goes out regardless."""
+        self.stats["capture_errors"] += 1
+        log.error(
+            "CAPTURE LOST: %s of session %s turn %d (agent %s) could not be stored (%s: %s); the client still got "
+            "its reply. Check the store's disk (full? read-only?): turns are not being recorded for training.",
+            what, turn.session_id, turn.turn_index, turn.agent_id, type(error).__name__, error,
+        )  # fmt: skip
 
     def _sample(self, turn: Turn) -> Sample | None:
         """The turn as a sample, or None (logged and counted) when the server's reply cannot be trained on."""

@@ -1,5 +1,6 @@
 """The proxy's HTTP surface: OpenAI `/v1/chat/completions`, Anthropic `/v1/messages` (+ `/count_tokens`),
-`/v1/models`, `/health`, `/v1/feedback` and `/v1/sessions/done`; wrapped in the shared auth and body-limit middlewares.
+`/v1/models`, `/health`, `/v1/feedback` and `/v1/sessions/done`; wrapped in the shared browser-guard (Host, Origin,
+JSON content type: docs/security.md), auth and body-limit middlewares.
 
 Error contract: a client's mistake is a 4xx JSON body naming the problem (OpenAI's `{"error": {...}}`, Anthropic's
 `{"type": "error", "error": {...}}` on `/v1/messages*`); anything unexpected is a 500 JSON body and a logged
@@ -10,8 +11,9 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import hashlib
 import logging
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -27,7 +29,7 @@ from metaclaw.rollout.proxy import SSE_DONE, RolloutProxy, UpstreamError
 from metaclaw.rollout.session_tracker import BODY_EXTRAS
 from metaclaw.serving.bodies import BodyError, load_json
 from metaclaw.serving.openapi import PROXY_BODIES, publish_request_bodies
-from metaclaw.serving.security import BearerAuthMiddleware, BodySizeLimitMiddleware, error_body
+from metaclaw.serving.security import BearerAuthMiddleware, BodySizeLimitMiddleware, BrowserGuard, error_body
 from metaclaw.skills.hooks import SkillInjectorLike
 from metaclaw.store import SampleStore
 from metaclaw.wire import RequestError
@@ -36,6 +38,7 @@ from metaclaw.wire.normalize import normalize_messages, normalize_tools
 log = logging.getLogger(__name__)
 
 SSE_HEADERS = {"cache-control": "no-cache", "x-accel-buffering": "no"}
+ANTHROPIC_PATHS = ("/v1/messages",)  # answered with Anthropic's error shape
 
 
 class SSEResponse(StreamingResponse):
@@ -90,13 +93,28 @@ def _headers(request: Request) -> dict[str, str]:
     return {k.lower(): v for k, v in request.headers.items() if k.lower().startswith("x-")}
 
 
+def client_of(request: Request) -> str:
+    """Who is calling, as far as the request says: a digest of the key it presents ("" when none).
+
+    Sessions derived from the conversation are partitioned by it, so one client's message never continues
+    another client's session (docs/security.md). Only a digest: the key itself is never kept.
+    """
+    key = request.headers.get("authorization") or request.headers.get("x-api-key")
+    return hashlib.blake2b(key.encode(), digest_size=8).hexdigest() if key else ""
+
+
 def create_app(
     proxy: RolloutProxy,
     api_key: str | None = None,
     max_body_bytes: int = 8 * 1024 * 1024,
     served_model: str = "metaclaw",
+    guard: BrowserGuard | None = None,
 ):
-    """The ASGI app for `proxy`; `api_key` (if set) is required on every route but `/health`."""
+    """The ASGI app for `proxy`; `api_key` (if set) is required on every route but `/health`.
+
+    `guard` (default: a server bound to loopback) refuses what a web page could send: a foreign `Host` or
+    `Origin`, a state-changing request that is not `application/json` (`metaclaw.serving.security`).
+    """
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
@@ -133,7 +151,7 @@ def create_app(
 
     @app.post("/v1/chat/completions")
     async def chat(request: Request) -> Response:
-        turn = await proxy.prepare(await _json(request), _headers(request))
+        turn = await proxy.prepare(await _json(request), _headers(request), client_of(request))
         try:
             if not turn.stream:
                 body, headers = await proxy.complete_bytes(turn)
@@ -151,7 +169,7 @@ def create_app(
         user = (body.get("metadata") or {}).get("user_id") if isinstance(body.get("metadata"), dict) else None
         if user is not None:
             openai_body["user"] = user  # Anthropic's end-user field: a session key like OpenAI's `user`
-        turn = await proxy.prepare(openai_body, _headers(request))
+        turn = await proxy.prepare(openai_body, _headers(request), client_of(request))
         model = body.get("model")
         try:
             if not turn.stream:
@@ -201,10 +219,12 @@ def create_app(
 
     @app.post("/v1/feedback")
     async def post_feedback(request: Request) -> JSONResponse:
-        """A score in [-1, 1] (and optional correction text) for one captured turn; see `rollout.feedback`."""
-        agent_id = proxy.agent_of({}, _headers(request))  # a bad X-Agent-Id is a 400
+        """A score in [-1, 1] (and optional correction text) for one of the caller's agent's turns; see
+        `rollout.feedback` (the agent: `X-Agent-Id`, else the body's `agent_id`; a bad id is a 400)."""
+        body = await _json(request)
+        agent_id = proxy.agent_of(body if isinstance(body, dict) else {}, _headers(request))
         try:
-            return JSONResponse(await feedback.arecord(proxy.store, await _json(request), agent_id))
+            return JSONResponse(await feedback.arecord(proxy.store, body, agent_id))
         except feedback.FeedbackNotFound as e:
             return _error(404, str(e), "not_found_error")
 
@@ -222,8 +242,11 @@ def create_app(
             return _error(404, f"unknown session {session_id!r} for agent {agent_id!r}", "not_found_error")
         return JSONResponse({"session_id": session_id, "agent_id": agent_id, "done": True})
 
-    guarded = BodySizeLimitMiddleware(app, max_body_bytes)
-    return BearerAuthMiddleware(guarded, api_key, open_paths=("/health",))
+    guard = (guard or BrowserGuard()).with_anthropic_paths(*ANTHROPIC_PATHS)
+    return guard.around_auth(
+        BodySizeLimitMiddleware(app, max_body_bytes),
+        lambda inner: BearerAuthMiddleware(inner, api_key, open_paths=("/health",), anthropic_paths=ANTHROPIC_PATHS),
+    )
 
 
 class ProxyService:
@@ -236,6 +259,8 @@ class ProxyService:
         store / upstream_url / upstream_api_key / capture / skills: as `RolloutProxy`'s.
         tokenizer: the served model's tokenizer (the context policy counts prompt tokens with it), or None.
         host / port: where the proxy listens (port 0: a free one).
+        allowed_hosts / allowed_origins: names (beyond the bound address and loopback) the proxy may be reached
+            as, and web origins (beyond its own) that may call it (`metaclaw.serving.security.BrowserGuard`).
         api_key: the key clients must send (None: open, said loudly at start).
         max_body_bytes / served_model: as `create_app`'s.
         images / context: the proxy's image and context policies (`metaclaw.rollout.fit`).
@@ -267,6 +292,8 @@ class ProxyService:
         images: Mapping[str, Any] | None = None,
         context: Mapping[str, Any] | None = None,
         agents: AgentProfiles | None = None,
+        allowed_hosts: Sequence[str] = (),
+        allowed_origins: Sequence[str] = (),
     ) -> None:
         self.host, self.port, self.api_key = host, port, api_key
         self.proxy = RolloutProxy(
@@ -285,4 +312,5 @@ class ProxyService:
             session_idle_s=sessions["idle_s"],
             agents=agents,
         )
-        self.app = create_app(self.proxy, api_key, max_body_bytes, served_model)
+        guard = BrowserGuard(host, tuple(allowed_hosts or ()), tuple(allowed_origins or ()))
+        self.app = create_app(self.proxy, api_key, max_body_bytes, served_model, guard)

@@ -31,6 +31,7 @@ class SessionKeys:
     source: str  # header | body | user | derived
     turn_type: str
     done: bool
+    end_user: str | None = None  # OpenAI `user`: partitions derived sessions (never the session id itself)
 
 
 def _flag(value: Any, name: str) -> bool:
@@ -48,19 +49,19 @@ def _id(value: Any, name: str) -> str:
 
 
 def session_keys(body: dict[str, Any], headers: dict[str, str]) -> SessionKeys:
-    """Session id, turn type and done flag; precedence: `X-*` headers > body fields > OpenAI `user` > derived.
+    """Session id, turn type and done flag; precedence: `X-*` headers > body fields > derived.
 
-    Body fields are MetaClaw's own (`session_id`, `turn_type`, `session_done`); `user` is OpenAI's end-user
-    field, which some clients (OpenClaw-RL's simulator) set per conversation.
+    Body fields are MetaClaw's own (`session_id`, `turn_type`, `session_done`). `user` is OpenAI's end-user field:
+    one person's id, not one conversation's, so it only partitions derived sessions (a person's parallel
+    conversations stay apart; two people's never meet).
     """
+    end_user = _id(body["user"], "user") if body.get("user") is not None else None
     if headers.get("x-session-id"):
         session_id, source = _id(headers["x-session-id"], "X-Session-Id"), "header"
     elif body.get("session_id") is not None:
         session_id, source = _id(body["session_id"], "session_id"), "body"
-    elif body.get("user") is not None:
-        session_id, source = _id(body["user"], "user"), "user"
     else:
-        session_id, source = None, "derived"
+        session_id, source = None, "derived" if end_user is None else "user"
     if headers.get("x-turn-type"):
         turn_type, field_name = headers["x-turn-type"], "X-Turn-Type"
     else:
@@ -71,7 +72,7 @@ def session_keys(body: dict[str, Any], headers: dict[str, str]) -> SessionKeys:
         done = _flag(headers["x-session-done"], "X-Session-Done")
     else:
         done = _flag(body.get("session_done", False), "session_done")
-    return SessionKeys(session_id, source, turn_type.lower(), done)
+    return SessionKeys(session_id, source, turn_type.lower(), done, end_user)
 
 
 def new_messages_since_last_assistant(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -178,21 +179,30 @@ class SessionTracker:
         return bool(self.store.select(agent_id=agent_id, session_id=session_id, limit=1))
 
     # ---- derived sessions -----------------------------------------------------------------------------------
+    def _match(self, query: Query) -> SessionState | None:
+        """The open session `query` continues, strongest fingerprint first (call with the lock held)."""
+        for kind, fp in query.candidates():
+            bucket = self._tails.get((kind, fp), ())
+            for st in bucket:  # the oldest of equals first: identical conversations pair up in order
+                if st.tail is not None and query.continues(kind, st.tail):
+                    return st
+            if kind == "prompt" and query.lax and bucket:  # the end user's own session, the reply rewritten
+                return bucket[0]
+        return None
+
     def claim(self, query: Query, create: bool = True) -> tuple[SessionState | None, Tail | None]:
         """The open session `query` continues (its tail taken, so no other request claims the same state), or a
         new derived session (None if not `create`). Returns the state and the tail it had (given back with
         `set_tail` if the turn fails)."""
         with self._lock:
-            for key in query.candidates():
-                bucket = self._tails.get(key)
-                if bucket:
-                    st = bucket[0]  # the oldest of equals: interleaved identical conversations pair up in order
-                    tail = st.tail
-                    self._unindex(st)
-                    st.tail = None
-                    self._touch(st)
-                    self.stats["derived_continued"] += 1
-                    return st, tail
+            st = self._match(query)
+            if st is not None:
+                tail = st.tail
+                self._unindex(st)
+                st.tail = None
+                self._touch(st)
+                self.stats["derived_continued"] += 1
+                return st, tail
             if not create:
                 return None, None
             st = SessionState(query.agent_id, f"auto-{uuid.uuid4().hex[:16]}")
@@ -222,11 +232,8 @@ class SessionTracker:
     def peek(self, query: Query) -> str | None:
         """The session `query` would continue, without claiming it (side turns)."""
         with self._lock:
-            for key in query.candidates():
-                bucket = self._tails.get(key)
-                if bucket:
-                    return bucket[0].session_id
-        return None
+            st = self._match(query)
+            return st.session_id if st is not None else None
 
     def set_tail(self, st: SessionState, tail: Tail | None) -> None:
         """Record what the next request of `st`'s conversation extends (None: nothing to extend)."""

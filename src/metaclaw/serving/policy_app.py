@@ -22,6 +22,7 @@ from metaclaw.serving.openapi import POLICY_SERVER_BODIES, publish_request_bodie
 from metaclaw.serving.security import (
     BearerAuthMiddleware,
     BodySizeLimitMiddleware,
+    BrowserGuardMiddleware,
     open_server_warning,
     resolve_api_key,
 )
@@ -60,13 +61,17 @@ def build_server(cfg: DictConfig) -> tuple[ls.LitServer, dict]:
         request_timeout_s=serve.request_timeout_s,
         max_concurrency=serve.max_concurrency,
     )
+    # Host / Origin / JSON content type: no web page drives the server (docs/security.md)
+    guard = {"bind_host": serve.host, "allowed_hosts": serve.get("allowed_hosts") or ()}
     server = ls.LitServer(
         api,
         accelerator="cpu",  # the engine places the model itself (devices.infer)
         timeout=serve.request_timeout_s,
         middlewares=[
             (BodySizeLimitMiddleware, {"max_bytes": serve.max_body_bytes}),
+            (BrowserGuardMiddleware, {**guard, "checks": "content_type"}),
             (BearerAuthMiddleware, {"api_key": api_key, "open_paths": ("/health",)}),
+            (BrowserGuardMiddleware, {**guard, "checks": "origin"}),  # the last one added is the outermost
         ],
     )
     publish_request_bodies(server.app, POLICY_SERVER_BODIES)  # /openapi.json (behind the key like every route)
