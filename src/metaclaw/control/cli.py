@@ -64,11 +64,12 @@ def resolve_key(key: str | None, run_dir: str | None) -> str | None:
     return read_control_key(run_dir)
 
 
-def _running(run_dir: str | None) -> str:
+def _running(run_dir: str | None) -> str | None:
+    """The running service of `run_dir`, or None (forget works on the files; a rollback is then printed)."""
     try:
         return resolve_url(None, run_dir)
     except SystemExit:
-        return DEFAULT_URL
+        return None
 
 
 def format_eval(record: dict[str, Any]) -> str:
@@ -161,7 +162,7 @@ def main(argv: list[str] | None = None) -> int:
         run_dir, args.run_dir = args.run_dir, None  # no control.json needed: the service may not be running
         url = resolve_url(args.url, None) if args.url else _running(run_dir)
         args.run_dir = run_dir
-        return forget_main(args, url, bearer_headers(args.key))
+        return forget_main(args, url, bearer_headers(resolve_key(args.key, run_dir)))
     url = resolve_url(args.url, args.run_dir)
     args.key = resolve_key(args.key, args.run_dir)
     headers = bearer_headers(args.key)
