@@ -67,6 +67,13 @@ def format_status(s: dict[str, Any]) -> str:
     by_status = ", ".join(f"{k} {v}" for k, v in counts.items())
     lines.append(f"samples:       {s.get('samples_waiting')} waiting ({by_status})")
     lines.append(f"steps done:    {s.get('steps_done')}")
+    if r := s.get("rates"):  # the two paces over the last few minutes, and how fresh the trained samples were
+        age = f", median age {r['trained_age_s']:.0f}s" if r.get("trained_age_s") is not None else ""
+        lag = f", lag {r['trained_lag']} versions" if r.get("trained_lag") is not None else ""
+        lines.append(f"pace:          {r['replies_per_min']:.1f} replies/min served, {r['trained_per_min']:.1f} "
+                     f"samples/min trained{age}{lag} (last {r['window_s']:.0f}s)")  # fmt: skip
+    if dropped := s.get("dropped"):
+        lines.append("dropped:       " + ", ".join(f"{k} {v}" for k, v in sorted(dropped.items())))
     lines.append(f"serving:       {_served(s.get('served_adapter') or {})}")
     for agent, a in (s.get("agents") or {}).items():  # agents with adapters of their own (docs/agents.md)
         lines.append(f"  agent {agent}: {_served(a)}")
