@@ -188,7 +188,8 @@ class StreamingSampleDataset(IterableDataset):
                 latest_skill_generation_only=self.latest_skill_generation_only,
                 partition=self.partition,
                 partitions=allowed,
-                max_age_s=self.max_age_s,
+                # under a scheduler samples wait for a training window by design: only the version bound applies
+                max_age_s=self.max_age_s if self.gate is None else None,
                 served_version=self.served_version(),
             )
             if batch:
@@ -222,6 +223,7 @@ class RolloutDataModule(L.LightningDataModule):
         max_staleness: never train a sample from an adapter more than this many versions behind the adapter
             the policy server serves (settled `dropped`, reason `stale`); None: no bound in versions.
         max_age_s: never train a sample captured more than this many seconds ago (`stale` too); None: no bound.
+            Not applied under a scheduler (mode=auto): samples captured outside a training window wait for one.
             Steps claim the newest ready samples first; both bounds settle the ones left behind
             (docs/online_loop.md, "Freshness").
         max_backlog: bound on the samples waiting to be trained; None: unbounded (a fixed store).
