@@ -141,8 +141,11 @@ def test_every_live_rollout_trains_on_the_same_signal_rules_and_freshness_policy
         for rule in SIGNAL_RULES:
             assert cfg.rollout.scoring[rule] == proxy.rollout.scoring[rule], f"rollout={name} overrides {rule}"
         assert (cfg.data.max_staleness, cfg.data.max_age_s) == (8, 600.0), name
-    text = (CONF / "rollout" / "simulated_user.yaml").read_text()
-    assert "at_least_one" not in text and "no_next_state" not in text  # inherited, not restated
+    for name in ("simulated_user", "replay"):  # inherited, not restated
+        text = (CONF / "rollout" / f"{name}.yaml").read_text()
+        assert not any(rule in text for rule in ("at_least_one", "no_next_state", "max_staleness", "max_age_s"))
+    fixed = _compose("train", ["rollout=store"], tmp_path)  # a fixed store is the data set: never aged out
+    assert (fixed.data.max_staleness, fixed.data.max_age_s) == (None, None)
 
 
 def test_the_live_path_drops_a_closing_turn_and_trains_only_fresh_samples(tmp_path):
