@@ -177,7 +177,10 @@ def main() -> None:
     p.add_argument("--seq", type=int, default=192, help="tokens per trained sample (half prompt, half response)")
     p.add_argument("--budgets", default="auto,none")
     args = p.parse_args()
-    results = [run(args.model, b, args.seconds, args.users, args.batch, args.seq) for b in args.budgets.split(",")]
+    results = []
+    for budget in args.budgets.split(","):
+        results.append(run(args.model, budget, args.seconds, args.users, args.batch, args.seq))
+        print(json.dumps(results[-1]), file=sys.stderr, flush=True)  # each run as it ends: a long bench shows progress
     print(json.dumps({"cores": host_cpu_count(), "model": args.model, "users": args.users, "runs": results}, indent=2))
 
 
