@@ -124,3 +124,64 @@ def test_a_live_rl_step_waits_for_a_batch_it_can_centre(tmp_path, rollout):
     assert cfg.data.min_batch_size == cfg.data.batch_size == 4
     smaller = _compose("train", [f"rollout={rollout}", "data.batch_size=2"], tmp_path)
     assert rollout != "proxy" or smaller.data.min_batch_size == 2  # follows the batch size the user sets
+
+
+SIGNAL_RULES = ("at_least_one", "no_next_state", "feedback", "max_attempts", "timeout_s")
+
+
+def test_every_live_rollout_trains_on_the_same_signal_rules_and_freshness_policy(tmp_path):
+    """Issue 24: the demo carried rules the service lacked (at_least_one off, closing turns dropped), so it learned
+    where users do not. One default: `rollout=proxy` states them, simulated_user and replay inherit them, and the
+    freshness bounds live in `data` for every rollout."""
+    composed = {r: _compose("train", [f"rollout={r}"], tmp_path) for r in ("proxy", "simulated_user", "replay")}
+    proxy = composed["proxy"]
+    assert proxy.rollout.scoring.at_least_one is False  # holds rewards for a whole session; invents a +1
+    assert proxy.rollout.scoring.no_next_state == "drop"  # a turn nothing reacted to is never a trained 0
+    for name, cfg in composed.items():
+        for rule in SIGNAL_RULES:
+            assert cfg.rollout.scoring[rule] == proxy.rollout.scoring[rule], f"rollout={name} overrides {rule}"
+        assert (cfg.data.max_staleness, cfg.data.max_age_s) == (8, 600.0), name
+    for name in ("simulated_user", "replay"):  # inherited, not restated
+        text = (CONF / "rollout" / f"{name}.yaml").read_text()
+        assert not any(rule in text for rule in ("at_least_one", "no_next_state", "max_staleness", "max_age_s"))
+    fixed = _compose("train", ["rollout=store"], tmp_path)  # a fixed store is the data set: never aged out
+    assert (fixed.data.max_staleness, fixed.data.max_age_s) == (None, None)
+
+
+def test_the_live_path_drops_a_closing_turn_and_trains_only_fresh_samples(tmp_path):
+    """`rollout=proxy` with its defaults, built as train.py builds them: the closing turn of a session (no next
+    state) is settled `no_next_state`, never trained as 0; a stale sample is settled `stale`, kept and counted."""
+    import asyncio
+    import sqlite3
+    import time
+
+    from metaclaw.loop.wiring import build_worker
+    from metaclaw.scoring.judges import RuleJudge
+    from metaclaw.store import Sample, SampleStore, SessionLog
+
+    cfg = _compose("train", ["rollout=proxy", "model=tiny", "judge=rule"], tmp_path)
+    store = SampleStore(cfg.store_path)
+    for turn, next_state in enumerate(["thanks, that works", None]):
+        store.insert(Sample([1, 2, 3], [4, 5], [-0.5, -0.5], session_id="s", turn_index=turn, next_state=next_state,
+                            messages=[{"role": "user", "content": "q"}], response_text="r"))  # fmt: skip
+    SessionLog(store.path).touch("default", "s", done=True)
+    worker = build_worker(cfg, store, tokenizer=None, server=None)
+    assert isinstance(worker.judge, RuleJudge)
+    asyncio.run(worker.run_once())
+    answered, closing = store.select()
+    assert (answered.status, answered.reward) == ("ready", 1.0)
+    assert (closing.status, closing.meta["dropped"], closing.reward) == ("dropped", "no_next_state", None)
+
+    data = instantiate(cfg.data, pad_id=0)
+    old = store.insert(Sample([1, 2, 3], [4, 5], [-0.5, -0.5], reward=-1.0, status="ready"))
+    with sqlite3.connect(store.path) as c:
+        c.execute("UPDATE samples SET created_at=? WHERE id=?", (time.time() - cfg.data.max_age_s - 60, old))
+    assert data.max_age_s == 600.0 and data.max_staleness == 8
+    from metaclaw.datamodules.rollout import StreamingSampleDataset
+
+    stream = StreamingSampleDataset(store.path, lambda: 0, 0, data.batch_size, None, None, 0.5,
+                                    min_adapter_version=data._min_adapter_version,
+                                    max_age_s=data.max_age_s)  # fmt: skip
+    assert next(iter(stream))["sample_ids"].tolist() == [answered.id]
+    assert store.get(old).meta["dropped"].startswith("stale:age") and store.dropped_reasons()["stale"] == 1
+    store.close()

@@ -156,6 +156,29 @@ def test_multi_node_config_path(tmp_path):
         validate_train_config(small)
 
 
+def test_serving_and_training_on_one_cpu_split_its_cores_into_thread_budgets(tmp_path):
+    """docs/online_loop.md "Training keeps its share": the server train.py starts never takes the trainer's cores."""
+    cpu = {**AUTO, "train": [], "infer": []}
+    plan = plan_devices(cpu, VLLM, 0, False, cpu_count=2, serves_here=True)
+    assert (plan.serve_threads, plan.train_threads) == (1, 1)  # the 2-core box: one core each, none shared
+    assert "torch threads: serve 1, train 1" in plan.describe()
+    sixteen = plan_devices(cpu, VLLM, 0, False, cpu_count=16, serves_here=True)
+    assert (sixteen.serve_threads, sixteen.train_threads) == (8, 8)
+    two_ranks = plan_devices({**cpu, "cpu_processes": 2}, VLLM, 0, False, cpu_count=16, serves_here=True)
+    assert two_ranks.train_threads == 4  # the cores serve leaves, split over the training processes
+    alone = plan_devices(cpu, VLLM, 0, False, cpu_count=2, serves_here=False)  # serve.py alone, or rollout=store
+    assert (alone.serve_threads, alone.train_threads) == (None, None)  # torch's default: the whole CPU
+    gpu = plan_devices(AUTO, VLLM, 1, True, cpu_count=2, serves_here=True)
+    assert (gpu.serve_threads, gpu.train_threads) == (None, None)
+    fixed = plan_devices({**cpu, "cpu_threads": {"serve": 3, "train": None}}, VLLM, 0, False, 8, serves_here=True)
+    assert (fixed.serve_threads, fixed.train_threads) == (3, None)
+    with pytest.raises(DevicePlanError, match=r"devices\.cpu_threads\.serve must be an integer >= 1"):
+        plan_devices({**cpu, "cpu_threads": {"serve": 0}}, VLLM, 0, False, 2)
+    cfg = _compose("train", ["model=tiny", "rollout=proxy"], tmp_path)  # the live path's composed config
+    resolve_devices(cfg, gpu_count=0, vllm_available=False, serves_here=True, cpu_count=2)
+    assert OmegaConf.to_container(cfg.devices.cpu_threads) == {"serve": 1, "train": 1}
+
+
 def test_cpu_ddp_and_single_process_kwargs():
     assert trainer_kwargs(OmegaConf.create({"train": [], "cpu_processes": 2, "precision": "32-true"}))["strategy"] \
         == "ddp"  # fmt: skip

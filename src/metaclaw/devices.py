@@ -13,6 +13,10 @@ gets the same resolved values. The rules (docs/training.md, "Device plan"):
 - `devices.precision: auto` is bf16-mixed when training on GPUs, 32-true on CPU.
 - `devices.strategy: auto` is DDP for more than one training process (GPUs × nodes, or CPU processes); `fsdp`
   shards the frozen base and the adapter over the training GPUs (Lightning's FSDPStrategy).
+- `devices.cpu_threads` (`serve`, `train`): torch compute threads of the policy server and of each training
+  process. `auto`, when this run trains and serves on the CPU (the server `train.py` starts): the server gets
+  half the cores (at least 1) and training the rest (at least 1 per process), so under a heavy user the server
+  never takes the trainer's cores and no core runs two compute threads; otherwise torch's default (null).
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ import contextlib
 import functools
 import importlib.util
 import logging
+import os
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -49,6 +54,8 @@ class DevicePlan:
     num_nodes: int = 1
     cpu_processes: int = 1
     infer_memory_fraction: float | None = None  # vLLM's gpu_memory_utilization when colocated with training
+    serve_threads: int | None = None  # torch compute threads of the policy server (None: torch's default)
+    train_threads: int | None = None  # ... of each training process
     warnings: tuple[str, ...] = field(default_factory=tuple)
 
     @property
@@ -70,7 +77,11 @@ class DevicePlan:
         if self.colocated:
             share = f"{self.infer_memory_fraction:.0%} of the GPU" if self.infer_memory_fraction else "shared GPU"
             shared = f" (colocated with training: {share})"
-        return f"train: {strategy} on {where}{nodes}, {self.precision}; serve: {engine} on {serve_on}{shared}"
+        threads = ""
+        if self.serve_threads or self.train_threads:
+            serve, train = self.serve_threads or "default", self.train_threads or "default"
+            threads = f"; torch threads: serve {serve}, train {train}"
+        return f"train: {strategy} on {where}{nodes}, {self.precision}; serve: {engine} on {serve_on}{shared}{threads}"
 
 
 def _ids(value: Any, name: str, gpu_count: int) -> list[int] | None:
@@ -95,10 +106,47 @@ def _ids(value: Any, name: str, gpu_count: int) -> list[int] | None:
     return ids
 
 
+def host_cpu_count() -> int:
+    """The cores this process may run on (its affinity, e.g. a container's CPU set), not the host's."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+def _threads(value: Any, name: str) -> int | str | None:
+    if value is None or (isinstance(value, str) and value.strip().lower() == "auto"):
+        return None if value is None else "auto"
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise DevicePlanError(f"{name} must be an integer >= 1, 'auto' or null, got {value!r}")
+    return value
+
+
+def thread_budget(
+    cpu_threads: Mapping[str, Any] | None, cores: int, shared_cpu: bool, train_processes: int = 1
+) -> tuple[int | None, int | None]:
+    """`(serve, train)` torch threads from `devices.cpu_threads`; `auto` splits the cores when `shared_cpu`."""
+    cpu_threads = cpu_threads or {}
+    serve = _threads(cpu_threads.get("serve", "auto"), "devices.cpu_threads.serve")
+    train = _threads(cpu_threads.get("train", "auto"), "devices.cpu_threads.train")
+    if not shared_cpu:
+        return (None if serve == "auto" else serve), (None if train == "auto" else train)
+    if serve == "auto":
+        serve = max(1, cores // 2)
+    if train == "auto":
+        train = max(1, (cores - serve) // max(1, train_processes))
+    return serve, train
+
+
 def plan_devices(
-    devices: Mapping[str, Any], backend: Mapping[str, Any], gpu_count: int, vllm_available: bool
+    devices: Mapping[str, Any],
+    backend: Mapping[str, Any],
+    gpu_count: int,
+    vllm_available: bool,
+    cpu_count: int = 1,
+    serves_here: bool = False,
 ) -> DevicePlan:
-    """Resolve `devices` and `backend` for a host with `gpu_count` visible GPUs.
+    """Resolve `devices` and `backend` for a host with `gpu_count` visible GPUs and `cpu_count` cores.
+
+    `serves_here`: this run starts the policy server beside its training (the live loop without `serving.url`);
+    with training and inference both on the CPU they then share it (`devices.cpu_threads`).
 
     Raises:
         DevicePlanError: naming the fields, for a plan the host cannot run.
@@ -159,7 +207,12 @@ def plan_devices(
         strategy = "ddp" if procs > 1 else "auto"
     if strategy == "fsdp" and not train:
         raise DevicePlanError("devices.strategy=fsdp needs GPUs in devices.train (Lightning's FSDP runs on CUDA)")
+    serve_threads, train_threads = thread_budget(
+        devices.get("cpu_threads"), cpu_count, serves_here and not train and not infer, cpu_processes
+    )
     return DevicePlan(
+        serve_threads=serve_threads,
+        train_threads=train_threads,
         train=tuple(train),
         infer=tuple(infer),
         backend=name,
@@ -182,13 +235,24 @@ def vllm_installed() -> bool:
     return importlib.util.find_spec("vllm") is not None
 
 
-def resolve_devices(cfg: DictConfig, gpu_count: int | None = None, vllm_available: bool | None = None) -> DevicePlan:
-    """Plan for this host and write it back into `cfg.devices` / `cfg.backend` (concrete values), logged once."""
+def resolve_devices(
+    cfg: DictConfig,
+    gpu_count: int | None = None,
+    vllm_available: bool | None = None,
+    serves_here: bool = False,
+    cpu_count: int | None = None,
+) -> DevicePlan:
+    """Plan for this host and write it back into `cfg.devices` / `cfg.backend` (concrete values), logged once.
+
+    `serves_here`: see `plan_devices` (`train.py` sets it when it starts the policy server; `serve.py` alone
+    does not, and the server `train.py` starts reads the resolved thread counts from its config)."""
     plan = plan_devices(
         OmegaConf.to_container(cfg.devices, resolve=True),
         OmegaConf.to_container(cfg.backend, resolve=True),
         host_gpu_count() if gpu_count is None else gpu_count,
         vllm_installed() if vllm_available is None else vllm_available,
+        host_cpu_count() if cpu_count is None else cpu_count,
+        serves_here,
     )
     with open_dict(cfg):
         cfg.devices.train = list(plan.train)
@@ -196,6 +260,7 @@ def resolve_devices(cfg: DictConfig, gpu_count: int | None = None, vllm_availabl
         cfg.devices.precision = plan.precision
         cfg.devices.strategy = plan.strategy
         cfg.devices.num_nodes = plan.num_nodes
+        cfg.devices.cpu_threads = {"serve": plan.serve_threads, "train": plan.train_threads}
         cfg.backend.name = plan.backend
         engines = cfg.backend.get("engines")
         if engines is not None:  # backend=auto: the engine the plan chose, by its `_target_`
@@ -206,6 +271,22 @@ def resolve_devices(cfg: DictConfig, gpu_count: int | None = None, vllm_availabl
     for warning in plan.warnings:
         log.warning("Device plan: %s", warning)
     return plan
+
+
+@contextlib.contextmanager
+def torch_threads(n: int | None) -> Iterator[None]:
+    """torch's intra-op threads set to `n` for the block (None: left as they are), restored after."""
+    if not n:
+        yield
+        return
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(int(n))
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
 
 
 def _is_decoder_layer(module: Any) -> bool:

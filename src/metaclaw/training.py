@@ -18,7 +18,7 @@ from metaclaw.agents import AgentProfiles, size_max_loras
 from metaclaw.config import trainer_device_kwargs, validate_train_config
 from metaclaw.control.plane import build_control
 from metaclaw.datamodules.seed import seed_store
-from metaclaw.devices import resolve_devices
+from metaclaw.devices import resolve_devices, torch_threads
 from metaclaw.evaluation.report import write_report
 from metaclaw.export.apply import ApplyImport
 from metaclaw.loop.eval_wiring import build_evaluator
@@ -72,11 +72,18 @@ def train(cfg: DictConfig) -> tuple[dict[str, Any], dict[str, Any]]:
 
     SIGTERM / SIGINT stop it cleanly (`metaclaw.stopping`); a component that died raises `RunFailed`.
     """
-    if cfg.mode.train:
-        resolve_devices(cfg)
+    if cfg.mode.train:  # the server this run starts shares the CPU with training: devices.cpu_threads
+        serves_here = bool(cfg.rollout.get("proxy")) and not cfg.serving.get("url")
+        resolve_devices(cfg, serves_here=serves_here)
     validate_train_config(cfg)
     if not cfg.mode.train:  # mode=skills_only: proxy + skills, no policy, no training
         return run_skills_only(cfg)
+    with torch_threads(cfg.devices.cpu_threads.get("train") if cfg.devices.get("cpu_threads") else None):
+        return _train(cfg)
+
+
+def _train(cfg: DictConfig) -> tuple[dict[str, Any], dict[str, Any]]:
+    """`train` under its torch thread budget."""
     L.seed_everything(cfg.seed, workers=True)
     run_dir = Path(cfg.run_dir)
     spec = instantiate(cfg.model)

@@ -109,12 +109,14 @@ def test_status_shows_window_samples_steps_adapter_and_eval(service):
     assert "next window:" in text and "if the user stays idle (proxy)" in text
     assert "samples:       3 waiting" in text
     assert "steps done:    2" in text
+    assert "pace:          0.6 replies/min served, 0.0 samples/min trained (last 300s)" in text  # 3 in 5 minutes
     assert "serving:       step-000002" in text and "[policy server]" in text
     assert "step 1 (step-000001): compliance=0.25" in text
     assert "step 2 (step-000002): compliance=0.5 gate=accepted" in text
     assert "agent alice step 3 (step-000003): compliance=0.75" in text
     data = json.loads(cli(service, "status", "--json").stdout)
     assert data["window"]["open"] is False and data["samples"]["ready"] == 3 and data["steps_done"] == 2
+    assert data["rates"]["replies_per_min"] == 0.6 and data["rates"]["trained_per_min"] == 0.0
 
 
 def test_pause_resume_and_train_now(service):

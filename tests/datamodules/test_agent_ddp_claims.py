@@ -1,9 +1,9 @@
 """Several agents under DDP: the partition rule that makes every rank train the same adapter in a step.
 
 Every rank claims step N from the store; the first claim of a step picks the adapter whose oldest ready sample
-is oldest and claims only its samples, later claims of that step (the other ranks) get the same rows, whatever
-arrived in between. Each rank keeps its slice. An adapter with fewer ready samples than ranks does not hold up
-the others."""
+is oldest and claims only its samples (its newest first), later claims of that step (the other ranks) get the
+same rows, whatever arrived in between. Each rank keeps its slice. An adapter with fewer ready samples than
+ranks does not hold up the others."""
 
 from __future__ import annotations
 
@@ -45,8 +45,9 @@ def test_agent_ranks_train_the_same_adapter_whichever_rank_claims_first(tmp_path
         b0, b1 = (other, one) if first else (one, other)
         assert b0["adapter"] == b1["adapter"] and b0["group_tokens"] == b1["group_tokens"]
         steps.append((b0["adapter"], _ids(b0), _ids(b1)))
-    # oldest ready first: alice (id 1), then carol (2), then bob (4); rank r keeps samples r, r+2, ...
-    assert steps == [("alice", [1, 6], [3]), ("default", [2], [5]), ("bob", [4, 8], [7, 9])]
+    # the adapter with the oldest ready sample first: alice (id 1), then carol (2), then bob (4); each batch is
+    # that adapter's newest samples first; rank r keeps samples r, r+2, ...
+    assert steps == [("alice", [6, 1], [3]), ("default", [5], [2]), ("bob", [9, 7], [8, 4])]
     store.close()
 
 
@@ -55,10 +56,10 @@ def test_agent_with_fewer_samples_than_ranks_does_not_hold_up_the_others(tmp_pat
     _add(store, "alice", "bob", "bob", "bob")  # alice's one sample cannot give each of 2 ranks one
     rank0, rank1 = _ranks(store.path)
     b1, b0 = next(rank1), next(rank0)
-    assert (b0["adapter"], b1["adapter"], _ids(b0), _ids(b1)) == ("bob", "bob", [2, 4], [3])
+    assert (b0["adapter"], b1["adapter"], _ids(b0), _ids(b1)) == ("bob", "bob", [4, 2], [3])
     _add(store, "alice")  # now she has one per rank, and hers is still the oldest
     b0, b1 = next(rank0), next(rank1)
-    assert (b0["adapter"], _ids(b0), _ids(b1)) == ("alice", [1], [5])
+    assert (b0["adapter"], _ids(b0), _ids(b1)) == ("alice", [5], [1])
     store.close()
 
 

@@ -104,7 +104,7 @@ def test_every_rank_gets_the_global_batch_statistics(tmp_path):
 
     for rank in (0, 1):
         b = first_batch(rank)
-        assert b["group_reward"].tolist() == [0.0, 1.0, 0.0, 1.0]
+        assert b["group_reward"].tolist() == [1.0, 0.0, 1.0, 0.0]  # newest first
         assert int(b["group_tokens"]) == 8 and int(b["group_sequences"]) == 4
         assert len(b["sample_ids"]) == 2
 

@@ -30,7 +30,7 @@ def test_older_generation_samples_are_dropped_per_agent(store):
         sample("a", 2, status="pending"),  # a captured sample under generation 2, not scored yet
     ])  # fmt: skip
     batch = store.claim_batch(0, 10, latest_skill_generation_only=True)
-    assert [s.id for s in batch] == [ids[3], ids[4]]
+    assert [s.id for s in batch] == [ids[4], ids[3]]  # newest first
     dropped = store.select("dropped")
     assert [s.id for s in dropped] == ids[:3]
     assert dropped[0].meta["dropped"] == "old_skill_generation:0<2"
@@ -48,5 +48,5 @@ def test_the_datamodule_passes_the_setting_on(store):
         ds = StreamingSampleDataset(store.path, lambda: step, 0, 8, None, None, 1.0, latest_skill_generation_only=flag)
         return [int(i) for i in next(iter(ds))["sample_ids"]]
 
-    assert claim(True, 0) == [2, 3]
+    assert claim(True, 0) == [3, 2]
     assert store.get(1).status == "dropped"

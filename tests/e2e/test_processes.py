@@ -54,15 +54,18 @@ def test_every_override_given_to_train_reaches_the_server_it_starts_and_sigterm_
         assert httpx.get(f"{url}/v1/models").status_code == 401  # the key reached it too
 
         expected = _compose("train", ["model=tiny", *overrides], run_dir)  # what train.py composed
-        resolve_devices(expected, gpu_count=0, vllm_available=False)
+        resolve_devices(expected, gpu_count=0, vllm_available=False, serves_here=True)
         for node in ("model", "backend", "devices"):
             assert report[node] == OmegaConf.to_container(expected[node], resolve=True), node
         serve = OmegaConf.to_container(expected.serve, resolve=True)
         serve.pop("api_key")
         serve["adapter_root"] = str((run_dir / "adapters").resolve())
         assert report["serve"] == {**serve, "auth": "bearer key"}
+        # the thread budget of the device plan reached the engine's worker process (devices.cpu_threads.serve)
+        threads = expected.devices.cpu_threads.serve
+        assert threads is not None and report["devices"]["cpu_threads"]["serve"] == threads
         assert report["effective"] == {"model_path": str(local), "max_seq_len": 768, "backend": "hf",
-                                       "device": "cpu", "dtype": "float32"}  # fmt: skip
+                                       "device": "cpu", "dtype": "float32", "torch_threads": threads}  # fmt: skip
         assert models(url, KEY)["data"][0]["max_model_len"] == 768
 
         time.sleep(2.0)  # waiting for samples, with no timeout: the service stays up

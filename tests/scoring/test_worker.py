@@ -37,16 +37,30 @@ def done(store: SampleStore, session: str) -> None:
 
 def test_rl_waits_for_the_session_then_applies_at_least_one(tmp_path):
     store = SampleStore(tmp_path / "s.sqlite")
-    add_session(store, "bad", ["that's wrong", "still wrong", None])
+    add_session(store, "bad", ["that's wrong", "ok", None])
     worker = ScoringWorker(store, RuleJudge(), needs_reward=True, session_idle_s=1e9)
     assert asyncio.run(worker.run_once()) == 0  # not finished: rewards held back
     done(store, "bad")
     assert asyncio.run(worker.run_once()) == 3
     rewards = [s.reward for s in store.select()]
-    # the best turn with evidence (a next state) is lifted to +1: the later of the two -1s, not the last turn
+    # the neutral turn with evidence (a next state) is lifted to +1: not the corrected one, not the last turn
     assert rewards == [-1.0, 1.0, 0.0]
-    assert store.select()[1].meta["at_least_one"] == {"from": -1.0}
+    assert store.select()[1].meta["at_least_one"] == {"from": 0.0}
     assert store.counts()["ready"] == 3
+
+
+def test_at_least_one_never_lifts_a_turn_the_user_or_the_judge_called_bad(tmp_path):
+    """Issue 24: the +1 went to turns the user had corrected (18 of 40 on the real path)."""
+    store = SampleStore(tmp_path / "s.sqlite")
+    add_session(store, "corrected", ["that's wrong", "no, still wrong", None])
+    rated = add_session(store, "rated", ["ok", None])
+    store.add_feedback(rated[0], {"score": -1.0})  # the user rated the neutral-looking turn bad
+    done(store, "corrected"), done(store, "rated")
+    asyncio.run(ScoringWorker(store, RuleJudge(), needs_reward=True, at_least_one=True).run_once())
+    got = store.select()
+    assert [s.reward for s in got[:2]] == [-1.0, -1.0] and got[3].reward == -1.0
+    assert not any("at_least_one" in s.meta for s in got)
+    assert all(s.reward <= 0 for s in got if s.reward is not None)
 
 
 def test_rl_without_guarantee_scores_as_soon_as_next_state_is_known(tmp_path):
@@ -181,14 +195,14 @@ def test_turns_the_judge_failed_on_are_never_trained_on(tmp_path):
 
 def test_at_least_one_skips_failed_turns_and_turns_without_evidence(tmp_path):
     store = SampleStore(tmp_path / "s.sqlite")
-    # turn 0 scores -1, turn 1 (the best, 0) failed, turn 2 is the last: no next state, so no evidence
-    add_session(store, "s", ["that's wrong", "ok", None])
+    # turns 0 and 1 score 0, turn 1 (the later, picked first) failed, turn 2 is the last: no next state
+    add_session(store, "s", ["ok", "ok", None])
     done(store, "s")
     worker = ScoringWorker(store, FlakyJudge({1}), needs_reward=True, max_attempts=1)
     asyncio.run(worker.run_once())
     first, failed, last = store.select()
     assert (failed.status, failed.meta["dropped"]) == ("dropped", "judge_failed")
-    assert first.reward == 1.0 and first.meta["at_least_one"] == {"from": -1.0}  # the only turn with evidence
+    assert first.reward == 1.0 and first.meta["at_least_one"] == {"from": 0.0}  # the only turn with evidence
     assert last.reward == 0.0 and "at_least_one" not in last.meta
 
 

@@ -16,19 +16,21 @@ def _fill(store, agents: list[str], version: int = 0) -> None:
         store.insert(make(agent_id=a, status="ready", adapter_version=version))
 
 
-def test_agent_batches_hold_one_adapter_each_oldest_first(store):
+def test_agent_batches_hold_one_adapter_each_longest_waiting_adapter_first(store):
     _fill(store, ["alice", "carol", "alice", "bob", "default", "alice"])
     claim = lambda step: store.claim_batch(step, 8, partition=AGENTS.adapter_of)  # noqa: E731
     first, second, third = claim(0), claim(1), claim(2)
+    # the adapter whose oldest sample waited longest goes first; a batch is its newest samples first
     assert [s.agent_id for s in first] == ["alice", "alice", "alice"]
-    assert [s.agent_id for s in second] == ["carol", "default"]  # not listed: both train the default adapter
+    assert [s.id for s in first] == [6, 3, 1]
+    assert [s.agent_id for s in second] == ["default", "carol"]  # not listed: both train the default adapter
     assert [s.agent_id for s in third] == ["bob"]
     assert claim(3) == [] and [s.id for s in claim(1)] == [s.id for s in second]  # idempotent per step
 
 
 def test_without_partition_a_batch_mixes_agents_as_before(store):
     _fill(store, ["alice", "bob", "carol"])
-    assert [s.agent_id for s in store.claim_batch(0, 8)] == ["alice", "bob", "carol"]
+    assert [s.agent_id for s in store.claim_batch(0, 8)] == ["carol", "bob", "alice"]  # newest first
 
 
 def test_agent_staleness_counts_against_each_adapters_own_served_version(store):
@@ -59,7 +61,7 @@ def test_agent_windows_outside_a_window_only_rl_agents_adapters_step(store):
     opener = threading.Timer(1.5, lambda: window.update(open=True))  # longer than wait_timeout_s: closed time
     opener.start()  # does not count as "no samples"
     second = next(batches)
-    assert second["adapter"] == "alice" and second["sample_ids"].tolist() == [1, 3]
+    assert second["adapter"] == "alice" and second["sample_ids"].tolist() == [3, 1]  # newest first
     assert window["checked_closed"] >= 2
 
 

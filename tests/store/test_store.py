@@ -77,11 +77,11 @@ def test_bad_samples_are_refused_naming_the_field(store, kwargs, message):
 def test_claim_is_idempotent_per_step_and_respects_budgets(store):
     ids = [store.insert(make(n_resp=3, status="ready")) for _ in range(5)]  # 6 tokens each
     first = store.claim_batch(step=0, max_samples=4, max_tokens=13)
-    assert [s.id for s in first] == ids[:2]  # a third would exceed 13 tokens
+    assert [s.id for s in first] == [ids[4], ids[3]]  # newest first; a third would exceed 13 tokens
     again = store.claim_batch(step=0, max_samples=4, max_tokens=13)
-    assert [s.id for s in again] == ids[:2]
+    assert [s.id for s in again] == [ids[4], ids[3]]
     nxt = store.claim_batch(step=1, max_samples=2)
-    assert [s.id for s in nxt] == ids[2:4]
+    assert [s.id for s in nxt] == [ids[2], ids[1]]
     assert store.claim_batch(step=2, max_samples=4, min_samples=2) == []  # one left: not enough for 2 ranks
     assert store.counts()["ready"] == 1
 
@@ -105,7 +105,7 @@ def test_reconcile_consumes_covered_steps_and_releases_the_rest(store):
     outcome = store.reconcile(global_step=2)
     assert outcome == {"consumed": 4, "released": 2}
     assert store.counts()["consumed"] == 4 and store.counts()["ready"] == 2
-    assert [s.claimed_step for s in store.select("consumed")] == [0, 0, 1, 1]
+    assert [s.claimed_step for s in store.select("consumed")] == [1, 1, 0, 0]  # newest first: ids 6, 5 at step 0
 
 
 def test_set_score_moves_to_ready_and_checks_lengths(store):
@@ -170,7 +170,7 @@ def test_dropped_reasons_are_counted_by_their_prefix(store):
 def test_drop_oldest_keeps_the_newest_backlog_and_counts_what_it_dropped(store):
     ids = [store.insert(make(status="ready")) for _ in range(10)]
     batch = store.claim_batch(step=0, max_samples=2, max_backlog=4)
-    assert [s.id for s in batch] == ids[6:8]  # the oldest 6 were dropped; the batch is the oldest of the rest
+    assert [s.id for s in batch] == [ids[9], ids[8]]  # the oldest 6 were dropped; the batch is the newest
     assert [s.id for s in store.select("dropped")] == ids[:6]
     assert store.dropped_reasons() == {"backlog": 6} and store.counts()["ready"] == 2
     assert store.claim_batch(step=1, max_samples=2, max_backlog=4) and store.dropped_reasons() == {"backlog": 6}

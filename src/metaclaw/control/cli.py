@@ -105,6 +105,11 @@ def format_status(s: dict[str, Any]) -> str:
     if s.get("samples_dropped"):  # why: secret / pii (docs/privacy.md), stale, backlog, ...
         lines.append("dropped:       " + ", ".join(f"{k} {v}" for k, v in sorted(s["samples_dropped"].items())))
     lines.append(f"steps done:    {s.get('steps_done')}")
+    if r := s.get("rates"):  # the two paces over the last few minutes, and how fresh the trained samples were
+        age = f", median age {r['trained_age_s']:.0f}s" if r.get("trained_age_s") is not None else ""
+        lag = f", lag {r['trained_lag']} versions" if r.get("trained_lag") is not None else ""
+        lines.append(f"pace:          {r['replies_per_min']:.1f} replies/min served, {r['trained_per_min']:.1f} "
+                     f"samples/min trained{age}{lag} (last {r['window_s']:.0f}s)")  # fmt: skip
     lines.append(f"serving:       {_served(s.get('served_adapter') or {})}")
     for agent, a in (s.get("agents") or {}).items():  # agents with adapters of their own (docs/agents.md)
         lines.append(f"  agent {agent}: {_served(a)}")

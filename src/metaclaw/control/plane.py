@@ -174,7 +174,9 @@ class ControlPlane:
                 "open": True, "reasons": ["no scheduler in this mode: always open"], "next_window": None},
             "samples": self.store.counts() if self.store is not None else None,
             "samples_waiting": self.store.count("ready") if self.store is not None else None,
-            "samples_dropped": self.store.dropped_reasons() if self.store is not None else None,  # secret, pii, ...
+            "samples_dropped": self.store.dropped_reasons() if self.store is not None else None,  # stale, secret, ...
+            # both paces (docs/online_loop.md "Training keeps its share"): replies/min served, samples/min trained
+            "rates": self.store.rates() if self.store is not None else None,
             "steps_done": self.steps_done(),
             "served_adapter": served.pop(DEFAULT_PROFILE),
             "agents": served,  # every other agent with an adapter of its own: {id: served adapter}

@@ -110,6 +110,8 @@ class StreamingSampleDataset(IterableDataset):
         partition: Callable[[str], str] | None = None,
         ungated: Callable[[], tuple[bool, set[str]] | None] = lambda: None,
         min_batch_size: int = 1,
+        max_age_s: float | None = None,
+        served_version: Callable[[], int | dict[str, int] | None] = lambda: None,
     ) -> None:
         if batch_size < world_size:
             raise ValueError(f"data.batch_size ({batch_size}) must be >= the number of processes ({world_size})")
@@ -123,6 +125,7 @@ class StreamingSampleDataset(IterableDataset):
         self.min_adapter_version, self.max_backlog = min_adapter_version, max_backlog
         self.gate, self.latest_skill_generation_only = gate, latest_skill_generation_only
         self.should_stop = should_stop
+        self.max_age_s, self.served_version = max_age_s, served_version
         self.partition = partition  # agent id -> adapter: batches are single-adapter (docs/agents.md)
         # Many agents in mode=auto: `(open, adapters)`: whether a window is open now (never blocks) and the
         # adapters of `rl` agents, which train outside windows too. None: the gate blocks for every adapter.
@@ -185,6 +188,9 @@ class StreamingSampleDataset(IterableDataset):
                 latest_skill_generation_only=self.latest_skill_generation_only,
                 partition=self.partition,
                 partitions=allowed,
+                # under a scheduler samples wait for a training window by design: only the version bound applies
+                max_age_s=self.max_age_s if self.gate is None else None,
+                served_version=self.served_version(),
             )
             if batch:
                 return batch
@@ -214,9 +220,12 @@ class RolloutDataModule(L.LightningDataModule):
         max_tokens: token budget per step (prompt + response, global); None for no budget.
         max_sample_tokens: samples longer than this are dropped (the model's context).
         wait_timeout_s: how long to wait for new samples before the stream (and so `fit`) ends; None: forever.
-        max_staleness: drop samples from adapters more than this many versions behind the adapter the policy
-            server serves; None keeps them (the importance ratio against their behaviour logprobs corrects for
-            the lag).
+        max_staleness: never train a sample from an adapter more than this many versions behind the adapter
+            the policy server serves (settled `dropped`, reason `stale`); None: no bound in versions.
+        max_age_s: never train a sample captured more than this many seconds ago (`stale` too); None: no bound.
+            Not applied under a scheduler (mode=auto): samples captured outside a training window wait for one.
+            Steps claim the newest ready samples first; both bounds settle the ones left behind
+            (docs/online_loop.md, "Freshness").
         max_backlog: bound on the samples waiting to be trained; None: unbounded (a fixed store).
         backlog_policy: `drop_oldest` (each claim first drops the oldest ready samples beyond `max_backlog`,
             reason `backlog`) or `pause_capture` (the proxy stops capturing new turns while pending + ready
@@ -235,6 +244,7 @@ class RolloutDataModule(L.LightningDataModule):
         max_sample_tokens: int | None = None,
         wait_timeout_s: float | None = 5.0,
         max_staleness: int | None = None,
+        max_age_s: float | None = None,
         max_backlog: int | None = None,
         backlog_policy: str = "drop_oldest",
         latest_skill_generation_only: bool = True,
@@ -245,6 +255,11 @@ class RolloutDataModule(L.LightningDataModule):
         if not 1 <= min_batch_size <= batch_size:
             raise ValueError(f"data.min_batch_size ({min_batch_size}) must be in [1, data.batch_size ({batch_size})]")
         self.min_batch_size = min_batch_size
+        if max_staleness is not None and max_staleness < 0:
+            raise ValueError(f"data.max_staleness must be null or >= 0, got {max_staleness}")
+        if max_age_s is not None and not max_age_s > 0:
+            raise ValueError(f"data.max_age_s must be null or > 0, got {max_age_s}")
+        self.max_age_s = max_age_s
         if backlog_policy not in BACKLOG_POLICIES:
             raise ValueError(f"data.backlog_policy must be one of {BACKLOG_POLICIES}, got {backlog_policy!r}")
         if max_backlog is not None and max_backlog < batch_size:
@@ -279,6 +294,10 @@ class RolloutDataModule(L.LightningDataModule):
             return {a: v - self.max_staleness for a, v in self.adapter_versions.items()}
         return self.adapter_version - self.max_staleness
 
+    def _served_version(self) -> int | dict[str, int]:
+        """The adapter version served now (each adapter's, with many): recorded on every claimed sample."""
+        return dict(self.adapter_versions) if self.partition is not None else self.adapter_version
+
     def train_dataloader(self) -> DataLoader:
         trainer = self.trainer
         # Called after a checkpoint is restored and before any rank claims (Lightning barriers right after).
@@ -305,6 +324,8 @@ class RolloutDataModule(L.LightningDataModule):
             partition=self.partition,
             ungated=self._ungated,
             min_batch_size=self.min_batch_size,
+            max_age_s=self.max_age_s,
+            served_version=self._served_version,
         )
         self._dataset = dataset
         return DataLoader(dataset, batch_size=None, num_workers=0)

@@ -10,6 +10,9 @@ Each optimizer step, rank 0 logs (cumulative counts since the run started, or th
 | `rollout/judge_failures` | turns whose scoring failed `max_attempts` times (dropped, `judge_failed`) |
 | `rollout/pending`, `rollout/ready`, `rollout/backlog` | the store: waiting for a score / to be trained |
 | `rollout/dropped`, `rollout/dropped_<reason>` | the store: dropped samples, by `meta.dropped` reason |
+| `rollout/replies_per_min`, `rollout/reply_tokens_per_s` | the store: main turns captured (serving's pace) |
+| `train/samples_per_min`, `train/sample_age_s`, `train/version_lag` | the store: samples trained (training's \
+pace), and the median age (capture → training) and adapter-version lag of those, over the last `rate_window_s` |
 | `skills/evolutions`, `skills/accepted`, `skills/unusable`, `skills/skipped` | the skill evolver (skills on): \
 calls, skills written, calls that gave nothing usable, calls skipped while it backs off |
 
@@ -34,12 +37,15 @@ class HealthMonitor(L.Callback):
     Args:
         store_path: the sample store.
         every_n_steps: logging cadence (a store query per log).
+        rate_window_s: the window of the pace figures (`SampleStore.rates`).
     """
 
-    def __init__(self, store_path: str, every_n_steps: int = 1) -> None:
+    def __init__(self, store_path: str, every_n_steps: int = 1, rate_window_s: float = 300.0) -> None:
         if every_n_steps < 1:
             raise ValueError(f"health.every_n_steps must be >= 1, got {every_n_steps}")
-        self.store_path, self.every_n_steps = store_path, every_n_steps
+        if not rate_window_s > 0:
+            raise ValueError(f"health.rate_window_s must be > 0, got {rate_window_s}")
+        self.store_path, self.every_n_steps, self.rate_window_s = store_path, every_n_steps, rate_window_s
         self.proxy: Any = None
         self.worker: Any = None
         self.capture_store: SampleStore | None = None
@@ -62,6 +68,11 @@ class HealthMonitor(L.Callback):
         }
         out["rollout/dropped_secret"] = 0  # always logged: turns holding a secret (docs/privacy.md)
         out.update({f"rollout/dropped_{reason}": n for reason, n in self._store.dropped_reasons().items()})
+        rates = self._store.rates(self.rate_window_s)
+        pace = {"rollout/replies_per_min": "replies_per_min", "rollout/reply_tokens_per_s": "reply_tokens_per_s",
+                "train/samples_per_min": "trained_per_min", "train/sample_age_s": "trained_age_s",
+                "train/version_lag": "trained_lag"}  # fmt: skip
+        out.update({name: rates[key] for name, key in pace.items() if rates[key] is not None})
         if self.proxy is not None:
             out["rollout/captured"] = self.proxy.stats.get("captured", 0)
             out["rollout/capture_failures"] = self.proxy.stats.get("capture_errors", 0)

@@ -2,8 +2,9 @@
 
 A pending sample is scored once its next state is known or its session is finished (marked done, or idle for
 `session_idle_s`). What is computed follows the method (seed 002):
-- `rl`: PRM reward; with `at_least_one`, a session's rewards are settled together when it finishes, and if
-  every turn scored ≤ 0 the best one *with evidence* (a next state the judge saw) gets +1.
+- `rl`: PRM reward; with `at_least_one` (off by default), a session's rewards are settled together when it
+  finishes, and if every turn scored ≤ 0 the best *neutral* one with evidence (reward 0, a next state the judge
+  saw, no feedback) gets +1: a turn the user or the judge called bad is never lifted.
 - `opd`: hint from the next state, then teacher logprobs of the response under prompt + hint; no hint → dropped.
 - `combine`: both; a sample is ready with either signal (the advantage dispatches three ways).
 Judges run under a timeout with bounded attempts, so a hanging judge never stalls training. A turn whose scoring
@@ -60,8 +61,8 @@ class ScoringWorker:
         render_teacher_prompt: `(sample, hint) -> prompt ids` (the chat template with the hint).
         poll_s: pause between passes.
         session_idle_s: a session with no new turn for this long counts as finished.
-        at_least_one: seed 002's guarantee (RL): if every judged turn of a finished session scored ≤ 0, the best
-            one with a next state gets +1.
+        at_least_one: seed 002's guarantee (RL): if every judged turn of a finished session scored ≤ 0, the
+            latest neutral one (reward 0) with a next state and no feedback gets +1; never one scored < 0.
         timeout_s: per judge/teacher call.
         max_attempts: a turn whose scoring failed this many times is settled as `dropped` (`judge_failed`).
         concurrency: turns scored at once.
@@ -76,7 +77,8 @@ class ScoringWorker:
             then settled as `dropped` with reason `heldout` (reward kept), never trained on.
         no_next_state: a turn nothing reacted to (no next state, no feedback: a session's last turn) is judged
             like any other (`score`: e.g. the rule judge's `no_next_state_reward`) or settled `dropped` with
-            reason `no_next_state` (`drop`: the judge has no evidence; a simulated user's closing turn).
+            reason `no_next_state` (`drop`, the config's default: the judge has no evidence, and a made-up 0
+            centred over a batch of corrected turns is a push towards the unreacted reply).
     """
 
     def __init__(
@@ -217,17 +219,21 @@ class ScoringWorker:
         return len(scored)
 
     def _at_least_one(self, scored: list[Sample]) -> None:
-        """If every judged turn of a finished session scored ≤ 0, lift the best one with evidence to +1.
+        """If every judged turn of a finished session scored ≤ 0, lift the latest neutral one with evidence to +1.
 
         Turns whose scoring failed take no part (their rewards are unknown, not ≤ 0), and a turn without a next
         state is never picked: the judge saw no reaction to it, so +1 there would be a reward without evidence.
+        A turn the judge scored < 0 or the user rated (feedback) is never lifted: the user called it bad, or
+        has spoken.
         """
         judged = [s for s in scored if not self._scores[s.id].failed]
         rewards = [self._scores[s.id].reward for s in judged]
         if not judged or not all(r is not None and r <= 0 for r in rewards):
             return
         # a turn with explicit feedback counts towards "all <= 0" but is never lifted: the user has spoken
-        candidates = [i for i, s in enumerate(judged) if s.next_state is not None and not feedback_of(s.meta)]
+        candidates = [
+            i for i, s in enumerate(judged) if s.next_state is not None and not feedback_of(s.meta) and rewards[i] == 0
+        ]
         if not candidates:
             return
         best = max(candidates, key=lambda i: (rewards[i], judged[i].turn_index))

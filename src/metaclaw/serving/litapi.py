@@ -190,6 +190,10 @@ class PolicyAPI(ls.LitAPI):
 
         start_from_env("server-worker")
         self.engine = self.engine_factory(device)
+        if self.info is not None:  # what the worker really runs with (devices.cpu_threads.serve)
+            import torch
+
+            self.info.setdefault("effective", {})["torch_threads"] = torch.get_num_threads()
         self.service = PolicyService(
             self.engine, self.adapter_root, self.default_max_tokens, self.model_root, info=self.info
         )

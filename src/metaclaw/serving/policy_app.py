@@ -47,7 +47,9 @@ def build_server(cfg: DictConfig) -> tuple[ls.LitServer, dict]:
     """The configured `LitServer` (not started) and a summary of what it serves."""
     spec = instantiate(cfg.model)
     backend = OmegaConf.to_container(cfg.backend, resolve=True)
-    factory = EngineFactory(model=spec, backend=backend, infer_devices=list(cfg.devices.infer))
+    threads = (cfg.devices.get("cpu_threads") or {}).get("serve")  # the device plan's share of the CPU
+    factory = EngineFactory(model=spec, backend=backend, infer_devices=list(cfg.devices.infer),
+                            cpu_threads=threads if isinstance(threads, int) else None)  # fmt: skip
     serve = cfg.serve
     adapter_root = Path(serve.adapter_root).expanduser().resolve()
     adapter_root.mkdir(parents=True, exist_ok=True)

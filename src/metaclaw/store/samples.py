@@ -1,8 +1,11 @@
 """The durable sample store: SQLite in WAL mode with `synchronous=FULL`, one row per captured main turn.
 
-Life of a sample: `pending` (captured, waiting for its next state and score) → `ready` (scored, trainable)
-→ `claimed` (in the batch of optimizer step `claimed_step`) → `consumed` (a checkpoint covering that step
-exists). `dropped` samples are kept for inspection but never trained on. After a crash, `reconcile(step)`
+Life of a sample: `pending` (captured at `created_at`, waiting for its next state and score) → `ready` (scored
+at `scored_at`, trainable) → `claimed` (in the batch of optimizer step `claimed_step`, claimed at `claimed_at`
+while the server served adapter `served_version`; the sample itself came from `adapter_version`) → `consumed`
+(a checkpoint covering that step exists). `dropped` samples are kept for inspection but never trained on
+(`meta.dropped` says why). Which ready samples a step claims: `metaclaw.store.claims` (newest first, bounded
+staleness). After a crash, `reconcile(step)`
 releases claims the restored checkpoint does not cover, so unconsumed samples are trained on and none twice.
 
 Writes go through one connection (one transaction each; `write_batch` groups many into one fsync, which is how
@@ -23,6 +26,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
+
+from metaclaw.store.claims import LIGHT_READY_SQL, plan_claim
 
 STATUSES = ("pending", "ready", "claimed", "consumed", "dropped")
 
@@ -46,13 +51,18 @@ CREATE TABLE IF NOT EXISTS samples (
     response_text TEXT,
     meta TEXT NOT NULL,
     created_at REAL NOT NULL,
-    updated_at REAL NOT NULL
+    updated_at REAL NOT NULL,
+    scored_at REAL,
+    claimed_at REAL,
+    served_version INTEGER
 );
 CREATE INDEX IF NOT EXISTS samples_status ON samples(status, id);
 CREATE INDEX IF NOT EXISTS samples_session ON samples(agent_id, session_id, turn_index);
 CREATE INDEX IF NOT EXISTS samples_response_id ON samples(json_extract(meta, '$.response_id'));
 CREATE INDEX IF NOT EXISTS samples_conv_tail ON samples(json_extract(meta, '$.conv_tail'));
 """
+# Columns added after the first release: a store written before them gains them (NULL) when opened.
+_ADDED_COLUMNS = {"scored_at": "REAL", "claimed_at": "REAL", "served_version": "INTEGER"}
 # Explicit feedback (`/v1/feedback`) may reopen a scored sample that was not trained on: ready ones, and ones
 # dropped only because the judge gave no signal or failed (the feedback is a signal).
 REOPENABLE_DROPS = ("no_hint", "no_reward", "no_next_state", "judge_failed")
@@ -227,6 +237,14 @@ class SampleStore:
         self._conn = self._connect(busy_timeout_s)
         self._conn.execute("PRAGMA journal_mode=WAL")
         self._conn.executescript(_SCHEMA)
+        have = {r["name"] for r in self._conn.execute("PRAGMA table_info(samples)")}
+        for column, kind in _ADDED_COLUMNS.items():
+            if column not in have:
+                try:
+                    self._conn.execute(f"ALTER TABLE samples ADD COLUMN {column} {kind}")  # ours, not input
+                except sqlite3.OperationalError as e:  # another process added it first
+                    if "duplicate column" not in str(e):
+                        raise
         # Reads get their own connection (opened on first read): a WAL reader sees the last commit and never
         # waits for the writer's fsync.
         self._busy_timeout_s = busy_timeout_s
@@ -351,10 +369,11 @@ class SampleStore:
                     f"teacher_logprobs has {len(teacher_logprobs)} entries but response_ids has {n}"
                 )
             merged = {**stored, **(meta or {})}
+            now = time.time()
             c.execute(
                 "UPDATE samples SET reward=COALESCE(?, reward), teacher_logprobs=COALESCE(?, teacher_logprobs),"
-                " status=?, meta=?, updated_at=? WHERE id=?",
-                (reward, _floats(teacher_logprobs), status, json.dumps(merged), time.time(), sample_id),
+                " status=?, meta=?, updated_at=?, scored_at=? WHERE id=?",
+                (reward, _floats(teacher_logprobs), status, json.dumps(merged), now, now, sample_id),
             )
             if status == "ready":
                 self._ready.notify_all()
@@ -417,86 +436,67 @@ class SampleStore:
         latest_skill_generation_only: bool = False,
         partition: Callable[[str], str] | None = None,
         partitions: Collection[str] | None = None,
+        max_age_s: float | None = None,
+        served_version: int | Mapping[str, int] | None = None,
     ) -> list[Sample]:
-        """The samples of optimizer step `step`; idempotent, so every DDP rank gets the same batch.
+        """The samples of optimizer step `step`, newest first; idempotent, so every DDP rank gets the same batch.
 
-        The first caller for a step claims ready samples in id order until `max_samples` or `max_tokens`
-        (prompt + response) would be exceeded; later callers get the same rows. Samples longer than
-        `max_sample_tokens`, or produced by an adapter older than `min_adapter_version` (stale), are dropped.
+        The first caller for a step claims the newest ready samples until `max_samples` or `max_tokens`
+        (prompt + response) would be exceeded; later callers get the same rows. Every ready sample longer than
+        `max_sample_tokens`, produced by an adapter older than `min_adapter_version` or captured more than
+        `max_age_s` seconds ago (both `stale`), or gathered under an agent's older skill generation (with
+        `latest_skill_generation_only`) is settled `dropped` with its reason (`metaclaw.store.claims`).
         Nothing is claimed while fewer than `min_samples` would be (e.g. one per DDP rank). With `max_backlog`
         (`data.backlog_policy=drop_oldest`), the oldest ready samples beyond that many are dropped first
-        (`backlog`): training keeps up with the newest data instead of a queue that only grows.
-        With `latest_skill_generation_only`, a sample whose `meta.skill_generation` is older than the newest one
-        its agent has recorded is dropped too (support/query separation: it was gathered under skills that
-        evolution has since changed).
-        With `partition` (agent id -> adapter, docs/agents.md) a batch holds one adapter's samples: the one whose
-        oldest ready sample comes first among those with at least `min_samples` ready (one with fewer, e.g. fewer
-        than the DDP ranks, does not hold up the others); others wait for their own step. `min_adapter_version`
-        may then map each adapter to its own floor (every adapter has its own served version). With
-        `partitions`, only those adapters' samples are claimed (outside a training window: the agents that train
-        anyway).
+        (`backlog`). With `partition` (agent id -> adapter, docs/agents.md) a batch holds one adapter's samples:
+        of the adapters with at least `min_samples` fresh ones, the one whose oldest waited longest; others wait
+        for their own step. `min_adapter_version` and `served_version` may then map each adapter to its own
+        value. With `partitions`, only those adapters' samples are claimed (outside a training window: the
+        agents that train anyway). Each claimed sample records `claimed_at` and `served_version` (the adapter
+        version served when it was claimed: its staleness at training is `served_version - adapter_version`).
         """
         with self._tx() as c:
-            rows = c.execute("SELECT * FROM samples WHERE status='claimed' AND claimed_step=? ORDER BY id", (step,))
+            rows = c.execute("SELECT * FROM samples WHERE status='claimed' AND claimed_step=? ORDER BY id DESC",
+                             (step,))  # fmt: skip
             claimed = [self._row(r) for r in rows.fetchall()]
             if claimed:
                 return claimed
+            now = time.time()
             if max_backlog is not None:
                 c.execute(
                     "UPDATE samples SET status='dropped', meta=json_set(meta, '$.dropped', 'backlog'), updated_at=?"
                     " WHERE id IN (SELECT id FROM samples WHERE status='ready' ORDER BY id LIMIT max(0,"
                     " (SELECT COUNT(*) FROM samples WHERE status='ready') - ?))",
-                    (time.time(), max_backlog),
+                    (now, max_backlog),
                 )
-            # each partition's batch so far, in the order of its oldest ready sample; `done`: full or at the budget
-            batches: dict[str | None, list[Sample]] = {}
-            tokens: dict[str | None, int] = {}
-            done: set[str | None] = set()
-            generations = self._latest_skill_generations(c) if latest_skill_generation_only else {}
-            for row in c.execute("SELECT * FROM samples WHERE status='ready' ORDER BY id").fetchall():
-                s = self._row(row)
-                part = partition(s.agent_id) if partition is not None else None
-                if part in done or (partitions is not None and part not in partitions):
-                    continue  # its adapter's batch is complete (or it may not train now): it waits for its own step
-                floor = (
-                    min_adapter_version.get(part) if isinstance(min_adapter_version, Mapping) else min_adapter_version
-                )
-                reason = None
-                gen, newest = s.meta.get("skill_generation"), generations.get(s.agent_id)
-                if max_sample_tokens is not None and s.num_tokens > max_sample_tokens:
-                    reason = f"too_long:{s.num_tokens}>{max_sample_tokens}"
-                elif floor is not None and s.adapter_version < floor:
-                    reason = f"stale:v{s.adapter_version}<v{floor}"
-                elif isinstance(gen, int) and newest is not None and gen < newest:
-                    reason = f"old_skill_generation:{gen}<{newest}"
-                if reason:
-                    c.execute(
-                        "UPDATE samples SET status='dropped', meta=json_set(meta, '$.dropped', ?) WHERE id=?",
-                        (reason, s.id),
-                    )
-                    continue
-                batch = batches.setdefault(part, [])
-                if batch and max_tokens is not None and tokens[part] + s.num_tokens > max_tokens:
-                    done.add(part)
-                else:
-                    batch.append(s)
-                    tokens[part] = tokens.get(part, 0) + s.num_tokens
-                    if len(batch) >= max_samples:
-                        done.add(part)
-                # the oldest partition that can still make a batch decides; once it is complete, stop looking
-                if next((k in done for k, b in batches.items() if k not in done or len(b) >= min_samples), False):
-                    break
-            batch = next((b for b in batches.values() if len(b) >= min_samples), [])
-            if not batch:
-                return []
-            now = time.time()
-            c.executemany(
-                "UPDATE samples SET status='claimed', claimed_step=?, updated_at=? WHERE id=?",
-                [(step, now, s.id) for s in batch],
+            plan = plan_claim(
+                c.execute(LIGHT_READY_SQL, (array("i").itemsize,)).fetchall(),
+                now,
+                max_samples,
+                max_tokens=max_tokens,
+                max_sample_tokens=max_sample_tokens,
+                min_adapter_version=min_adapter_version,
+                max_age_s=max_age_s,
+                min_samples=min_samples,
+                generations=self._latest_skill_generations(c) if latest_skill_generation_only else None,
+                partition=partition,
+                partitions=partitions,
+                served_version=served_version,
             )
-            for s in batch:
-                s.status, s.claimed_step = "claimed", step
-            return batch
+            c.executemany(
+                "UPDATE samples SET status='dropped', meta=json_set(meta, '$.dropped', ?), updated_at=? WHERE id=?",
+                [(reason, now, sample_id) for sample_id, reason in plan.drops],
+            )
+            if not plan.batch:
+                return []
+            c.executemany(
+                "UPDATE samples SET status='claimed', claimed_step=?, claimed_at=?, served_version=?, updated_at=?"
+                " WHERE id=?",
+                [(step, now, plan.served[i], now, i) for i in plan.batch],
+            )
+            marks = ",".join("?" * len(plan.batch))
+            rows = c.execute(f"SELECT * FROM samples WHERE id IN ({marks}) ORDER BY id DESC", plan.batch)
+            return [self._row(r) for r in rows.fetchall()]
 
     @staticmethod
     def _latest_skill_generations(c: sqlite3.Connection) -> dict[str, int]:
@@ -511,8 +511,8 @@ class SampleStore:
         """Hand the samples claimed for `step` back as `ready` (an abandoned step); returns how many."""
         with self._tx() as c:
             released = c.execute(
-                "UPDATE samples SET status='ready', claimed_step=NULL, updated_at=? WHERE status='claimed'"
-                " AND claimed_step=?",
+                "UPDATE samples SET status='ready', claimed_step=NULL, claimed_at=NULL, served_version=NULL,"
+                " updated_at=? WHERE status='claimed' AND claimed_step=?",
                 (time.time(), step),
             ).rowcount
             if released:
@@ -533,8 +533,8 @@ class SampleStore:
         consumed = self.mark_consumed(global_step)
         with self._tx() as c:
             released = c.execute(
-                "UPDATE samples SET status='ready', claimed_step=NULL, updated_at=? "
-                "WHERE status='claimed' AND claimed_step>=?",
+                "UPDATE samples SET status='ready', claimed_step=NULL, claimed_at=NULL, served_version=NULL,"
+                " updated_at=? WHERE status='claimed' AND claimed_step>=?",
                 (time.time(), global_step),
             ).rowcount
             if released:
@@ -609,6 +609,36 @@ class SampleStore:
         )
         with self._read_lock:
             return {r[0]: r[1] for r in self._reader.execute(sql).fetchall()}
+
+    def rates(self, window_s: float = 300.0, now: float | None = None) -> dict[str, float | None]:
+        """Serving and training pace over the last `window_s` seconds, from the store alone.
+
+        `replies_per_min` / `reply_tokens_per_s`: main turns captured (the agent's replies) and their tokens;
+        `trained_per_min`: samples claimed by optimizer steps; `trained_age_s` / `trained_lag`: the median age
+        (seconds from capture to training) and version lag (`served_version - adapter_version`) of those.
+        """
+        now = time.time() if now is None else now
+        since = now - window_s
+        with self._read_lock:
+            replies, tokens = self._reader.execute(
+                "SELECT COUNT(*), COALESCE(SUM(length(response_ids)), 0) / ? FROM samples WHERE created_at >= ?",
+                (array("i").itemsize, since),
+            ).fetchone()
+            trained = self._reader.execute(
+                "SELECT claimed_at - created_at, served_version - adapter_version FROM samples"
+                " WHERE claimed_at >= ? AND status IN ('claimed', 'consumed')",
+                (since,),
+            ).fetchall()
+        ages = sorted(r[0] for r in trained)
+        lags = sorted(r[1] for r in trained if r[1] is not None)
+        return {
+            "window_s": window_s,
+            "replies_per_min": replies * 60.0 / window_s,
+            "reply_tokens_per_s": tokens / window_s,
+            "trained_per_min": len(trained) * 60.0 / window_s,
+            "trained_age_s": ages[len(ages) // 2] if ages else None,
+            "trained_lag": lags[len(lags) // 2] if lags else None,
+        }
 
     def counts(self) -> dict[str, int]:
         with self._read_lock:

@@ -46,6 +46,8 @@ class EngineFactory:
         backend: the `backend` config group as a plain dict (`_target_`, `name`, engine options). It comes from
             the composed config only, never from a request.
         infer_devices: GPU ids for inference (`devices.infer`); CPU when empty.
+        cpu_threads: torch compute threads of the worker process (`devices.cpu_threads.serve`, resolved by the
+            device plan); None: torch's default.
     """
 
     model: Any
@@ -53,6 +55,7 @@ class EngineFactory:
         default_factory=lambda: {"name": "hf", "_target_": "metaclaw.serving.engines.hf.HFEngine.from_backend"}
     )
     infer_devices: list[int] = field(default_factory=list)
+    cpu_threads: int | None = None
 
     def device(self) -> str:
         return f"cuda:{self.infer_devices[0]}" if self.infer_devices else "cpu"
@@ -60,6 +63,10 @@ class EngineFactory:
     def __call__(self, device: str | None = None) -> Engine:
         from hydra.utils import instantiate
 
+        if self.cpu_threads:  # in the worker process, before any torch op: every engine thread inherits it
+            import torch
+
+            torch.set_num_threads(int(self.cpu_threads))
         target = self.backend.get("_target_")
         if not target:
             raise ValueError(

@@ -1,0 +1,101 @@
+"""Which ready samples a training step claims, and which it settles as untrainable: the freshness policy.
+
+`plan_claim` is a pure function of the ready samples' light columns (no token blobs), so every rule is tested
+without a database. The rules (docs/online_loop.md, "Freshness"):
+
+- **Newest first.** A step trains on the newest ready samples: a live user's latest turns, produced by the
+  adapter being served now. The oldest wait, and are settled by the bounds below (or the backlog bound).
+- **Staleness bounds.** A sample more than `max_staleness` adapter versions behind the served adapter, or
+  captured more than `max_age_s` seconds ago, is never trained: it is settled `dropped` with reason `stale`
+  (kept in the store, counted in `rollout/dropped_stale`). Its behaviour logprobs come from a policy the
+  trainer has moved away from, and its reward answers a reply the user no longer gets.
+- **Too long / old skill generation**: a sample longer than `max_sample_tokens`, or gathered under an agent's
+  older skill generation, is dropped too.
+- **Many adapters** (`partition`): a batch holds one adapter's samples; among the adapters that can make a
+  batch, the one whose oldest fresh sample waited longest goes first (no adapter starves), and its batch is
+  its newest samples.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Collection, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+# the ready samples' columns a claim decides on (`n_tokens`: prompt + response, from the blobs' byte lengths)
+LIGHT_READY_SQL = (
+    "SELECT id, agent_id, adapter_version, created_at, (length(prompt_ids) + length(response_ids)) / ? AS n_tokens,"
+    " json_extract(meta, '$.skill_generation') AS gen FROM samples WHERE status='ready' ORDER BY id DESC"
+)
+
+
+@dataclass
+class ClaimPlan:
+    """What one claim does: `drops` (sample id, reason) and `batch` (ids, newest first) with each one's
+    `served` adapter version (None when unknown)."""
+
+    drops: list[tuple[int, str]] = field(default_factory=list)
+    batch: list[int] = field(default_factory=list)
+    served: dict[int, int | None] = field(default_factory=dict)
+
+
+def _per_part(value: int | Mapping[str, int] | None, part: str | None) -> int | None:
+    return value.get(part) if isinstance(value, Mapping) else value
+
+
+def plan_claim(
+    rows: Sequence[Mapping[str, Any]],
+    now: float,
+    max_samples: int,
+    max_tokens: int | None = None,
+    max_sample_tokens: int | None = None,
+    min_adapter_version: int | Mapping[str, int] | None = None,
+    max_age_s: float | None = None,
+    min_samples: int = 1,
+    generations: Mapping[str, int] | None = None,
+    partition: Callable[[str], str] | None = None,
+    partitions: Collection[str] | None = None,
+    served_version: int | Mapping[str, int] | None = None,
+) -> ClaimPlan:
+    """Plan a claim over `rows` (ready samples, newest first: `LIGHT_READY_SQL`).
+
+    Every ready sample that breaks a bound is dropped, whichever adapter's batch is formed, so the counts by
+    reason are complete and the backlog holds only trainable samples.
+    """
+    plan = ClaimPlan()
+    fresh: dict[str | None, list[Mapping[str, Any]]] = {}
+    for r in rows:
+        part = partition(r["agent_id"]) if partition is not None else None
+        floor = _per_part(min_adapter_version, part)
+        gen, newest = r["gen"], (generations or {}).get(r["agent_id"])
+        age = now - r["created_at"]
+        reason = None
+        if max_sample_tokens is not None and r["n_tokens"] > max_sample_tokens:
+            reason = f"too_long:{r['n_tokens']}>{max_sample_tokens}"
+        elif floor is not None and r["adapter_version"] < floor:
+            reason = f"stale:v{r['adapter_version']}<v{floor}"
+        elif max_age_s is not None and age > max_age_s:
+            reason = f"stale:age {age:.0f}s>{max_age_s:g}s"
+        elif isinstance(gen, int) and newest is not None and gen < newest:
+            reason = f"old_skill_generation:{gen}<{newest}"
+        if reason:
+            plan.drops.append((r["id"], reason))
+        elif partitions is None or part in partitions:
+            fresh.setdefault(part, []).append(r)
+    candidates = []  # (oldest fresh id, part, batch)
+    for part, part_rows in fresh.items():
+        batch, tokens = [], 0
+        for r in part_rows:  # newest first
+            if batch and max_tokens is not None and tokens + r["n_tokens"] > max_tokens:
+                break
+            batch.append(r)
+            tokens += r["n_tokens"]
+            if len(batch) >= max_samples:
+                break
+        if len(batch) >= min_samples:
+            candidates.append((part_rows[-1]["id"], part, batch))
+    if candidates:
+        _, part, batch = min(candidates, key=lambda c: c[0])
+        plan.batch = [r["id"] for r in batch]
+        plan.served = {r["id"]: _per_part(served_version, part) for r in batch}
+    return plan
