@@ -20,7 +20,7 @@ from metaclaw.control.plane import build_control
 from metaclaw.datamodules.seed import seed_store
 from metaclaw.devices import resolve_devices
 from metaclaw.evaluation.report import write_report
-from metaclaw.loop.eval_wiring import build_evaluator
+from metaclaw.loop.eval_wiring import build_evaluator, build_watch
 from metaclaw.loop.live import Live, live_loop, run_skills_only
 from metaclaw.modules.agent_publish import AgentPublishing
 from metaclaw.modules.online_rl import OnlineRLModule
@@ -130,6 +130,7 @@ def train(cfg: DictConfig) -> tuple[dict[str, Any], dict[str, Any]]:
     if ckpt:
         log.info("Resuming from %s", ckpt)
     # rollout=proxy|replay: server, proxy, scorer, replay. DDP workers re-run this script: only rank 0 serves.
+    build_watch(cfg, evaluator, store, control)  # roll a served adapter back when its verdicts regress
     wrap_app = control.mount if control else None
     t0 = time.monotonic()
     services = (

@@ -12,7 +12,13 @@ The publisher hands each new adapter to `submit(step, path, hot_load)` instead o
 
 Without a verifier (`rollout=proxy|replay`) the evaluator may be a `HeldoutTurnsEvaluator` (`by_version`):
 each publish queues a pass that reports the judge's verdicts on the held-out turns of every adapter version
-that has been replaced (the step of such a record is the served version; the last one at the end).
+that has been replaced (the step of such a record is the served version; the last one at the end). With the gate
+on, its candidates are gated on those turns (`HeldoutTurnsEvaluator.compare`: the judged verdicts reweighted by
+the candidate's likelihood of each reply against the served adapter's), and a candidate is served only when at
+least `min_turns` judged held-out turns exist (before that it waits on disk: nothing unmeasured is served).
+
+Every gate decision (and every automatic rollback of the `RegressionWatch`, run between evaluations every
+`watch_every_s`) is appended to `<run dir>/gate.jsonl` with its evidence and 95% Wilson intervals.
 
 One background thread does the work; the queue holds at most `max_pending` adapters and drops the oldest
 waiting one when a newer arrives (counted as `eval/skipped`): training and serving never wait for it. Results
@@ -37,11 +43,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import httpx
 import lightning as L
 
 from metaclaw.agents import DEFAULT_PROFILE
 from metaclaw.evaluation.evaluator import ComplianceEvaluator, EvalResult
+from metaclaw.evaluation.regression import RegressionWatch
+from metaclaw.evaluation.stats import wilson
 from metaclaw.serving.client import load_adapter
+from metaclaw.wire import bearer_headers
 
 log = logging.getLogger(__name__)
 
@@ -54,7 +64,7 @@ def _label(unfinished: dict[str, Any]) -> str:
     return f"{unfinished['agent_id']} {'served versions' if step is None else f'step {step}'}"
 
 
-COUNTS = ("evaluated", "skipped", "gate_accepted", "gate_rejected", "errors")
+COUNTS = ("evaluated", "skipped", "gate_accepted", "gate_rejected", "errors", "gate_held", "rolled_back")
 
 
 @dataclass
@@ -65,8 +75,10 @@ class Track:
     evaluator: Any
     served_score: float | None = None
     seen: int = 0
-    last: tuple[int, Path] | None = None
+    last: tuple[int, Path, HotLoad] | None = None
     queued: set[int] = field(default_factory=set)
+    lora_name: str = "policy"  # the name its adapter is served under
+    owner: Callable[[str], bool] | None = None  # which agents' turns are its (None: every agent's)
     counts: dict[str, int] = field(default_factory=lambda: dict.fromkeys(COUNTS, 0))
 
     @property
@@ -95,6 +107,9 @@ class LiveEvaluator(L.Callback):
         server_url / api_key: the policy server (to load the candidate under `eval_name`).
         max_pending: queue bound (oldest waiting adapter dropped first).
         final_timeout_s: how long the end of training waits for pending evaluations.
+        min_turns: the judge fallback's gate serves nothing before this many judged held-out turns exist.
+        watch: rolls a served adapter back when its verdicts regress (`RegressionWatch`); None: no watch.
+        watch_every_s: how often the watch looks (between evaluations, on the evaluator's thread).
     """
 
     def __init__(
@@ -111,14 +126,18 @@ class LiveEvaluator(L.Callback):
         api_key: str | None = None,
         max_pending: int = 2,
         final_timeout_s: float = 300.0,
+        min_turns: int = 8,
+        watch: RegressionWatch | None = None,
+        watch_every_s: float = 30.0,
     ) -> None:
         if every_n_adapters < 1 or max_pending < 1:
             raise ValueError("eval.every_n_adapters and eval.max_pending must be >= 1")
         self.run_dir, self.base_model = Path(run_dir), base_model
         self.every_n_adapters, self.gate, self.margin, self.eval_name = every_n_adapters, gate, margin, eval_name
         self.server_url, self.api_key, self.final_timeout_s = server_url, api_key, final_timeout_s
-        self.max_nll_increase = max_nll_increase
-        self.path = self.run_dir / "eval.jsonl"
+        self.max_nll_increase, self.min_turns = max_nll_increase, min_turns
+        self.watch, self.watch_every_s = watch, watch_every_s
+        self.path, self.gate_path = self.run_dir / "eval.jsonl", self.run_dir / "gate.jsonl"
         self.results: list[dict[str, Any]] = []
         self.tracks: dict[str, Track] = {DEFAULT_PROFILE: Track(DEFAULT_PROFILE, evaluator)}
         self._queue: deque[tuple[str, int, Path | None, HotLoad | None]] = deque()
@@ -152,13 +171,17 @@ class LiveEvaluator(L.Callback):
     def served_score(self) -> float | None:
         return self.tracks[DEFAULT_PROFILE].served_score
 
-    def add_agent(self, agent: str, evaluator: Any) -> None:
-        """Evaluate (and, with the gate, release) `agent`'s own adapter with `evaluator`; `default` replaces the
-        default agent's evaluator."""
+    def add_agent(
+        self, agent: str, evaluator: Any, lora_name: str | None = None, owner: Callable[[str], bool] | None = None
+    ) -> None:
+        """Evaluate (and, with the gate, release) `agent`'s own adapter (served as `lora_name`) with `evaluator`;
+        `default` replaces the default agent's evaluator."""
         if agent == DEFAULT_PROFILE:
             self.evaluator = evaluator
         else:
             self.tracks[agent] = Track(agent, evaluator)
+        track = self.tracks[agent]
+        track.lora_name, track.owner = lora_name or track.lora_name, owner
 
     def bind(
         self, server_url: str, evaluator: ComplianceEvaluator | None = None, api_key: str | None = None
@@ -197,7 +220,14 @@ class LiveEvaluator(L.Callback):
             hot_load(path)
             return
         track.seen += 1
-        track.last = (step, path)
+        track.last = (step, path, hot_load)
+        if self.gate and track.seen % self.every_n_adapters:  # off cadence: its training reaches the next one
+            track.counts["gate_held"] += 1
+            log.info("Gate: %s adapter v%d kept on disk, not served (the gate measures every %d-th candidate)",
+                     agent, step, self.every_n_adapters)  # fmt: skip
+            if track.by_version:  # the held-out curve keeps up with the served versions
+                self._put(agent, TURNS, None, None)
+            return
         if not self.gate:
             hot_load(path)
             if track.by_version:
@@ -223,11 +253,16 @@ class LiveEvaluator(L.Callback):
         while True:
             with self._cond:
                 while not self._queue and not self._stop:
-                    self._cond.wait()
+                    if not self._cond.wait(self.watch_every_s if self.watch else None):
+                        break  # a quiet spell: look for regressions
                 if self._stop and not self._queue:
                     return
-                item = self._queue.popleft()
-                self._busy, self._current = True, (item[0], item[1])
+                item = self._queue.popleft() if self._queue else None
+                if item is not None:
+                    self._busy, self._current = True, (item[0], item[1])
+            if item is None:
+                self.check_regressions()
+                continue
             track = self.tracks[item[0]]
             try:
                 self._evaluate(track, *item[1:])
@@ -241,6 +276,34 @@ class LiveEvaluator(L.Callback):
                     self._busy, self._current = False, None
                     self._cond.notify_all()
 
+    def check_regressions(self) -> list[dict[str, Any]]:
+        """Run the regression watch over every track with a server (its records go to gate.jsonl)."""
+        out = []
+        if self.watch is None or not self.server_url:
+            return out
+        for track in list(self.tracks.values()):
+            try:
+                served = self.watch.served(self.server_url, self.api_key, track.lora_name)
+                agent = None if track.agent == DEFAULT_PROFILE else track.agent
+                record = self.watch.check(served, track.lora_name, agent, track.owner)
+            except Exception as e:  # noqa: BLE001 - the watch never takes training down; said loudly
+                log.warning("Regression watch of %s failed: %r", track.agent, e)
+                continue
+            if record is not None:
+                if record["decision"] == "rolled_back":
+                    track.counts["rolled_back"] += 1
+                    track.served_score = None  # measure the restored adapter again before the next candidate
+                self._gate_log(record)
+                with self._cond:
+                    self._unlogged.append((0, {f"{track.prefix}rolled_back": float(track.counts["rolled_back"])}))
+                out.append(record)
+        return out
+
+    def _gate_log(self, record: dict[str, Any]) -> None:
+        self.gate_path.parent.mkdir(parents=True, exist_ok=True)
+        with self.gate_path.open("a") as f:
+            f.write(json.dumps(record, default=str) + "\n")
+
     def _load_candidate(self, path: Path) -> None:
         load_adapter(self.server_url, self.eval_name, str(path.resolve()), self.api_key, 60.0).raise_for_status()
 
@@ -250,6 +313,13 @@ class LiveEvaluator(L.Callback):
             for version in evaluator.versions_due(final=step == FINAL_TURNS):
                 label = "base" if version == 0 else f"v{version}"
                 self._report(track, version, label, evaluator.score_version(version))
+            return
+        if track.by_version:  # the judge fallback: report replaced versions, then gate this candidate
+            for version in evaluator.versions_due():
+                label = "base" if version == 0 else f"v{version}"
+                self._report(track, version, label, evaluator.score_version(version))
+            if path is not None and hot_load is not None:
+                self._decide_turns(track, step, path, hot_load)
             return
         if path is None:
             result = evaluator.score(self.base_model)
@@ -315,16 +385,71 @@ class LiveEvaluator(L.Callback):
             reasons.append(
                 f"quality collapsed: base NLL {result.nll:.2f} > base model's {reference:.2f} + {self.max_nll_increase}"
             )
+        decision["candidate_ci"] = list(wilson(result.compliance * result.n, result.n))
+        decision["n"] = result.n
         if reasons:
-            track.counts["gate_rejected"] += 1
-            why = "; ".join(reasons)
-            log.warning("Gate: %s adapter v%d refused (%s): kept on disk at %s, not served", track.agent, step, why,
-                        path)  # fmt: skip
-            return {"decision": "rejected", **decision, "reasons": reasons}
+            return self._refuse(track, step, path, decision, reasons)
+        track.served_score = result.compliance
+        return self._accept(track, step, path, hot_load, decision)
+
+    def _refuse(self, track: Track, step: int, path: Path, decision: dict[str, Any], reasons: list[str],
+                outcome: str = "rejected") -> dict[str, Any]:  # fmt: skip
+        track.counts["gate_rejected" if outcome == "rejected" else "gate_held"] += 1
+        log.warning("Gate: %s adapter v%d %s (%s): kept on disk at %s, not served", track.agent, step,
+                    "refused" if outcome == "rejected" else "not measurable yet", "; ".join(reasons), path)  # fmt: skip
+        out = {"decision": outcome, **decision, "reasons": reasons}
+        self._gate_log({"time": time.time(), "kind": "gate", "agent_id": track.agent, "step": step,
+                        "adapter": path.name, "path": str(path), "margin": self.margin, **out})  # fmt: skip
+        return out
+
+    def _accept(self, track: Track, step: int, path: Path, hot_load: HotLoad, decision: dict[str, Any]) -> dict:
         hot_load(path)
         track.counts["gate_accepted"] += 1
-        track.served_score = result.compliance
-        return {"decision": "accepted", **decision}
+        out = {"decision": "accepted", **decision}
+        self._gate_log({"time": time.time(), "kind": "gate", "agent_id": track.agent, "step": step,
+                        "adapter": path.name, "path": str(path), "margin": self.margin, **out})  # fmt: skip
+        if self.watch is not None and self.server_url:  # remember the version's path: a later rollback's target
+            try:
+                self.watch.served(self.server_url, self.api_key, track.lora_name)
+            except Exception as e:  # noqa: BLE001
+                log.warning("Regression watch: cannot read the served adapter: %r", e)
+        return out
+
+    def _served_model(self, track: Track) -> str:
+        """The name the agent is answered by now: its adapter when the server lists it, else the base model."""
+        r = httpx.get(f"{self.server_url}/v1/models", headers=bearer_headers(self.api_key), timeout=10)
+        r.raise_for_status()
+        names = {c.get("id") for c in r.json().get("data", []) if isinstance(c, dict)}
+        return track.lora_name if track.lora_name in names else self.base_model
+
+    def _decide_turns(self, track: Track, step: int, path: Path, hot_load: HotLoad) -> dict[str, Any]:
+        """The judge fallback's gate: the candidate against the served adapter on the recent held-out turns."""
+        served = self._served_model(track)
+        n = len(track.evaluator.recent())
+        if n < self.min_turns:
+            why = f"{n} judged held-out turns < publish.gate.min_turns {self.min_turns}"
+            return self._refuse(track, step, path, {"n": n, "min_turns": self.min_turns}, [why], "held")
+        self._load_candidate(path)
+        evidence = track.evaluator.compare(self.eval_name, served)
+        evidence["candidate"]["model"] = path.name
+        cand, cur = evidence["candidate"], evidence["served"]
+        decision = {"evidence": evidence, "served": cur["compliance"], "candidate": cand["compliance"],
+                    "candidate_ci": [cand["ci_low"], cand["ci_high"]], "served_ci": [cur["ci_low"], cur["ci_high"]],
+                    "n": evidence["n"], "statistic": "self-normalised importance-sampled share of good verdicts",
+                    }  # fmt: skip
+        reasons = []
+        if cand["compliance"] < cur["compliance"] - self.margin:
+            reasons.append(f"estimated compliance {cand['compliance']:.2f} < served {cur['compliance']:.2f} - margin "
+                           f"{self.margin:.2f} on {evidence['n']} held-out turns")  # fmt: skip
+        nll, ref = evidence.get("candidate_nll"), evidence.get("served_nll")
+        if self.max_nll_increase is not None and nll is not None and ref is not None:
+            decision.update(base_nll=ref, candidate_nll=nll)
+            if nll > ref + self.max_nll_increase:
+                reasons.append(f"quality collapsed: base NLL {nll:.2f} > served replies' {ref:.2f} + "
+                               f"{self.max_nll_increase}")  # fmt: skip
+        if reasons:
+            return self._refuse(track, step, path, decision, reasons)
+        return self._accept(track, step, path, hot_load, decision)
 
     def _append(self, record: dict[str, Any]) -> None:
         self.results.append(record)
@@ -351,7 +476,8 @@ class LiveEvaluator(L.Callback):
             if track.by_version:
                 self._put(track.agent, FINAL_TURNS, None, None)
             elif track.last is not None and track.last[0] not in track.queued and track.evaluator is not None:
-                self._put(track.agent, *track.last, None)  # the final adapter is always measured (already served)
+                step, path, hot_load = track.last  # the final adapter is always measured (and gated with the gate)
+                self._put(track.agent, step, path, hot_load if self.gate else None)
         if not self.wait(self.final_timeout_s):
             self.close()
         self.flush(trainer)
