@@ -88,14 +88,18 @@ class ControlPlane:
         self.agents = agents or AgentProfiles(lora_name=lora_name)
         self.lora_name, self.server_api_key, self.eval_tail, self.timeout_s = (
             lora_name, server_api_key, eval_tail, timeout_s)  # fmt: skip
+        self.dashboard: dict[str, Any] = {}  # DashboardData's options (`control.dashboard`)
         self.server_url: str | None = None  # set once the policy server is up
         self.trainer: Any = None  # set by train(): steps done
 
     def mount(self, app: Any) -> Any:
-        """The proxy's ASGI app with `/control/*` in front (same key as the proxy, loopback only)."""
+        """The proxy's ASGI app with `/control/*` and `/dashboard*` in front (the proxy's key, loopback only)."""
         from metaclaw.control.api import mount_control
+        from metaclaw.dashboard.app import dashboard_key, mount_dashboard
+        from metaclaw.dashboard.data import DashboardData
 
-        return mount_control(app, self, self.api_key)
+        data = DashboardData(self.run_dir, plane=self, **self.dashboard)
+        return mount_dashboard(mount_control(app, self, self.api_key), data, dashboard_key(self.run_dir, self.api_key))
 
     def attach(self, live: Any, trainer: Any = None) -> None:
         """Point at the running services (`metaclaw.loop.live.Live`) and trainer; announce the URL."""
@@ -178,6 +182,7 @@ class ControlPlane:
             "rollback_step": state and state.rollback_step,
             "rollback_agent": state and state.rollback_agent,
             "eval": tail_jsonl(self.run_dir / "eval.jsonl", self.eval_tail),
+            "gate": tail_jsonl(self.run_dir / "gate.jsonl", self.eval_tail),  # gate decisions, automatic rollbacks
         }  # fmt: skip
 
     # ---- changes ------------------------------------------------------------------------------------------
@@ -264,7 +269,7 @@ def build_control(cfg: Any, store: SampleStore, scheduler: Any) -> ControlPlane 
     control = cfg.get("control")
     if not control or not control.enabled or not cfg.rollout.get("proxy"):
         return None
-    return ControlPlane(
+    plane = ControlPlane(
         cfg.run_dir,
         store,
         scheduler,
@@ -275,3 +280,7 @@ def build_control(cfg: Any, store: SampleStore, scheduler: Any) -> ControlPlane 
         api_key=cfg.rollout.proxy.get("api_key"),
         agents=AgentProfiles.from_config(cfg),
     )
+    skills = cfg.get("skills") or {}
+    plane.dashboard = {"show_text": bool((control.get("dashboard") or {}).get("show_text", False)),
+                       "skills_root": skills.get("library_root") if skills.get("enabled") else None}  # fmt: skip
+    return plane

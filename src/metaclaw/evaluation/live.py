@@ -244,6 +244,10 @@ class LiveEvaluator(L.Callback):
                 self._queue.remove(dropped)
                 self.tracks[agent].counts["skipped"] += 1
                 log.info("Eval: skipping %s adapter v%d (a newer one is waiting)", agent, dropped[1])
+                if dropped[3] is not None and dropped[2] is not None:  # a gated candidate: never served, said so
+                    self._gate_log({"time": time.time(), "kind": "gate", "agent_id": agent, "step": dropped[1],
+                                    "adapter": dropped[2].name, "path": str(dropped[2]), "decision": "skipped",
+                                    "reasons": ["a newer candidate was waiting: it is measured instead"]})  # fmt: skip
             self._queue.append((agent, step, path, hot_load))
             self.tracks[agent].queued.add(step)
             self._cond.notify_all()
