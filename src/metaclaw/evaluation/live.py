@@ -137,6 +137,7 @@ class LiveEvaluator(L.Callback):
         self.server_url, self.api_key, self.final_timeout_s = server_url, api_key, final_timeout_s
         self.max_nll_increase, self.min_turns = max_nll_increase, min_turns
         self.watch, self.watch_every_s = watch, watch_every_s
+        self.frozen: Callable[[], str | None] | None = None  # a reason not to serve now (a user's rollback)
         self.path, self.gate_path = self.run_dir / "eval.jsonl", self.run_dir / "gate.jsonl"
         self.results: list[dict[str, Any]] = []
         self.tracks: dict[str, Track] = {DEFAULT_PROFILE: Track(DEFAULT_PROFILE, evaluator)}
@@ -407,6 +408,9 @@ class LiveEvaluator(L.Callback):
         return out
 
     def _accept(self, track: Track, step: int, path: Path, hot_load: HotLoad, decision: dict[str, Any]) -> dict:
+        frozen = self.frozen() if self.frozen is not None else None
+        if frozen:  # the user rolled back: a candidate measured since does not replace their choice
+            return self._refuse(track, step, path, decision, [frozen], "held")
         hot_load(path)
         track.counts["gate_accepted"] += 1
         out = {"decision": "accepted", **decision}

@@ -24,9 +24,19 @@ log = logging.getLogger(__name__)
 
 
 def build_watch(cfg: DictConfig, evaluator: LiveEvaluator | None, store: SampleStore, control: Any) -> None:
-    """Give the evaluator a `RegressionWatch` (`publish.gate.rollback`) that rolls back through `control`."""
+    """Give the gating evaluator a `RegressionWatch` (`publish.gate.rollback`) that rolls back through `control`,
+    and, with a scheduler, hold every accepted candidate while a rollback (the user's or the watch's) stands."""
     spec = (cfg.publish.get("gate") or {}).get("rollback") or {}
-    if evaluator is None or control is None or not spec.get("enabled") or not evaluator.gate:
+    if evaluator is None or control is None or not evaluator.gate:
+        return
+    if control.scheduler is not None:  # a rollback pauses training: no candidate replaces it until resume
+
+        def frozen() -> str | None:
+            step = getattr(control.scheduler.state, "rollback_step", None)
+            return None if step is None else f"rolled back to step {step}: resume to serve new adapters"
+
+        evaluator.frozen = frozen
+    if not spec.get("enabled"):
         return
     evaluator.watch = RegressionWatch(
         store, control.rollback, min_turns=int(spec["min_turns"]), margin=float(spec["margin"]),
