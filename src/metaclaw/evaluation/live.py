@@ -18,7 +18,8 @@ the candidate's likelihood of each reply against the served adapter's), and a ca
 least `min_turns` judged held-out turns exist (before that it waits on disk: nothing unmeasured is served).
 
 Every gate decision (and every automatic rollback of the `RegressionWatch`, run between evaluations every
-`watch_every_s`) is appended to `<run dir>/gate.jsonl` with its evidence and 95% Wilson intervals.
+`watch_every_s`) is appended to `<run dir>/gate.jsonl` with its evidence and 95% Wilson intervals. The
+decisions themselves are in `metaclaw.evaluation.gate`.
 
 One background thread does the work; the queue holds at most `max_pending` adapters and drops the oldest
 waiting one when a newer arrives (counted as `eval/skipped`): training and serving never wait for it. Results
@@ -39,23 +40,19 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import httpx
 import lightning as L
 
 from metaclaw.agents import DEFAULT_PROFILE
 from metaclaw.evaluation.evaluator import ComplianceEvaluator, EvalResult
+from metaclaw.evaluation.gate import GateDecisions, HotLoad, Track
 from metaclaw.evaluation.regression import RegressionWatch
-from metaclaw.evaluation.stats import wilson
 from metaclaw.serving.client import load_adapter
-from metaclaw.wire import bearer_headers
 
 log = logging.getLogger(__name__)
 
-HotLoad = Callable[[Path], Any]
 TURNS, FINAL_TURNS = -1, -2  # queue markers of the judge fallback: report replaced versions / all versions
 
 
@@ -64,34 +61,9 @@ def _label(unfinished: dict[str, Any]) -> str:
     return f"{unfinished['agent_id']} {'served versions' if step is None else f'step {step}'}"
 
 
-COUNTS = ("evaluated", "skipped", "gate_accepted", "gate_rejected", "errors", "gate_held", "rolled_back")
 
 
-@dataclass
-class Track:
-    """One agent's evaluation: its evaluator, the score of its served adapter, its cadence and counts."""
-
-    agent: str  # the profile whose adapter is evaluated: `default` or an agent id
-    evaluator: Any
-    served_score: float | None = None
-    seen: int = 0
-    last: tuple[int, Path, HotLoad] | None = None
-    queued: set[int] = field(default_factory=set)
-    lora_name: str = "policy"  # the name its adapter is served under
-    owner: Callable[[str], bool] | None = None  # which agents' turns are its (None: every agent's)
-    counts: dict[str, int] = field(default_factory=lambda: dict.fromkeys(COUNTS, 0))
-
-    @property
-    def prefix(self) -> str:
-        """`eval/` for the default agent (the dashboards' names), `agent/<id>/eval/` for the others."""
-        return "eval/" if self.agent == DEFAULT_PROFILE else f"agent/{self.agent}/eval/"
-
-    @property
-    def by_version(self) -> bool:
-        return bool(getattr(self.evaluator, "by_version", False))
-
-
-class LiveEvaluator(L.Callback):
+class LiveEvaluator(GateDecisions, L.Callback):
     """Evaluates published adapters on a thread of its own; gates hot-swaps when `gate` is on.
 
     Args:
@@ -281,34 +253,6 @@ class LiveEvaluator(L.Callback):
                     self._busy, self._current = False, None
                     self._cond.notify_all()
 
-    def check_regressions(self) -> list[dict[str, Any]]:
-        """Run the regression watch over every track with a server (its records go to gate.jsonl)."""
-        out = []
-        if self.watch is None or not self.server_url:
-            return out
-        for track in list(self.tracks.values()):
-            try:
-                served = self.watch.served(self.server_url, self.api_key, track.lora_name)
-                agent = None if track.agent == DEFAULT_PROFILE else track.agent
-                record = self.watch.check(served, track.lora_name, agent, track.owner)
-            except Exception as e:  # noqa: BLE001 - the watch never takes training down; said loudly
-                log.warning("Regression watch of %s failed: %r", track.agent, e)
-                continue
-            if record is not None:
-                if record["decision"] == "rolled_back":
-                    track.counts["rolled_back"] += 1
-                    track.served_score = None  # measure the restored adapter again before the next candidate
-                self._gate_log(record)
-                with self._cond:
-                    self._unlogged.append((0, {f"{track.prefix}rolled_back": float(track.counts["rolled_back"])}))
-                out.append(record)
-        return out
-
-    def _gate_log(self, record: dict[str, Any]) -> None:
-        self.gate_path.parent.mkdir(parents=True, exist_ok=True)
-        with self.gate_path.open("a") as f:
-            f.write(json.dumps(record, default=str) + "\n")
-
     def _load_candidate(self, path: Path) -> None:
         load_adapter(self.server_url, self.eval_name, str(path.resolve()), self.api_key, 60.0).raise_for_status()
 
@@ -373,91 +317,6 @@ class LiveEvaluator(L.Callback):
             result.seconds,
             f" gate: {record['gate']['decision']}" if "gate" in record else "",
         )
-
-    def _decide(self, track: Track, step: int, path: Path, result: EvalResult, hot_load: HotLoad) -> dict[str, Any]:
-        """Serve `path` when it is no worse than `track`'s served adapter (and its replies did not collapse)."""
-        served = track.served_score
-        if served is None:  # nothing measured yet: measure the base model first
-            served = track.served_score = track.evaluator.score(self.base_model).compliance
-        decision: dict[str, Any] = {"served": served, "candidate": result.compliance}
-        reference = getattr(track.evaluator, "reference_nll", None)
-        if self.max_nll_increase is not None and reference is not None and result.nll is not None:
-            decision.update(base_nll=reference, candidate_nll=result.nll)
-        reasons = []
-        if result.compliance < served - self.margin:
-            reasons.append(f"compliance {result.compliance:.2f} < served {served:.2f} - margin {self.margin:.2f}")
-        if "candidate_nll" in decision and result.nll > reference + self.max_nll_increase:
-            reasons.append(
-                f"quality collapsed: base NLL {result.nll:.2f} > base model's {reference:.2f} + {self.max_nll_increase}"
-            )
-        decision["candidate_ci"] = list(wilson(result.compliance * result.n, result.n))
-        decision["n"] = result.n
-        if reasons:
-            return self._refuse(track, step, path, decision, reasons)
-        track.served_score = result.compliance
-        return self._accept(track, step, path, hot_load, decision)
-
-    def _refuse(self, track: Track, step: int, path: Path, decision: dict[str, Any], reasons: list[str],
-                outcome: str = "rejected") -> dict[str, Any]:  # fmt: skip
-        track.counts["gate_rejected" if outcome == "rejected" else "gate_held"] += 1
-        log.warning("Gate: %s adapter v%d %s (%s): kept on disk at %s, not served", track.agent, step,
-                    "refused" if outcome == "rejected" else "not measurable yet", "; ".join(reasons), path)  # fmt: skip
-        out = {"decision": outcome, **decision, "reasons": reasons}
-        self._gate_log({"time": time.time(), "kind": "gate", "agent_id": track.agent, "step": step,
-                        "adapter": path.name, "path": str(path), "margin": self.margin, **out})  # fmt: skip
-        return out
-
-    def _accept(self, track: Track, step: int, path: Path, hot_load: HotLoad, decision: dict[str, Any]) -> dict:
-        frozen = self.frozen() if self.frozen is not None else None
-        if frozen:  # the user rolled back: a candidate measured since does not replace their choice
-            return self._refuse(track, step, path, decision, [frozen], "held")
-        hot_load(path)
-        track.counts["gate_accepted"] += 1
-        out = {"decision": "accepted", **decision}
-        self._gate_log({"time": time.time(), "kind": "gate", "agent_id": track.agent, "step": step,
-                        "adapter": path.name, "path": str(path), "margin": self.margin, **out})  # fmt: skip
-        if self.watch is not None and self.server_url:  # remember the version's path: a later rollback's target
-            try:
-                self.watch.served(self.server_url, self.api_key, track.lora_name)
-            except Exception as e:  # noqa: BLE001
-                log.warning("Regression watch: cannot read the served adapter: %r", e)
-        return out
-
-    def _served_model(self, track: Track) -> str:
-        """The name the agent is answered by now: its adapter when the server lists it, else the base model."""
-        r = httpx.get(f"{self.server_url}/v1/models", headers=bearer_headers(self.api_key), timeout=10)
-        r.raise_for_status()
-        names = {c.get("id") for c in r.json().get("data", []) if isinstance(c, dict)}
-        return track.lora_name if track.lora_name in names else self.base_model
-
-    def _decide_turns(self, track: Track, step: int, path: Path, hot_load: HotLoad) -> dict[str, Any]:
-        """The judge fallback's gate: the candidate against the served adapter on the recent held-out turns."""
-        served = self._served_model(track)
-        n = len(track.evaluator.recent())
-        if n < self.min_turns:
-            why = f"{n} judged held-out turns < publish.gate.min_turns {self.min_turns}"
-            return self._refuse(track, step, path, {"n": n, "min_turns": self.min_turns}, [why], "held")
-        self._load_candidate(path)
-        evidence = track.evaluator.compare(self.eval_name, served)
-        evidence["candidate"]["model"] = path.name
-        cand, cur = evidence["candidate"], evidence["served"]
-        decision = {"evidence": evidence, "served": cur["compliance"], "candidate": cand["compliance"],
-                    "candidate_ci": [cand["ci_low"], cand["ci_high"]], "served_ci": [cur["ci_low"], cur["ci_high"]],
-                    "n": evidence["n"], "statistic": "self-normalised importance-sampled share of good verdicts",
-                    }  # fmt: skip
-        reasons = []
-        if cand["compliance"] < cur["compliance"] - self.margin:
-            reasons.append(f"estimated compliance {cand['compliance']:.2f} < served {cur['compliance']:.2f} - margin "
-                           f"{self.margin:.2f} on {evidence['n']} held-out turns")  # fmt: skip
-        nll, ref = evidence.get("candidate_nll"), evidence.get("served_nll")
-        if self.max_nll_increase is not None and nll is not None and ref is not None:
-            decision.update(base_nll=ref, candidate_nll=nll)
-            if nll > ref + self.max_nll_increase:
-                reasons.append(f"quality collapsed: base NLL {nll:.2f} > served replies' {ref:.2f} + "
-                               f"{self.max_nll_increase}")  # fmt: skip
-        if reasons:
-            return self._refuse(track, step, path, decision, reasons)
-        return self._accept(track, step, path, hot_load, decision)
 
     def _append(self, record: dict[str, Any]) -> None:
         self.results.append(record)

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import logging
 import re
+import sqlite3
 import time
 from collections.abc import Callable
 from typing import Any
@@ -70,9 +71,14 @@ class RegressionWatch:
 
     def verdicts(self, version: int, owner: Callable[[str], bool] | None) -> tuple[int, int]:
         """`(good, judged)`: turns of `version` whose reward is > 0, and all its turns with a reward."""
-        rows = [s for s in self.store.select(adapter_version=version) if s.reward is not None]
-        rows = [s for s in rows if owner is None or owner(s.agent_id)]
-        return sum(s.reward > 0 for s in rows), len(rows)
+        db = sqlite3.connect(f"file:{self.store.path}?mode=ro", uri=True, timeout=10)  # counts, not whole samples
+        try:
+            rows = db.execute("SELECT agent_id, reward FROM samples WHERE adapter_version=? AND reward IS NOT NULL",
+                              (version,)).fetchall()  # fmt: skip
+        finally:
+            db.close()
+        rows = [(a, r) for a, r in rows if owner is None or owner(a)]
+        return sum(r > 0 for _, r in rows), len(rows)
 
     def check(
         self, served: tuple[int, str] | None, lora_name: str, agent: str | None,
