@@ -21,7 +21,7 @@ from metaclaw.datamodules.seed import seed_store
 from metaclaw.devices import resolve_devices, torch_threads
 from metaclaw.evaluation.report import write_report
 from metaclaw.export.apply import ApplyImport
-from metaclaw.loop.eval_wiring import build_evaluator
+from metaclaw.loop.eval_wiring import build_evaluator, build_watch
 from metaclaw.loop.live import Live, live_loop, run_skills_only
 from metaclaw.loop.wiring import build_privacy
 from metaclaw.modules.agent_publish import AgentPublishing
@@ -143,6 +143,7 @@ def _train(cfg: DictConfig) -> tuple[dict[str, Any], dict[str, Any]]:
     if ckpt:
         log.info("Resuming from %s", ckpt)
     # rollout=proxy|replay: server, proxy, scorer, replay. DDP workers re-run this script: only rank 0 serves.
+    build_watch(cfg, evaluator, store, control)  # roll a served adapter back when its verdicts regress
     wrap_app = control.mount if control else None
     t0 = time.monotonic()
     services = (

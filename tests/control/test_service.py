@@ -23,11 +23,11 @@ ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "WANDB_MODE": "offline", "TOKENIZERS
        "METACLAW_PROXY_API_KEY": KEY, "PYTHONPATH": str(REPO / "src")}  # fmt: skip
 
 
-def start(run_dir: Path, port: int) -> subprocess.Popen:
+def start(run_dir: Path, port: int, *overrides: str) -> subprocess.Popen:
     cmd = [sys.executable, "train.py", "model=tiny", "rollout=proxy", "mode=auto", f"rollout.proxy.port={port}",
            f"hydra.run.dir={run_dir}", "scheduler.sleep_start=null", "scheduler.sleep_end=null",
            "scheduler.idle_source=proxy", "scheduler.poll_s=0.5", "data.batch_size=2", "rollout.min_batch_size=1",
-           "trainer.max_steps=50", "logger=csv"]  # fmt: skip
+           "trainer.max_steps=50", "logger=csv", *overrides]  # fmt: skip
     log = open(run_dir.parent / f"train-{time.monotonic_ns()}.log", "wb")  # noqa: SIM115 - closed with the process
     return subprocess.Popen(cmd, cwd=REPO, env=ENV, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
 

@@ -103,6 +103,7 @@ def run(tmp_path_factory):
             "skills.injector.top_k=1",
             "skills.injector.max_chars=300",
             f"+callbacks.hold._target_={__name__}.HoldUntilDriverDone",
+            "publish.gate.enabled=false",  # each agent's adapter served at once (the gate: test_proxy_gate.py)
         )
         seen: list = []
         errors: list = []

@@ -93,6 +93,7 @@ def test_live_loop_captures_scores_trains_and_hot_swaps(policy_server):
         "rollout.min_batch_size=1",
         "rollout.scoring.session_idle_s=2",
         "rollout.wait_timeout_s=120",
+        "publish.gate.enabled=false",  # the hot-swap mechanics (the gate: tests/evaluation/test_proxy_gate.py)
     )
     errors: list = []
     driver = threading.Thread(target=drive, args=(f"http://127.0.0.1:{port}", errors), daemon=True)

@@ -66,7 +66,8 @@ def test_agent_heldout_turns_are_reported_per_agent_adapter(tmp_path):
     store.insert(Sample([1, 2], [3], [-1.0], agent_id="alice", adapter_version=3, reward=1.0, status="ready"))
     cfg = compose_train(tmp_path, "rollout=proxy", "judge=rule", "method=rl", "+agents.alice.mode=rl",
                         "+agents.bob.mode=skills_only", "eval.enabled=true", "eval.judge_fallback.heldout_share=0.5",
-                        "eval.judge_fallback.min_turns=1", "eval.quality.enabled=false")  # fmt: skip
+                        "eval.judge_fallback.min_turns=1", "eval.quality.enabled=false",
+                        "publish.gate.enabled=false")  # fmt: skip  # reporting only: served at once
     live = build_evaluator(cfg)
     bind_evaluator(cfg, live, "http://127.0.0.1:9", None, store)  # no quality figures: the server is not asked
     try:

@@ -122,6 +122,10 @@ def format_status(s: dict[str, Any]) -> str:
         lines += [f"  {format_eval(e)}" for e in evals]
     else:
         lines.append("recent eval:   none (no eval.jsonl yet)")
+    for g in s.get("gate") or []:  # gate decisions and automatic rollbacks (gate.jsonl)
+        what = g.get("adapter") or f"served v{(g.get('served') or {}).get('version')}"
+        lines.append(f"gate:          {g.get('agent_id', 'default')} {what}: {g.get('decision')}"
+                     + (f" ({'; '.join(g['reasons'])})" if g.get("reasons") else ""))  # fmt: skip
     return "\n".join(lines)
 
 
@@ -151,7 +155,12 @@ def main(argv: list[str] | None = None) -> int:
     common = argparse.ArgumentParser(add_help=False)
     _common(common, argparse.SUPPRESS)
     sub = parser.add_subparsers(dest="command", required=True)
-    sub.add_parser("status", parents=[common], help="window, next window, samples waiting, steps, adapter, eval")
+    st = sub.add_parser("status", parents=[common], help="window, next window, samples waiting, steps, adapter, eval")
+    st.add_argument("--watch", action="store_true", help="redraw the dashboard's figures every --interval seconds")
+    st.add_argument("--interval", type=float, default=2.0)
+    db = sub.add_parser("dashboard", parents=[common], help="serve a finished run's dashboard (read-only, loopback)")
+    db.add_argument("--port", type=int, default=0, help="0: a free port")
+    db.add_argument("--show-text", action="store_true", help="show the turns' text (off by default)")
     sub.add_parser("pause", parents=[common], help="stop training (a step in progress finishes); survives restarts")
     sub.add_parser("resume", parents=[common], help="let the scheduler's windows decide again")
     tn = sub.add_parser("train-now", parents=[common], help="open a training window now")
@@ -168,6 +177,19 @@ def main(argv: list[str] | None = None) -> int:
         url = resolve_url(args.url, None) if args.url else _running(run_dir)
         args.run_dir = run_dir
         return forget_main(args, url, bearer_headers(resolve_key(args.key, run_dir)))
+    if args.command == "dashboard" or (args.command == "status" and args.watch):  # docs/dashboard.md
+        from metaclaw.dashboard import cli as dash
+
+        if args.command == "dashboard":
+            if not args.run_dir:
+                raise SystemExit("dashboard needs --run-dir DIR (a live service serves /dashboard on its proxy port)")
+            return dash.serve(args.run_dir, args.port, args.show_text, args.key)
+        running = args.url or os.environ.get("METACLAW_CONTROL_URL") or not args.run_dir
+        running = running or (Path(args.run_dir) / CONTROL_FILE).exists()
+        headers = bearer_headers(resolve_key(args.key, args.run_dir))
+        remote = dash.remote_state(resolve_url(args.url, args.run_dir), headers, args.timeout)
+        fetch = dash.with_fallback(remote if running else None, args.run_dir)  # a finished run: its directory
+        return dash.watch(fetch, args.interval)
     url = resolve_url(args.url, args.run_dir)
     args.key = resolve_key(args.key, args.run_dir)
     headers = bearer_headers(args.key)

@@ -90,14 +90,18 @@ class ControlPlane:
         self.agents = agents or AgentProfiles(lora_name=lora_name)
         self.lora_name, self.server_api_key, self.eval_tail, self.timeout_s = (
             lora_name, server_api_key, eval_tail, timeout_s)  # fmt: skip
+        self.dashboard: dict[str, Any] = {}  # DashboardData options (show_text, skills_root)
         self.server_url: str | None = None  # set once the policy server is up
         self.trainer: Any = None  # set by train(): steps done
 
     def mount(self, app: Any) -> Any:
-        """The proxy's ASGI app with `/control/*` in front (same key as the proxy, loopback only)."""
+        """The proxy's ASGI app with `/control/*` and `/dashboard*` in front (the proxy's key, loopback only)."""
         from metaclaw.control.api import mount_control
+        from metaclaw.dashboard.app import dashboard_key, mount_dashboard
+        from metaclaw.dashboard.data import DashboardData
 
-        return mount_control(app, self, self.api_key)
+        data = DashboardData(self.run_dir, plane=self, **self.dashboard)
+        return mount_dashboard(mount_control(app, self, self.api_key), data, dashboard_key(self.run_dir, self.api_key))
 
     def attach(self, live: Any, trainer: Any = None) -> None:
         """Point at the running services (`metaclaw.loop.live.Live`) and trainer; announce the URL."""
@@ -184,6 +188,7 @@ class ControlPlane:
             "rollback_agent": state and state.rollback_agent,
             "eval": [r if self.show_text else {k: v for k, v in r.items() if k != "examples"}
                      for r in tail_jsonl(self.run_dir / "eval.jsonl", self.eval_tail)],  # fmt: skip
+            "gate": tail_jsonl(self.run_dir / "gate.jsonl", self.eval_tail),  # gate decisions, automatic rollbacks
         }  # fmt: skip
 
     # ---- changes ------------------------------------------------------------------------------------------
@@ -270,7 +275,7 @@ def build_control(cfg: Any, store: SampleStore, scheduler: Any) -> ControlPlane 
     control = cfg.get("control")
     if not control or not control.enabled or not cfg.rollout.get("proxy"):
         return None
-    return ControlPlane(
+    plane = ControlPlane(
         cfg.run_dir,
         store,
         scheduler,
@@ -282,3 +287,8 @@ def build_control(cfg: Any, store: SampleStore, scheduler: Any) -> ControlPlane 
         agents=AgentProfiles.from_config(cfg),
         show_text=bool((cfg.get("privacy") or {}).get("show_text", False)),
     )
+    skills = cfg.get("skills") or {}
+    # one flag for status, eval records and the dashboard's turn text: privacy.show_text
+    plane.dashboard = {"show_text": plane.show_text,
+                       "skills_root": skills.get("library_root") if skills.get("enabled") else None}  # fmt: skip
+    return plane

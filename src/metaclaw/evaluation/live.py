@@ -12,7 +12,14 @@ The publisher hands each new adapter to `submit(step, path, hot_load)` instead o
 
 Without a verifier (`rollout=proxy|replay`) the evaluator may be a `HeldoutTurnsEvaluator` (`by_version`):
 each publish queues a pass that reports the judge's verdicts on the held-out turns of every adapter version
-that has been replaced (the step of such a record is the served version; the last one at the end).
+that has been replaced (the step of such a record is the served version; the last one at the end). With the gate
+on, its candidates are gated on those turns (`HeldoutTurnsEvaluator.compare`: the judged verdicts reweighted by
+the candidate's likelihood of each reply against the served adapter's), and a candidate is served only when at
+least `min_turns` judged held-out turns exist (before that it waits on disk: nothing unmeasured is served).
+
+Every gate decision (and every automatic rollback of the `RegressionWatch`, run between evaluations every
+`watch_every_s`) is appended to `<run dir>/gate.jsonl` with its evidence and 95% Wilson intervals. The
+decisions themselves are in `metaclaw.evaluation.gate`.
 
 Cost (`max_share`): with the gate off, an adapter evaluation during training is skipped (`eval/skipped_budget`)
 when it would bring the evaluator's busy time above `max_share` of the time since it started (the cost of the
@@ -41,7 +48,6 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -49,11 +55,12 @@ import lightning as L
 
 from metaclaw.agents import DEFAULT_PROFILE
 from metaclaw.evaluation.evaluator import ComplianceEvaluator, EvalResult
+from metaclaw.evaluation.gate import GateDecisions, HotLoad, Track
+from metaclaw.evaluation.regression import RegressionWatch
 from metaclaw.serving.client import load_adapter
 
 log = logging.getLogger(__name__)
 
-HotLoad = Callable[[Path], Any]
 TURNS, FINAL_TURNS = -1, -2  # queue markers of the judge fallback: report replaced versions / all versions
 
 
@@ -62,32 +69,9 @@ def _label(unfinished: dict[str, Any]) -> str:
     return f"{unfinished['agent_id']} {'served versions' if step is None else f'step {step}'}"
 
 
-COUNTS = ("evaluated", "skipped", "skipped_budget", "gate_accepted", "gate_rejected", "errors")
 
 
-@dataclass
-class Track:
-    """One agent's evaluation: its evaluator, the score of its served adapter, its cadence and counts."""
-
-    agent: str  # the profile whose adapter is evaluated: `default` or an agent id
-    evaluator: Any
-    served_score: float | None = None
-    seen: int = 0
-    last: tuple[int, Path] | None = None
-    queued: set[int] = field(default_factory=set)
-    counts: dict[str, int] = field(default_factory=lambda: dict.fromkeys(COUNTS, 0))
-
-    @property
-    def prefix(self) -> str:
-        """`eval/` for the default agent (the dashboards' names), `agent/<id>/eval/` for the others."""
-        return "eval/" if self.agent == DEFAULT_PROFILE else f"agent/{self.agent}/eval/"
-
-    @property
-    def by_version(self) -> bool:
-        return bool(getattr(self.evaluator, "by_version", False))
-
-
-class LiveEvaluator(L.Callback):
+class LiveEvaluator(GateDecisions, L.Callback):
     """Evaluates published adapters on a thread of its own; gates hot-swaps when `gate` is on.
 
     Args:
@@ -106,6 +90,9 @@ class LiveEvaluator(L.Callback):
         max_share: the most of the run's time evaluations during training may take (None: no limit); see the
             module docstring.
         baseline: `first` (the base model before any adapter) or `auto` (first when cached, else at the end).
+        min_turns: the judge fallback's gate serves nothing before this many judged held-out turns exist.
+        watch: rolls a served adapter back when its verdicts regress (`RegressionWatch`); None: no watch.
+        watch_every_s: how often the watch looks (between evaluations, on the evaluator's thread).
     """
 
     def __init__(
@@ -124,6 +111,9 @@ class LiveEvaluator(L.Callback):
         final_timeout_s: float = 300.0,
         max_share: float | None = None,
         baseline: str = "first",
+        min_turns: int = 8,
+        watch: RegressionWatch | None = None,
+        watch_every_s: float = 30.0,
     ) -> None:
         if baseline not in ("first", "auto"):
             raise ValueError(f"eval.baseline must be first or auto, got {baseline!r}")
@@ -134,8 +124,10 @@ class LiveEvaluator(L.Callback):
         self.run_dir, self.base_model = Path(run_dir), base_model
         self.every_n_adapters, self.gate, self.margin, self.eval_name = every_n_adapters, gate, margin, eval_name
         self.server_url, self.api_key, self.final_timeout_s = server_url, api_key, final_timeout_s
-        self.max_nll_increase = max_nll_increase
-        self.path = self.run_dir / "eval.jsonl"
+        self.max_nll_increase, self.min_turns = max_nll_increase, min_turns
+        self.watch, self.watch_every_s = watch, watch_every_s
+        self.frozen: Callable[[], str | None] | None = None  # a reason not to serve now (a user's rollback)
+        self.path, self.gate_path = self.run_dir / "eval.jsonl", self.run_dir / "gate.jsonl"
         self.results: list[dict[str, Any]] = []
         self.tracks: dict[str, Track] = {DEFAULT_PROFILE: Track(DEFAULT_PROFILE, evaluator)}
         self._queue: deque[tuple[str, int, Path | None, HotLoad | None]] = deque()
@@ -175,13 +167,17 @@ class LiveEvaluator(L.Callback):
     def served_score(self) -> float | None:
         return self.tracks[DEFAULT_PROFILE].served_score
 
-    def add_agent(self, agent: str, evaluator: Any) -> None:
-        """Evaluate (and, with the gate, release) `agent`'s own adapter with `evaluator`; `default` replaces the
-        default agent's evaluator."""
+    def add_agent(
+        self, agent: str, evaluator: Any, lora_name: str | None = None, owner: Callable[[str], bool] | None = None
+    ) -> None:
+        """Evaluate (and, with the gate, release) `agent`'s own adapter (served as `lora_name`) with `evaluator`;
+        `default` replaces the default agent's evaluator."""
         if agent == DEFAULT_PROFILE:
             self.evaluator = evaluator
         else:
             self.tracks[agent] = Track(agent, evaluator)
+        track = self.tracks[agent]
+        track.lora_name, track.owner = lora_name or track.lora_name, owner
 
     def bind(
         self, server_url: str, evaluator: ComplianceEvaluator | None = None, api_key: str | None = None
@@ -232,7 +228,14 @@ class LiveEvaluator(L.Callback):
             hot_load(path)
             return
         track.seen += 1
-        track.last = (step, path)
+        track.last = (step, path, hot_load)
+        if self.gate and track.seen % self.every_n_adapters:  # off cadence: its training reaches the next one
+            track.counts["gate_held"] += 1
+            log.info("Gate: %s adapter v%d kept on disk, not served (the gate measures every %d-th candidate)",
+                     agent, step, self.every_n_adapters)  # fmt: skip
+            if track.by_version:  # the held-out curve keeps up with the served versions
+                self._put(agent, TURNS, None, None)
+            return
         if not self.gate:
             hot_load(path)
             if track.by_version:
@@ -249,6 +252,10 @@ class LiveEvaluator(L.Callback):
                 self._queue.remove(dropped)
                 self.tracks[agent].counts["skipped"] += 1
                 log.info("Eval: skipping %s adapter v%d (a newer one is waiting)", agent, dropped[1])
+                if dropped[3] is not None and dropped[2] is not None:  # a gated candidate: never served, said so
+                    self._gate_log({"time": time.time(), "kind": "gate", "agent_id": agent, "step": dropped[1],
+                                    "adapter": dropped[2].name, "path": str(dropped[2]), "decision": "skipped",
+                                    "reasons": ["a newer candidate was waiting: it is measured instead"]})  # fmt: skip
             self._queue.append((agent, step, path, hot_load))
             self.tracks[agent].queued.add(step)
             self._cond.notify_all()
@@ -258,11 +265,16 @@ class LiveEvaluator(L.Callback):
         while True:
             with self._cond:
                 while not self._queue and not self._stop:
-                    self._cond.wait()
+                    if not self._cond.wait(self.watch_every_s if self.watch else None):
+                        break  # a quiet spell: look for regressions
                 if self._stop and not self._queue:
                     return
-                item = self._queue.popleft()
-                self._busy, self._current = True, (item[0], item[1])
+                item = self._queue.popleft() if self._queue else None
+                if item is not None:
+                    self._busy, self._current = True, (item[0], item[1])
+            if item is None:
+                self.check_regressions()
+                continue
             track = self.tracks[item[0]]
             if self._over_budget(track, item[1], item[2], item[3]):
                 track.counts["skipped_budget"] += 1
@@ -307,6 +319,13 @@ class LiveEvaluator(L.Callback):
             for version in evaluator.versions_due(final=step == FINAL_TURNS):
                 label = "base" if version == 0 else f"v{version}"
                 self._report(track, version, label, evaluator.score_version(version))
+            return
+        if track.by_version:  # the judge fallback: report replaced versions, then gate this candidate
+            for version in evaluator.versions_due():
+                label = "base" if version == 0 else f"v{version}"
+                self._report(track, version, label, evaluator.score_version(version))
+            if path is not None and hot_load is not None:
+                self._decide_turns(track, step, path, hot_load)
             return
         if path is None:
             result = evaluator.score(self.base_model)
@@ -362,33 +381,6 @@ class LiveEvaluator(L.Callback):
             f" gate: {record['gate']['decision']}" if "gate" in record else "",
         )
 
-    def _decide(self, track: Track, step: int, path: Path, result: EvalResult, hot_load: HotLoad) -> dict[str, Any]:
-        """Serve `path` when it is no worse than `track`'s served adapter (and its replies did not collapse)."""
-        served = track.served_score
-        if served is None:  # nothing measured yet: measure the base model first
-            served = track.served_score = track.evaluator.score(self.base_model).compliance
-        decision: dict[str, Any] = {"served": served, "candidate": result.compliance}
-        reference = getattr(track.evaluator, "reference_nll", None)
-        if self.max_nll_increase is not None and reference is not None and result.nll is not None:
-            decision.update(base_nll=reference, candidate_nll=result.nll)
-        reasons = []
-        if result.compliance < served - self.margin:
-            reasons.append(f"compliance {result.compliance:.2f} < served {served:.2f} - margin {self.margin:.2f}")
-        if "candidate_nll" in decision and result.nll > reference + self.max_nll_increase:
-            reasons.append(
-                f"quality collapsed: base NLL {result.nll:.2f} > base model's {reference:.2f} + {self.max_nll_increase}"
-            )
-        if reasons:
-            track.counts["gate_rejected"] += 1
-            why = "; ".join(reasons)
-            log.warning("Gate: %s adapter v%d refused (%s): kept on disk at %s, not served", track.agent, step, why,
-                        path)  # fmt: skip
-            return {"decision": "rejected", **decision, "reasons": reasons}
-        hot_load(path)
-        track.counts["gate_accepted"] += 1
-        track.served_score = result.compliance
-        return {"decision": "accepted", **decision}
-
     def _append(self, record: dict[str, Any]) -> None:
         self.results.append(record)
         self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -418,7 +410,8 @@ class LiveEvaluator(L.Callback):
             if track.by_version:
                 self._put(track.agent, FINAL_TURNS, None, None)
             elif track.last is not None and track.last[0] not in track.queued and track.evaluator is not None:
-                self._put(track.agent, *track.last, None)  # the final adapter is always measured (already served)
+                step, path, hot_load = track.last  # the final adapter is always measured (and gated with the gate)
+                self._put(track.agent, step, path, hot_load if self.gate else None)
         if not self.wait(self.final_timeout_s):
             self.close()
         self.flush(trainer)

@@ -8,8 +8,14 @@ how the judge read the user's reaction. For every version that has been replaced
 of training) this reports the share of held-out turns the judge scored > 0 (`compliance`), the mean reward, and
 the same quality figures as the verifier path (the base model's NLL per token of the replies, good, junk).
 
-Unlike the verifier path it cannot score a candidate before it is served (the reaction is the user's), so it
-cannot gate; `publish.gate` still needs a verifier.
+The publish gate without a verifier (`compare`): a candidate cannot be shown to the user before it is served, but
+the held-out turns already say which replies the user took well. Their judged verdicts, reweighted by how much
+more (or less) likely the candidate is to write each reply than the served adapter, estimate the candidate's
+compliance on the same turns (self-normalised importance sampling, `metaclaw.evaluation.stats.snips`, both
+logprobs from the policy server's teacher-logprob route). An adapter that learned to write what users corrected
+(trained on inverted rewards) puts its weight on the corrected turns and is refused. The quality guard samples the
+candidate's own replies to the held-out prompts and scores them under the base model (NLL per token) against the
+base NLL of the replies the user actually got.
 
 Many agents (docs/agents.md): one evaluator per adapter, each reading only the held-out turns of the agents that
 adapter serves (`owner`, by the sample's `agent_id`); the versions are that adapter's own.
@@ -20,9 +26,14 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
+import httpx
+
 from metaclaw.evaluation.evaluator import EvalResult
 from metaclaw.evaluation.quality import base_nll, fluency, text_stats
+from metaclaw.evaluation.stats import snips, wilson
+from metaclaw.serving.client import teacher_logprobs
 from metaclaw.store import Sample, SampleStore
+from metaclaw.wire import bearer_headers
 
 
 class HeldoutTurnsEvaluator:
@@ -111,3 +122,50 @@ class HeldoutTurnsEvaluator:
         result.seconds = time.monotonic() - t0
         self.reported.add(version)
         return result
+
+    # ---- the publish gate without a verifier ----------------------------------------------------------------
+    def recent(self) -> list[Sample]:
+        """The latest `max_turns` judged held-out turns (every version): the gate's evidence."""
+        return sorted(self._heldout(), key=lambda s: s.id)[-self.max_turns :]
+
+    def _logprob(self, model: str, s: Sample) -> float:
+        lps = teacher_logprobs(self.server_url, model, s.prompt_ids, s.response_ids, self.api_key, self.timeout_s,
+                               temperature=s.temperature)  # fmt: skip
+        return float(sum(lps))
+
+    def _sample_nll(self, model: str, s: Sample, max_tokens: int) -> float | None:
+        """The candidate's own reply to `s`'s prompt, scored under the base model (None: no messages kept)."""
+        if not s.messages or not self.base_model:
+            return None
+        body = {"model": model, "messages": s.messages, "max_tokens": max_tokens, "temperature": s.temperature,
+                "return_token_ids": True}  # fmt: skip
+        r = httpx.post(f"{self.server_url}/v1/chat/completions", json=body, headers=bearer_headers(self.api_key),
+                       timeout=self.timeout_s)  # fmt: skip
+        r.raise_for_status()
+        data = r.json()
+        prompt, reply = data.get("prompt_token_ids") or s.prompt_ids, data["choices"][0].get("token_ids") or []
+        return base_nll(self.server_url, self.base_model, prompt, reply, self.api_key, self.timeout_s)
+
+    def compare(self, candidate: str, served: str, clip: float = 5.0) -> dict[str, object]:
+        """Evidence for the gate: the estimated compliance of `candidate` and of `served` (server model names) on
+        the recent held-out turns, each with a Wilson interval over its effective sample size, and the quality
+        guard (the base NLL of the candidate's own replies vs the replies the user got). `n` is the turn count."""
+        turns = self.recent()
+        good = [1.0 if s.reward > 0 else 0.0 for s in turns]
+        out: dict[str, object] = {"n": len(turns), "observed": sum(good) / len(turns) if turns else None}
+        if not turns:
+            return out
+        behaviour = [float(sum(s.behaviour_logprobs)) for s in turns]
+        for name, model in (("served", served), ("candidate", candidate)):
+            ratios = [self._logprob(model, s) - b for s, b in zip(turns, behaviour, strict=True)]
+            estimate, n_eff = snips(ratios, good, clip)
+            low, high = wilson(estimate * n_eff, n_eff)
+            out[name] = {"model": model, "compliance": estimate, "n_eff": n_eff, "ci_low": low, "ci_high": high}
+        if self.base_model:
+            got = [base_nll(self.server_url, self.base_model, s.prompt_ids, s.response_ids, self.api_key,
+                            self.timeout_s) for s in turns]  # fmt: skip
+            own = [self._sample_nll(candidate, s, max(1, min(len(s.response_ids), 64))) for s in turns]
+            got, own = [x for x in got if x is not None], [x for x in own if x is not None]
+            if got and own:
+                out["served_nll"], out["candidate_nll"] = sum(got) / len(got), sum(own) / len(own)
+        return out

@@ -17,11 +17,33 @@ from metaclaw.agents import AgentProfiles
 from metaclaw.evaluation.cache import BaselineCache, model_fingerprint
 from metaclaw.evaluation.evaluator import ComplianceEvaluator
 from metaclaw.evaluation.live import LiveEvaluator
+from metaclaw.evaluation.regression import RegressionWatch
 from metaclaw.evaluation.turns import HeldoutTurnsEvaluator
 from metaclaw.simulate.agents import user_settings
 from metaclaw.store import SampleStore
 
 log = logging.getLogger(__name__)
+
+
+def build_watch(cfg: DictConfig, evaluator: LiveEvaluator | None, store: SampleStore, control: Any) -> None:
+    """Give the gating evaluator a `RegressionWatch` (`publish.gate.rollback`) that rolls back through `control`,
+    and, with a scheduler, hold every accepted candidate while a rollback (the user's or the watch's) stands."""
+    spec = (cfg.publish.get("gate") or {}).get("rollback") or {}
+    if evaluator is None or control is None or not evaluator.gate:
+        return
+    if control.scheduler is not None:  # a rollback pauses training: no candidate replaces it until resume
+
+        def frozen() -> str | None:
+            step = getattr(control.scheduler.state, "rollback_step", None)
+            return None if step is None else f"rolled back to step {step}: resume to serve new adapters"
+
+        evaluator.frozen = frozen
+    if not spec.get("enabled"):
+        return
+    evaluator.watch = RegressionWatch(
+        store, control.rollback, min_turns=int(spec["min_turns"]), margin=float(spec["margin"]),
+        alpha=float(spec["alpha"]),
+    )  # fmt: skip
 
 
 def heldout_share(cfg: DictConfig) -> float:
@@ -62,17 +84,22 @@ def simulated_agents(cfg: DictConfig) -> dict[str, dict[str, Any]]:
 
 def build_evaluator(cfg: DictConfig) -> LiveEvaluator | None:
     """The `LiveEvaluator` callback when `eval.enabled` (or `publish.gate.enabled`) and a verifier exists, or,
-    without one, when `eval.judge_fallback.heldout_share` > 0 on a rollout whose turns the judge scores."""
+    without one, when `eval.judge_fallback.heldout_share` > 0 on a rollout whose turns the judge scores (the gate
+    then measures candidates on those held-out turns)."""
     ev = cfg.get("eval") or {}
-    gate = (cfg.publish.get("gate") or {}).get("enabled", False)
+    gate_cfg = cfg.publish.get("gate") or {}
+    gate = gate_cfg.get("enabled", False)
     if not ev.get("enabled") and not gate:
         return None
     if not has_verifier(cfg):
-        if gate:
-            raise ValueError(
-                "publish.gate.enabled needs a verifier to score candidates: use rollout=simulated_user "
-                "(a preference), or turn the gate off"
+        if gate and (not heldout_share(cfg) or not cfg.method.get("needs_reward")):
+            log.warning(
+                "publish.gate.enabled but nothing to measure candidates with (no verifier, %s): EVERY ADAPTER IS "
+                "SERVED UNMEASURED. Hold out turns (eval.enabled=true, eval.judge_fallback.heldout_share > 0, a "
+                "method with rewards) or use rollout=simulated_user",
+                "no held-out turns" if not heldout_share(cfg) else f"method={cfg.method.name} gives no reward",
             )
+            gate = False
         if not heldout_share(cfg) or not cfg.rollout.get("proxy"):
             log.info(
                 "Live evaluation off: rollout=%s has no verifier; eval.judge_fallback.heldout_share > 0 holds out a "
@@ -81,7 +108,9 @@ def build_evaluator(cfg: DictConfig) -> LiveEvaluator | None:
             )
             return None
         if not cfg.method.get("needs_reward"):
-            raise ValueError("eval.judge_fallback needs a method whose judge gives rewards (method=rl|combine)")
+            log.warning("Live evaluation off: eval.judge_fallback needs a judge reward and method=%s gives none "
+                        "(method=rl|combine)", cfg.method.name)  # fmt: skip
+            return None
     elif not simulated_agents(cfg):
         if gate:
             raise ValueError("publish.gate.enabled: no simulated user speaks as an agent that trains (no verifier)")
@@ -93,8 +122,10 @@ def build_evaluator(cfg: DictConfig) -> LiveEvaluator | None:
         base_model=cfg.model.name,
         every_n_adapters=ev.get("every_n_adapters", 1),
         gate=bool(gate),
-        margin=float((cfg.publish.get("gate") or {}).get("margin", 0.1)),
-        max_nll_increase=(cfg.publish.get("gate") or {}).get("max_nll_increase"),
+        margin=float(gate_cfg.get("margin", 0.1)),
+        max_nll_increase=gate_cfg.get("max_nll_increase"),
+        min_turns=int(gate_cfg.get("min_turns", 8)),
+        watch_every_s=float((gate_cfg.get("rollback") or {}).get("every_s", 30.0)),
         eval_name=ev.get("eval_name", "metaclaw-eval"),
         api_key=cfg.serving.get("api_key"),
         max_pending=ev.get("max_pending", 2),
@@ -126,13 +157,16 @@ def bind_evaluator(
                 min_turns=fallback.get("min_turns", 4), nll_margin=float(quality.get("nll_margin", 1.0)), owner=owner,
                 keep_examples=3 if (cfg.get("privacy") or {}).get("show_text") else 0,  # users' turns: docs/privacy.md
             )  # fmt: skip
-            evaluator.add_agent(profiles.by_adapter(adapter).name, turns)
+            profile = profiles.by_adapter(adapter)
+            evaluator.add_agent(profile.name, turns, lora_name=profile.lora_name, owner=owner)
         evaluator.bind(server_url, api_key=server_key)
         evaluator.start()
         return
     injector = build_injector(cfg)
     cache, cache_parts = baseline_cache(cfg)
     for agent, user in simulated_agents(cfg).items():  # each agent's adapter against its own user's preference
+        profile = profiles.resolve(agent)
+        mine = profile.adapter
         evaluator.add_agent(
             agent,
             ComplianceEvaluator(
@@ -155,6 +189,8 @@ def bind_evaluator(
                 cache_parts=cache_parts,
                 baseline_name=cfg.model.name,
             ),
+            lora_name=profile.lora_name,
+            owner=(lambda a, mine=mine: profiles.adapter_of(a) == mine) if profiles.many else None,
         )
     evaluator.bind(server_url, api_key=server_key)
     evaluator.start(baseline=True)

@@ -1,0 +1,186 @@
+"""The publish gate's decisions and the regression watch's rollbacks, as `LiveEvaluator` makes them (a mixin:
+the evaluator's thread calls these; `metaclaw.evaluation.live` holds the queue and the reports).
+
+Every decision is appended to `<run dir>/gate.jsonl` with its evidence and 95% intervals (docs/learning.md
+"Gated updates").
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from metaclaw.agents import DEFAULT_PROFILE
+from metaclaw.evaluation.evaluator import EvalResult
+from metaclaw.evaluation.stats import wilson
+from metaclaw.wire import bearer_headers
+
+log = logging.getLogger("metaclaw.evaluation.live")
+
+HotLoad = Callable[[Path], Any]
+COUNTS = ("evaluated", "skipped", "skipped_budget", "gate_accepted", "gate_rejected", "errors", "gate_held",
+          "rolled_back")
+
+
+@dataclass
+class Track:
+    """One agent's evaluation: its evaluator, the score of its served adapter, its cadence and counts."""
+
+    agent: str  # the profile whose adapter is evaluated: `default` or an agent id
+    evaluator: Any
+    served_score: float | None = None
+    seen: int = 0
+    last: tuple[int, Path, HotLoad] | None = None
+    queued: set[int] = field(default_factory=set)
+    lora_name: str = "policy"  # the name its adapter is served under
+    owner: Callable[[str], bool] | None = None  # which agents' turns are its (None: every agent's)
+    counts: dict[str, int] = field(default_factory=lambda: dict.fromkeys(COUNTS, 0))
+
+    @property
+    def prefix(self) -> str:
+        """`eval/` for the default agent (the dashboards' names), `agent/<id>/eval/` for the others."""
+        return "eval/" if self.agent == DEFAULT_PROFILE else f"agent/{self.agent}/eval/"
+
+    @property
+    def by_version(self) -> bool:
+        return bool(getattr(self.evaluator, "by_version", False))
+
+
+class GateDecisions:
+    """Accept, refuse or hold a candidate; roll a regressed adapter back (state lives on `LiveEvaluator`)."""
+
+    tracks: dict[str, Track]
+    gate_path: Path
+    margin: float
+    max_nll_increase: float | None
+    min_turns: int
+    base_model: str
+    eval_name: str
+    server_url: str | None
+    api_key: str | None
+    watch: Any
+    frozen: Callable[[], str | None] | None
+    _cond: Any
+    _unlogged: list[tuple[int, dict[str, float]]]
+
+    def _load_candidate(self, path: Path) -> None: ...
+
+    def check_regressions(self) -> list[dict[str, Any]]:
+        """Run the regression watch over every track with a server (its records go to gate.jsonl)."""
+        out = []
+        if self.watch is None or not self.server_url:
+            return out
+        for track in list(self.tracks.values()):
+            try:
+                served = self.watch.served(self.server_url, self.api_key, track.lora_name)
+                agent = None if track.agent == DEFAULT_PROFILE else track.agent
+                record = self.watch.check(served, track.lora_name, agent, track.owner)
+            except Exception as e:  # noqa: BLE001 - the watch never takes training down; said loudly
+                log.warning("Regression watch of %s failed: %r", track.agent, e)
+                continue
+            if record is not None:
+                if record["decision"] == "rolled_back":
+                    track.counts["rolled_back"] += 1
+                    track.served_score = None  # measure the restored adapter again before the next candidate
+                self._gate_log(record)
+                with self._cond:
+                    self._unlogged.append((0, {f"{track.prefix}rolled_back": float(track.counts["rolled_back"])}))
+                out.append(record)
+        return out
+
+    def _gate_log(self, record: dict[str, Any]) -> None:
+        self.gate_path.parent.mkdir(parents=True, exist_ok=True)
+        with self.gate_path.open("a") as f:
+            f.write(json.dumps(record, default=str) + "\n")
+
+    def _decide(self, track: Track, step: int, path: Path, result: EvalResult, hot_load: HotLoad) -> dict[str, Any]:
+        """Serve `path` when it is no worse than `track`'s served adapter (and its replies did not collapse)."""
+        served = track.served_score
+        if served is None:  # nothing measured yet: measure the base model first
+            served = track.served_score = track.evaluator.score(self.base_model).compliance
+        decision: dict[str, Any] = {"served": served, "candidate": result.compliance}
+        reference = getattr(track.evaluator, "reference_nll", None)
+        if self.max_nll_increase is not None and reference is not None and result.nll is not None:
+            decision.update(base_nll=reference, candidate_nll=result.nll)
+        reasons = []
+        if result.compliance < served - self.margin:
+            reasons.append(f"compliance {result.compliance:.2f} < served {served:.2f} - margin {self.margin:.2f}")
+        if "candidate_nll" in decision and result.nll > reference + self.max_nll_increase:
+            reasons.append(
+                f"quality collapsed: base NLL {result.nll:.2f} > base model's {reference:.2f} + {self.max_nll_increase}"
+            )
+        decision["candidate_ci"] = list(wilson(result.compliance * result.n, result.n))
+        decision["n"] = result.n
+        if reasons:
+            return self._refuse(track, step, path, decision, reasons)
+        track.served_score = result.compliance
+        return self._accept(track, step, path, hot_load, decision)
+
+    def _refuse(self, track: Track, step: int, path: Path, decision: dict[str, Any], reasons: list[str],
+                outcome: str = "rejected") -> dict[str, Any]:  # fmt: skip
+        track.counts["gate_rejected" if outcome == "rejected" else "gate_held"] += 1
+        log.warning("Gate: %s adapter v%d %s (%s): kept on disk at %s, not served", track.agent, step,
+                    "refused" if outcome == "rejected" else "not measurable yet", "; ".join(reasons), path)  # fmt: skip
+        out = {"decision": outcome, **decision, "reasons": reasons}
+        self._gate_log({"time": time.time(), "kind": "gate", "agent_id": track.agent, "step": step,
+                        "adapter": path.name, "path": str(path), "margin": self.margin, **out})  # fmt: skip
+        return out
+
+    def _accept(self, track: Track, step: int, path: Path, hot_load: HotLoad, decision: dict[str, Any]) -> dict:
+        frozen = self.frozen() if self.frozen is not None else None
+        if frozen:  # the user rolled back: a candidate measured since does not replace their choice
+            return self._refuse(track, step, path, decision, [frozen], "held")
+        hot_load(path)
+        track.counts["gate_accepted"] += 1
+        out = {"decision": "accepted", **decision}
+        self._gate_log({"time": time.time(), "kind": "gate", "agent_id": track.agent, "step": step,
+                        "adapter": path.name, "path": str(path), "margin": self.margin, **out})  # fmt: skip
+        if self.watch is not None and self.server_url:  # remember the version's path: a later rollback's target
+            try:
+                self.watch.served(self.server_url, self.api_key, track.lora_name)
+            except Exception as e:  # noqa: BLE001
+                log.warning("Regression watch: cannot read the served adapter: %r", e)
+        return out
+
+    def _served_model(self, track: Track) -> str:
+        """The name the agent is answered by now: its adapter when the server lists it, else the base model."""
+        r = httpx.get(f"{self.server_url}/v1/models", headers=bearer_headers(self.api_key), timeout=10)
+        r.raise_for_status()
+        names = {c.get("id") for c in r.json().get("data", []) if isinstance(c, dict)}
+        return track.lora_name if track.lora_name in names else self.base_model
+
+    def _decide_turns(self, track: Track, step: int, path: Path, hot_load: HotLoad) -> dict[str, Any]:
+        """The judge fallback's gate: the candidate against the served adapter on the recent held-out turns."""
+        served = self._served_model(track)
+        n = len(track.evaluator.recent())
+        if n < self.min_turns:
+            why = f"{n} judged held-out turns < publish.gate.min_turns {self.min_turns}"
+            return self._refuse(track, step, path, {"n": n, "min_turns": self.min_turns}, [why], "held")
+        self._load_candidate(path)
+        evidence = track.evaluator.compare(self.eval_name, served)
+        evidence["candidate"]["model"] = path.name
+        cand, cur = evidence["candidate"], evidence["served"]
+        decision = {"evidence": evidence, "served": cur["compliance"], "candidate": cand["compliance"],
+                    "candidate_ci": [cand["ci_low"], cand["ci_high"]], "served_ci": [cur["ci_low"], cur["ci_high"]],
+                    "n": evidence["n"], "statistic": "self-normalised importance-sampled share of good verdicts",
+                    }  # fmt: skip
+        reasons = []
+        if cand["compliance"] < cur["compliance"] - self.margin:
+            reasons.append(f"estimated compliance {cand['compliance']:.2f} < served {cur['compliance']:.2f} - margin "
+                           f"{self.margin:.2f} on {evidence['n']} held-out turns")  # fmt: skip
+        nll, ref = evidence.get("candidate_nll"), evidence.get("served_nll")
+        if self.max_nll_increase is not None and nll is not None and ref is not None:
+            decision.update(base_nll=ref, candidate_nll=nll)
+            if nll > ref + self.max_nll_increase:
+                reasons.append(f"quality collapsed: base NLL {nll:.2f} > served replies' {ref:.2f} + "
+                               f"{self.max_nll_increase}")  # fmt: skip
+        if reasons:
+            return self._refuse(track, step, path, decision, reasons)
+        return self._accept(track, step, path, hot_load, decision)

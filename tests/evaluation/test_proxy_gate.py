@@ -1,0 +1,178 @@
+"""The publish gate and the regression watch of the live service (`rollout=proxy` defaults), on the tiny model
+with a real policy server: a damaged adapter is refused and never served; a served one that turns bad is rolled
+back through the control plane."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import shutil
+import time
+from functools import partial
+from pathlib import Path
+
+import httpx
+import pytest
+from hydra.utils import instantiate
+
+from metaclaw.control.plane import ControlPlane
+from metaclaw.evaluation import LiveEvaluator
+from metaclaw.evaluation.regression import RegressionWatch
+from metaclaw.evaluation.stats import one_sided_p, snips, wilson
+from metaclaw.loop.eval_wiring import bind_evaluator, build_evaluator, heldout_share
+from metaclaw.modules.publisher import AdapterPublisher
+from metaclaw.serving.client import load_adapter, teacher_logprobs
+from metaclaw.store import Sample, SampleStore
+from tests.e2e.conftest import running_policy_server
+from tests.entrypoints.test_train import compose_train
+from tests.serving.conftest import FIXED_ANSWER, train_fixed_answer_adapter
+
+PROMPTS = ["Name a colour.", "What is 2 + 2?", "Say hello.", "Pick a fruit.", "Name a city.", "Count to three.",
+           "Describe the sea.", "Give me a verb.", "Name an animal.", "What day is it?"]  # fmt: skip
+
+
+def test_statistics():
+    low, high = wilson(5, 10)
+    assert low < 0.5 < high and 0.18 < low < 0.25 and wilson(0, 0) == (0.0, 1.0)
+    assert snips([0.0, 0.0], [1.0, 0.0]) == (0.5, 2.0)  # on-policy: the plain mean, n_eff = n
+    estimate, n_eff = snips([5.0, -5.0], [0.0, 1.0])
+    assert estimate < 0.01 and 1.0 <= n_eff < 1.01  # the target policy writes only the first reply
+    assert one_sided_p(1, 20, 18, 20) < 0.001 and one_sided_p(18, 20, 1, 20) > 0.99
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory, tiny_spec):
+    tmp = tmp_path_factory.mktemp("proxy-gate")
+    with running_policy_server(tmp) as (url, run_dir):
+        fixed = train_fixed_answer_adapter(tiny_spec, run_dir / "adapters" / "step-000004", steps=40)
+        yield url, run_dir, fixed
+
+
+def held_out_turns(url: str, store: SampleStore, fixed_is_good: bool) -> None:
+    """Two held-out turns per prompt, served by the base model and judged by the run's judge (`judge=auto`) from
+    the user's reaction: the base model's own reply, and FIXED_ANSWER. The user corrects one and thanks the other."""
+    cfg = compose_train(Path(store.path).parent, "rollout=proxy")
+    judge = instantiate(cfg.judge)
+    tok_answer = None
+    for i, prompt in enumerate(PROMPTS):
+        messages = [{"role": "user", "content": prompt}]
+        r = httpx.post(f"{url}/v1/chat/completions", json={"model": "tiny", "messages": messages, "max_tokens": 8,
+                       "temperature": 1.0, "return_token_ids": True, "seed": i}, timeout=60)  # fmt: skip
+        r.raise_for_status()
+        body = r.json()
+        prompt_ids, own = body["prompt_token_ids"], body["choices"][0]["token_ids"]
+        if tok_answer is None:
+            tok_answer = fixed_answer_ids()
+        for reply, good in ((own, not fixed_is_good), (tok_answer, fixed_is_good)):
+            sample = Sample(
+                prompt_ids, reply, teacher_logprobs(url, "tiny", prompt_ids, reply), session_id=f"s{i}-{good}",
+                messages=messages, response_text="", status="dropped", meta={"dropped": "heldout"},
+                next_state="Thanks, that is perfect." if good else "That's wrong, not what I asked.",
+            )  # fmt: skip
+            sample.reward = asyncio.run(judge.reward(sample)).reward
+            assert sample.reward == (1.0 if good else -1.0)
+            store.insert(sample)
+
+
+def fixed_answer_ids() -> list[int]:
+    """FIXED_ANSWER as the server's tokenizer writes it (an assistant turn's tokens, end of turn included)."""
+    from metaclaw.modules.loading import ModelSpec, TinyQwen3
+
+    tok = ModelSpec(name="tiny", path="tiny", dtype="float32", max_seq_len=1024, tiny=TinyQwen3()).load_tokenizer()
+    return tok(FIXED_ANSWER)["input_ids"] + [tok.convert_tokens_to_ids("<|im_end|>")]
+
+
+def models(url: str) -> dict[str, dict]:
+    return {c["id"]: c for c in httpx.get(f"{url}/v1/models", timeout=10).json()["data"]}
+
+
+@pytest.mark.parametrize(
+    "fixed_is_good", [False, pytest.param(True, marks=pytest.mark.slow)], ids=["damaged-refused", "better-served"]
+)
+def test_proxy_defaults_gate_candidates_on_the_judged_heldout_turns(served, tmp_path, fixed_is_good):
+    """`rollout=proxy` with its defaults holds out turns and gates. The fixed-answer adapter writes what users
+    corrected (as if trained on inverted rewards): refused, kept on disk, never served; where users thanked that
+    answer, the same adapter is better than the served base model and is served. Off-cadence candidates wait."""
+    url, run_dir, fixed = served
+    unload = httpx.post(f"{url}/v1/unload_lora_adapter", json={"lora_name": "policy"}, timeout=30)
+    assert unload.status_code in (200, 404)
+    cfg = compose_train(tmp_path, "rollout=proxy")
+    assert heldout_share(cfg) > 0 and cfg.publish.gate.enabled and cfg.publish.gate.rollback.enabled
+    store = SampleStore(tmp_path / "samples.sqlite")
+    held_out_turns(url, store, fixed_is_good)
+    live = build_evaluator(cfg)
+    assert live is not None and live.gate
+    bind_evaluator(cfg, live, url, None, store)
+    publisher = AdapterPublisher(str(tmp_path), str(tmp_path / "samples.sqlite"), server_url=url)
+    candidates = []
+    for step in (1, 2, 3, 4):
+        target = run_dir / "adapters" / tmp_path.name / f"step-{step:06d}"  # the server loads from its root only
+        shutil.copytree(fixed, target)
+        candidates.append(target)
+    try:
+        for step, path in enumerate(candidates, 1):
+            live.submit(step, path, partial(publisher._serve, step=step))
+            if step < 4:
+                assert "policy" not in models(url)  # not on the gate's cadence: kept, not served
+        assert live.wait(300)
+    finally:
+        live.stop()
+    rows = [json.loads(line) for line in (tmp_path / "gate.jsonl").read_text().splitlines()]
+    assert len(rows) == 1 and rows[0]["step"] == 4 and rows[0]["n"] == 2 * len(PROMPTS)
+    decision = rows[0]
+    served_ci, cand_ci = decision["served_ci"], decision["candidate_ci"]
+    assert served_ci[0] <= decision["served"] <= served_ci[1] and cand_ci[0] <= decision["candidate"] <= cand_ci[1]
+    assert abs(decision["served"] - 0.5) < 0.05  # the base model served these turns: the plain share
+    assert decision["evidence"]["served"]["model"] == "tiny"
+    if fixed_is_good:
+        assert decision["decision"] == "accepted", decision
+        assert decision["candidate"] > 0.9
+        assert models(url)["policy"]["root"].endswith("step-000004")
+        assert live.counts["gate_accepted"] == 1
+    else:
+        assert decision["decision"] == "rejected", decision
+        assert decision["candidate"] < 0.1 and "estimated compliance" in decision["reasons"][0]
+        assert "policy" not in models(url)  # never served
+        assert (candidates[-1] / "adapter_model.safetensors").exists()  # kept on disk
+        assert live.counts["gate_rejected"] == 1
+    assert live.counts["gate_held"] == 3
+
+
+def test_a_served_adapter_whose_verdicts_turn_negative_is_rolled_back(served, tmp_path, tiny_spec):
+    """v1 (step 4) is served and users take it well; step 5 replaces it and users start correcting it: the watch
+    (on the evaluator's thread) compares the verdicts, rolls back to step 4 through the control plane, and says so
+    in gate.jsonl, the control status and the `rolled_back` count."""
+    url, run_dir, fixed = served
+    worse = run_dir / "adapters" / "step-000005"
+    if not worse.exists():
+        shutil.copytree(fixed, worse)
+    assert load_adapter(url, "policy", str(fixed.resolve())).status_code == 200
+    first = models(url)["policy"]["adapter_version"]
+    assert load_adapter(url, "policy", str(worse.resolve())).status_code == 200
+    second = models(url)["policy"]["adapter_version"]
+    store = SampleStore(tmp_path / "samples.sqlite")
+    for version, good in ((first, 9), (second, 2)):
+        for i in range(12):
+            store.insert(Sample([1, 2], [3], [-1.0], session_id=f"v{version}-{i}", adapter_version=version,
+                                reward=1.0 if i < good else -1.0, status="consumed"))  # fmt: skip
+    plane = ControlPlane(run_dir, store)
+    plane.server_url = url
+    live = LiveEvaluator(None, tmp_path, base_model="tiny", gate=True, server_url=url, watch_every_s=0.2)
+    live.watch = RegressionWatch(store, plane.rollback, min_turns=8, margin=0.1, alpha=0.05)
+    live.watch.paths["policy"] = {first: str(fixed.resolve())}  # what the watch saw served before
+    live.evaluator = object()  # the watch needs no evaluator; start() wants one
+    live.start(baseline=False)
+    try:
+        deadline = time.monotonic() + 60
+        while not models(url)["policy"]["root"].endswith("step-000004") and time.monotonic() < deadline:
+            time.sleep(0.2)
+    finally:
+        live.stop()
+    assert models(url)["policy"]["root"].endswith("step-000004")  # the policy server serves the earlier adapter
+    record = json.loads((tmp_path / "gate.jsonl").read_text().splitlines()[0])
+    assert record["decision"] == "rolled_back" and record["kind"] == "regression"
+    assert record["served"]["version"] == second and record["previous"]["version"] == first
+    assert record["p_value"] < 0.05 and record["served"]["ci"][1] < record["previous"]["share"]
+    assert live.counts["rolled_back"] == 1
+    plane.run_dir = tmp_path
+    assert plane.status()["gate"][-1]["decision"] == "rolled_back"
