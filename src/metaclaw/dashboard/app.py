@@ -13,10 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
-import secrets
 from importlib import resources
-from pathlib import Path
 from typing import Any
 
 from fastapi import FastAPI
@@ -24,7 +21,7 @@ from fastapi.responses import JSONResponse, Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from metaclaw.dashboard.data import DashboardData
-from metaclaw.serving.security import BearerAuthMiddleware, send_json_error
+from metaclaw.serving.security import BearerAuthMiddleware, BrowserGuard, send_json_error
 
 log = logging.getLogger(__name__)
 LOOPBACK = frozenset({"127.0.0.1", "::1", "localhost", "testclient"})
@@ -32,7 +29,6 @@ ASSETS = {"dashboard.js": "text/javascript", "dashboard.css": "text/css"}
 CSP = ("default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; connect-src 'self'; "
        "frame-ancestors 'none'; base-uri 'none'; form-action 'none'")  # fmt: skip
 HEADERS = {"cache-control": "no-store", "x-content-type-options": "nosniff", "referrer-policy": "no-referrer"}
-KEY_FILE = "dashboard.key"
 
 
 def _asset(name: str) -> bytes:
@@ -61,28 +57,15 @@ def create_dashboard_app(data: DashboardData) -> FastAPI:
     return app
 
 
-def dashboard_key(run_dir: str | Path, api_key: str | None) -> str:
-    """The key the data route needs: the service's key, else a fresh one written to `<run dir>/dashboard.key`
-    (mode 0600, for the user who started the run) and named in the log."""
-    if api_key:
-        return api_key
-    path = Path(run_dir) / KEY_FILE
-    key = secrets.token_urlsafe(24)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as fh:
-        fh.write(key + "\n")
-    os.chmod(path, 0o600)
-    log.info("Dashboard: its data needs the key in %s (the service has no API key of its own)", path)
-    return key
-
-
-def mount_dashboard(app: ASGIApp | None, data: DashboardData, api_key: str) -> ASGIApp:
-    """`app` with `/dashboard*` in front of it (loopback only; the data route behind `api_key`); `app` None: the
-    dashboard alone (a finished run's read-only server)."""
+def mount_dashboard(app: ASGIApp | None, data: DashboardData, api_key: str, guard: BrowserGuard | None = None,
+                    ) -> ASGIApp:  # fmt: skip
+    """`app` with `/dashboard*` in front of it (loopback only; Host / Origin checked by `guard`, the proxy's or a
+    loopback one; the data route behind `api_key`); `app` None: the dashboard alone (a finished run's read-only
+    server)."""
     routes = create_dashboard_app(data)
     shell = ("/dashboard", *(f"/dashboard/static/{a}" for a in ASSETS))  # no data in these
-    guarded = BearerAuthMiddleware(routes, api_key, open_paths=shell)
+    guarded = (guard or BrowserGuard()).around_auth(
+        routes, lambda inner: BearerAuthMiddleware(inner, api_key, open_paths=shell))
 
     async def dispatch(scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http":
