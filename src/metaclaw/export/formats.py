@@ -243,4 +243,4 @@ def export_ollama(adapter_dir: Path, out: Path, spec: ModelSpec, base: str | Non
         lines.append("# TEMPLATE: not written; Ollama uses the chat template inside the base GGUF")
     lines += [f'PARAMETER stop "{s}"' for s in sorted(stops)]
     (out / "Modelfile").write_text("\n".join(lines) + "\n")
-    return parity | {"modelfile": str(out / "Modelfile")}
+    return parity | {"modelfile": "Modelfile"}
