@@ -83,7 +83,9 @@ class ControlPlane:
         timeout_s: float = 60.0,
         api_key: str | None = None,
         agents: AgentProfiles | None = None,
+        skills_root: str | None = None,
     ) -> None:
+        self.skills_root = skills_root  # evolved skills awaiting review are shown by `status`
         self.run_dir, self.store, self.scheduler, self.api_key = Path(run_dir), store, scheduler, api_key
         self.agents = agents or AgentProfiles(lora_name=lora_name)
         self.lora_name, self.server_api_key, self.eval_tail, self.timeout_s = (
@@ -178,7 +180,20 @@ class ControlPlane:
             "rollback_step": state and state.rollback_step,
             "rollback_agent": state and state.rollback_agent,
             "eval": tail_jsonl(self.run_dir / "eval.jsonl", self.eval_tail),
+            "skills_pending": self.skills_pending(),
         }  # fmt: skip
+
+    def skills_pending(self, limit: int = 20) -> dict[str, Any] | None:
+        """Evolved skills awaiting review (`python -m metaclaw skills pending`): count and the first `limit`."""
+        if not self.skills_root:
+            return None
+        from metaclaw.skills.cli import pending_skills
+
+        try:
+            found = pending_skills(self.skills_root)
+        except OSError as e:
+            return {"count": None, "error": str(e)}
+        return {"count": len(found), "skills": [{"agent": a, "name": s.name} for a, s in found[:limit]]}
 
     # ---- changes ------------------------------------------------------------------------------------------
     def _need_scheduler(self, what: str) -> Any:
@@ -274,4 +289,5 @@ def build_control(cfg: Any, store: SampleStore, scheduler: Any) -> ControlPlane 
         timeout_s=control.timeout_s,
         api_key=cfg.rollout.proxy.get("api_key"),
         agents=AgentProfiles.from_config(cfg),
+        skills_root=cfg.skills.library_root if cfg.get("skills") and cfg.skills.get("enabled") else None,
     )
