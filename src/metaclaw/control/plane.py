@@ -126,7 +126,10 @@ class ControlPlane:
             latest = json.loads(((folder or self.run_dir / "adapters") / "latest.json").read_text())
         except (OSError, json.JSONDecodeError):
             return None
-        return {"version": latest.get("version"), "path": latest.get("path")} if isinstance(latest, dict) else None
+        if not isinstance(latest, dict):
+            return None
+        return {"version": latest.get("version"), "path": latest.get("path"),
+                "rolled_back": bool(latest.get("rolled_back"))}  # fmt: skip
 
     def _own(self) -> list[AgentProfile]:
         """The profiles with an adapter of their own: the default one first."""
@@ -241,7 +244,7 @@ class ControlPlane:
     def rollback(self, step: int, agent: str | None = None) -> dict[str, Any]:
         """Serve the adapter of `step` again, the default one or `agent`'s own (training pauses so the next
         publish does not replace it)."""
-        from metaclaw.modules.adapter_writer import adapter_name  # metaclaw.modules imports torch: not in the CLI
+        from metaclaw.modules.adapter_writer import AdapterWriter, adapter_name  # metaclaw.modules imports torch
 
         profile, folder = self.adapter_of(agent)
         target = folder / adapter_name(step)
@@ -257,6 +260,8 @@ class ControlPlane:
             raise ControlError(502, f"policy server unreachable: {e}") from e
         if r.status_code != 200:
             raise ControlError(502, f"policy server refused the adapter ({r.status_code}): {r.text[:300]}")
+        # The served pointer follows, so a restart of the policy server (or of the run) serves this one too.
+        AdapterWriter(self.run_dir, adapters_dir=folder).write_latest(step, target, profile.lora_name, None, True)
         who = "" if profile is self.agents.default else f" for agent {profile.name} ({profile.lora_name})"
         message = f"serving {target.name}{who}"
         if self.scheduler is not None:
