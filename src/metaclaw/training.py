@@ -24,6 +24,7 @@ from metaclaw.loop.eval_wiring import build_evaluator
 from metaclaw.loop.live import Live, live_loop, run_skills_only
 from metaclaw.modules.agent_publish import AgentPublishing
 from metaclaw.modules.online_rl import OnlineRLModule
+from metaclaw.runfiles import protect_run
 from metaclaw.stopping import GracefulStop, RunAbandoned, RunFailed, StopController
 from metaclaw.store import SampleStore, open_store
 
@@ -68,6 +69,7 @@ def train(cfg: DictConfig) -> tuple[dict[str, Any], dict[str, Any]]:
 
     SIGTERM / SIGINT stop it cleanly (`metaclaw.stopping`); a component that died raises `RunFailed`.
     """
+    protect_run(cfg)  # 0700 / 0600 run files; keys given as overrides leave the .hydra/ dumps
     if cfg.mode.train:
         resolve_devices(cfg)
     validate_train_config(cfg)

@@ -17,7 +17,9 @@ from typing import Any
 import pytest
 from fastapi import FastAPI, Request
 
+from metaclaw.control.cli import format_status
 from metaclaw.control.cli import main as metaclaw_cli
+from metaclaw.control.plane import ControlPlane
 from metaclaw.rollout.server import ThreadedServer
 from metaclaw.skills import SkillEvolver, SkillInjector, SkillLibrary
 from metaclaw.skills.hooks import MAX_AGENTS, MAX_PENDING_EVOLUTIONS, EvolutionScheduler
@@ -101,6 +103,9 @@ def test_a_reworded_proposal_for_default_waits_for_a_human(tmp_path, evolver_end
 
     assert metaclaw_cli(["skills", "pending", "--root", str(tmp_path), "--all-agents"]) == 0
     assert "setup-first" in capsys.readouterr().out
+    shown = ControlPlane(tmp_path / "run", skills_root=str(tmp_path)).skills_pending()  # `status` shows it
+    assert shown == {"count": 1, "skills": [{"agent": "default", "name": "setup-first"}]}
+    assert "1 awaiting review, not injected: setup-first (default)" in format_status({"skills_pending": shown})
     assert metaclaw_cli(["skills", "reject", "setup-first", "--root", str(tmp_path)]) == 0
     assert SkillLibrary(tmp_path, "default").pending() == [] and "bootstrap" not in _injected(tmp_path, "default")
 
