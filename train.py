@@ -8,8 +8,10 @@ import hydra
 from omegaconf import DictConfig
 
 from metaclaw.config import register_resolvers
+from metaclaw.runfiles import private_umask
 
 register_resolvers()
+private_umask()  # the run dir Hydra is about to create, and all in it, is the user's alone (0700 / 0600)
 
 
 @hydra.main(version_base="1.3", config_path="conf", config_name="train")

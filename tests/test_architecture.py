@@ -18,7 +18,7 @@ ROOT = Path(__file__).resolve().parents[1] / "src" / "metaclaw"
 # Floor by floor, lowest first: a unit imports only units of the floors below its own.
 LAYERS: list[tuple[str, frozenset[str]]] = [
     ("ground", frozenset({"store", "messages", "atomic", "devices", "lifecycle", "stopping", "agents", "profiling"})),
-    ("vocabulary", frozenset({"wire", "config"})),
+    ("vocabulary", frozenset({"wire", "config", "runfiles"})),
     ("libraries", frozenset({"losses", "advantages", "skills", "simulate", "scheduler"})),
     ("serving", frozenset({"serving"})),
     ("privacy", frozenset({"privacy"})),

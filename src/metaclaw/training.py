@@ -27,6 +27,7 @@ from metaclaw.loop.wiring import build_privacy
 from metaclaw.modules.agent_publish import AgentPublishing
 from metaclaw.modules.online_rl import OnlineRLModule
 from metaclaw.modules.progress import LoopProgressBar
+from metaclaw.runfiles import protect_run
 from metaclaw.stopping import GracefulStop, RunAbandoned, RunFailed, StopController
 from metaclaw.store import SampleStore, open_store
 
@@ -72,6 +73,7 @@ def train(cfg: DictConfig) -> tuple[dict[str, Any], dict[str, Any]]:
 
     SIGTERM / SIGINT stop it cleanly (`metaclaw.stopping`); a component that died raises `RunFailed`.
     """
+    protect_run(cfg)  # 0700 / 0600 run files; keys given as overrides leave the .hydra/ dumps
     if cfg.mode.train:  # the server this run starts shares the CPU with training: devices.cpu_threads
         serves_here = bool(cfg.rollout.get("proxy")) and not cfg.serving.get("url")
         resolve_devices(cfg, serves_here=serves_here)

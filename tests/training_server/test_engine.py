@@ -38,6 +38,7 @@ def train_step(engine: TrainingEngine, session, lr: float = 5e-2) -> None:
 
 
 def test_unloadable_base_model_is_400_and_the_served_model_stays(engine: TrainingEngine) -> None:
+    engine.settings.allowed_base_models = ("/nonexistent/model/dir",)  # allow-listed, but not loadable
     with pytest.raises(ApiError) as err:
         engine.create_session("/nonexistent/model/dir", 4)
     assert err.value.status == 400 and err.value.param == "base_model"

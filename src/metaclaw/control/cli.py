@@ -116,6 +116,11 @@ def format_status(s: dict[str, Any]) -> str:
     if s.get("rollback_step") is not None:
         whose = f" (agent {s['rollback_agent']})" if s.get("rollback_agent") else ""
         lines.append(f"rolled back:   to step {s['rollback_step']}{whose}")
+    pending = s.get("skills_pending") or {}  # -- skills review (helper `truststate`, issue 31)
+    if pending.get("count"):
+        names = ", ".join(f"{p['name']} ({p['agent']})" for p in pending.get("skills", []))
+        lines.append(f"skills:        {pending['count']} awaiting review, not injected: {names} "
+                     "(python -m metaclaw skills pending --all-agents)")  # fmt: skip
     evals = s.get("eval") or []
     if evals:
         lines.append("recent eval:")
@@ -150,6 +155,14 @@ def _common(parser: argparse.ArgumentParser, default: Any) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    # -- skills review (helper `truststate`, issue 31): `python -m metaclaw skills list|pending|approve|reject ...`
+    # acts on the skills files (docs/skills.md); it needs no running service.
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["skills"]:
+        from metaclaw.skills.cli import main as skills_main
+
+        return skills_main(argv[1:])
+    # -- end of the skills block
     parser = argparse.ArgumentParser(prog="python -m metaclaw", description=__doc__.splitlines()[0])
     _common(parser, None)
     common = argparse.ArgumentParser(add_help=False)

@@ -84,7 +84,9 @@ class ControlPlane:
         api_key: str | None = None,
         agents: AgentProfiles | None = None,
         show_text: bool = False,
+        skills_root: str | None = None,
     ) -> None:
+        self.skills_root = skills_root  # evolved skills awaiting review are shown by `status`
         self.run_dir, self.store, self.scheduler, self.api_key = Path(run_dir), store, scheduler, api_key
         self.show_text = show_text  # privacy.show_text: eval records' example replies in `status`
         self.agents = agents or AgentProfiles(lora_name=lora_name)
@@ -135,7 +137,10 @@ class ControlPlane:
             latest = json.loads(((folder or self.run_dir / "adapters") / "latest.json").read_text())
         except (OSError, json.JSONDecodeError):
             return None
-        return {"version": latest.get("version"), "path": latest.get("path")} if isinstance(latest, dict) else None
+        if not isinstance(latest, dict):
+            return None
+        return {"version": latest.get("version"), "path": latest.get("path"),
+                "rolled_back": bool(latest.get("rolled_back"))}  # fmt: skip
 
     def _own(self) -> list[AgentProfile]:
         """The profiles with an adapter of their own: the default one first."""
@@ -194,7 +199,20 @@ class ControlPlane:
             "eval": [r if self.show_text else {k: v for k, v in r.items() if k != "examples"}
                      for r in tail_jsonl(self.run_dir / "eval.jsonl", self.eval_tail)],  # fmt: skip
             "gate": tail_jsonl(self.run_dir / "gate.jsonl", self.eval_tail),  # gate decisions, automatic rollbacks
+            "skills_pending": self.skills_pending(),
         }  # fmt: skip
+
+    def skills_pending(self, limit: int = 20) -> dict[str, Any] | None:
+        """Evolved skills awaiting review (`python -m metaclaw skills pending`): count and the first `limit`."""
+        if not self.skills_root:
+            return None
+        from metaclaw.skills.cli import pending_skills
+
+        try:
+            found = pending_skills(self.skills_root)
+        except OSError as e:
+            return {"count": None, "error": str(e)}
+        return {"count": len(found), "skills": [{"agent": a, "name": s.name} for a, s in found[:limit]]}
 
     # ---- changes ------------------------------------------------------------------------------------------
     def _need_scheduler(self, what: str) -> Any:
@@ -242,7 +260,7 @@ class ControlPlane:
     def rollback(self, step: int, agent: str | None = None) -> dict[str, Any]:
         """Serve the adapter of `step` again, the default one or `agent`'s own (training pauses so the next
         publish does not replace it)."""
-        from metaclaw.modules.adapter_writer import adapter_name  # metaclaw.modules imports torch: not in the CLI
+        from metaclaw.modules.adapter_writer import AdapterWriter, adapter_name  # metaclaw.modules imports torch
 
         profile, folder = self.adapter_of(agent)
         target = folder / adapter_name(step)
@@ -258,6 +276,8 @@ class ControlPlane:
             raise ControlError(502, f"policy server unreachable: {e}") from e
         if r.status_code != 200:
             raise ControlError(502, f"policy server refused the adapter ({r.status_code}): {r.text[:300]}")
+        # The served pointer follows, so a restart of the policy server (or of the run) serves this one too.
+        AdapterWriter(self.run_dir, adapters_dir=folder).write_latest(step, target, profile.lora_name, None, True)
         who = "" if profile is self.agents.default else f" for agent {profile.name} ({profile.lora_name})"
         message = f"serving {target.name}{who}"
         if self.scheduler is not None:
@@ -291,6 +311,7 @@ def build_control(cfg: Any, store: SampleStore, scheduler: Any) -> ControlPlane 
         api_key=cfg.rollout.proxy.get("api_key"),
         agents=AgentProfiles.from_config(cfg),
         show_text=bool((cfg.get("privacy") or {}).get("show_text", False)),
+        skills_root=cfg.skills.library_root if cfg.get("skills") and cfg.skills.get("enabled") else None,
     )
     skills = cfg.get("skills") or {}
     # one flag for status, eval records and the dashboard's turn text: privacy.show_text

@@ -18,6 +18,7 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 from metaclaw.agents import AgentProfiles, check_agent_id
+from metaclaw.atomic import write_file_atomically
 from metaclaw.modules.loading import ModelSpec
 from metaclaw.wire import ADAPTER_CONFIG, ADAPTER_WEIGHTS
 
@@ -31,21 +32,8 @@ class ExportError(ValueError):
 
 
 def write_json_atomically(path: Path, data: Any) -> None:
-    """Write JSON to a temp file beside `path`, fsync it, rename it into place (readers never see half a file)."""
-    import os
-    import tempfile
-
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}-", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w") as f:
-            json.dump(data, f, indent=1)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    """JSON through `atomic.write_file_atomically` (temp file, fsync, rename, fsync the directory; 0600)."""
+    write_file_atomically(path, json.dumps(data, indent=1))
 
 
 def file_sha256(path: Path) -> str:

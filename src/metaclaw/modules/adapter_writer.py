@@ -9,6 +9,8 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+from metaclaw.atomic import write_file_atomically
+
 
 def adapter_name(step: int) -> str:
     return f"step-{step:06d}"
@@ -64,11 +66,25 @@ class AdapterWriter:
     def commit_checkpoint(self) -> None:
         os.replace(self.checkpoint_tmp, self.checkpoint_path)
 
-    def write_latest(self, step: int, target: Path, lora_name: str, fingerprints: Any) -> None:
-        """`adapters/latest.json`: what a restarted policy server reloads (`loop.live.reload_latest_adapter`)."""
-        (self.adapters / "latest.json").write_text(
-            json.dumps({"version": step, "path": str(target), "name": lora_name, "rank_fingerprints": fingerprints})
-        )
+    def write_latest(
+        self, step: int, target: Path, lora_name: str, fingerprints: Any, rolled_back: bool = False
+    ) -> None:
+        """`adapters/latest.json`, the served pointer: what a restarted policy server reloads
+        (`loop.live.reload_latest_adapter`) and a restarted run serves. Written atomically (temp file, fsync,
+        rename, fsync of the folder). A rollback (`control/plane.py`) writes it too, with `rolled_back: true`,
+        so a restart keeps serving the rolled-back adapter until the next publish."""
+        info = {"version": step, "path": str(target), "name": lora_name, "rank_fingerprints": fingerprints}
+        if rolled_back:
+            info["rolled_back"] = True
+        write_file_atomically(self.adapters / "latest.json", json.dumps(info))
+
+    def read_latest(self) -> dict[str, Any] | None:
+        """The served pointer (None when there is none or it cannot be read)."""
+        try:
+            info = json.loads((self.adapters / "latest.json").read_text())
+        except (OSError, ValueError):
+            return None
+        return info if isinstance(info, dict) else None
 
     def prune(self) -> None:
         if self.keep_last is None:

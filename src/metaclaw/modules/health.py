@@ -84,7 +84,7 @@ class HealthMonitor(L.Callback):
             out["rollout/judge_errors"] = self.worker.stats.get("errors", 0)
             evolution = getattr(self.worker, "evolution", None)
             if evolution is not None:
-                counted = ("evolutions", "accepted", "unusable", "skipped")
+                counted = ("evolutions", "accepted", "unusable", "skipped", "quarantined", "dropped_agents", "deferred")
                 out.update({f"skills/{k}": evolution.stats[k] for k in counted})
         return {k: float(v) for k, v in out.items()}
 

@@ -128,8 +128,11 @@ class AdapterPublisher(L.Callback):
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         """On resume, serve the checkpoint's adapter again, so staleness starts from the resumed version."""
-        step = trainer.global_step
+        step = self._last_step = trainer.global_step  # the checkpoint's step was published before it was written
         target = self.files.adapter_dir(step)
+        pinned = self.files.read_latest() or {}  # a rollback pinned the served adapter: a restart keeps it
+        if self.agents is None and pinned.get("rolled_back") and Path(str(pinned.get("path"))).is_dir():
+            target, step = Path(pinned["path"]), int(pinned["version"])
         if step > 0 and trainer.is_global_zero and self.agents is not None:
             self.agents.serve_again(step)  # every adapter's newest published dir the checkpoint covers
         elif step > 0 and trainer.is_global_zero and target.exists():

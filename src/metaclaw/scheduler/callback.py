@@ -125,7 +125,9 @@ class IdleScheduler(L.Callback):
             elif isinstance(s, IdleWindow):
                 out.append(f"idle >= {s.threshold_s / 60:g} min ({self.idle_name})")
             elif isinstance(s, CalendarWindows):
-                out.append(f"meetings in {s.source}")
+                n, some = len(s.ignored), "; ".join(s.ignored[:3])
+                ignored = f" ({n} recurring event(s) ignored as unbounded: {some})" if n else ""
+                out.append(f"meetings in {s.source}{ignored}")
         return out
 
     # ---- windows ------------------------------------------------------------------------------------------

@@ -1,4 +1,10 @@
-"""Command line: `python -m metaclaw.skills list|show NAME|history|remove NAME [--agent A] [--root DIR]`."""
+"""Command line: `python -m metaclaw.skills list|show NAME|history|remove NAME|pending|approve NAME|reject NAME
+[--agent A] [--root DIR]` (also `python -m metaclaw skills ...`).
+
+`pending`, `approve` and `reject` review evolved skills (docs/skills.md, "Review and approval"): they act on the
+files, and the running service picks the change up on its next request (the library reloads when files change).
+`pending --all-agents` lists what waits for every agent.
+"""
 
 from __future__ import annotations
 
@@ -7,7 +13,7 @@ import json
 import sys
 from collections.abc import Sequence
 
-from metaclaw.skills.library import DEFAULT_AGENT_ID, SkillLibrary, default_root
+from metaclaw.skills.library import DEFAULT_AGENT_ID, SHARED_POOL, SkillLibrary, default_root
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -27,7 +33,48 @@ def build_parser() -> argparse.ArgumentParser:
     hist.add_argument("--json", action="store_true", help="print raw JSON lines")
     remove = sub.add_parser("remove", parents=[common], help="remove a skill from the agent's view")
     remove.add_argument("name")
+    pending = sub.add_parser("pending", parents=[common], help="list evolved skills awaiting review")
+    pending.add_argument("--all-agents", action="store_true", help="every agent under the root")
+    for verb, what in (("approve", "serve a quarantined skill from now on"), ("reject", "drop a quarantined skill")):
+        sub.add_parser(verb, parents=[common], help=what).add_argument("name")
     return parser
+
+
+def pending_skills(root: str, agent: str | None = None) -> list[tuple[str, object]]:
+    """(agent, skill) for every skill awaiting review under `root` (only `agent`'s when given)."""
+    from pathlib import Path
+
+    base = Path(root).expanduser()
+    agents = [agent] if agent else sorted(p.name for p in base.iterdir() if p.is_dir() and p.name != SHARED_POOL
+                                          and not p.name.startswith(".")) if base.is_dir() else []  # fmt: skip
+    out = []
+    for a in agents:
+        try:
+            out += [(a, s) for s in SkillLibrary(base, a, seed_bank=False).pending()]
+        except ValueError:  # not an agent folder
+            continue
+    return out
+
+
+def _review(library: SkillLibrary, agent: str, verb: str, name: str) -> int:
+    try:
+        pending = library.get_pending(name)
+        if pending is None:
+            raise KeyError(f"no quarantined skill {name!r} for agent {agent!r} (see: pending --agent {agent})")
+        if verb == "approve":
+            library.approve(name)
+        else:
+            library.reject(name)
+    except (KeyError, ValueError) as exc:
+        print(exc.args[0] if exc.args else str(exc), file=sys.stderr)
+        return 1
+    provenance = pending.extra.get("provenance") or {}
+    library.append_history({"action": verb, "name": name, "source_sample_ids": provenance.get("source_sample_ids", []),
+                            "accepted": verb == "approve", "reason": f"{verb}d via CLI",
+                            "generation": library.generation})  # fmt: skip
+    done = f"now served (generation {library.generation})" if verb == "approve" else "dropped"
+    print(f"{verb}d {name!r} for agent {agent!r}: {done}")
+    return 0
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -47,6 +94,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         for s in skills:
             desc = s.description if len(s.description) <= 90 else s.description[:89] + "…"
             print(f"  {s.name:<{width}}  {s.source:<6}  {s.category:<14} {desc}")
+        waiting = library.pending()
+        if waiting:
+            print(f"{len(waiting)} awaiting review (not injected): {', '.join(s.name for s in waiting)} "
+                  f"(python -m metaclaw skills pending --agent {agent})")  # fmt: skip
         return 0
     if args.command == "show":
         skill = library.get(args.name)
@@ -56,6 +107,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"# {skill.path} ({skill.source})")
         print(skill.to_markdown(), end="")
         return 0
+    if args.command == "pending":
+        found = pending_skills(root, None if args.all_agents else agent)
+        print(f"{len(found)} evolved skill(s) awaiting review in {library.root}")
+        for a, sk in found:
+            sources = ",".join(map(str, (sk.extra.get("provenance") or {}).get("source_sample_ids") or [])) or "-"
+            print(f"  --agent {a:<12} {sk.name:<32} samples={sources}  {sk.description[:80]}\n    {sk.body[:300]}")
+        return 0
+    if args.command in ("approve", "reject"):
+        return _review(library, agent, args.command, args.name)
     if args.command == "history":
         entries = library.history()[-args.limit :] if args.limit > 0 else library.history()
         if not entries:

@@ -3,6 +3,12 @@
 The live loop decides when (session end, every N main turns: `metaclaw.skills.hooks.EvolutionScheduler`,
 driven by the scoring worker) and calls `SkillEvolver.evolve`. Every proposal,
 accepted or not, is logged in the agent's JSONL history; every accepted change bumps the agent's generation.
+
+Proposals are untrusted (`metaclaw.skills.untrusted`): one that copies the conversation or carries a link or a
+command is refused; one that passes is served at once only under `approval: auto_safe` for an agent of its own
+(never `default`, which every header-less client shares), and otherwise waits in quarantine for
+`python -m metaclaw skills approve NAME --agent ID`. Each skill file keeps its provenance (agent, source sample and
+session ids) in its front matter, so forgetting a sample can find the skills it led to.
 """
 
 from __future__ import annotations
@@ -18,16 +24,18 @@ from typing import Any
 import httpx
 
 from metaclaw.messages import answer_and_reasoning
-from metaclaw.skills.library import DEFAULT_AGENT_ID, SkillLibrary, default_root
+from metaclaw.skills.library import DEFAULT_AGENT_ID, SHARED_POOL, SkillLibrary, default_root
 from metaclaw.skills.proposals import ProposalError, parse_reply, validate_proposal
 from metaclaw.skills.query import content_text
 from metaclaw.skills.ranking import BM25Ranker, SkillRanker
 from metaclaw.skills.skill import Skill
+from metaclaw.skills.untrusted import UntrustedContentError, check_untrusted, turn_text
 from metaclaw.wire import bearer_headers
 
 logger = logging.getLogger(__name__)
 
 MIN_TURN_CHARS = 400  # a request that overflows the endpoint's context is retried smaller, down to one turn of this
+APPROVALS = ("manual", "auto_safe")
 
 
 class ContextTooLong(RuntimeError):
@@ -62,6 +70,7 @@ class FailedTurn:
     response: str
     reward: float = 0.0
     feedback: str | None = None
+    session_id: str | None = None
 
     @classmethod
     def coerce(cls, turn: FailedTurn | Mapping[str, Any]) -> FailedTurn:
@@ -79,7 +88,9 @@ class FailedTurn:
         feedback = content_text(feedback) if feedback is not None else None
         sample_id = turn.get("sample_id", "")
         sample_id = sample_id if isinstance(sample_id, int) and not isinstance(sample_id, bool) else str(sample_id)
-        return cls(sample_id, prompt or "", str(response or ""), reward, feedback or None)
+        session = turn.get("session_id")
+        return cls(sample_id, prompt or "", str(response or ""), reward, feedback or None,
+                   str(session) if session else None)  # fmt: skip
 
     def render(self, max_chars: int) -> str:
         """The turn as text for the LLM, keeping the tail of a long prompt (where the failing ask is)."""
@@ -102,14 +113,16 @@ class EvolutionResult:
     """What one `evolve` call did.
 
     Attributes:
-        accepted: history entries of accepted changes.
+        accepted: history entries of accepted changes (served from now on).
         rejected: history entries of refused proposals (or of a refused reply).
+        quarantined: history entries of proposals that wait for approval (not served).
         generation: the agent's generation after the call.
         error: why no proposal could be considered (request failed, invalid JSON), else None.
     """
 
     accepted: list[dict[str, Any]] = field(default_factory=list)
     rejected: list[dict[str, Any]] = field(default_factory=list)
+    quarantined: list[dict[str, Any]] = field(default_factory=list)
     generation: int = 0
     error: str | None = None
 
@@ -141,6 +154,9 @@ class SkillEvolver:
         seed_bank: seed `_shared/` from the starter bank on first use.
         chat_template_kwargs: sent with the request (`{enable_thinking: false}`: a thinking model answers without
             spending `max_tokens` on reasoning first); a reply with reasoning but no answer is read from it.
+        approval: `manual` (every accepted proposal waits in quarantine for a human) or `auto_safe` (one that
+            passed the untrusted-content rule is served at once, except for the shared `default` agent).
+        max_agents: agent folders the skills root may hold; evolution for a new agent beyond it is refused.
     """
 
     def __init__(
@@ -162,7 +178,12 @@ class SkillEvolver:
         max_tokens: int | None = 2048,
         seed_bank: bool = True,
         chat_template_kwargs: dict[str, Any] | None = None,
+        approval: str = "auto_safe",
+        max_agents: int = 1024,
     ) -> None:
+        if approval not in APPROVALS:
+            raise ValueError(f"skills.evolver.approval must be one of {APPROVALS}, got {approval!r}")
+        self.approval, self.max_agents = approval, max_agents
         self.root = Path(library_root).expanduser() if library_root is not None else default_root()
         self.base_url, self.model = base_url.rstrip("/"), model
         self.api_key = api_key if api_key is not None else os.environ.get("METACLAW_EVOLVER_API_KEY", "")
@@ -241,15 +262,25 @@ class SkillEvolver:
         result = EvolutionResult(generation=library.generation)
         if not turns:
             return result
+        if not library.agent_dir.is_dir() and self._agent_count() >= self.max_agents:
+            result.error = f"the skills root holds {self.max_agents} agents (skills.evolver.max_agents)"
+            logger.warning("skill evolution for agent %r refused: %s", agent_id, result.error)
+            return result
         sources = [t.sample_id for t in turns]
+        sessions = sorted({t.session_id for t in turns if t.session_id})
+        source_text = "\n".join(turn_text(t) for t in turns)
+        auto = self.approval == "auto_safe" and agent_id != DEFAULT_AGENT_ID
 
-        def log(action: str, name: str | None, accepted: bool, reason: str) -> dict[str, Any]:
+        def log(action: str, name: str | None, accepted: bool, reason: str, **more: Any) -> dict[str, Any]:
             entry = {"action": action, "name": name, "source_sample_ids": sources, "accepted": accepted,
-                     "reason": reason}
+                     "reason": reason, **more}
+            if sessions:
+                entry["source_session_ids"] = sessions
             if accepted:
                 entry["generation"] = library.generation
             library.append_history(entry)
-            (result.accepted if accepted else result.rejected).append(entry)
+            (result.quarantined if more.get("quarantined") else result.accepted if accepted else result.rejected
+             ).append(entry)  # fmt: skip
             return entry
 
         try:
@@ -271,19 +302,51 @@ class SkillEvolver:
                 prop = validate_proposal(item, self.max_description_chars, self.max_body_chars)
                 if prop.skill.name in seen:
                     raise ProposalError(f"duplicate name {prop.skill.name!r} within the reply")
+                check_untrusted((prop.skill.description, prop.skill.body), source_text)
                 self._check_duplicates(library, prop.action, prop.skill)
-                if prop.action == "add":
-                    library.add(prop.skill)
+                skill = self._with_provenance(prop.skill, prop.action, agent_id, sources, sessions, auto)
+                if not auto:
+                    library.quarantine(skill)
+                elif prop.action == "add":
+                    library.add(skill)
                 else:
-                    library.edit(prop.skill)
-            except (ProposalError, ValueError, KeyError, OSError) as exc:
+                    library.edit(skill)
+            except (ProposalError, UntrustedContentError, ValueError, KeyError, OSError) as exc:
                 reason = exc.args[0] if isinstance(exc, KeyError) and exc.args else str(exc)
                 log(str(action), name, False, reason)
                 continue
             seen.add(prop.skill.name)
-            log(prop.action, prop.skill.name, True, "ok")
+            if auto:
+                log(prop.action, prop.skill.name, True, "ok (approval: auto_safe)")
+            else:
+                why = "the shared default agent is never auto-approved" if self.approval == "auto_safe" else "manual"
+                log(prop.action, prop.skill.name, False, f"quarantined: awaits review ({why}); python -m metaclaw "
+                    f"skills approve {prop.skill.name} --agent {agent_id}", quarantined=True)  # fmt: skip
+                logger.warning("skill %r for agent %r awaits review: python -m metaclaw skills approve %s --agent %s",
+                               prop.skill.name, agent_id, prop.skill.name, agent_id)  # fmt: skip
         result.generation = library.generation
         return result
+
+    def _agent_count(self) -> int:
+        try:
+            return sum(1 for e in os.scandir(self.root) if e.is_dir() and e.name not in (SHARED_POOL,)
+                       and not e.name.startswith("."))  # fmt: skip
+        except OSError:
+            return 0
+
+    @staticmethod
+    def _with_provenance(
+        skill: Skill, action: str, agent_id: str, sources: list, sessions: list[str], auto: bool
+    ) -> Skill:
+        """The skill with where it came from in its front matter (what `forget` looks for) and its review state."""
+        now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        extra = {
+            "status": "approved" if auto else "quarantined",
+            **({"approved_by": "auto_safe", "approved_at": now} if auto else {}),
+            "provenance": {"evolved_for_agent": agent_id, "action": action, "proposed_at": now,
+                           "source_sample_ids": list(sources), "source_session_ids": list(sessions)},
+        }  # fmt: skip
+        return Skill(skill.name, skill.description, skill.category, skill.body, extra=extra)
 
     def _complete_within_context(self, library: SkillLibrary, turns: list[FailedTurn], agent_id: str) -> str:
         """`complete`, retried smaller while the endpoint says the request overflows its model's context: first
@@ -310,6 +373,8 @@ class SkillEvolver:
         existing = library.get(skill.name)
         if action == "add" and existing is not None:
             raise ProposalError(f"duplicate: a skill named {skill.name!r} already exists")
+        if library.get_pending(skill.name) is not None:
+            raise ProposalError(f"duplicate: a skill named {skill.name!r} already awaits review")
         if action == "edit" and existing is None:
             raise ProposalError(f"edit of unknown skill {skill.name!r}")
         others = [s for s in library.skills() if s.name != skill.name]

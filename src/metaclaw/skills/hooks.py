@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from typing import Any, Protocol
@@ -19,6 +20,8 @@ log = logging.getLogger(__name__)
 MAX_QUEUED_TURNS = 32  # failed turns kept per agent between evolutions (the evolver sends its own most recent few)
 PAUSE_AFTER = 3  # consecutive unusable evolutions of an agent before its evolution backs off
 MAX_SKIPPED_TRIGGERS = 32  # the longest back-off, in triggers (session ends and every-N-turns points)
+MAX_AGENTS = 256  # agents whose queues and counters are kept; the least recently active one is dropped beyond it
+MAX_PENDING_EVOLUTIONS = 8  # evolutions waiting for the evolver thread; a trigger beyond it keeps its turns queued
 
 
 class SkillInjectorLike(Protocol):
@@ -83,6 +86,11 @@ class EvolutionScheduler:
     do its job does not keep taking the policy server's time from the user and the trainer. Its failed turns
     stay queued (bounded) for the next try; one usable evolution ends the back-off.
 
+    Bounded per agent (`X-Agent-Id` is the client's to choose): queues and counters are kept for the
+    `MAX_AGENTS` most recently active agents (the least recently active agent's queued turns are dropped, logged
+    and counted as `dropped_agents`); at most one evolution per agent and `MAX_PENDING_EVOLUTIONS` in all wait for
+    the evolver thread (a trigger beyond that keeps its turns queued for the next one, counted as `deferred`).
+
     Args:
         evolver: what proposes and writes skill changes (`metaclaw.skills.SkillEvolver`).
         every_n_turns: also evolve after this many scored main turns of an agent; None or 0: only at session end.
@@ -93,13 +101,15 @@ class EvolutionScheduler:
             raise ValueError(f"skills.evolve_every_n_turns must be >= 0 or null (got {every_n_turns})")
         self.evolver, self.every_n_turns = evolver, every_n_turns or None
         self._failed: dict[str, dict[int, dict[str, Any]]] = {}
-        self._turns: dict[str, int] = {}
+        self._turns: OrderedDict[str, int] = OrderedDict()  # every tracked agent, least recently active first
+        self._queued: dict[str, Future] = {}  # agent -> its evolution waiting or running
         self._futures: list[Future] = []
         self._lock = threading.Lock()
         self._pool: ThreadPoolExecutor | None = None
         self._unusable: dict[str, int] = {}  # agent -> unusable evolutions in a row
         self._skip: dict[str, int] = {}  # agent -> triggers still to skip
-        self.stats = {"evolutions": 0, "accepted": 0, "rejected": 0, "errors": 0, "unusable": 0, "skipped": 0}
+        self.stats = {"evolutions": 0, "accepted": 0, "rejected": 0, "errors": 0, "unusable": 0, "skipped": 0,
+                      "quarantined": 0, "dropped_agents": 0, "deferred": 0}  # fmt: skip
 
     def note(
         self,
@@ -124,9 +134,22 @@ class EvolutionScheduler:
                 while len(queue) > MAX_QUEUED_TURNS:
                     queue.pop(next(iter(queue)))
             self._turns[agent_id] = self._turns.get(agent_id, 0) + 1
+            self._turns.move_to_end(agent_id)
             due = self.every_n_turns is not None and self._turns[agent_id] >= self.every_n_turns
+            self._forget_idlest()
         if due:
             self._trigger(agent_id, f"{self.every_n_turns} main turns")
+
+    def _forget_idlest(self) -> None:
+        """Drop the least recently active agents beyond `MAX_AGENTS` (lock held)."""
+        while len(self._turns) > MAX_AGENTS:
+            agent, _ = self._turns.popitem(last=False)
+            dropped = len(self._failed.pop(agent, {}))
+            self._unusable.pop(agent, None)
+            self._skip.pop(agent, None)
+            self.stats["dropped_agents"] += 1
+            log.warning("Skill evolution tracks at most %d agents: dropped the least recently active one, %s "
+                        "(%d queued failed turns)", MAX_AGENTS, agent, dropped)  # fmt: skip
 
     def session_finished(self, agent_id: str, session_id: str) -> None:
         """A session of `agent_id` ended: evolve from the agent's queued failed turns, if any."""
@@ -134,8 +157,14 @@ class EvolutionScheduler:
 
     def _trigger(self, agent_id: str, why: str) -> None:
         with self._lock:
-            self._turns[agent_id] = 0
+            if agent_id in self._turns:
+                self._turns[agent_id] = 0
             if not self._failed.get(agent_id):
+                return
+            self._futures = [f for f in self._futures if not f.done()]
+            running = self._queued.get(agent_id)
+            if (running is not None and not running.done()) or len(self._futures) >= MAX_PENDING_EVOLUTIONS:
+                self.stats["deferred"] += 1  # its turns stay queued (bounded) for the next trigger
                 return
             if self._skip.get(agent_id):
                 self._skip[agent_id] -= 1
@@ -145,8 +174,9 @@ class EvolutionScheduler:
             turns = [queued[k] for k in sorted(queued)]
             if self._pool is None:
                 self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="skill-evolver")
-            self._futures = [f for f in self._futures if not f.done()]
-            self._futures.append(self._pool.submit(self._run, agent_id, turns, why))
+            future = self._queued[agent_id] = self._pool.submit(self._run, agent_id, turns, why)
+            self._futures.append(future)
+            self._queued = {a: f for a, f in self._queued.items() if not f.done() or a == agent_id}
 
     def _run(self, agent_id: str, turns: list[dict[str, Any]], why: str) -> None:
         ids = [t["sample_id"] for t in turns]
@@ -163,6 +193,7 @@ class EvolutionScheduler:
         rejected = len(getattr(result, "rejected", []) or [])
         self.stats["accepted"] += len(accepted)
         self.stats["rejected"] += rejected
+        self.stats["quarantined"] += len(getattr(result, "quarantined", []) or [])
         error = getattr(result, "error", None)
         if error:
             log.warning("Skill evolution for agent %s got no usable proposal: %s", agent_id, error)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import re
 import threading
+from collections import OrderedDict
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -88,6 +89,8 @@ class SkillInjector:
         max_chars: character budget of the injected block.
         strip_patterns: boilerplate regexes for `extract_query`; None means the defaults.
         seed_bank: seed `_shared/` from the packaged starter bank on first use.
+        max_cached_agents: libraries kept in memory (least recently used dropped first; a dropped one is read
+            from disk again when its agent comes back), so a client sending many `X-Agent-Id`s cannot grow it.
     """
 
     def __init__(
@@ -98,7 +101,11 @@ class SkillInjector:
         max_chars: int = 2000,
         strip_patterns: Iterable[str] | None = None,
         seed_bank: bool = True,
+        max_cached_agents: int = 256,
     ) -> None:
+        if max_cached_agents < 1:
+            raise ValueError(f"max_cached_agents must be >= 1 (got {max_cached_agents})")
+        self.max_cached_agents = max_cached_agents
         if top_k < 0:
             raise ValueError(f"top_k must be >= 0 (got {top_k})")
         if max_chars < 64:
@@ -107,7 +114,7 @@ class SkillInjector:
         self.ranker: SkillRanker = ranker if ranker is not None else BM25Ranker()
         self.top_k, self.max_chars, self.seed_bank = top_k, max_chars, seed_bank
         self.strip_patterns = None if strip_patterns is None else tuple(strip_patterns)
-        self._libraries: dict[str, SkillLibrary] = {}
+        self._libraries: OrderedDict[str, SkillLibrary] = OrderedDict()
         self._lock = threading.Lock()
 
     def library(self, agent_id: str = DEFAULT_AGENT_ID) -> SkillLibrary:
@@ -117,6 +124,10 @@ class SkillInjector:
             lib = self._libraries.get(agent_id)
             if lib is None:
                 lib = self._libraries[agent_id] = SkillLibrary(self.root, agent_id, seed_bank=self.seed_bank)
+                while len(self._libraries) > self.max_cached_agents:
+                    self._libraries.popitem(last=False)
+            else:
+                self._libraries.move_to_end(agent_id)
             return lib
 
     def retrieve(self, messages: Sequence[Mapping[str, Any]], agent_id: str = DEFAULT_AGENT_ID) -> list[Skill]:

@@ -5,12 +5,15 @@ Layout under a skills root::
     <root>/_shared/<skill>/SKILL.md        pool every agent sees (seeded from the starter bank on first use)
     <root>/<agent_id>/<skill>/SKILL.md     the agent's own skills; a name here overrides the shared one
     <root>/<agent_id>/.metaclaw/           generation counter, evolution history, hidden shared skills
+    <root>/<agent_id>/.metaclaw/quarantine/<skill>/SKILL.md   evolved skills awaiting approval (never injected)
 
-An agent never sees another agent's folder. Writes go to a temp path and are renamed into place.
+An agent never sees another agent's folder. Writes go to a temp path and are renamed into place. The tree holds
+conversation-derived text: folders are created 0700 and files 0600.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -30,6 +33,7 @@ logger = logging.getLogger(__name__)
 
 SHARED_POOL = "_shared"
 META_DIR = ".metaclaw"
+QUARANTINE_DIR = "quarantine"
 DEFAULT_AGENT_ID = "default"
 
 
@@ -43,9 +47,20 @@ def bank_dir() -> Path:
     return Path(str(resources.files("metaclaw.skills") / "bank"))
 
 
+def private_mkdir(path: Path) -> None:
+    """`mkdir -p` with mode 0700 for every folder it creates (skills hold conversation-derived text)."""
+    missing = []
+    while not path.exists():
+        missing.append(path)
+        path = path.parent
+    for folder in reversed(missing):
+        with contextlib.suppress(FileExistsError):  # another thread made it first
+            folder.mkdir(mode=0o700)
+
+
 def atomic_write_text(path: Path, text: str) -> None:
-    """Write `text` to a temp file next to `path`, fsync it and rename it over `path`."""
-    path.parent.mkdir(parents=True, exist_ok=True)
+    """Write `text` to a temp file (0600) next to `path`, fsync it and rename it over `path`."""
+    private_mkdir(path.parent)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as fh:
@@ -85,7 +100,7 @@ def seed_shared_pool(root: Path, bank: Path | None = None) -> Path:
     if shared.exists():
         return shared
     src = bank or bank_dir()
-    shared.parent.mkdir(parents=True, exist_ok=True)
+    private_mkdir(shared.parent)
     tmp = shared.parent / f".{SHARED_POOL}.{uuid.uuid4().hex}.tmp"
     shutil.copytree(src, tmp, ignore=shutil.ignore_patterns("__pycache__", "*.py", "*.pyc"))
     try:
@@ -114,6 +129,7 @@ class SkillLibrary:
         self.agent_dir = self.root / self.agent_id
         self.shared_dir = seed_shared_pool(self.root) if seed_bank else self.root / SHARED_POOL
         self.meta_dir = self.agent_dir / META_DIR
+        self.quarantine_dir = self.meta_dir / QUARANTINE_DIR
         self._lock = threading.RLock()
         self._signature: tuple[Any, ...] | None = None
         self._skills: dict[str, Skill] = {}
@@ -215,9 +231,9 @@ class SkillLibrary:
         if target.is_dir():
             atomic_write_text(target / SKILL_FILE, text)
         else:
-            self.agent_dir.mkdir(parents=True, exist_ok=True)
+            private_mkdir(self.agent_dir)
             tmp = self.agent_dir / f".tmp-{skill.name}-{uuid.uuid4().hex}"
-            tmp.mkdir()
+            tmp.mkdir(mode=0o700)
             try:
                 atomic_write_text(tmp / SKILL_FILE, text)
                 os.rename(tmp, target)
@@ -229,6 +245,59 @@ class SkillLibrary:
         self._bump_generation()
         self.reload(force=True)
         return self._skills[skill.name]
+
+    # ---------------------------------------------------------------- review (quarantine)
+    def quarantine(self, skill: Skill) -> Path:
+        """Park an evolved skill for review: it is written under `.metaclaw/quarantine/` (never injected, not
+        counted as a change: the generation stays) until `approve` moves it into the agent's view."""
+        validate_skill_name(skill.name)
+        with self._lock:
+            path = self.quarantine_dir / skill.name / SKILL_FILE
+            atomic_write_text(path, skill.to_markdown())
+            return path
+
+    def pending(self) -> list[Skill]:
+        """The skills awaiting review, sorted by name."""
+        return sorted(load_pool(self.quarantine_dir, "quarantined").values(), key=lambda s: s.name)
+
+    def get_pending(self, name: str) -> Skill | None:
+        validate_skill_name(name)
+        path = self.quarantine_dir / name / SKILL_FILE
+        return Skill.from_file(path, source="quarantined") if path.is_file() else None
+
+    def approve(self, name: str, by: str = "human") -> Skill:
+        """Serve a quarantined skill: it replaces (or adds) the agent's own copy; the generation is bumped.
+
+        Raises:
+            KeyError: no such skill awaits review.
+        """
+        with self._lock:
+            pending = self.get_pending(name)
+            if pending is None:
+                raise KeyError(f"no quarantined skill {name!r} for agent {self.agent_id!r}")
+            extra = {**pending.extra, "status": "approved", "approved_by": by,
+                     "approved_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}  # fmt: skip
+            skill = Skill(pending.name, pending.description, pending.category, pending.body, extra=extra)
+            written = self._write(skill)
+            self._discard_pending(name)
+            return written
+
+    def reject(self, name: str) -> None:
+        """Drop a quarantined skill.
+
+        Raises:
+            KeyError: no such skill awaits review.
+        """
+        with self._lock:
+            if self.get_pending(name) is None:
+                raise KeyError(f"no quarantined skill {name!r} for agent {self.agent_id!r}")
+            self._discard_pending(name)
+
+    def _discard_pending(self, name: str) -> None:
+        folder = self.quarantine_dir / name
+        trash = self.quarantine_dir / f".trash-{name}-{uuid.uuid4().hex}"
+        os.rename(folder, trash)
+        shutil.rmtree(trash, ignore_errors=True)
 
     def _set_hidden(self, names: Iterable[str]) -> None:
         atomic_write_text(self.meta_dir / "hidden.json", json.dumps(sorted(names)))
@@ -255,8 +324,9 @@ class SkillLibrary:
     def append_history(self, entry: dict[str, Any]) -> None:
         """Append one JSON line (timestamped) to the agent's evolution history."""
         record = {"ts": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), **entry}
-        self.meta_dir.mkdir(parents=True, exist_ok=True)
-        with self._lock, open(self.history_path, "a", encoding="utf-8") as fh:
+        private_mkdir(self.meta_dir)
+        fd = os.open(self.history_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+        with self._lock, open(fd, "a", encoding="utf-8") as fh:
             fh.write(json.dumps(record, ensure_ascii=False) + "\n")
             fh.flush()
             os.fsync(fh.fileno())

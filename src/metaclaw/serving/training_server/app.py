@@ -81,10 +81,12 @@ def create_app(engine: TrainingEngine, vllm: EngineSampler | None = None) -> Fas
     install_error_handlers(app)
     drop_422(app)
     tinker_key = f"tml-{settings.api_key}" if settings.api_key and not settings.api_key.startswith("tml-") else ""
+    # The last middleware added runs first: the key is checked before a byte of the body is read, so a keyless
+    # client cannot make the server buffer up to max_body_bytes (issue 31).
+    app.add_middleware(BodySizeLimitMiddleware, max_bytes=settings.max_body_bytes)
     app.add_middleware(
         BearerAuthMiddleware, api_key=settings.api_key, open_paths=OPEN_PATHS, extra_keys=(tinker_key,)
     )
-    app.add_middleware(BodySizeLimitMiddleware, max_bytes=settings.max_body_bytes)
     common = (400, 401, 413)
 
     async def sample(

@@ -94,17 +94,24 @@ class TrainingEngine:
 
     def _ensure_policy(self, base_model: str, rank: int, targets: list[str] | None = None) -> None:
         if not self._matches(base_model):
-            if self.sessions or not self.cfg.allow_base_model_switch:
+            wanted = base_model.strip().rstrip("/")
+            if wanted not in self.settings.allowed_base_models:
                 raise ApiError(
-                    409, f"base_model {base_model!r} is not the served model {self.spec.path!r}", "base_model"
+                    409,
+                    f"base_model {base_model!r} is not the served model {self.spec.name!r} nor one of "
+                    "app.allowed_base_models",
+                    "base_model",
                 )
-            wanted = ModelSpec(
-                name=base_model, path=base_model, dtype=self.spec.dtype, max_seq_len=self.spec.max_seq_len
-            )
+            if self.sessions:
+                raise ApiError(409, f"base_model {base_model!r}: another base model has live sessions", "base_model")
+            spec = ModelSpec(name=wanted, path=wanted, dtype=self.spec.dtype, max_seq_len=self.spec.max_seq_len)
             try:
-                self.load_base(wanted)
-            except Exception as exc:  # not a local directory nor a cached hub id; the served model stays
-                raise bad_request(f"cannot load base_model {base_model!r}: {exc}", "base_model") from exc
+                self.load_base(spec)
+            except Exception:  # the served model stays; the cause goes to the log, not to the client
+                log.exception("cannot load the allow-listed base model %s", wanted)
+                raise bad_request(
+                    f"cannot load base_model {base_model!r}; the server log says why", "base_model"
+                ) from None
         lora = self.cfg.lora
         targets = sorted(targets if targets is not None else lora.target_modules)
         if self.slot is not None and (self.slot.rank != rank or self.policy_targets != targets):

@@ -78,6 +78,22 @@ class Limits:
         return limits
 
 
+def _allowed_base_models(app: Any) -> tuple[str, ...]:
+    """The switch targets: none unless `app.allow_base_model_switch`, then exactly `app.allowed_base_models`.
+
+    A key holder must not be able to load any local directory or hub id (nor probe paths through the errors), so
+    switching names its targets in the config; switching on with an empty list is a config error.
+    """
+    allowed = tuple(str(m).strip().rstrip("/") for m in (app.get("allowed_base_models") or []) if str(m).strip())
+    if not bool(app.get("allow_base_model_switch", False)):
+        return ()
+    if not allowed:
+        raise ConfigError(
+            "app.allow_base_model_switch: true needs app.allowed_base_models (the hub ids or paths it may load)"
+        )
+    return allowed
+
+
 @dataclass
 class ServerSettings:
     """Everything `run()` and the engine need, already parsed.
@@ -95,6 +111,8 @@ class ServerSettings:
         app: the raw `app` config (losses, optimizer, lora, sampling) for Hydra instantiation.
         backend: the raw `backend` config (vLLM engine options).
         limits: session cap, idle expiry, disk quotas.
+        allowed_base_models: the model ids `/v1/lora/create` may switch to (while no session is live); empty:
+            the served model only (`app.allow_base_model_switch: false`).
     """
 
     model: ModelSpec
@@ -109,6 +127,7 @@ class ServerSettings:
     log_level: str = "INFO"
     max_body_bytes: int = 64 * 1024 * 1024
     limits: Limits = field(default_factory=Limits)
+    allowed_base_models: tuple[str, ...] = ()
     app: DictConfig = field(default_factory=lambda: OmegaConf.create({}))
     backend: DictConfig = field(default_factory=lambda: OmegaConf.create({}))
 
@@ -130,6 +149,7 @@ class ServerSettings:
             raise ConfigError(f"app.port / METACLAW_PORT must be an integer, got {app.port!r}") from exc
         model = instantiate(cfg.model)
         return cls(
+            allowed_base_models=_allowed_base_models(app),
             model=model,
             host=str(app.host),
             port=port,
