@@ -107,6 +107,8 @@ def llama_cpp_parity(spec: ModelSpec, adapter_dir: str | Path, base_gguf: Path, 
     ours = [s - b for s, b in zip(served, base, strict=True)]
     theirs = [s - b for s, b in zip(cpp_lora, cpp_base, strict=True)]
     effect = torch.cat([d.abs() for d in ours])
+    corr = torch.corrcoef(torch.stack([torch.cat(ours).double(), torch.cat(theirs).double()]))[0, 1]
     return {"check": "llama.cpp (base GGUF + GGUF LoRA) vs served: the adapter's per-token logprob change",
             **compare(ours, theirs), "adapter_effect_mean_abs": float(effect.mean()),
+            "delta_correlation": float(corr),
             "base_gap_mean_abs": compare(base, cpp_base)["mean_abs_diff"]}  # fmt: skip
