@@ -76,3 +76,12 @@ def test_switching_on_needs_an_allow_list() -> None:
     assert ServerSettings.from_config(cfg).allowed_base_models == ("Qwen/Qwen3-4B",)
     cfg = serve_cfg("app=training_server", "model=tiny", "devices=cpu", "app.allowed_base_models=[Qwen/Qwen3-4B]")
     assert ServerSettings.from_config(cfg).allowed_base_models == ()  # the list alone does not switch it on
+
+
+def test_a_web_page_cannot_reach_the_training_server(training_surface: Surface) -> None:
+    """Issue 31, finding 1 on the training server too: a foreign Origin or a rebinding Host is refused (403) before
+    the key is even looked at; the server's own clients (no Origin, loopback Host) are not."""
+    key = [(b"authorization", f"Bearer {training_surface.key}".encode())]
+    assert _upload(training_surface.app, chunks=1, headers=[(b"origin", b"https://evil.example"), *key])[0] == 403
+    scope_host = [(b"origin", b"http://127.0.0.1")]  # same-origin: passes the guard, then the key decides
+    assert _upload(training_surface.app, chunks=1, headers=scope_host)[0] == 401

@@ -90,14 +90,14 @@ class AgentPublishing:
             self.publisher.samples.consume_through(step)
             for adapter, target in targets.items():
                 writer, loader = self.parts[adapter]
-                writer.write_latest(step, target, loader.lora_name, fingerprints[adapter])
                 log.info("Published adapter %s v%d at %s", loader.lora_name, step, target)
+                serve = partial(_serve_and_point, writer, loader, step=step, fingerprints=fingerprints[adapter])
                 release = self.publisher.release
                 if release is not None:  # the live evaluator and gate: per agent (docs/agents.md)
                     agent = self.profiles.by_adapter(adapter).name
-                    release.submit(step, target, partial(loader.serve, step=step), agent=agent)
+                    release.submit(step, target, serve, agent=agent)
                 else:
-                    loader.serve(target, step)
+                    serve(target)
                 writer.prune()
         return list(targets.values())
 
@@ -107,3 +107,9 @@ class AgentPublishing:
             covered = sorted(d for d in writer.adapters.glob("step-*") if d.is_dir() and int(d.name[5:]) <= step)
             if covered:
                 loader.serve(covered[-1], int(covered[-1].name[5:]))
+
+
+def _serve_and_point(writer: AdapterWriter, loader: HotLoader, path: Path, step: int, fingerprints: Any) -> None:
+    """Serve an agent's adapter and point its `latest.json` (the served pointer a restart reloads) at it."""
+    writer.write_latest(step, path, loader.lora_name, fingerprints)
+    loader.serve(path, step)

@@ -127,12 +127,13 @@ class AdapterPublisher(L.Callback):
                 log.warning("Removed leftovers of an interrupted write: %s", [str(p) for p in self.cleaned])
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        """On resume, serve the checkpoint's adapter again, so staleness starts from the resumed version."""
+        """On resume, serve again what was served (`latest.json`: a rollback's pin, or the last adapter the gate let
+        through), else the checkpoint's adapter, so staleness starts from the version actually served."""
         step = self._last_step = trainer.global_step  # the checkpoint's step was published before it was written
         target = self.files.adapter_dir(step)
-        pinned = self.files.read_latest() or {}  # a rollback pinned the served adapter: a restart keeps it
-        if self.agents is None and pinned.get("rolled_back") and Path(str(pinned.get("path"))).is_dir():
-            target, step = Path(pinned["path"]), int(pinned["version"])
+        served = self.files.read_latest() or {}  # the served pointer: a refused candidate is never in it
+        if self.agents is None and step > 0 and Path(str(served.get("path"))).is_dir():
+            target, step = Path(served["path"]), int(served.get("version") or 0)
         if step > 0 and trainer.is_global_zero and self.agents is not None:
             self.agents.serve_again(step)  # every adapter's newest published dir the checkpoint covers
         elif step > 0 and trainer.is_global_zero and target.exists():
@@ -180,19 +181,22 @@ class AdapterPublisher(L.Callback):
                 self.files.commit_checkpoint()
         if trainer.is_global_zero:
             self.samples.consume_through(step)
-            self.files.write_latest(step, target, self.lora_name, fingerprints)
             log.info("Published adapter v%d at %s", step, target)
+            # latest.json is the served pointer (what a restart serves): written when the adapter is served, so a
+            # candidate the gate refuses or holds (or a step that finished under a rollback) never becomes it
+            serve = partial(self._serve, step=step, fingerprints=fingerprints)
             if self.release is not None:  # it decides when the adapter is served (gate) and measures it
-                self.release.submit(step, target, partial(self._serve, step=step))
+                self.release.submit(step, target, serve)
             else:
-                self._serve(target, step)
+                serve(target)
             self.files.prune()
         self.published.append(target)
         self._sync_served(trainer)
         trainer.strategy.barrier("adapter_publisher")
 
-    def _serve(self, path: Path, step: int) -> None:
-        """Serve `path` (hot-load it into the policy server when there is one)."""
+    def _serve(self, path: Path, step: int, fingerprints: Any = None) -> None:
+        """Serve `path` (hot-load it into the policy server when there is one) and point `latest.json` at it."""
+        self.files.write_latest(step, path, self.lora_name, fingerprints)
         with profiling.phase("hot_load_wait"):
             self.server.serve(path, step)
 

@@ -13,7 +13,12 @@ from fastapi import FastAPI
 from fastapi.responses import StreamingResponse
 
 from metaclaw.serving.sampling import SamplingParams
-from metaclaw.serving.security import BearerAuthMiddleware, BodySizeLimitMiddleware
+from metaclaw.serving.security import (
+    BearerAuthMiddleware,
+    BodySizeLimitMiddleware,
+    BrowserGuard,
+    BrowserGuardMiddleware,
+)
 from metaclaw.serving.training_server import VERSION, chat
 from metaclaw.serving.training_server import schemas as s
 from metaclaw.serving.training_server.distribution import Dist
@@ -87,6 +92,8 @@ def create_app(engine: TrainingEngine, vllm: EngineSampler | None = None) -> Fas
     app.add_middleware(
         BearerAuthMiddleware, api_key=settings.api_key, open_paths=OPEN_PATHS, extra_keys=(tinker_key,)
     )
+    # outermost: a web page in the user's browser is refused by Host (DNS rebinding) and Origin before anything else
+    app.add_middleware(BrowserGuardMiddleware, guard=BrowserGuard(settings.host), checks="origin")
     common = (400, 401, 413)
 
     async def sample(
