@@ -56,11 +56,16 @@ def _drive(base_url: str, seen: list[tuple[str, dict[str, str]]], errors: list) 
     try:
         wait_for_health(base_url)
         c = openai.OpenAI(base_url=f"{base_url}/v1", api_key="unused", max_retries=0, timeout=60)
+        sent = 0
         for cycle in range(200):
             for agent in ("alice", None, "bob", "carol"):
                 hdr = {"X-Session-Id": f"s{cycle}"} | ({"X-Agent-Id": agent} if agent else {})
                 msgs = [{"role": "user", "content": f"What is the capital of France? ({cycle})"}]
-                for reply, done in (("No, that's wrong. It is Paris.", "false"), ("Thanks, perfect.", "true")):
+                # the first turn's reaction alternates: a closing turn is never trained (nothing reacted to it), so
+                # the verdicts a batch centres come from the first turns alone and must differ
+                sent += 1  # every 3rd session corrected: each adapter's batches mix verdicts whatever the order
+                first = "No, that's wrong. It is Paris." if sent % 3 == 0 else "Thanks, perfect."
+                for reply, done in ((first, "false"), ("Thanks, perfect.", "true")):
                     r = c.chat.completions.with_raw_response.create(
                         model="metaclaw", messages=msgs, max_tokens=6, extra_headers={**hdr, "X-Session-Done": done}
                     )
@@ -90,7 +95,7 @@ def run(tmp_path_factory):
             "method=rl",
             f"serving.url={server_url}",
             f"rollout.proxy.port={port}",
-            "trainer.max_steps=6",
+            "trainer.max_steps=8",
             "data.batch_size=2",
             "rollout.min_batch_size=1",
             "rollout.scoring.session_idle_s=600",
@@ -140,7 +145,7 @@ def _sha(path: Path) -> str:
 
 def test_agent_traffic_trains_each_adapter_only_on_its_own_agents(run):
     assert not run["errors"], run["errors"]
-    assert run["metrics"]["train/global_step"] == 6
+    assert run["metrics"]["train/global_step"] == 8
     store, run_dir = run["objects"]["store"], run["run_dir"]
     agents = AgentProfiles.from_config(run["cfg"])
     trained = [s for s in store.select() if s.status in ("claimed", "consumed")]
@@ -192,7 +197,9 @@ def test_store_rows_and_skills_stay_with_their_agent(run):
     rows = {a: store.select(agent_id=a) for a in ("alice", "default", "carol")}
     assert all(rows.values())
     assert all(s.session_id.startswith("s") for r in rows.values() for s in r)
-    assert all(ALICE_SKILL in s.meta["skills"] for s in rows["alice"])
+    # the question turns retrieve alice's geography skill (a "Thanks, perfect." follow-up may retrieve nothing)
+    assert all(ALICE_SKILL in s.meta["skills"] for s in rows["alice"] if s.turn_index == 0)
+    assert all(set(s.meta["skills"]) <= {ALICE_SKILL} for s in rows["alice"])
     assert not any(ALICE_SKILL in s.meta.get("skills", []) for s in rows["default"] + rows["carol"])
 
 

@@ -12,8 +12,9 @@ without a database. The rules (docs/online_loop.md, "Freshness"):
 - **Too long / old skill generation**: a sample longer than `max_sample_tokens`, or gathered under an agent's
   older skill generation, is dropped too.
 - **Many adapters** (`partition`): a batch holds one adapter's samples; among the adapters that can make a
-  batch, the one whose oldest fresh sample waited longest goes first (no adapter starves), and its batch is
-  its newest samples.
+  batch, the one trained least recently goes first (`last_trained`, from the store's `claimed_at`; never trained
+  counts as longest ago; ties: the oldest fresh sample), so no adapter starves while another's traffic keeps
+  coming, and its batch is its newest samples.
 """
 
 from __future__ import annotations
@@ -27,6 +28,8 @@ LIGHT_READY_SQL = (
     "SELECT id, agent_id, adapter_version, created_at, (length(prompt_ids) + length(response_ids)) / ? AS n_tokens,"
     " json_extract(meta, '$.skill_generation') AS gen FROM samples WHERE status='ready' ORDER BY id DESC"
 )
+# when each agent's samples were last claimed for a step (many adapters: the one trained least recently goes first)
+LAST_TRAINED_SQL = "SELECT agent_id, MAX(claimed_at) FROM samples WHERE claimed_at IS NOT NULL GROUP BY agent_id"
 
 
 @dataclass
@@ -56,6 +59,7 @@ def plan_claim(
     partition: Callable[[str], str] | None = None,
     partitions: Collection[str] | None = None,
     served_version: int | Mapping[str, int] | None = None,
+    last_trained: Mapping[str, float] | None = None,
 ) -> ClaimPlan:
     """Plan a claim over `rows` (ready samples, newest first: `LIGHT_READY_SQL`).
 
@@ -95,7 +99,11 @@ def plan_claim(
         if len(batch) >= min_samples:
             candidates.append((part_rows[-1]["id"], part, batch))
     if candidates:
-        _, part, batch = min(candidates, key=lambda c: c[0])
+        trained: dict[str | None, float] = {}  # adapter -> when its samples were last claimed (agent ids mapped)
+        for agent, at in (last_trained or {}).items():
+            key = partition(agent) if partition is not None else None
+            trained[key] = max(trained.get(key, float("-inf")), at if at is not None else float("-inf"))
+        _, _, part, batch = min((trained.get(c[1], float("-inf")), *c) for c in candidates)
         plan.batch = [r["id"] for r in batch]
         plan.served = {r["id"]: _per_part(served_version, part) for r in batch}
     return plan

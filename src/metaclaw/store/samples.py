@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from metaclaw.store.claims import LIGHT_READY_SQL, plan_claim
+from metaclaw.store.claims import LAST_TRAINED_SQL, LIGHT_READY_SQL, plan_claim
 
 STATUSES = ("pending", "ready", "claimed", "consumed", "dropped")
 
@@ -482,6 +482,7 @@ class SampleStore:
                 partition=partition,
                 partitions=partitions,
                 served_version=served_version,
+                last_trained=dict(c.execute(LAST_TRAINED_SQL).fetchall()) if partition is not None else None,
             )
             c.executemany(
                 "UPDATE samples SET status='dropped', meta=json_set(meta, '$.dropped', ?), updated_at=? WHERE id=?",
