@@ -23,7 +23,8 @@ LAYERS: list[tuple[str, frozenset[str]]] = [
     ("serving", frozenset({"serving"})),
     ("privacy", frozenset({"privacy"})),
     ("model", frozenset({"modules"})),
-    ("services", frozenset({"rollout", "scoring", "evaluation", "control", "export", "serving.training_server"})),
+    ("services", frozenset({"rollout", "scoring", "evaluation", "export", "serving.training_server"})),
+    ("control", frozenset({"control"})),  # status, steering and the dashboard: read what the services write
     ("training data", frozenset({"datamodules"})),
     ("orchestration", frozenset({"loop"})),
     ("entry", frozenset({"training", "__main__", "__init__"})),

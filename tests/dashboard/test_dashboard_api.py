@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import httpx
 
-from metaclaw.dashboard.cli import format_state, local_data, watch
-from metaclaw.dashboard.data import curve_point
+from metaclaw.control.dashboard.cli import format_state, local_data, watch
+from metaclaw.control.dashboard.data import curve_point
 from metaclaw.evaluation.stats import wilson
 
 

@@ -191,7 +191,7 @@ def main(argv: list[str] | None = None) -> int:
         args.run_dir = run_dir
         return forget_main(args, url, bearer_headers(resolve_key(args.key, run_dir)))
     if args.command == "dashboard" or (args.command == "status" and args.watch):  # docs/dashboard.md
-        from metaclaw.dashboard import cli as dash
+        from metaclaw.control.dashboard import cli as dash
 
         if args.command == "dashboard":
             if not args.run_dir:

@@ -99,9 +99,9 @@ class ControlPlane:
     def mount(self, app: Any) -> Any:
         """The proxy's ASGI app with `/control/*` and `/dashboard*` in front (the proxy's key, loopback only)."""
         from metaclaw.control.api import mount_control
+        from metaclaw.control.dashboard.app import mount_dashboard
+        from metaclaw.control.dashboard.data import DashboardData
         from metaclaw.control.keys import read_control_key
-        from metaclaw.dashboard.app import mount_dashboard
-        from metaclaw.dashboard.data import DashboardData
         from metaclaw.serving.security import BrowserGuard, BrowserGuardMiddleware
 
         guard = app.guard if isinstance(app, BrowserGuardMiddleware) else BrowserGuard()  # the proxy's Host/Origin

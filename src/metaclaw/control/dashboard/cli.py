@@ -14,7 +14,7 @@ from typing import Any
 
 import httpx
 
-from metaclaw.dashboard.data import DashboardData
+from metaclaw.control.dashboard.data import DashboardData
 
 SPARK = " ▁▂▃▄▅▆▇█"
 
@@ -145,7 +145,7 @@ def serve(run_dir: str, port: int = 0, show_text: bool = False, key: str | None 
 
     import uvicorn
 
-    from metaclaw.dashboard.app import mount_dashboard
+    from metaclaw.control.dashboard.app import mount_dashboard
 
     if not (Path(run_dir) / "eval.jsonl").exists() and not (Path(run_dir) / "samples.sqlite").exists():
         print(f"{run_dir} holds no run (no eval.jsonl, no samples.sqlite)", file=sys.stderr)

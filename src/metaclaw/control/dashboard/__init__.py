@@ -5,6 +5,6 @@ read-only) and, in a live service, from the control plane; `mount_dashboard` ser
 the proxy's port; `python -m metaclaw dashboard --run-dir DIR` serves a finished run read-only.
 """
 
-from metaclaw.dashboard.data import DashboardData
+from metaclaw.control.dashboard.data import DashboardData
 
 __all__ = ["DashboardData"]

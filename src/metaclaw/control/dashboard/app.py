@@ -20,7 +20,7 @@ from fastapi import FastAPI
 from fastapi.responses import JSONResponse, Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from metaclaw.dashboard.data import DashboardData
+from metaclaw.control.dashboard.data import DashboardData
 from metaclaw.serving.security import BearerAuthMiddleware, BrowserGuard, send_json_error
 
 log = logging.getLogger(__name__)
@@ -32,7 +32,7 @@ HEADERS = {"cache-control": "no-store", "x-content-type-options": "nosniff", "re
 
 
 def _asset(name: str) -> bytes:
-    return resources.files("metaclaw.dashboard").joinpath("static", name).read_bytes()
+    return resources.files("metaclaw.control.dashboard").joinpath("static", name).read_bytes()
 
 
 def create_dashboard_app(data: DashboardData) -> FastAPI:
