@@ -6,10 +6,11 @@ from __future__ import annotations
 import json
 import logging
 import os
-import tempfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
+
+from metaclaw.atomic import write_file_atomically
 
 log = logging.getLogger(__name__)
 
@@ -46,14 +47,4 @@ class SchedulerState:
 
     def save(self, path: Path) -> None:
         """Write atomically (temp file, fsync, rename)."""
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-        try:
-            with os.fdopen(fd, "w", encoding="utf-8") as fh:
-                json.dump(asdict(self), fh, indent=1)
-                fh.flush()
-                os.fsync(fh.fileno())
-            os.replace(tmp, path)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
+        write_file_atomically(path, json.dumps(asdict(self), indent=1))

@@ -18,7 +18,6 @@ import json
 import logging
 import os
 import shutil
-import tempfile
 import threading
 import time
 import uuid
@@ -27,6 +26,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from metaclaw.atomic import write_file_atomically
 from metaclaw.skills.skill import SKILL_FILE, Skill, SkillFormatError, validate_agent_id, validate_skill_name
 
 logger = logging.getLogger(__name__)
@@ -61,16 +61,7 @@ def private_mkdir(path: Path) -> None:
 def atomic_write_text(path: Path, text: str) -> None:
     """Write `text` to a temp file (0600) next to `path`, fsync it and rename it over `path`."""
     private_mkdir(path.parent)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(text)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    write_file_atomically(path, text)
 
 
 def load_pool(directory: Path, source: str) -> dict[str, Skill]:
