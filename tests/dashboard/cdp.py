@@ -46,10 +46,13 @@ class Browser:
         port = int(port_file.read_text().split()[0])
         pages = httpx.get(f"http://127.0.0.1:{port}/json/list", timeout=10).json()
         page = next(p for p in pages if p.get("type") == "page")
-        self.ws = connect(page["webSocketDebuggerUrl"], max_size=64 << 20, open_timeout=timeout_s)
+        # events pile up while a test does other work: an unbounded queue (a bounded one stops reading, and then
+        # the keepalive pong is never seen) and no keepalive (a local pipe; a loaded machine answers late)
+        self.ws = connect(page["webSocketDebuggerUrl"], max_size=64 << 20, open_timeout=timeout_s, max_queue=None,
+                          ping_interval=None)  # fmt: skip
         self.events: list[dict[str, Any]] = []
         self._id = 0
-        for domain in ("Page", "Runtime", "Log"):
+        for domain in ("Page", "Runtime", "Log", "Network"):
             self.call(f"{domain}.enable")
 
     def call(self, method: str, params: dict[str, Any] | None = None, timeout_s: float = 60.0) -> dict[str, Any]:
@@ -101,6 +104,11 @@ class Browser:
             if thrown or logged or (m == "Log.entryAdded" and p.get("entry", {}).get("level") == "error"):
                 out.append(e)
         return out
+
+    def request_urls(self) -> list[str]:
+        """Every URL the page requested so far (the events read while the calls waited)."""
+        self.js("true")  # read what arrived since the last call
+        return [e["params"]["request"]["url"] for e in self.events if e["method"] == "Network.requestWillBeSent"]
 
     def close(self) -> None:
         with contextlib.suppress(Exception):

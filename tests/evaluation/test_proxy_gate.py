@@ -16,10 +16,8 @@ import pytest
 from hydra.utils import instantiate
 
 from metaclaw.control.plane import ControlPlane
-from metaclaw.evaluation import LiveEvaluator
-from metaclaw.evaluation.regression import RegressionWatch
 from metaclaw.evaluation.stats import one_sided_p, snips, wilson
-from metaclaw.loop.eval_wiring import bind_evaluator, build_evaluator, heldout_share
+from metaclaw.loop.eval_wiring import bind_evaluator, build_evaluator, build_watch, heldout_share
 from metaclaw.modules.publisher import AdapterPublisher
 from metaclaw.serving.client import load_adapter, teacher_logprobs
 from metaclaw.store import Sample, SampleStore
@@ -139,30 +137,35 @@ def test_proxy_defaults_gate_candidates_on_the_judged_heldout_turns(served, tmp_
 
 
 def test_a_served_adapter_whose_verdicts_turn_negative_is_rolled_back(served, tmp_path, tiny_spec):
-    """v1 (step 4) is served and users take it well; step 5 replaces it and users start correcting it: the watch
-    (on the evaluator's thread) compares the verdicts, rolls back to step 4 through the control plane, and says so
-    in gate.jsonl, the control status and the `rolled_back` count."""
+    """`rollout=proxy` defaults (the watch built as the service builds it, `publish.gate.rollback`): step 4 is
+    served and users take it well; step 5 replaces it and users start correcting it. The watch, on the evaluator's
+    thread, compares the verdicts, rolls back to step 4 through the control plane (the policy server serves it
+    again), and says so in gate.jsonl, the control status and the `rolled_back` count."""
     url, run_dir, fixed = served
     worse = run_dir / "adapters" / "step-000005"
     if not worse.exists():
         shutil.copytree(fixed, worse)
-    assert load_adapter(url, "policy", str(fixed.resolve())).status_code == 200
-    first = models(url)["policy"]["adapter_version"]
-    assert load_adapter(url, "policy", str(worse.resolve())).status_code == 200
-    second = models(url)["policy"]["adapter_version"]
+    cfg = compose_train(tmp_path, "rollout=proxy")
     store = SampleStore(tmp_path / "samples.sqlite")
-    for version, good in ((first, 9), (second, 2)):
-        for i in range(12):
-            store.insert(Sample([1, 2], [3], [-1.0], session_id=f"v{version}-{i}", adapter_version=version,
-                                reward=1.0 if i < good else -1.0, status="consumed"))  # fmt: skip
     plane = ControlPlane(run_dir, store)
     plane.server_url = url
-    live = LiveEvaluator(None, tmp_path, base_model="tiny", gate=True, server_url=url, watch_every_s=0.2)
-    live.watch = RegressionWatch(store, plane.rollback, min_turns=8, margin=0.1, alpha=0.05)
-    live.watch.paths["policy"] = {first: str(fixed.resolve())}  # what the watch saw served before
-    live.evaluator = object()  # the watch needs no evaluator; start() wants one
-    live.start(baseline=False)
+    live = build_evaluator(cfg)
+    build_watch(cfg, live, store, plane)
+    assert live.gate and live.watch is not None  # on by default
+    live.watch_every_s = 0.2  # the cadence only (default publish.gate.rollback.every_s: 30 s)
+    assert load_adapter(url, "policy", str(fixed.resolve())).status_code == 200
+    first = models(url)["policy"]["adapter_version"]
+    bind_evaluator(cfg, live, url, None, store)  # starts the thread: it sees step 4 served
     try:
+        deadline = time.monotonic() + 60
+        while first not in live.watch.paths.get("policy", {}) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert load_adapter(url, "policy", str(worse.resolve())).status_code == 200
+        second = models(url)["policy"]["adapter_version"]
+        for version, good in ((first, 9), (second, 2)):  # the judged turns (and feedback) of each version
+            for i in range(12):
+                store.insert(Sample([1, 2], [3], [-1.0], session_id=f"v{version}-{i}", adapter_version=version,
+                                    reward=1.0 if i < good else -1.0, status="consumed"))  # fmt: skip
         deadline = time.monotonic() + 60
         while not models(url)["policy"]["root"].endswith("step-000004") and time.monotonic() < deadline:
             time.sleep(0.2)

@@ -41,6 +41,7 @@ class Track:
     queued: set[int] = field(default_factory=set)
     lora_name: str = "policy"  # the name its adapter is served under
     owner: Callable[[str], bool] | None = None  # which agents' turns are its (None: every agent's)
+    report_seen: int | None = None  # the served version the judge fallback's last report looked at
     counts: dict[str, int] = field(default_factory=lambda: dict.fromkeys(COUNTS, 0))
 
     @property
@@ -149,12 +150,30 @@ class GateDecisions:
                 log.warning("Regression watch: cannot read the served adapter: %r", e)
         return out
 
-    def _served_model(self, track: Track) -> str:
-        """The name the agent is answered by now: its adapter when the server lists it, else the base model."""
+    def _served_card(self, track: Track) -> dict[str, Any] | None:
+        """The policy server's `/v1/models` card of `track`'s adapter (None: the base model answers the agent)."""
         r = httpx.get(f"{self.server_url}/v1/models", headers=bearer_headers(self.api_key), timeout=10)
         r.raise_for_status()
-        names = {c.get("id") for c in r.json().get("data", []) if isinstance(c, dict)}
-        return track.lora_name if track.lora_name in names else self.base_model
+        cards = [c for c in r.json().get("data", []) if isinstance(c, dict) and c.get("id") == track.lora_name]
+        return cards[0] if cards else None
+
+    def _served_model(self, track: Track) -> str:
+        """The name the agent is answered by now: its adapter when the server lists it, else the base model."""
+        return track.lora_name if self._served_card(track) is not None else self.base_model
+
+    def served_version(self, track: Track) -> int | None:
+        """The adapter version the agent is answered by now (0: the base model; None: the server cannot say)."""
+        if not self.server_url:
+            return None
+        try:
+            card = self._served_card(track)
+        except (httpx.HTTPError, ValueError) as e:
+            log.warning("Eval: cannot read the served adapter of %s: %r", track.agent, e)
+            return None
+        if card is None:
+            return 0
+        version = card.get("adapter_version")
+        return int(version) if isinstance(version, int) else None
 
     def _decide_turns(self, track: Track, step: int, path: Path, hot_load: HotLoad) -> dict[str, Any]:
         """The judge fallback's gate: the candidate against the served adapter on the recent held-out turns."""

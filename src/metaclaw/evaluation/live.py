@@ -136,6 +136,7 @@ class LiveEvaluator(GateDecisions, L.Callback):
         self._cond = threading.Condition()
         self._busy = False
         self._current: tuple[str, int] | None = None  # (agent, step) being evaluated
+        self._current_path: Path | None = None  # the candidate being measured (kept on disk meanwhile)
         self._stop = False
         self._closed = False  # nothing is recorded after the end of training stopped waiting
         self.unfinished: list[dict[str, Any]] = []  # evaluations the end of training did not wait for
@@ -247,9 +248,16 @@ class LiveEvaluator(GateDecisions, L.Callback):
 
     def _put(self, agent: str, step: int, path: Path | None, hot_load: HotLoad | None) -> None:
         with self._cond:  # at most `max_pending` waiting per agent: its oldest waiting one is dropped
-            while sum(item[0] == agent for item in self._queue) >= self._max_pending:
-                dropped = next(item for item in self._queue if item[0] == agent)
+            waiting = [item for item in self._queue if item[0] == agent]
+            if step == TURNS and waiting:  # any waiting pass of the judge fallback reports the replaced versions
+                return
+            while len(waiting) >= self._max_pending:
+                # a report-only pass goes first (the newcomer reports too): it never pushes a candidate out
+                dropped = next((item for item in waiting if item[1] == TURNS), waiting[0])
+                waiting.remove(dropped)
                 self._queue.remove(dropped)
+                if dropped[1] == TURNS:
+                    continue
                 self.tracks[agent].counts["skipped"] += 1
                 log.info("Eval: skipping %s adapter v%d (a newer one is waiting)", agent, dropped[1])
                 if dropped[3] is not None and dropped[2] is not None:  # a gated candidate: never served, said so
@@ -265,15 +273,16 @@ class LiveEvaluator(GateDecisions, L.Callback):
         while True:
             with self._cond:
                 while not self._queue and not self._stop:
-                    if not self._cond.wait(self.watch_every_s if self.watch else None):
-                        break  # a quiet spell: look for regressions
+                    if not self._cond.wait(self.watch_every_s if self.watch or self.by_version else None):
+                        break  # a quiet spell: look for regressions and versions replaced since
                 if self._stop and not self._queue:
                     return
                 item = self._queue.popleft() if self._queue else None
                 if item is not None:
-                    self._busy, self._current = True, (item[0], item[1])
+                    self._busy, self._current, self._current_path = True, (item[0], item[1]), item[2]
             if item is None:
                 self.check_regressions()
+                self._report_replaced()
                 continue
             track = self.tracks[item[0]]
             if self._over_budget(track, item[1], item[2], item[3]):
@@ -283,7 +292,7 @@ class LiveEvaluator(GateDecisions, L.Callback):
                          track.agent, item[1], self.busy_s, time.monotonic() - (self._started_at or 0.0),
                          self.max_share)  # fmt: skip
                 with self._cond:
-                    self._busy, self._current = False, None
+                    self._busy, self._current, self._current_path = False, None, None
                     self._cond.notify_all()
                 continue
             try:
@@ -295,7 +304,7 @@ class LiveEvaluator(GateDecisions, L.Callback):
                     log.warning("Gate: %s adapter v%d not hot-swapped (evaluation failed)", track.agent, item[1])
             finally:
                 with self._cond:
-                    self._busy, self._current = False, None
+                    self._busy, self._current, self._current_path = False, None, None
                     self._cond.notify_all()
 
     def _over_budget(self, track: Track, step: int, path: Path | None, hot_load: HotLoad | None) -> bool:
@@ -310,22 +319,28 @@ class LiveEvaluator(GateDecisions, L.Callback):
         elapsed = time.monotonic() - (self._started_at or time.monotonic())
         return self.busy_s + self._last_cost > self.max_share * (elapsed + self._last_cost)
 
+    def in_use(self) -> set[Path]:
+        """The candidates waiting or being measured: the publisher's retention (`publish.keep_last`) keeps them."""
+        with self._cond:
+            paths = {item[2] for item in self._queue if item[2] is not None}
+            if self._current_path is not None:
+                paths.add(self._current_path)
+        return paths
+
     def _load_candidate(self, path: Path) -> None:
         load_adapter(self.server_url, self.eval_name, str(path.resolve()), self.api_key, 60.0).raise_for_status()
 
     def _evaluate(self, track: Track, step: int, path: Path | None, hot_load: HotLoad | None) -> None:
         evaluator = track.evaluator
         if step in (TURNS, FINAL_TURNS):
-            for version in evaluator.versions_due(final=step == FINAL_TURNS):
-                label = "base" if version == 0 else f"v{version}"
-                self._report(track, version, label, evaluator.score_version(version))
+            self._report_versions(track, final=step == FINAL_TURNS)
             return
-        if track.by_version:  # the judge fallback: report replaced versions, then gate this candidate
-            for version in evaluator.versions_due():
-                label = "base" if version == 0 else f"v{version}"
-                self._report(track, version, label, evaluator.score_version(version))
-            if path is not None and hot_load is not None:
-                self._decide_turns(track, step, path, hot_load)
+        if track.by_version:  # the judge fallback: gate this candidate, then report the versions replaced
+            try:
+                if path is not None and hot_load is not None:
+                    self._decide_turns(track, step, path, hot_load)
+            finally:
+                self._report_versions(track)
             return
         if path is None:
             result = evaluator.score(self.base_model)
@@ -338,6 +353,29 @@ class LiveEvaluator(GateDecisions, L.Callback):
         elif hot_load is not None:
             gate = self._decide(track, step, path, result, hot_load)
         self._report(track, step, path.name if path else "base", result, gate)
+
+    def _report_versions(self, track: Track, final: bool = False, served: int | None = None) -> None:
+        """The judge fallback: report the held-out turns of every version replaced (every version at the end)."""
+        if served is None and not final:
+            served = self.served_version(track)
+        track.report_seen = served
+        for version in track.evaluator.versions_due(final=final, served=served):
+            label = "base" if version == 0 else f"v{version}"
+            self._report(track, version, label, track.evaluator.score_version(version))
+
+    def _report_replaced(self) -> None:
+        """Between evaluations: a version replaced since the last report (the gate's hot-load lands after its
+        decision; a user's or the watch's rollback) gets its point on the curve without waiting for a publish."""
+        for track in list(self.tracks.values()):
+            if not track.by_version or self._closed or self._stop:
+                continue
+            try:
+                served = self.served_version(track)
+                if served is not None and served != track.report_seen:
+                    self._report_versions(track, served=served)
+            except Exception as e:  # noqa: BLE001 - evaluation never takes training down; said loudly
+                track.counts["errors"] += 1
+                log.warning("Eval of %s's replaced versions failed: %r", track.agent, e)
 
     def _report(
         self, track: Track, step: int, adapter: str, result: EvalResult, gate: dict[str, Any] | None = None

@@ -82,12 +82,16 @@ class HeldoutTurnsEvaluator:
             and (self.owner is None or self.owner(s.agent_id))
         ]
 
-    def versions_due(self, final: bool = False) -> list[int]:
-        """Versions not reported yet: those a newer version replaced (with `min_turns` turns), or all at the end."""
+    def versions_due(self, final: bool = False, served: int | None = None) -> list[int]:
+        """Versions not reported yet: those a newer version replaced (with `min_turns` turns), or all at the end.
+
+        A version is replaced once a newer one has held-out turns or is served now (`served`, the policy server's
+        version of the adapter; 0: the base model): the base model's point comes with the first adapter served,
+        not with the first held-out session that adapter answers."""
         counts: dict[int, int] = {}
         for s in self._heldout():
             counts[s.adapter_version] = counts.get(s.adapter_version, 0) + 1
-        newest = max(counts, default=-1)
+        newest = max(max(counts, default=-1), -1 if served is None else served)
         due = [v for v in sorted(counts) if v not in self.reported]
         return due if final else [v for v in due if v < newest and counts[v] >= self.min_turns]
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -86,8 +87,13 @@ class AdapterWriter:
             return None
         return info if isinstance(info, dict) else None
 
-    def prune(self) -> None:
+    def prune(self, keep: Iterable[Path] = ()) -> None:
+        """Remove all but the newest `keep_last` adapter dirs; never the served one (`latest.json`: with the gate
+        on it may be older than the newest) nor those in `keep` (candidates the gate has not measured yet)."""
         if self.keep_last is None:
             return
+        served = (self.read_latest() or {}).get("path")
+        kept = {Path(p).resolve() for p in keep} | ({Path(served).resolve()} if served else set())
         for old in sorted(self.adapters.glob("step-*"))[: -self.keep_last]:
-            shutil.rmtree(old, ignore_errors=True)
+            if old.resolve() not in kept:
+                shutil.rmtree(old, ignore_errors=True)

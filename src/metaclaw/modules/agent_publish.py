@@ -98,7 +98,7 @@ class AgentPublishing:
                     release.submit(step, target, serve, agent=agent)
                 else:
                     serve(target)
-                writer.prune()
+                writer.prune(release.in_use() if release is not None else ())
         return list(targets.values())
 
     def serve_again(self, step: int) -> None:

@@ -50,6 +50,10 @@ class Release(Protocol):
 
     def submit(self, step: int, path: Path, hot_load: Callable[[Path], Any], agent: str = "default") -> None: ...
 
+    def in_use(self) -> set[Path]:
+        """Adapters it has not decided on yet (retention keeps them on disk)."""
+        ...
+
 
 class AdapterPublisher(L.Callback):
     """Publishes the adapter and a resumable checkpoint every `every_n_steps` optimizer steps.
@@ -189,7 +193,7 @@ class AdapterPublisher(L.Callback):
                 self.release.submit(step, target, serve)
             else:
                 serve(target)
-            self.files.prune()
+            self.files.prune(self.release.in_use() if self.release is not None else ())
         self.published.append(target)
         self._sync_served(trainer)
         trainer.strategy.barrier("adapter_publisher")
