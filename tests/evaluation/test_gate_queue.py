@@ -8,6 +8,7 @@ import json
 from pathlib import Path
 
 from metaclaw.evaluation import LiveEvaluator
+from metaclaw.evaluation.regression import RegressionWatch
 from metaclaw.modules.adapter_writer import AdapterWriter
 
 
@@ -48,3 +49,11 @@ def test_retention_keeps_the_served_adapter_and_the_candidates_not_measured_yet(
     left = sorted(p.name for p in writer.adapters.glob("step-*"))
     assert left == ["step-000002", "step-000004", "step-000006", "step-000007"]
     assert Path(writer.read_latest()["path"]).exists()
+
+
+def test_retention_keeps_the_regression_watchs_rollback_target(tmp_path):
+    """The adapter served before the one served now is where an automatic rollback goes: kept on disk."""
+    live = LiveEvaluator(HeldoutTurns(), tmp_path, "tiny", gate=True)
+    live.watch = RegressionWatch(store=None, rollback=lambda step, agent: {})
+    live.watch.paths["policy"] = {v: str(tmp_path / f"step-{v:06d}") for v in (3, 5, 9)}
+    assert live.in_use() == {tmp_path / "step-000005", tmp_path / "step-000009"}

@@ -320,11 +320,16 @@ class LiveEvaluator(GateDecisions, L.Callback):
         return self.busy_s + self._last_cost > self.max_share * (elapsed + self._last_cost)
 
     def in_use(self) -> set[Path]:
-        """The candidates waiting or being measured: the publisher's retention (`publish.keep_last`) keeps them."""
+        """What the publisher's retention (`publish.keep_last`) must keep: the candidates waiting or being measured,
+        and the adapter served before the one served now (the regression watch's rollback target)."""
         with self._cond:
             paths = {item[2] for item in self._queue if item[2] is not None}
             if self._current_path is not None:
                 paths.add(self._current_path)
+        if self.watch is not None:
+            for versions in list(self.watch.paths.values()):
+                seen = dict(versions)
+                paths.update(Path(seen[v]) for v in sorted(seen)[-2:] if seen[v])
         return paths
 
     def _load_candidate(self, path: Path) -> None:
