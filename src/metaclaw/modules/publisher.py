@@ -51,7 +51,7 @@ class Release(Protocol):
     def submit(self, step: int, path: Path, hot_load: Callable[[Path], Any], agent: str = "default") -> None: ...
 
     def in_use(self) -> set[Path]:
-        """Adapters it has not decided on yet (retention keeps them on disk)."""
+        """Adapters `publish.keep_last` must keep on disk: candidates not decided on yet, a rollback's target."""
         ...
 
 
