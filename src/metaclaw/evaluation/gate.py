@@ -149,22 +149,26 @@ class GateDecisions:
                 log.warning("Regression watch: cannot read the served adapter: %r", e)
         return out
 
-    def _served_model(self, track: Track) -> str:
-        """The name the agent is answered by now: its adapter when the server lists it, else the base model."""
+    def _served_model(self, track: Track) -> tuple[str, int | None]:
+        """The name the agent is answered by now and its adapter version: its adapter when the server lists it
+        (version None when the card has none), else the base model (version 0)."""
         r = httpx.get(f"{self.server_url}/v1/models", headers=bearer_headers(self.api_key), timeout=10)
         r.raise_for_status()
-        names = {c.get("id") for c in r.json().get("data", []) if isinstance(c, dict)}
-        return track.lora_name if track.lora_name in names else self.base_model
+        for card in r.json().get("data", []):
+            if isinstance(card, dict) and card.get("id") == track.lora_name:
+                version = card.get("adapter_version")
+                return track.lora_name, None if version is None else int(version)
+        return self.base_model, 0
 
     def _decide_turns(self, track: Track, step: int, path: Path, hot_load: HotLoad) -> dict[str, Any]:
         """The judge fallback's gate: the candidate against the served adapter on the recent held-out turns."""
-        served = self._served_model(track)
+        served, served_version = self._served_model(track)
         n = len(track.evaluator.recent())
         if n < self.min_turns:
             why = f"{n} judged held-out turns < publish.gate.min_turns {self.min_turns}"
             return self._refuse(track, step, path, {"n": n, "min_turns": self.min_turns}, [why], "held")
         self._load_candidate(path)
-        evidence = track.evaluator.compare(self.eval_name, served)
+        evidence = track.evaluator.compare(self.eval_name, served, served_version=served_version)
         evidence["candidate"]["model"] = path.name
         cand, cur = evidence["candidate"], evidence["served"]
         decision = {"evidence": evidence, "served": cur["compliance"], "candidate": cand["compliance"],
