@@ -23,6 +23,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -346,7 +347,25 @@ def run_real_path(kind_name: str, method: str, args: Any, out: Path) -> dict[str
         result["published"] = len(watch.published)
     if (run_dir / "samples.sqlite").exists():
         result["store"] = store_figures(run_dir / "samples.sqlite")
+    result["gate"] = gate_figures(run_dir / "gate.jsonl", watch.t0 if watch else None)
     return result
+
+
+def gate_figures(path: Path, t0: float | None) -> dict[str, Any]:
+    """The publish gate's decisions (`<run dir>/gate.jsonl`): counts by decision, the minute the first adapter
+    was served, and each measured decision's step, minute and estimates (the curve shows only served adapters)."""
+    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
+    gates = [r for r in rows if r.get("kind") == "gate"]
+    minute = (lambda r: round((r["time"] - t0) / 60, 2)) if t0 else (lambda r: None)
+    accepted = [r for r in gates if r.get("decision") == "accepted"]
+    return {
+        "decisions": dict(Counter(str(r.get("decision")) for r in gates)),
+        "first_served_minute": minute(accepted[0]) if accepted else None,
+        "rollbacks": sum(r.get("kind") == "regression" for r in rows),
+        "measured": [{"step": r.get("step"), "minute": minute(r), "decision": r.get("decision"), "n": r.get("n"),
+                      "served": r.get("served"), "candidate": r.get("candidate")}
+                     for r in gates if r.get("decision") in ("accepted", "rejected")],  # fmt: skip
+    }
 
 
 def plot_real_path(results: list[dict[str, Any]], path: Path, title: str) -> None:

@@ -17,6 +17,7 @@ from hydra.utils import instantiate
 
 from metaclaw.control.plane import ControlPlane
 from metaclaw.evaluation.stats import one_sided_p, snips, wilson
+from metaclaw.evaluation.turns import HeldoutTurnsEvaluator
 from metaclaw.loop.eval_wiring import bind_evaluator, build_evaluator, build_watch, heldout_share
 from metaclaw.modules.publisher import AdapterPublisher
 from metaclaw.serving.client import load_adapter, teacher_logprobs
@@ -179,3 +180,46 @@ def test_a_served_adapter_whose_verdicts_turn_negative_is_rolled_back(served, tm
     assert live.counts["rolled_back"] == 1
     plane.run_dir = tmp_path
     assert plane.status()["gate"][-1]["decision"] == "rolled_back"
+
+
+class CountingTurns(HeldoutTurnsEvaluator):
+    """The real evaluator against the real server, counting the requests the gate makes."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.asked: list[str] = []
+
+    def _logprob(self, model, s):
+        self.asked.append(f"logprob:{model}")
+        return super()._logprob(model, s)
+
+    def _sample_nll(self, model, s, max_tokens):
+        self.asked.append(f"own:{model}")
+        return super()._sample_nll(model, s, max_tokens)
+
+
+def test_the_gate_asks_only_what_it_does_not_know(served, tmp_path):
+    """A turn the served version wrote needs no request (its ratio is 1: the estimate is the one the full
+    requests give, within 1e-3); another version's logprobs are asked once per turn across gates; the quality
+    guard samples only the newest `quality_turns` prompts. One request at a time, a gate on two busy cores
+    waited behind every user generation (over 20 minutes with SmolLM2)."""
+    url, _, _ = served
+    store = SampleStore(tmp_path / "samples.sqlite")
+    held_out_turns(url, store, fixed_is_good=False)
+    turns = CountingTurns(store, url, "tiny", concurrency=4, quality_turns=3)
+    full = turns.compare("tiny", "tiny")  # no version known: every turn asked for both models
+    n = full["n"]
+    assert n == 2 * len(PROMPTS) and turns.asked.count("logprob:tiny") == 2 * n and turns.asked.count("own:tiny") == 3
+    turns.asked.clear()
+    fast = turns.compare("tiny", "tiny", served_version=0)  # the base model served every turn
+    assert turns.asked.count("logprob:tiny") == n  # the candidate's only
+    assert abs(fast["served"]["compliance"] - full["served"]["compliance"]) < 1e-3
+    assert abs(fast["served"]["n_eff"] - full["served"]["n_eff"]) < 1e-2
+    assert abs(fast["candidate"]["compliance"] - full["candidate"]["compliance"]) < 1e-3
+    assert fast["quality_turns"] == 3 and abs(fast["served_nll"] - full["served_nll"]) < 1e-6
+    turns.asked.clear()
+    turns.compare("tiny", "tiny", served_version=7)  # another version serves now: asked once ...
+    assert turns.asked.count("logprob:tiny") == 2 * n
+    turns.asked.clear()
+    turns.compare("tiny", "tiny", served_version=7)  # ... and remembered
+    assert turns.asked.count("logprob:tiny") == n

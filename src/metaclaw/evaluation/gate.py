@@ -157,9 +157,14 @@ class GateDecisions:
         cards = [c for c in r.json().get("data", []) if isinstance(c, dict) and c.get("id") == track.lora_name]
         return cards[0] if cards else None
 
-    def _served_model(self, track: Track) -> str:
-        """The name the agent is answered by now: its adapter when the server lists it, else the base model."""
-        return track.lora_name if self._served_card(track) is not None else self.base_model
+    def _served_model(self, track: Track) -> tuple[str, int | None]:
+        """The name the agent is answered by now and its adapter version: its adapter when the server lists it
+        (version None when the card has none), else the base model (version 0)."""
+        card = self._served_card(track)
+        if card is None:
+            return self.base_model, 0
+        version = card.get("adapter_version")
+        return track.lora_name, int(version) if isinstance(version, int) else None
 
     def served_version(self, track: Track) -> int | None:
         """The adapter version the agent is answered by now (0: the base model; None: the server cannot say)."""
@@ -177,13 +182,13 @@ class GateDecisions:
 
     def _decide_turns(self, track: Track, step: int, path: Path, hot_load: HotLoad) -> dict[str, Any]:
         """The judge fallback's gate: the candidate against the served adapter on the recent held-out turns."""
-        served = self._served_model(track)
+        served, served_version = self._served_model(track)
         n = len(track.evaluator.recent())
         if n < self.min_turns:
             why = f"{n} judged held-out turns < publish.gate.min_turns {self.min_turns}"
             return self._refuse(track, step, path, {"n": n, "min_turns": self.min_turns}, [why], "held")
         self._load_candidate(path)
-        evidence = track.evaluator.compare(self.eval_name, served)
+        evidence = track.evaluator.compare(self.eval_name, served, served_version=served_version)
         evidence["candidate"]["model"] = path.name
         cand, cur = evidence["candidate"], evidence["served"]
         decision = {"evidence": evidence, "served": cur["compliance"], "candidate": cand["compliance"],

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 
@@ -48,6 +49,9 @@ class HeldoutTurnsEvaluator:
         nll_margin: as `ComplianceEvaluator`: fluent = NLL within this of the base version's mean.
         keep_examples: replies kept in the result.
         owner: which agents' turns count (`agent_id` -> bool); None: every agent's.
+        concurrency: the gate's requests in flight (the server batches them; one at a time, each would wait
+            behind the user's generations: a gate took over 20 minutes on 2 busy cores).
+        quality_turns: the newest held-out turns whose prompts the candidate answers for the quality guard.
     """
 
     by_version = True
@@ -64,11 +68,17 @@ class HeldoutTurnsEvaluator:
         keep_examples: int = 3,
         timeout_s: float = 120.0,
         owner: Callable[[str], bool] | None = None,
+        concurrency: int = 4,
+        quality_turns: int = 8,
     ) -> None:
         self.store, self.server_url, self.api_key, self.base_model = store, server_url.rstrip("/"), api_key, base_model
         self.max_turns, self.min_turns, self.nll_margin = max_turns, min_turns, nll_margin
         self.keep_examples, self.timeout_s, self.owner = keep_examples, timeout_s, owner
+        self.concurrency, self.quality_turns = max(1, int(concurrency)), max(0, int(quality_turns))
         self.reported: set[int] = set()
+        # a turn's reply under a fixed model does not change: the gate asks for each once
+        self._got_nll: dict[int, float | None] = {}  # sample id -> base NLL of the reply the user got
+        self._served_lp: dict[tuple[int, int], float] = {}  # (served version, sample id) -> logprob of the reply
         self.reference_nll: float | None = None  # the base model's (version 0) replies: the fluency reference
 
     def _heldout(self, version: int | None = None) -> list[Sample]:
@@ -150,26 +160,55 @@ class HeldoutTurnsEvaluator:
         prompt, reply = data.get("prompt_token_ids") or s.prompt_ids, data["choices"][0].get("token_ids") or []
         return base_nll(self.server_url, self.base_model, prompt, reply, self.api_key, self.timeout_s)
 
-    def compare(self, candidate: str, served: str, clip: float = 5.0) -> dict[str, object]:
+    def compare(
+        self, candidate: str, served: str, clip: float = 5.0, served_version: int | None = None
+    ) -> dict[str, object]:
         """Evidence for the gate: the estimated compliance of `candidate` and of `served` (server model names) on
         the recent held-out turns, each with a Wilson interval over its effective sample size, and the quality
-        guard (the base NLL of the candidate's own replies vs the replies the user got). `n` is the turn count."""
+        guard (the base NLL of the candidate's own replies to the newest `quality_turns` prompts vs the replies
+        the user got). `n` is the turn count.
+
+        `served_version` (the adapter version `served` answers with; 0: the base model): a turn that version
+        served needs no request, its log ratio is 0 (behaviour and scoring are one distribution: the ratio-is-1
+        tests), and the served version's logprobs and the got replies' NLLs are asked once per turn across gates.
+        The requests go `concurrency` at a time."""
         turns = self.recent()
         good = [1.0 if s.reward > 0 else 0.0 for s in turns]
         out: dict[str, object] = {"n": len(turns), "observed": sum(good) / len(turns) if turns else None}
         if not turns:
             return out
         behaviour = [float(sum(s.behaviour_logprobs)) for s in turns]
-        for name, model in (("served", served), ("candidate", candidate)):
-            ratios = [self._logprob(model, s) - b for s, b in zip(turns, behaviour, strict=True)]
-            estimate, n_eff = snips(ratios, good, clip)
-            low, high = wilson(estimate * n_eff, n_eff)
-            out[name] = {"model": model, "compliance": estimate, "n_eff": n_eff, "ci_low": low, "ci_high": high}
-        if self.base_model:
-            got = [base_nll(self.server_url, self.base_model, s.prompt_ids, s.response_ids, self.api_key,
-                            self.timeout_s) for s in turns]  # fmt: skip
-            own = [self._sample_nll(candidate, s, max(1, min(len(s.response_ids), 64))) for s in turns]
-            got, own = [x for x in got if x is not None], [x for x in own if x is not None]
-            if got and own:
-                out["served_nll"], out["candidate_nll"] = sum(got) / len(got), sum(own) / len(own)
+
+        def served_lp(s: Sample) -> float | None:  # None: the turn's own behaviour logprob
+            if served_version is None:
+                return self._logprob(served, s)
+            if s.adapter_version == served_version:
+                return None
+            key = (served_version, s.id)
+            if key not in self._served_lp:
+                self._served_lp[key] = self._logprob(served, s)
+            return self._served_lp[key]
+
+        def got_nll(s: Sample) -> float | None:
+            if s.id not in self._got_nll:
+                self._got_nll[s.id] = base_nll(self.server_url, self.base_model, s.prompt_ids, s.response_ids,
+                                               self.api_key, self.timeout_s)  # fmt: skip
+            return self._got_nll[s.id]
+
+        with ThreadPoolExecutor(self.concurrency, thread_name_prefix="gate") as pool:
+            served_lps = list(pool.map(served_lp, turns))
+            candidate_lps = list(pool.map(lambda s: self._logprob(candidate, s), turns))
+            for name, model, lps in (("served", served, served_lps), ("candidate", candidate, candidate_lps)):
+                ratios = [0.0 if lp is None else lp - b for lp, b in zip(lps, behaviour, strict=True)]
+                estimate, n_eff = snips(ratios, good, clip)
+                low, high = wilson(estimate * n_eff, n_eff)
+                out[name] = {"model": model, "compliance": estimate, "n_eff": n_eff, "ci_low": low, "ci_high": high}
+            if self.base_model and self.quality_turns:
+                asked = turns[-self.quality_turns :]
+                got = [x for x in pool.map(got_nll, turns) if x is not None]
+                own = pool.map(lambda s: self._sample_nll(candidate, s, max(1, min(len(s.response_ids), 64))), asked)
+                own = [x for x in own if x is not None]
+                if got and own:
+                    out["served_nll"], out["candidate_nll"] = sum(got) / len(got), sum(own) / len(own)
+                    out["quality_turns"] = len(own)
         return out

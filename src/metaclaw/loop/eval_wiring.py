@@ -156,6 +156,7 @@ def bind_evaluator(
                 store, server_url, base_model, api_key=server_key, max_turns=fallback.get("max_turns", 32),
                 min_turns=fallback.get("min_turns", 4), nll_margin=float(quality.get("nll_margin", 1.0)), owner=owner,
                 keep_examples=3 if (cfg.get("privacy") or {}).get("show_text") else 0,  # users' turns: docs/privacy.md
+                concurrency=int(ev.get("concurrency", 4)), quality_turns=int(fallback.get("quality_turns", 8)),
             )  # fmt: skip
             profile = profiles.by_adapter(adapter)
             evaluator.add_agent(profile.name, turns, lora_name=profile.lora_name, owner=owner)
