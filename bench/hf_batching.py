@@ -28,6 +28,7 @@ from hydra.utils import instantiate
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "src"))
 
+from metaclaw.config import CONFIG_DIR  # noqa: E402
 from metaclaw.serving.engines.hf import HFEngine  # noqa: E402
 from metaclaw.serving.sampling import SamplingParams  # noqa: E402
 from metaclaw.simulate.tasks import load_tasks  # noqa: E402
@@ -61,7 +62,7 @@ def main() -> None:
     args = p.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
-    with initialize_config_dir(str(REPO / "conf"), version_base=None):
+    with initialize_config_dir(str(CONFIG_DIR), version_base=None):
         cfg = compose("train", overrides=[f"model={args.model}"])
     spec = instantiate(cfg.model)
     engine = HFEngine.from_spec(spec)

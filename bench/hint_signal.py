@@ -37,6 +37,7 @@ from hydra.utils import instantiate
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "src"))
 
+from metaclaw.config import CONFIG_DIR  # noqa: E402
 from metaclaw.scoring.hints import hinted_messages  # noqa: E402
 from metaclaw.scoring.judges import RuleJudge  # noqa: E402
 from metaclaw.serving.engines.hf import HFEngine  # noqa: E402
@@ -63,7 +64,7 @@ def main() -> None:
     p.add_argument("--samples", type=int, default=4, help="replies per prompt")
     p.add_argument("override", nargs="*", help="train.yaml overrides, e.g. preference=concise")
     args = p.parse_args()
-    with initialize_config_dir(str(REPO / "conf"), version_base="1.3"):
+    with initialize_config_dir(str(CONFIG_DIR), version_base="1.3"):
         cfg = compose("train", overrides=[f"model={args.model}", *args.override])
     user = cfg.rollout.simulated_user
     prefs = PreferenceSet(user.preferences)

@@ -32,6 +32,7 @@ from omegaconf import OmegaConf
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "src"))
 
+from metaclaw.config import CONFIG_DIR  # noqa: E402
 from metaclaw.scoring.judges import RuleJudge  # noqa: E402
 from metaclaw.scoring.reactions import LABELS, ReactionJudge, load_prototypes  # noqa: E402
 from metaclaw.simulate.preferences import PreferenceSet  # noqa: E402
@@ -52,7 +53,7 @@ REPLIES = [
 
 
 def judge_cfg(name: str) -> dict[str, Any]:
-    cfg = OmegaConf.to_container(OmegaConf.load(REPO / "conf" / "judge" / f"{name}.yaml"), resolve=False)
+    cfg = OmegaConf.to_container(OmegaConf.load(CONFIG_DIR / "judge" / f"{name}.yaml"), resolve=False)
     return {k: v for k, v in cfg.items() if k != "_target_" and not str(k).startswith("defaults")}
 
 
@@ -96,7 +97,7 @@ def simulated_user_set(seed: int = 0) -> list[dict[str, Any]]:
     rng = random.Random(seed)
     tasks = [t.prompt for t in load_tasks(None, "train")]
     rows = []
-    for preset in sorted((REPO / "conf" / "preference").glob("*.yaml")):
+    for preset in sorted((CONFIG_DIR / "preference").glob("*.yaml")):
         prefs = PreferenceSet(OmegaConf.to_container(OmegaConf.load(preset).rules))
         for reply in REPLIES:
             violations = prefs.check(reply)

@@ -105,11 +105,11 @@ def main() -> None:
     parser.add_argument("--swaps", type=int, default=5)
     args = parser.parse_args()
 
-    from metaclaw.config import register_resolvers
+    from metaclaw.config import CONFIG_DIR, register_resolvers
     from metaclaw.modules.policy import LoraPolicy
 
     register_resolvers()
-    with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
+    with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
         spec = instantiate(compose("serve", overrides=[f"model={args.model}"]).model)
     torch.manual_seed(0)
     policy = LoraPolicy(spec.load_model(), rank=16, alpha=32)

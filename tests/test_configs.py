@@ -10,9 +10,10 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.utils import instantiate
 from omegaconf import open_dict
 
-from metaclaw.config import ConfigError, register_resolvers, trainer_device_kwargs, validate_train_config
+from metaclaw.config import CONFIG_DIR, ConfigError, register_resolvers, trainer_device_kwargs, validate_train_config
+from metaclaw.tracking import build_loggers, logger_nodes
 
-CONF = Path(__file__).resolve().parents[1] / "conf"
+CONF = CONFIG_DIR
 register_resolvers()
 
 
@@ -56,8 +57,9 @@ def test_every_option_composes_and_instantiates(config_name, group, option, tmp_
     elif group == "model":
         spec = instantiate(node)  # config only: weights that need a download are not loaded here
         assert spec.name and spec.max_seq_len > 0
-    elif group == "logger" and node.get("_target_"):
-        assert instantiate(node) is not None
+    elif group == "logger":  # one logger, or several by name (logger=csv_wandb): metaclaw.tracking
+        loggers = build_loggers(cfg)
+        assert len(loggers) == (0 if option == "none" else len(logger_nodes(cfg))) and all(loggers)
     elif group in {"loss", "kl"}:
         assert callable(instantiate(node))
     elif group == "method":

@@ -12,6 +12,8 @@ from metaclaw.agents import AgentProfiles, check_agent_modes
 from metaclaw.devices import train_gpu_ids, train_processes, trainer_kwargs
 
 DATA_DIR = Path(__file__).parent / "data"
+CONFIG_DIR = Path(__file__).parent / "conf"  # the config tree, shipped in the package
+CONFIG_PATH = "pkg://metaclaw.conf"  # Hydra's name for it, from a clone or an installed wheel alike
 
 
 class ConfigError(ValueError):

@@ -7,8 +7,9 @@ Three layers, because each covers a case the others miss:
 - process groups: `train.py` starts `serve.py` in its own session and signals the whole group on stop.
 
 `serve.py` calls `bind_children()` before LitServe starts its workers: forked children (LitServe's API server,
-the multiprocessing manager) run `die_with_parent` through `os.register_at_fork`; spawned children (the inference
-worker) re-import `serve.py` as `__mp_main__`, which calls it too.
+the multiprocessing manager) run `die_with_parent` through `os.register_at_fork`; the spawned inference worker
+calls `bind_to_spawning_parent()` first thing in `PolicyAPI.setup` (however the server was started: `metaclaw
+serve`, `python -m metaclaw serve` or `serve.py`).
 """
 
 from __future__ import annotations

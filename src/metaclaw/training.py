@@ -30,14 +30,9 @@ from metaclaw.modules.progress import LoopProgressBar
 from metaclaw.runfiles import protect_run
 from metaclaw.stopping import GracefulStop, RunAbandoned, RunFailed, StopController
 from metaclaw.store import SampleStore, open_store
+from metaclaw.tracking import AdapterArtifacts, build_loggers, is_wandb, log_hyperparams
 
 log = logging.getLogger(__name__)
-
-
-def build_loggers(cfg: DictConfig) -> list:
-    if not cfg.get("logger") or not cfg.logger.get("_target_"):
-        return []
-    return [instantiate(cfg.logger)]
 
 
 def build_callbacks(cfg: DictConfig) -> list:
@@ -125,11 +120,13 @@ def _train(cfg: DictConfig) -> tuple[dict[str, Any], dict[str, Any]]:
     # Live evaluation and the publish gate: rank 0 only (it is the one that serves and hot-loads).
     evaluator = build_evaluator(cfg) if rank_zero_only.rank == 0 else None
     publisher.release = evaluator
+    loggers = build_loggers(cfg)  # one or several (metaclaw.tracking)
+    artifacts = [AdapterArtifacts(publisher.files.adapters)] if any(is_wandb(lg) for lg in loggers) else []
     trainer = L.Trainer(
         **cfg.trainer,
         **trainer_device_kwargs(cfg.devices, several_adapters=agents.many),  # DDP: docs/agents.md
         default_root_dir=str(run_dir),
-        logger=build_loggers(cfg),
+        logger=loggers,
         callbacks=[
             publisher,
             ApplyImport(run_dir, agents, publisher),  # after the publisher: `python -m metaclaw import` wins
@@ -138,9 +135,11 @@ def _train(cfg: DictConfig) -> tuple[dict[str, Any], dict[str, Any]]:
             *([health] if health else []),
             GracefulStop(stop),
             *([LoopProgressBar()] if cfg.trainer.get("enable_progress_bar", True) else []),
+            *artifacts,
             *build_callbacks(cfg),
         ],
     )
+    log_hyperparams(trainer.loggers, cfg)  # the resolved config, keys redacted
     ckpt = publisher.checkpoint_path if publisher.checkpoint_path.exists() else None
     if ckpt:
         log.info("Resuming from %s", ckpt)
@@ -192,6 +191,8 @@ def _train(cfg: DictConfig) -> tuple[dict[str, Any], dict[str, Any]]:
             lg.experiment.finish()
     metrics = {k: float(v) for k, v in trainer.callback_metrics.items()}
     metrics["train/global_step"] = trainer.global_step
+    if report is not None and report.get("final_compliance") is not None:  # the sweep objective (metaclaw.cli)
+        metrics["heldout/final_compliance"] = float(report["final_compliance"])
     return metrics, {
         "trainer": trainer,
         "module": module,

@@ -1,13 +1,14 @@
 """Every conf/method option composes, instantiates its advantage estimator and runs on a tiny batch."""
 
-from pathlib import Path
 
 import pytest
 import torch
 from hydra import compose, initialize_config_dir
 from hydra.utils import instantiate
 
-CONF = Path(__file__).resolve().parents[2] / "conf"
+from metaclaw.config import CONFIG_DIR
+
+CONF = CONFIG_DIR
 OPTIONS = sorted(p.stem for p in (CONF / "method").glob("*.yaml"))
 NEEDS = {"rl": (True, False), "opd": (False, True), "combine": (True, True)}
 

@@ -100,10 +100,13 @@ def kill_tree(proc: subprocess.Popen) -> None:
     proc.wait()
 
 
+SERVER = "-m metaclaw serve "  # how train.py starts its policy server (loop/policy_server.py)
+
+
 def server_pid(proc: subprocess.Popen) -> int | None:
-    """The serve.py main process below train.py (the child whose command line runs serve.py)."""
+    """The server's main process below train.py (the child whose command line runs `-m metaclaw serve`)."""
     for pid in descendants(proc.pid):
-        if "serve.py" in cmdline(pid) and "serve.py" not in cmdline(_stat(pid)[1] if _stat(pid) else 0):
+        if SERVER in cmdline(pid) and SERVER not in cmdline(_stat(pid)[1] if _stat(pid) else 0):
             return pid
     return None
 

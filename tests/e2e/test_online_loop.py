@@ -12,7 +12,7 @@ from hydra import compose, initialize_config_dir
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import open_dict
 
-from metaclaw.config import register_resolvers
+from metaclaw.config import CONFIG_DIR, register_resolvers
 from metaclaw.rollout.server import free_port
 from metaclaw.training import train
 from tests.procs import wait_for_health
@@ -23,7 +23,7 @@ TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": 
 
 
 def compose_live(run_dir: Path, *overrides: str):
-    with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
+    with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
         cfg = compose(
             "train",
             overrides=["model=tiny", "logger=csv", f"hydra.run.dir={run_dir}", f"run_dir={run_dir}", *overrides],

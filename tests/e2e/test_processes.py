@@ -127,7 +127,7 @@ def test_a_dead_server_is_restarted_then_the_run_stops_nonzero_naming_it(tmp_pat
         code = proc.wait(timeout=120)
         text = out.read_text()
         assert code == 1, text[-3000:]
-        assert "Run stopped: the policy server (serve.py, pid" in text and "gave up after 1 restart" in text
+        assert "Run stopped: the policy server (metaclaw serve, pid" in text and "gave up after 1 restart" in text
         store = SampleStore(tmp_path / "run" / "samples.sqlite")
         assert store.counts()["claimed"] == 0  # consistent: unpublished claims went back to ready
     finally:

@@ -16,9 +16,6 @@ launcher re-runs this file for rank 1, so every rank gets the same substitution.
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import hydra
 import torch
 from lightning.pytorch.strategies import FSDPStrategy
@@ -27,10 +24,8 @@ from omegaconf import DictConfig
 from torch.distributed.fsdp import FullyShardedDataParallel
 
 from metaclaw import config, devices
-
-REPO = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(REPO))
-import train  # noqa: E402
+from metaclaw.cli import train_main
+from metaclaw.config import CONFIG_DIR
 
 
 class CPUFSDPStrategy(FSDPStrategy):
@@ -61,10 +56,10 @@ def trainer_kwargs(devs) -> dict:
     return kwargs
 
 
-@hydra.main(version_base="1.3", config_path=str(REPO / "conf"), config_name="train")
+@hydra.main(version_base="1.3", config_path=str(CONFIG_DIR), config_name="train")
 def main(cfg: DictConfig) -> float | None:
     """train.py's main; this file stays `sys.argv[0]`, which Lightning's launcher re-runs for rank 1."""
-    return train.main.__wrapped__(cfg)
+    return train_main.__wrapped__(cfg)
 
 
 if __name__ == "__main__":

@@ -14,7 +14,7 @@ from hydra import compose, initialize_config_dir
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import open_dict
 
-from metaclaw.config import register_resolvers
+from metaclaw.config import CONFIG_DIR, register_resolvers
 from metaclaw.modules.policy import LoraPolicy
 from metaclaw.store import SampleStore
 
@@ -23,7 +23,7 @@ register_resolvers()
 
 
 def compose_train(run_dir: Path, *overrides: str):
-    with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
+    with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
         cfg = compose(
             "train",
             overrides=[

@@ -1,15 +1,15 @@
 """Every conf/loss option composes, instantiates and runs on a tiny batch."""
 
-from pathlib import Path
 
 import pytest
 import torch
 from hydra import compose, initialize_config_dir
 from hydra.utils import instantiate
 
+from metaclaw.config import CONFIG_DIR
 from metaclaw.losses import LossOutput
 
-CONF = Path(__file__).resolve().parents[2] / "conf"
+CONF = CONFIG_DIR
 OPTIONS = sorted(p.stem for p in (CONF / "loss").glob("*.yaml"))
 
 

@@ -11,13 +11,12 @@ import httpx
 import pytest
 from hydra import compose, initialize_config_dir
 
-from metaclaw.config import register_resolvers
+from metaclaw.config import CONFIG_DIR, register_resolvers
 from metaclaw.rollout.fit import ClientFit, ContextPolicy, ImagePolicy
 from metaclaw.rollout.proxy import RolloutProxy
 from metaclaw.rollout.proxy_app import create_app
 from metaclaw.rollout.server import ThreadedServer
 from metaclaw.store import SampleStore
-from tests.conftest import REPO
 
 PROXY_KEY = "reliability-proxy-key"
 
@@ -49,7 +48,7 @@ def fastapi_app(app: Any) -> Any:
 
 def serve_cfg(*overrides: str):
     register_resolvers()
-    with initialize_config_dir(config_dir=str(REPO / "conf"), version_base=None):
+    with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base=None):
         return compose(config_name="serve", overrides=list(overrides))
 
 

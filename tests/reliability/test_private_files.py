@@ -14,7 +14,7 @@ from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
 from metaclaw.atomic import write_dir_atomically
-from metaclaw.config import register_resolvers
+from metaclaw.config import CONFIG_DIR, register_resolvers
 from metaclaw.modules.adapter_writer import AdapterWriter
 from metaclaw.runfiles import protect_run_dir, redact_hydra_dumps, secret_overrides
 from tests.conftest import REPO
@@ -93,7 +93,7 @@ def _key_fields(node, path: str = "") -> list[str]:
 def test_the_wandb_run_name_never_holds_a_key(config: str, extra: list[str]) -> None:
     """`name: ${hydra:job.override_dirname}`: every key field of the config is excluded from it."""
     register_resolvers()
-    with initialize_config_dir(config_dir=str(REPO / "conf"), version_base=None):
+    with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base=None):
         plain = compose(config, overrides=extra, return_hydra_config=True)
         keys = _key_fields(plain)
         assert keys and set(keys) <= set(plain.hydra.job.config.override_dirname.exclude_keys)

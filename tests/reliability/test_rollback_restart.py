@@ -19,13 +19,12 @@ import pytest
 import torch
 from hydra import compose, initialize_config_dir
 
-from metaclaw.config import register_resolvers
+from metaclaw.config import CONFIG_DIR, register_resolvers
 from metaclaw.control.plane import ControlPlane
 from metaclaw.loop.live import reload_latest_adapter, server_nodes
 from metaclaw.loop.policy_server import PolicyServerProcess
 from metaclaw.modules.adapter_writer import AdapterWriter
 from metaclaw.serving.client import load_adapter
-from tests.conftest import REPO
 
 KEY = "rollback-restart-key"
 
@@ -42,7 +41,7 @@ def test_a_rollback_survives_a_policy_server_restart(tmp_path: Path) -> None:
 
     run_dir = tmp_path / "run"
     register_resolvers()
-    with initialize_config_dir(config_dir=str(REPO / "conf"), version_base=None):
+    with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base=None):
         cfg = compose(config_name="train", overrides=["model=tiny", f"run_dir={run_dir}"])
     server = PolicyServerProcess(server_nodes(cfg), run_dir=run_dir, api_key=KEY, max_restarts=1, poll_s=0.2,
                                  startup_timeout_s=300)  # fmt: skip

@@ -14,7 +14,7 @@ from hydra import compose, initialize_config_dir
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import open_dict
 
-from metaclaw.config import register_resolvers
+from metaclaw.config import CONFIG_DIR, register_resolvers
 from metaclaw.loop.live import live_loop
 from metaclaw.rollout.probe import UpstreamCannotTrain, probe_capture
 from metaclaw.rollout.server import ThreadedServer
@@ -51,7 +51,7 @@ def plain_upstream(strict: bool) -> FastAPI:
 
 
 def compose_cfg(tmp_path: Path, *overrides: str):
-    with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
+    with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
         cfg = compose(
             "train",
             overrides=[
@@ -77,7 +77,7 @@ def test_a_training_run_is_refused_when_the_upstream_cannot_feed_it(tmp_path, st
         with pytest.raises(UpstreamCannotTrain) as err:
             probe_capture(up.url)
         msg = str(err.value)
-        assert up.url in msg and "mode=skills_only" in msg and "serve.py" in msg and "return_token_ids" in msg
+        assert up.url in msg and "mode=skills_only" in msg and "metaclaw serve" in msg and "return_token_ids" in msg
         assert ("refused" in msg) if strict else ("no prompt_token_ids" in msg)
 
         cfg = compose_cfg(tmp_path, f"serving.url={up.url}")

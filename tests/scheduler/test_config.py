@@ -9,9 +9,10 @@ from hydra import compose, initialize_config_dir
 from hydra.errors import InstantiationException
 from hydra.utils import instantiate
 
+from metaclaw.config import CONFIG_DIR
 from metaclaw.scheduler import CalendarError, IdleScheduler
 
-CONF = Path(__file__).resolve().parents[2] / "conf"
+CONF = CONFIG_DIR
 
 
 def compose_train(tmp_path: Path, *overrides: str):

@@ -15,6 +15,7 @@ from hydra.utils import instantiate
 from lightning.pytorch.loggers import CSVLogger
 from safetensors.torch import load_file
 
+from metaclaw.config import CONFIG_DIR
 from metaclaw.datamodules import RolloutDataModule
 from metaclaw.modules.online_rl import OnlineRLModule
 from metaclaw.modules.publisher import AdapterPublisher
@@ -22,7 +23,7 @@ from metaclaw.scheduler import IdleScheduler
 from metaclaw.store import Sample, SampleStore
 from tests.scheduler.fakes import FakeClock, FakeIdle
 
-CONF = Path(__file__).resolve().parents[2] / "conf"
+CONF = CONFIG_DIR
 
 
 def fill(store: SampleStore, n: int) -> None:

@@ -14,6 +14,7 @@ from hydra import compose, initialize_config_dir
 from hydra.utils import instantiate
 from omegaconf import OmegaConf
 
+from metaclaw.config import CONFIG_DIR
 from metaclaw.scoring.judges import LLMJudge, RuleJudge, select_judge
 from metaclaw.scoring.reactions import LABELS, ReactionClassifier, ReactionJudge, load_prototypes
 from metaclaw.simulate.preferences import Violation
@@ -21,7 +22,7 @@ from metaclaw.simulate.user import feedback
 from metaclaw.store import Sample
 
 REPO = Path(__file__).resolve().parents[2]
-CONF = REPO / "conf"
+CONF = CONFIG_DIR
 BENCH_SET = REPO / "bench" / "data" / "reactions.jsonl"
 
 

@@ -16,6 +16,7 @@ import pytest
 from fastapi import FastAPI, Request
 from omegaconf import OmegaConf
 
+from metaclaw.config import CONFIG_DIR
 from metaclaw.rollout.server import ThreadedServer
 from metaclaw.scoring.judges import HINT_SYSTEM, LLMJudge
 from metaclaw.skills.evolve import SkillEvolver
@@ -54,7 +55,7 @@ def turn() -> Sample:
 
 
 def judge_conf() -> dict[str, Any]:
-    conf = OmegaConf.to_container(OmegaConf.load(REPO / "conf/judge/llm.yaml"))
+    conf = OmegaConf.to_container(OmegaConf.load(CONFIG_DIR / "judge/llm.yaml"))
     return {k: v for k, v in conf.items() if k in ("votes", "temperature", "max_tokens", "chat_template_kwargs")}
 
 
@@ -86,7 +87,7 @@ def test_reasoning_never_passes_for_the_answer():
 
 @pytest.mark.parametrize("style", ["field", "inline"])
 def test_the_evolver_asks_for_no_thinking_and_never_reads_reasoning_as_its_reply(tmp_path, style):
-    conf = OmegaConf.to_container(OmegaConf.load(REPO / "conf/train.yaml"))["skills"]["evolver"]
+    conf = OmegaConf.to_container(OmegaConf.load(CONFIG_DIR / "train.yaml"))["skills"]["evolver"]
     with ThreadedServer(thinking_upstream(style)) as srv:
         asked = SkillEvolver(tmp_path, base_url=f"{srv.url}/v1", model="qwen3",
                              chat_template_kwargs=conf["chat_template_kwargs"])  # fmt: skip

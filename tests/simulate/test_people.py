@@ -7,6 +7,7 @@ import re
 import pytest
 import yaml
 
+from metaclaw.config import CONFIG_DIR
 from metaclaw.rollout.proxy import RolloutProxy
 from metaclaw.rollout.proxy_app import create_app
 from metaclaw.rollout.server import ThreadedServer
@@ -24,7 +25,7 @@ def _all_phrases() -> list[str]:
 
 def test_every_kind_has_enough_varied_phrasings_and_a_verifier():
     assert len(kinds()) >= 3
-    presets = {r["kind"] for f in (REPO / "conf" / "preference").glob("*.yaml")
+    presets = {r["kind"] for f in (CONFIG_DIR / "preference").glob("*.yaml")
                for r in yaml.safe_load(f.read_text())["rules"]}  # fmt: skip
     not_preset = [k for k in kinds() if not {r["kind"] for r in PreferenceKind.load(k).rules} <= presets - {"regex"}]
     assert not_preset, "at least one kind must be outside the simulated user's presets"
@@ -45,7 +46,7 @@ def test_every_kind_has_enough_varied_phrasings_and_a_verifier():
 
 
 def test_phrasings_avoid_the_rule_judge_the_simulated_user_and_the_judge_tests():
-    rule = yaml.safe_load((REPO / "conf" / "judge" / "rule.yaml").read_text())
+    rule = yaml.safe_load((CONFIG_DIR / "judge" / "rule.yaml").read_text())
     judge = re.compile(f"{rule['negative']}|{rule['positive']}", re.I)
     phrases = _all_phrases()
     assert [p for p in phrases if judge.search(p)] == []

@@ -8,7 +8,7 @@ import pytest
 import torch
 from hydra import compose, initialize_config_dir
 
-from metaclaw.config import register_resolvers
+from metaclaw.config import CONFIG_DIR, register_resolvers
 from metaclaw.serving.sampling import SamplingParams
 from metaclaw.serving.training_server.engine import TrainingEngine
 from metaclaw.serving.training_server.errors import ApiError
@@ -18,7 +18,7 @@ from metaclaw.serving.training_server.vllm_sampler import EngineSampler
 
 from .helpers import BATCH, CONTINUATION, PROMPT
 
-CONF = Path(__file__).resolve().parents[2] / "conf"
+CONF = CONFIG_DIR
 
 
 @pytest.fixture

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from hydra import compose, initialize_config_dir
 
-from metaclaw.config import register_resolvers
+from metaclaw.config import CONFIG_DIR, register_resolvers
 from metaclaw.serving.training_server.engine import TrainingEngine
 from metaclaw.serving.training_server.errors import ApiError
 from metaclaw.serving.training_server.schemas import ForwardBackwardRequest, OptimStepRequest
@@ -21,7 +21,7 @@ from metaclaw.serving.training_server.storage import dir_size
 from .helpers import BATCH, step
 from .launch import Server, training_server
 
-CONF = Path(__file__).resolve().parents[2] / "conf"
+CONF = CONFIG_DIR
 QUOTA_MB = 0.2
 
 

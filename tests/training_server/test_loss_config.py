@@ -2,17 +2,15 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 from hydra import compose, initialize_config_dir
 
-from metaclaw.config import register_resolvers
+from metaclaw.config import CONFIG_DIR, register_resolvers
 from metaclaw.losses import CISPOLoss, ImportanceSamplingLoss, PPOLoss
 from metaclaw.serving.training_server.errors import ApiError
 from metaclaw.serving.training_server.loss_registry import LossRegistry
 
-CONF = Path(__file__).resolve().parents[2] / "conf"
+CONF = CONFIG_DIR
 
 
 @pytest.fixture(scope="module")

@@ -7,10 +7,10 @@ from pathlib import Path
 import pytest
 from hydra import compose, initialize_config_dir
 
-from metaclaw.config import ConfigError, register_resolvers
+from metaclaw.config import CONFIG_DIR, ConfigError, register_resolvers
 from metaclaw.serving.training_server.settings import ServerSettings, parse_devices
 
-CONF = Path(__file__).resolve().parents[2] / "conf"
+CONF = CONFIG_DIR
 ENV = (
     "METACLAW_API_KEY",
     "METACLAW_PORT",

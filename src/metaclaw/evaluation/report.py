@@ -8,10 +8,13 @@ Many agents (docs/agents.md): records carry `agent_id`; each agent gets its own 
 from __future__ import annotations
 
 import json
+import logging
 from pathlib import Path
 from typing import Any
 
 from metaclaw.store import SampleStore
+
+log = logging.getLogger(__name__)
 
 QUALITY_KEYS = ("good", "nll", "nll_threshold", "fluent", "junk", "distinct_2")
 
@@ -165,8 +168,13 @@ def write_report(
             lines.append(f"  as {agent}: {u.get('replies', 0)} replies, {u.get('complied', 0)} thanked")
     if curves:
         plotted = {a: c["curve"] for a, c in curves.items()} if several else main["curve"]
-        summary["plot"] = str(plot_curve(plotted, run_dir / "compliance.png", title))
-        lines.append(f"curve: {summary['plot']}   log: {run_dir / 'eval.jsonl'}")
+        try:
+            summary["plot"] = str(plot_curve(plotted, run_dir / "compliance.png", title))
+        except ModuleNotFoundError as e:  # matplotlib is the plots extra
+            log.warning("compliance.png not drawn (%s): pip install 'metaclaw[plots]'", e)
+            summary["plot"] = None
+        drawn = summary["plot"] or "not drawn (pip install 'metaclaw[plots]')"
+        lines.append(f"curve: {drawn}   log: {run_dir / 'eval.jsonl'}")
     summary["text"] = "\n".join(lines)
     (run_dir / "summary.json").write_text(json.dumps({k: v for k, v in summary.items() if k != "text"}, indent=1))
     return summary

@@ -1,10 +1,10 @@
-"""Start `serve.py` (the policy server) for the live loop from the run's own config, and watch it.
+"""Start the policy server (`python -m metaclaw serve`) for the live loop from the run's own config, and watch it.
 
 One config, every process: the resolved `model`, `backend`, `devices` and `serve` nodes of the composed training
-config are written to `<run_dir>/server/serve_config.yaml` and serve.py is started on that file
+config are written to `<run_dir>/server/serve_config.yaml` and the server is started on that file
 (`--config-dir <run_dir>/server --config-name serve_config`), so no field is forwarded by hand. The server's key
 travels in its environment, never in the file. The child is bound to this process (`metaclaw.lifecycle`): it
-dies when `train.py` dies, even by SIGKILL. `watch()` restarts a server that died (bounded) or reports it.
+dies when `metaclaw train` dies, even by SIGKILL. `watch()` restarts a server that died (bounded) or reports it.
 """
 
 from __future__ import annotations
@@ -23,7 +23,6 @@ from typing import Any
 import httpx
 import yaml
 
-import metaclaw
 from metaclaw.lifecycle import PARENT_ENV
 from metaclaw.rollout.server import free_port
 
@@ -33,13 +32,14 @@ CONFIG_NAME = "serve_config"
 SERVER_NODES = ("model", "backend", "devices", "serve")  # every field of these reaches the server
 
 
-def default_script() -> Path:
-    """`serve.py` beside the package's source tree (the repository root in a checkout)."""
-    return Path(metaclaw.__file__).resolve().parents[2] / "serve.py"
+def server_command(script: str | Path | None = None) -> list[str]:
+    """The command that starts the server: the installed package's (`python -m metaclaw serve`), so it runs the
+    same from a clone, a wheel or any working directory; `script` (serving.process.script): that file instead."""
+    return [sys.executable, str(script)] if script else [sys.executable, "-m", "metaclaw", "serve"]
 
 
 def _escape(value: Any) -> Any:
-    """Resolved values are data: `${` in a string must not become an interpolation when serve.py reads the file."""
+    """Resolved values are data: `${` in a string must not become an interpolation when the server reads the file."""
     if isinstance(value, str):
         return value.replace("${", "\\${")
     if isinstance(value, dict):
@@ -50,7 +50,7 @@ def _escape(value: Any) -> Any:
 
 
 def server_config(nodes: Mapping[str, Any], run_dir: Path, port: int) -> dict[str, Any]:
-    """The serve.py primary config for this run: the given resolved nodes, this port, adapters of this run."""
+    """The server's primary config for this run: the given resolved nodes, this port, adapters of this run."""
     cfg = {k: _escape(dict(v) if isinstance(v, Mapping) else v) for k, v in nodes.items()}
     serve = dict(cfg.get("serve") or {})
     serve.update(port=port, api_key=None, adapter_root=str((run_dir / "adapters").resolve()))
@@ -59,20 +59,20 @@ def server_config(nodes: Mapping[str, Any], run_dir: Path, port: int) -> dict[st
         "defaults": [{"app": "policy_server"}, "_self_"],
         **cfg,
         "run_dir": str((run_dir / "server").resolve()),
-        "hydra": {"run": {"dir": str((run_dir / "server").resolve())}, "job": {"chdir": False}},
+        "hydra": {"run": {"dir": str((run_dir / "server").resolve())}, "job": {"name": "serve", "chdir": False}},
     }
 
 
 class PolicyServerProcess:
-    """`with PolicyServerProcess(nodes, run_dir=...) as srv:` runs serve.py on `srv.url` with the run's settings.
+    """`with PolicyServerProcess(nodes, run_dir=...) as srv:` runs the policy server on `srv.url` (the run's settings).
 
     Args:
         nodes: resolved `model`, `backend`, `devices`, `serve` (plain dicts) of the training config.
         run_dir: the training run's directory: adapters are loaded from `<run_dir>/adapters`, the config, log
             and Hydra output go to `<run_dir>/server`.
         api_key: the key the server requires (given in its environment); None: an open server (warned about).
-        script: path to serve.py; None: the checkout's.
-        extra_args: more Hydra overrides for serve.py.
+        script: a serve script to run instead of `python -m metaclaw serve` (None: the package's).
+        extra_args: more Hydra overrides for the server.
         startup_timeout_s: how long to wait for `/health`.
         max_restarts: how many times `watch()` restarts a server that died.
         poll_s: how often `watch()` looks at the process.
@@ -93,10 +93,9 @@ class PolicyServerProcess:
         self.port = int((nodes.get("serve") or {}).get("port") or 0) or free_port()
         self.config = server_config(nodes, self.run_dir, self.port)
         self.api_key = api_key
-        self.script = Path(script) if script else default_script()
         server_dir = (self.run_dir / "server").resolve()
         self.config_path = server_dir / f"{CONFIG_NAME}.yaml"
-        self.args = [sys.executable, str(self.script), "--config-dir", str(server_dir), "--config-name", CONFIG_NAME,
+        self.args = [*server_command(script), "--config-dir", str(server_dir), "--config-name", CONFIG_NAME,
                      *(extra_args or [])]  # fmt: skip
         self.startup_timeout_s, self.max_restarts, self.poll_s = startup_timeout_s, max_restarts, poll_s
         self.restarts = 0
@@ -122,14 +121,14 @@ class PolicyServerProcess:
             yaml.safe_dump(self.config, f, sort_keys=False)
 
     def start(self) -> PolicyServerProcess:
-        """Start serve.py and wait until `/health` answers (raises with the log's path when it does not)."""
+        """Start the server and wait until `/health` answers (raises with the log's path when it does not)."""
         self._write_config()
         env = {**os.environ, PARENT_ENV: str(os.getpid())}
         env.pop("METACLAW_API_KEY", None)
         if self.api_key:
             env["METACLAW_API_KEY"] = self.api_key
         with open(self.logfile, "ab") as logfile:
-            log.info("Starting policy server: %s (config %s, log %s)", " ".join(self.args[1:]), self.config_path,
+            log.info("Starting policy server: %s (config %s, log %s)", " ".join(self.args), self.config_path,
                      self.logfile)  # fmt: skip
             self.proc = subprocess.Popen(
                 self.args, stdout=logfile, stderr=subprocess.STDOUT, env=env, start_new_session=True
@@ -163,7 +162,7 @@ class PolicyServerProcess:
             proc = self.proc
             if proc is None or proc.poll() is None:
                 continue
-            reason = f"the policy server (serve.py, pid {proc.pid}) exited with code {proc.returncode}"
+            reason = f"the policy server (metaclaw serve, pid {proc.pid}) exited with code {proc.returncode}"
             self.restarting.set()
             while self.restarts < self.max_restarts and not self._closing.is_set():
                 self.restarts += 1

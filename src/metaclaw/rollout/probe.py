@@ -19,7 +19,7 @@ log = logging.getLogger(__name__)
 
 FIX = (
     "Training needs the sampled token ids and per-token logprobs of every turn: use metaclaw's own policy "
-    "server (leave serving.url unset so train.py starts it, or run `python serve.py` and set serving.url to it), "
+    "server (leave serving.url unset so train.py starts it, or run `metaclaw serve` and set serving.url to it), "
     "or a vLLM server that honours `return_token_ids` and `logprobs`; to only proxy and inject skills without "
     "training, run with mode=skills_only."
 )

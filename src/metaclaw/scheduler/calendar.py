@@ -23,8 +23,12 @@ from datetime import date, datetime, timedelta, tzinfo
 from pathlib import Path
 
 import httpx
-import icalendar
-import recurring_ical_events
+
+try:  # metaclaw[calendar]
+    import icalendar
+    import recurring_ical_events
+except ModuleNotFoundError:  # the scheduler works without it; a configured calendar says what to install
+    icalendar = recurring_ical_events = None  # type: ignore[assignment]
 
 from metaclaw.scheduler.sources import UTC, Interval
 
@@ -122,6 +126,9 @@ class CalendarWindows:
         timeout_s: float = 30.0,
         clock_now: datetime | None = None,
     ) -> None:
+        if icalendar is None or recurring_ical_events is None:
+            raise CalendarError(f"scheduler.calendar {source}: reading a calendar needs the calendar extra: "
+                                "pip install 'metaclaw[calendar]'")  # fmt: skip
         self.source, self.zone = str(source), zone
         self.refresh = timedelta(minutes=refresh_minutes)
         self.horizon, self.max_bytes, self.max_events, self.timeout_s = (

@@ -15,8 +15,6 @@ import asyncio
 import json
 import logging
 import time
-import uuid
-from collections import deque
 from collections.abc import AsyncIterator, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -25,9 +23,10 @@ import litserve as ls
 from fastapi import Request, Response
 from fastapi.responses import JSONResponse, StreamingResponse
 from litserve.specs.base import LitSpec
-from litserve.utils import LitAPIStatus, ResponseBufferItem
+from litserve.utils import LitAPIStatus
 
 from metaclaw.serving.bodies import BodyError, load_json
+from metaclaw.serving.litserve_compat import submit
 from metaclaw.wire import RequestError
 
 log = logging.getLogger(__name__)
@@ -132,11 +131,7 @@ class PolicySpec(LitSpec):
 
     async def _submit(self, op: str, body: Any) -> AsyncIterator[dict]:
         """Queue `{op, body}` for the worker and yield the events it streams back."""
-        uid = str(uuid.uuid4())
-        queue: deque = deque()
-        event = asyncio.Event()
-        self.response_buffer[uid] = ResponseBufferItem(response_queue=queue, event=event)
-        self.request_queue.put((self.response_queue_id, uid, time.monotonic(), {"op": op, "body": body}))
+        uid, queue, event = submit(self, {"op": op, "body": body})  # LitServe internals: litserve_compat
         try:
             async for data, status in self.data_streamer(queue, event, send_status=True):
                 if status == LitAPIStatus.ERROR:
@@ -181,7 +176,14 @@ class PolicyAPI(ls.LitAPI):
         self.max_concurrency = max_concurrency
 
     def setup(self, device: str) -> None:
+        import multiprocessing
+
         from metaclaw.serving.service import PolicyService
+
+        if multiprocessing.parent_process() is not None:  # LitServe's spawned inference worker: die with the server
+            from metaclaw.lifecycle import bind_to_spawning_parent
+
+            bind_to_spawning_parent()
 
         if not logging.getLogger("metaclaw").handlers:
             logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")

@@ -6,18 +6,17 @@ Builds `PolicyAPI` (engine in LitServe's inference worker) behind our middleware
 
 from __future__ import annotations
 
-import importlib.util
 import logging
 from pathlib import Path
 from typing import Any
 
 import litserve as ls
-import litserve.server
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
 from metaclaw.serving.engines import EngineFactory
 from metaclaw.serving.litapi import PolicyAPI
+from metaclaw.serving.litserve_compat import disable_broken_mcp
 from metaclaw.serving.openapi import POLICY_SERVER_BODIES, publish_request_bodies
 from metaclaw.serving.security import (
     BearerAuthMiddleware,
@@ -90,8 +89,7 @@ def build_server(cfg: DictConfig) -> tuple[ls.LitServer, dict]:
 def run(cfg: DictConfig) -> None:
     """Serve until interrupted."""
     server, summary = build_server(cfg)
-    if importlib.util.find_spec("fastmcp") is None:  # LitServe's MCP bridge breaks with `mcp` but no `fastmcp`
-        litserve.server._MCP_AVAILABLE = False
+    disable_broken_mcp()  # LitServe's MCP bridge breaks with `mcp` but no `fastmcp` (litserve_compat)
     host, port = cfg.serve.host, int(cfg.serve.port)
     log.info(
         "Policy server: model %s (backend %s, %s), adapters under %s, auth: %s",

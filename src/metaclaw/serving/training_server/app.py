@@ -252,7 +252,12 @@ def create_app(engine: TrainingEngine, vllm: EngineSampler | None = None) -> Fas
             return StreamingResponse(chat.stream_chunks(body), media_type="text/event-stream")
         return body
 
-    from metaclaw.serving.training_server.tinker_api import mount
-
+    try:
+        from metaclaw.serving.training_server.tinker_api import mount
+    except ModuleNotFoundError as e:  # the tinker extra; seed 000's API above works without it
+        if e.name not in ("tinker", "zstandard", "google") and not str(e.name).startswith(("tinker.", "google.")):
+            raise
+        log.warning("The Tinker-compatible API (/api/v1) is off: %s. pip install 'metaclaw[tinker]'", e)
+        return app
     mount(app, engine, owner)
     return app
