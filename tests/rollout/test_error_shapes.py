@@ -186,3 +186,38 @@ def test_mid_stream_failure_ends_each_stream_with_its_error(tmp_path, how):
         assert events[-1].response.error.message
         assert h.store.count() == 0 and h.proxy.stats["upstream_errors"] >= (3 if how == "drop" else 0)
         assert httpx.get(f"{h.url}/health").json()["status"] == "ok"
+
+
+def test_streamed_legacy_completions_pass_through_uncaptured(tmp_path):
+    """`/v1/completions` streamed (as vLLM serves it): chunks passed on with the client's model id, nothing stored;
+    an error chunk in OpenAI's shape."""
+    app = FastAPI()
+
+    @app.get("/v1/models")
+    async def models() -> dict:
+        return {"object": "list", "data": [{"id": "tiny"}]}
+
+    @app.post("/v1/completions")
+    async def completions(request: Request) -> StreamingResponse:
+        body = await request.json()
+        assert body["model"] == "tiny"  # mapped like chat
+
+        async def gen() -> Iterator[str]:
+            for text in ("Once", " upon"):
+                choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": None}
+                chunk = {"id": "c1", "object": "text_completion", "model": "tiny", "created": 1, "choices": [choice]}
+                yield f"data: {json.dumps(chunk)}\n\n"
+            if body["prompt"] == "fail":
+                yield f"data: {json.dumps({'error': {'message': 'engine crashed', 'code': 500}})}\n\n"
+            yield "data: [DONE]\n\n"
+
+        return StreamingResponse(gen(), media_type="text/event-stream")
+
+    with proxy_in_front_of(tmp_path, app) as h:
+        oa = openai.OpenAI(base_url=f"{h.url}/v1", api_key="k", max_retries=0, timeout=30)
+        chunks = list(oa.completions.create(model="davinci", prompt="tell", max_tokens=4, stream=True))
+        assert "".join(c.choices[0].text for c in chunks) == "Once upon" and {c.model for c in chunks} == {"davinci"}
+        with pytest.raises(openai.APIError) as e:
+            list(oa.completions.create(model="davinci", prompt="fail", max_tokens=4, stream=True))
+        assert e.value.message == "engine crashed" and e.value.body["code"] is None
+        assert h.store.count() == 0
