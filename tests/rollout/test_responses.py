@@ -116,3 +116,19 @@ def test_hosted_tools_are_left_out_and_developer_becomes_system(harness, client)
     sent = harness.upstream_state["requests"][-1]
     assert [t["function"]["name"] for t in sent["tools"]] == ["get_weather"]
     assert sent["messages"] == [{"role": "system", "content": "Rules."}, {"role": "user", "content": "hello"}]
+
+
+def test_codex_freeform_and_shell_call_items_become_tool_calls(harness, client):
+    r = client.responses.create(model="codex", input=[
+        {"role": "user", "content": "patch it"},
+        {"type": "custom_tool_call", "call_id": "c1", "name": "apply_patch", "input": "*** Begin Patch"},
+        {"type": "custom_tool_call_output", "call_id": "c1", "output": "Done"},
+        {"type": "local_shell_call", "call_id": "c2", "status": "completed",
+         "action": {"type": "exec", "command": ["ls"]}},
+        {"type": "function_call_output", "call_id": "c2", "output": [{"type": "input_text", "text": "a.txt"}]},
+    ])  # fmt: skip
+    assert r.status == "completed"
+    sent = harness.upstream_state["requests"][-1]["messages"]
+    assert [m["role"] for m in sent] == ["user", "assistant", "tool", "assistant", "tool"]
+    assert json.loads(sent[1]["tool_calls"][0]["function"]["arguments"]) == {"input": "*** Begin Patch"}
+    assert sent[3]["tool_calls"][0]["function"]["name"] == "local_shell" and sent[4]["content"] == "a.txt"
