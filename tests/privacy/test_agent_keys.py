@@ -4,6 +4,7 @@ the real `openai` SDK, a scripted upstream."""
 
 from __future__ import annotations
 
+import anthropic
 import httpx
 import openai
 import pytest
@@ -65,3 +66,13 @@ def test_agent_keys_are_checked_where_the_config_is_built():
         check_agent_keys({OWNER: "alice"}, OWNER)
     with pytest.raises(ValueError):
         check_agent_keys({ALICE_KEY: "../etc"}, OWNER)
+
+
+def test_an_agent_key_refused_on_anthropic_routes_gets_anthropic_shape(proxy):
+    url, _ = proxy
+    client = anthropic.Anthropic(base_url=url, api_key=ALICE_KEY, max_retries=0)
+    with pytest.raises(anthropic.PermissionDeniedError) as e:
+        client.messages.create(model="c", max_tokens=4, messages=[{"role": "user", "content": "hi"}],
+                               extra_headers={"X-Agent-Id": "bob"})  # fmt: skip
+    error = {"type": "permission_error", "message": "this key is for agent 'alice', not 'bob'"}
+    assert e.value.body == {"type": "error", "error": error}

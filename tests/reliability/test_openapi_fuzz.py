@@ -9,7 +9,7 @@ import schemathesis
 from hypothesis import HealthCheck, given, settings
 from schemathesis import GenerationMode
 
-BOUNDS = {"max_tokens": 8, "max_completion_tokens": 8, "n": 2, "top_logprobs": 2}
+BOUNDS = {"max_tokens": 8, "max_completion_tokens": 8, "max_output_tokens": 8, "n": 2, "top_logprobs": 2}
 EXAMPLES = settings(max_examples=10, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True)
 
 

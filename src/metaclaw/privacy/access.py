@@ -80,8 +80,9 @@ class AgentKeyMiddleware:
         headers = [(k, v) for k, v in scope.get("headers") or [] if k not in (b"authorization", b"x-api-key")]
         named = [v.decode("latin-1") for k, v in headers if k == b"x-agent-id"]
         if any(n != agent for n in named):
+            anthropic = path == "/v1/messages" or path.startswith("/v1/messages/")  # Anthropic's error shape there
             return await send_json_error(send, 403, f"this key is for agent {agent!r}, not {named[0]!r}",
-                                         "permission_error")  # fmt: skip
+                                         "permission_error", anthropic)  # fmt: skip
         headers = [(k, v) for k, v in headers if k != b"x-agent-id"]
         headers += [(b"authorization", b"Bearer " + self.api_key.encode()), (b"x-agent-id", agent.encode())]
         scope = {**scope, "headers": headers}

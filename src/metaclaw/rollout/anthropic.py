@@ -9,6 +9,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from metaclaw.messages import content_text
+from metaclaw.rollout.errors import stream_error
 from metaclaw.wire import RequestError
 
 STOP_REASONS = {"stop": "end_turn", "length": "max_tokens", "tool_calls": "tool_use", None: "end_turn"}
@@ -270,3 +271,9 @@ class AnthropicStream:
         usage = {**self.usage, "output_tokens": self.usage["output_tokens"] or self.output_tokens}
         yield self.event("message_delta", {"type": "message_delta", "delta": delta, "usage": usage})
         yield self.event("message_stop", {"type": "message_stop"})
+
+    def fail(self, error: Any) -> Iterator[bytes]:
+        """The upstream failed mid-stream: Anthropic's `event: error` (the stream ends there, no `message_stop`)."""
+        message, type_, _ = stream_error(error)
+        kind = "overloaded_error" if type_ == "overloaded_error" else "api_error"
+        yield self.event("error", {"type": "error", "error": {"type": kind, "message": message}})

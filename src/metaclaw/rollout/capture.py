@@ -30,6 +30,7 @@ class TurnCapture:
     finish_reason: str | None = None
     adapter_version: int | None = None
     usage: dict[str, Any] | None = None
+    error: Any = None  # what an upstream that failed mid-stream said (such a turn is never captured)
 
     def _top(self, body: dict[str, Any]) -> None:
         if body.get("prompt_token_ids") and not self.prompt_ids:
@@ -45,7 +46,10 @@ class TurnCapture:
             self.logprobs.append(float(entry.get("logprob", 0.0)))
 
     def feed_chunk(self, chunk: dict[str, Any]) -> None:
-        """Accumulate one streamed `chat.completion.chunk` (first choice only)."""
+        """Accumulate one streamed `chat.completion.chunk` (first choice only); an error chunk is kept as `error`."""
+        if "error" in chunk and not chunk.get("choices"):
+            self.error = chunk["error"]
+            return
         self._top(chunk)
         choices = chunk.get("choices") or []
         if not choices:
@@ -107,6 +111,8 @@ class TurnCapture:
 
     def problems(self) -> str | None:
         """Why this turn cannot become a sample (None when it can)."""
+        if self.error is not None:
+            return f"the upstream failed mid-stream: {self.error}"
         if not self.prompt_ids:
             return "the server returned no prompt_token_ids"
         if not self.response_ids:

@@ -30,6 +30,7 @@ import httpx
 from metaclaw.agents import AgentProfile, AgentProfiles, check_agent_id
 from metaclaw.rollout.capture import TurnCapture, split_sse, sse_data, strip_extras
 from metaclaw.rollout.conversation import Query, Tail
+from metaclaw.rollout.errors import openai_error, stream_error
 from metaclaw.rollout.fit import ClientFit, ContextPolicy, ImagePolicy
 from metaclaw.rollout.session_tracker import (
     BODY_EXTRAS,
@@ -390,7 +391,10 @@ class RolloutProxy:
                             tail = out
                         elif out:
                             yield out
-                completed = True
+                completed = turn.capture.error is None  # an upstream's error chunk: passed on, not captured
+            except httpx.HTTPError as e:  # the upstream went away mid-stream: an error chunk, as OpenAI sends
+                self._broken_stream(turn, e)
+                tail = b"data: " + dumps(openai_error(f"the upstream failed mid-stream: {e}", 502)).encode() + b"\n\n"
             finally:
                 await resp.aclose()
                 await self.finish(turn, ok=completed)
@@ -399,7 +403,10 @@ class RolloutProxy:
         return sse(), self._headers(turn)
 
     async def open_stream(self, turn: Turn) -> tuple[AsyncIterator[dict[str, Any]], dict[str, str]]:
-        """Streaming, as chunk dicts (stripped for the client); the turn is stored before the iterator ends."""
+        """Streaming, as chunk dicts (stripped for the client); the turn is stored before the iterator ends.
+
+        An upstream failure mid-stream ends the iterator with an `{"error": {...}}` chunk (the turn not captured).
+        """
         resp = await self._send(turn)
 
         async def chunks() -> AsyncIterator[dict[str, Any]]:
@@ -411,12 +418,42 @@ class RolloutProxy:
                             chunk = json.loads(data)
                             turn.capture.feed_chunk(chunk)
                             yield turn.for_client(chunk)
-                completed = True
+                completed = turn.capture.error is None
+            except httpx.HTTPError as e:  # said to the client as an `{"error": ...}` chunk, the stream's last
+                self._broken_stream(turn, e)
+                yield {"error": {"message": f"the upstream failed mid-stream: {e}", "type": "api_error"}}
             finally:
                 await resp.aclose()
                 await self.finish(turn, ok=completed)
 
         return chunks(), self._headers(turn)
+
+    async def legacy_completions(self, body: Any) -> httpx.Response:
+        """`/v1/completions` forwarded as is (the model id mapped as for chat; streamed or not), never captured:
+        a raw prompt has no conversation to score, no session and no chat template (docs/clients.md).
+
+        Returns the open upstream response (the caller streams or reads it, then closes it). Raises
+        `RequestError` for a body that is not an object, `UpstreamError` when the upstream fails."""
+        if not isinstance(body, dict):
+            raise RequestError("the request body must be a JSON object")
+        if not isinstance(body.get("prompt"), str | list):
+            raise RequestError("prompt must be a string or a list (of strings or token ids)", param="prompt")
+        upstream = {k: v for k, v in body.items() if k not in BODY_EXTRAS}
+        upstream["model"] = self.upstream_model(body.get("model"))
+        self.stats["turns"] += 1
+        client = next(self._next_client)
+        req = client.build_request("POST", f"{self.upstream_url}/v1/completions", json=upstream)
+        try:
+            resp = await client.send(req, stream=bool(body.get("stream")))
+        except httpx.HTTPError as e:
+            self.stats["upstream_errors"] += 1
+            raise UpstreamError(502, json.dumps({"error": {"message": f"upstream unreachable: {e}"}}).encode()) from e
+        if resp.status_code >= 400:
+            content = await resp.aread()
+            await resp.aclose()
+            self.stats["upstream_errors"] += 1
+            raise UpstreamError(resp.status_code, content)
+        return resp
 
     @staticmethod
     async def _events(resp: httpx.Response) -> AsyncIterator[tuple[list[tuple[bytes, bytes]], bool]]:
@@ -446,6 +483,10 @@ class RolloutProxy:
     def _client_event(turn: Turn, event: bytes, data: bytes) -> bytes:
         """Capture one upstream event; what the client gets of it (with the turn's own id, extras stripped)."""
         chunk = json.loads(data)
+        if "error" in chunk and not chunk.get("choices"):  # the upstream failed mid-stream: OpenAI's error chunk
+            turn.capture.error = chunk["error"]
+            message, type_, code = stream_error(chunk["error"])
+            return b"data: " + dumps(openai_error(message, 500, type_, code)).encode() + b"\n\n"
         if turn.main:
             turn.capture.feed_chunk(chunk)
         model_ok = turn.client_model is None or chunk.get("model", turn.client_model) == turn.client_model
@@ -517,6 +558,11 @@ class RolloutProxy:
                 await asyncio.to_thread(self.sessions.log.touch, turn.agent_id, turn.session_id, True)
             except Exception as e:  # noqa: BLE001 - see the docstring
                 self._capture_failed(turn, "the session's end", e)
+
+    def _broken_stream(self, turn: Turn, error: BaseException) -> None:
+        self.stats["upstream_errors"] += 1
+        turn.capture.error = f"the upstream failed mid-stream: {error}"
+        log.warning("Upstream stream of session %s turn %d broke: %s", turn.session_id, turn.turn_index, error)
 
     def _capture_failed(self, turn: Turn, what: str, error: BaseException) -> None:
         """The store could not record `what`: counted and logged loudly; the user's reply goes out regardless."""

@@ -1,35 +1,46 @@
-"""The proxy's HTTP surface: OpenAI `/v1/chat/completions`, Anthropic `/v1/messages` (+ `/count_tokens`),
-`/v1/models`, `/health`, `/v1/feedback` and `/v1/sessions/done`; wrapped in the shared browser-guard (Host, Origin,
+"""The proxy's HTTP surface: OpenAI `/v1/chat/completions`, `/v1/responses` (the Responses API: Codex),
+`/v1/completions` (passed through, not captured), Anthropic `/v1/messages` (+ `/count_tokens`), `/v1/models`
+(+ `/{id}`), `/health`, `/v1/feedback` and `/v1/sessions/done`; wrapped in the shared browser-guard (Host, Origin,
 JSON content type: docs/security.md), auth and body-limit middlewares.
 
-Error contract: a client's mistake is a 4xx JSON body naming the problem (OpenAI's `{"error": {...}}`, Anthropic's
-`{"type": "error", "error": {...}}` on `/v1/messages*`); anything unexpected is a 500 JSON body and a logged
-traceback, never a plain-text page; upstream errors are passed on with their status. `/openapi.json` documents
-every route's request body."""
+Error contract (`metaclaw.rollout.errors`): a client's mistake is a 4xx JSON body naming the problem in its API
+family's shape (OpenAI's `{"error": {"message", "type", "param", "code"}}` with a string or null `code`, on every
+route and unknown path; Anthropic's `{"type": "error", "error": {...}}` on `/v1/messages*`); anything unexpected
+is a 500 JSON body and a logged traceback, never a plain-text page; upstream errors are passed on with their
+status, re-shaped; an upstream failing mid-stream ends the stream with the family's error event. `/openapi.json`
+documents every route's request body."""
 
 from __future__ import annotations
 
 import asyncio
 import gc
 import hashlib
+import json
 import logging
+import time
+import uuid
 from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import asynccontextmanager
 from typing import Any
 
+import httpx
 from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import Send
 
 from metaclaw.agents import AgentProfiles
 from metaclaw.rollout import feedback
 from metaclaw.rollout.anthropic import AnthropicStream, to_anthropic_response, to_openai_messages, to_openai_request
+from metaclaw.rollout.errors import error_response, is_anthropic, openai_error, stream_error, upstream_response
 from metaclaw.rollout.fit import build_fit
-from metaclaw.rollout.proxy import SSE_DONE, RolloutProxy, UpstreamError
+from metaclaw.rollout.proxy import SSE_DONE, RolloutProxy, Turn, UpstreamError, dumps
+from metaclaw.rollout.responses import ResponseShell, ResponsesStream, to_chat_request, to_response
 from metaclaw.rollout.session_tracker import BODY_EXTRAS
 from metaclaw.serving.bodies import BodyError, load_json
 from metaclaw.serving.openapi import PROXY_BODIES, publish_request_bodies
-from metaclaw.serving.security import BearerAuthMiddleware, BodySizeLimitMiddleware, BrowserGuard, error_body
+from metaclaw.serving.security import BearerAuthMiddleware, BodySizeLimitMiddleware, BrowserGuard
 from metaclaw.skills.hooks import SkillInjectorLike
 from metaclaw.store import SampleStore
 from metaclaw.wire import RequestError
@@ -69,17 +80,36 @@ def warn_open(url: str, host: str) -> None:
 
 
 def _error(
-    status: int, message: str, type_: str = "invalid_request_error", anthropic: bool = False
+    status: int, message: str, type_: str | None = None, anthropic: bool = False, code: str | None = None
 ) -> JSONResponse:
     """OpenAI's error shape, or Anthropic's (`{"type": "error", "error": {"type", "message"}}`)."""
-    if anthropic:
-        return JSONResponse({"type": "error", "error": {"type": type_, "message": message}}, status_code=status)
-    return JSONResponse({"error": {"message": message, "type": type_, "code": status}}, status_code=status)
+    return error_response(status, message, anthropic=anthropic, type_=type_, code=code)
 
 
-def _upstream_error(e: UpstreamError) -> Response:
-    body = e.body if e.body else error_body(f"upstream returned {e.status}", "upstream_error", e.status)
-    return Response(body, status_code=e.status, media_type="application/json")
+def _upstream_error(e: UpstreamError, anthropic: bool = False) -> Response:
+    return upstream_response(e.status, e.body, anthropic=anthropic)
+
+
+async def translated_events(turn: Turn, chunks: AsyncIterator[dict[str, Any]], conv: Any) -> AsyncIterator[bytes]:
+    """A chat stream re-told in another API's events (`AnthropicStream`, `ResponsesStream`): the start once the
+    first chunk says the prompt's length, the events of each chunk, the end, or the family's error event when the
+    upstream fails mid-stream (never a normal end)."""
+    started, seen = False, 0
+    async for chunk in chunks:
+        if not started:  # after the first chunk: the prompt's length as the server rendered it
+            yield conv.start(len(turn.capture.prompt_ids) or None)
+            started = True
+        if "error" in chunk and not chunk.get("choices"):
+            for ev in conv.fail(chunk["error"]):
+                yield ev
+            return
+        n, seen = len(turn.capture.response_ids) - seen, len(turn.capture.response_ids)
+        for ev in conv.feed(chunk, n):
+            yield ev
+    if not started:
+        yield conv.start()
+    for ev in conv.end():
+        yield ev
 
 
 async def _json(request: Request) -> Any:
@@ -129,11 +159,27 @@ def create_app(
     publish_request_bodies(app, {**PROXY_BODIES, "/v1/feedback": feedback.FeedbackRequest.model_json_schema()})
 
     def anthropic(request: Request) -> bool:
-        return request.url.path.startswith("/v1/messages")
+        return is_anthropic(request.url.path)
 
     @app.exception_handler(RequestError)
     async def _bad_request(request: Request, exc: RequestError) -> JSONResponse:
-        return _error(400, str(exc), anthropic=anthropic(request))
+        return error_response(exc.status, str(exc), anthropic=anthropic(request), code=exc.code, param=exc.param)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        """Unknown routes (404) and methods (405), in the family's shape (never FastAPI's `{"detail": ...}`)."""
+        if exc.status_code == 404:
+            message = f"no route {request.method} {request.url.path} on this proxy (see /openapi.json)"
+        elif exc.status_code == 405:
+            message = f"method {request.method} is not allowed on {request.url.path}"
+        else:
+            message = str(exc.detail)
+        return error_response(exc.status_code, message, anthropic=anthropic(request),
+                              code="unknown_url" if exc.status_code == 404 else None)  # fmt: skip
+
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
+        return error_response(422, f"invalid request: {exc.errors()}", anthropic=anthropic(request))
 
     @app.exception_handler(Exception)
     async def _internal(request: Request, exc: Exception) -> JSONResponse:
@@ -145,9 +191,18 @@ def create_app(
     async def health() -> dict[str, Any]:
         return {"status": "ok", "capture": proxy.capture, **proxy.stats}  # no internal URLs: this route is open
 
+    model_card = {"id": served_model, "object": "model", "created": int(time.time()), "owned_by": "metaclaw"}
+
     @app.get("/v1/models")
     async def models() -> dict[str, Any]:
-        return {"object": "list", "data": [{"id": served_model, "object": "model", "owned_by": "metaclaw"}]}
+        return {"object": "list", "data": [model_card]}
+
+    @app.get("/v1/models/{model_id:path}")
+    async def model(model_id: str) -> JSONResponse:
+        if model_id != served_model:
+            return error_response(404, f"The model {model_id!r} does not exist (this proxy serves {served_model!r})",
+                                  anthropic=False, code="model_not_found", param="model")  # fmt: skip
+        return JSONResponse(model_card)
 
     @app.post("/v1/chat/completions")
     async def chat(request: Request) -> Response:
@@ -177,25 +232,68 @@ def create_app(
                 return JSONResponse(to_anthropic_response(out, model), headers=headers)
             chunks, headers = await proxy.open_stream(turn)
         except UpstreamError as e:
+            return _upstream_error(e, anthropic=True)
+        conv = AnthropicStream(model, f"msg_{turn.response_id}" if turn.response_id else None)
+        events = translated_events(turn, chunks, conv)
+        return StreamingResponse(events, media_type="text/event-stream", headers={**SSE_HEADERS, **headers})
+
+    @app.post("/v1/responses")
+    async def responses(request: Request) -> Response:
+        """OpenAI's Responses API (Codex): translated to a chat turn, captured like one (`rollout.responses`)."""
+        body = await _json(request)
+        chat_body = to_chat_request(body)
+        chat_body.update({k: body[k] for k in BODY_EXTRAS if k in body})
+        turn = await proxy.prepare(chat_body, _headers(request), client_of(request))
+        rid = f"resp_{uuid.uuid4().hex}"
+        if turn.response_id:  # the id `/v1/feedback` takes: the response's own
+            turn.response_id = turn.meta["response_id"] = rid
+        shell = ResponseShell(body, rid, body.get("model"))
+        try:
+            if not turn.stream:
+                out, headers = await proxy.complete(turn)
+                return JSONResponse(to_response(out, shell), headers=headers)
+            chunks, headers = await proxy.open_stream(turn)
+        except UpstreamError as e:
             return _upstream_error(e)
+        events = translated_events(turn, chunks, ResponsesStream(shell))
+        return StreamingResponse(events, media_type="text/event-stream", headers={**SSE_HEADERS, **headers})
 
-        async def events() -> AsyncIterator[bytes]:
-            conv = AnthropicStream(model, f"msg_{turn.response_id}" if turn.response_id else None)
-            started, seen = False, 0
-            async for chunk in chunks:
-                if not started:  # after the first chunk: the prompt's length as the server rendered it
-                    prompt = len(turn.capture.prompt_ids) or None
-                    yield conv.start(prompt)
-                    started = True
-                n, seen = len(turn.capture.response_ids) - seen, len(turn.capture.response_ids)
-                for ev in conv.feed(chunk, n):
-                    yield ev
-            if not started:
-                yield conv.start()
-            for ev in conv.end():
-                yield ev
+    @app.post("/v1/completions")
+    async def completions(request: Request) -> Response:
+        """Legacy completions, passed through to the policy server and not captured (docs/clients.md)."""
+        body = await _json(request)
+        try:
+            resp = await proxy.legacy_completions(body)
+        except UpstreamError as e:
+            return _upstream_error(e)
+        client_model = body.get("model")
+        if not body.get("stream"):
+            try:
+                out = json.loads(await resp.aread())
+            finally:
+                await resp.aclose()
+            if isinstance(out, dict) and "model" in out:
+                out["model"] = client_model
+            return JSONResponse(out)
 
-        return StreamingResponse(events(), media_type="text/event-stream", headers={**SSE_HEADERS, **headers})
+        async def sse() -> AsyncIterator[bytes]:
+            try:
+                async for events, _ in proxy._events(resp):
+                    for _, data in events:
+                        chunk = json.loads(data)
+                        if "error" in chunk and not chunk.get("choices"):
+                            message, type_, code = stream_error(chunk["error"])
+                            chunk = openai_error(message, 500, type_, code)
+                        elif "model" in chunk:
+                            chunk["model"] = client_model
+                        yield b"data: " + dumps(chunk).encode() + b"\n\n"
+            except httpx.HTTPError as e:
+                yield b"data: " + dumps(openai_error(f"the upstream failed mid-stream: {e}", 502)).encode() + b"\n\n"
+            finally:
+                await resp.aclose()
+            yield SSE_DONE
+
+        return SSEResponse(sse(), media_type="text/event-stream", headers=SSE_HEADERS)
 
     @app.post("/v1/messages/count_tokens")
     async def count_tokens(request: Request) -> JSONResponse:
@@ -226,7 +324,7 @@ def create_app(
         try:
             return JSONResponse(await feedback.arecord(proxy.store, body, agent_id))
         except feedback.FeedbackNotFound as e:
-            return _error(404, str(e), "not_found_error")
+            return _error(404, str(e), "not_found_error", code="not_found")
 
     @app.post("/v1/sessions/done")
     async def session_done(request: Request) -> JSONResponse:
@@ -239,12 +337,13 @@ def create_app(
         if not isinstance(session_id, str) or not session_id:
             raise RequestError("session_id is required (body field or X-Session-Id header)")
         if not await proxy.mark_done(str(agent_id), session_id):
-            return _error(404, f"unknown session {session_id!r} for agent {agent_id!r}", "not_found_error")
+            return _error(404, f"unknown session {session_id!r} for agent {agent_id!r}", "not_found_error",
+                          code="not_found")  # fmt: skip
         return JSONResponse({"session_id": session_id, "agent_id": agent_id, "done": True})
 
     guard = (guard or BrowserGuard()).with_anthropic_paths(*ANTHROPIC_PATHS)
     return guard.around_auth(
-        BodySizeLimitMiddleware(app, max_body_bytes),
+        BodySizeLimitMiddleware(app, max_body_bytes, anthropic_paths=ANTHROPIC_PATHS),
         lambda inner: BearerAuthMiddleware(inner, api_key, open_paths=("/health",), anthropic_paths=ANTHROPIC_PATHS),
     )
 

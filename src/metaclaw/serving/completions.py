@@ -17,7 +17,7 @@ from metaclaw.serving.protocol import ChatRequest
 from metaclaw.serving.render import chat_prompt_ids
 from metaclaw.wire import RequestError, version_headers
 
-_END_TOKENS = ("<|im_end|>", "<|endoftext|>", "<|eot_id|>", "<|end_of_text|>", "</s>")
+_END_TOKENS = ("<|im_end|>", "<|endoftext|>", "<|eot_id|>", "<|eom_id|>", "<|end_of_text|>", "</s>")
 
 
 def end_token_ids(tokenizer: Any) -> set[int]:
@@ -87,8 +87,10 @@ def _usage(prompt: int, completion: int) -> dict[str, int]:
     return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
 
 
-def chat_choice(index: int, out: SequenceOutput, req: ChatRequest, decoder: TextDecoder) -> dict[str, Any]:
-    parsed = parse_completion(decoder.text(out.token_ids), parse_tools=req.parse_tools)
+def chat_choice(
+    index: int, out: SequenceOutput, req: ChatRequest, decoder: TextDecoder, tool_format: str = "hermes"
+) -> dict[str, Any]:
+    parsed = parse_completion(decoder.text(out.token_ids), parse_tools=req.parse_tools, fmt=tool_format)
     message: dict[str, Any] = {"role": "assistant", "content": parsed.content}
     if parsed.reasoning_content is not None:
         message["reasoning_content"] = parsed.reasoning_content
@@ -106,8 +108,10 @@ def chat_choice(index: int, out: SequenceOutput, req: ChatRequest, decoder: Text
     return choice
 
 
-def chat_completion(engine: Engine, req: ChatRequest, adapter: str | None) -> Iterator[dict[str, Any]]:
-    """Non-streaming: one `head` event carrying the whole response body."""
+def chat_completion(
+    engine: Engine, req: ChatRequest, adapter: str | None, tool_format: str = "hermes"
+) -> Iterator[dict[str, Any]]:
+    """Non-streaming: one `head` event carrying the whole response body; tool calls in `tool_format`."""
     prompt_ids = render_prompt(engine, req)
     outputs = engine.generate(prompt_ids, req.params, adapter)
     decoder = TextDecoder(engine.tokenizer, req.params.stop)
@@ -117,7 +121,7 @@ def chat_completion(engine: Engine, req: ChatRequest, adapter: str | None) -> It
         "object": "chat.completion",
         "created": int(time.time()),
         "model": req.model,
-        "choices": [chat_choice(i, out, req, decoder) for i, out in enumerate(outputs)],
+        "choices": [chat_choice(i, out, req, decoder, tool_format) for i, out in enumerate(outputs)],
         "usage": _usage(len(prompt_ids), sum(len(o.token_ids) for o in outputs)),
     }
     if req.return_token_ids:
@@ -125,12 +129,14 @@ def chat_completion(engine: Engine, req: ChatRequest, adapter: str | None) -> It
     yield {"status": 200, "headers": version_headers(version), "body": body}
 
 
-def chat_completion_stream(engine: Engine, req: ChatRequest, adapter: str | None) -> Iterator[dict[str, Any]]:
+def chat_completion_stream(
+    engine: Engine, req: ChatRequest, adapter: str | None, tool_format: str = "hermes"
+) -> Iterator[dict[str, Any]]:
     """Streaming: a `head` event (status, version header), then one chunk per sampled token, then the finish."""
     prompt_ids = render_prompt(engine, req)
     stream = engine.stream(prompt_ids, req.params, adapter)
     decoder = TextDecoder(engine.tokenizer, req.params.stop)
-    parser = StreamParser(parse_tools=req.parse_tools)
+    parser = StreamParser(parse_tools=req.parse_tools, fmt=tool_format)
     base = {"id": f"chatcmpl-{uuid.uuid4().hex}", "object": "chat.completion.chunk", "created": int(time.time()),
             "model": req.model}  # fmt: skip
     yield {"status": 200, "headers": version_headers(stream.adapter_version), "stream": True}

@@ -166,8 +166,10 @@ class PolicyAPI(ls.LitAPI):
         request_timeout_s: float = 300.0,
         max_concurrency: int = 64,
         info: dict[str, Any] | None = None,
+        tool_call_format: str = "auto",
     ) -> None:
         super().__init__(spec=PolicySpec(request_timeout_s), enable_async=True)
+        self.tool_call_format = tool_call_format
         self.info = info
         self.engine_factory = engine_factory
         self.adapter_root = adapter_root
@@ -197,8 +199,9 @@ class PolicyAPI(ls.LitAPI):
 
             self.info.setdefault("effective", {})["torch_threads"] = torch.get_num_threads()
         self.service = PolicyService(
-            self.engine, self.adapter_root, self.default_max_tokens, self.model_root, info=self.info
-        )
+            self.engine, self.adapter_root, self.default_max_tokens, self.model_root, info=self.info,
+            tool_call_format=self.tool_call_format,
+        )  # fmt: skip
         self.pool = ThreadPoolExecutor(max_workers=self.max_concurrency, thread_name_prefix="engine")
         log.info("Engine ready: %s on %s (adapter root %s)", self.engine.model_name, device, self.adapter_root)
 

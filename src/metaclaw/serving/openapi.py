@@ -179,14 +179,23 @@ POLICY_SERVER_BODIES = {
     "/v1/load_lora_adapter": LOAD_ADAPTER,
     "/v1/unload_lora_adapter": UNLOAD_ADAPTER,
 }
+RESPONSES = {"type": "object", "required": ["input"], "properties": {
+    "model": _STR, "instructions": _STR, "input": {"anyOf": [_STR, {"type": "array", "items": _OBJ}]},
+    "tools": {"type": "array", "items": _OBJ}, "tool_choice": {"anyOf": [_STR, _OBJ]}, "stream": {"type": "boolean"},
+    "max_output_tokens": {"type": "integer", "minimum": 1}, "temperature": {"type": "number", "minimum": 0},
+    "top_p": {"type": "number", "exclusiveMinimum": 0, "maximum": 1},
+    "previous_response_id": {"type": "null", "description": "refused: send the whole conversation in input"}}}
 PROXY_BODIES = {
     "/v1/chat/completions": PROXY_CHAT_COMPLETIONS,
+    "/v1/responses": RESPONSES,
+    "/v1/completions": COMPLETIONS,
     "/v1/messages": ANTHROPIC_MESSAGES,
     "/v1/messages/count_tokens": ANTHROPIC_COUNT_TOKENS,
     "/v1/sessions/done": SESSIONS_DONE,
 }
 ERROR = {"type": "object", "required": ["error"], "properties": {"error": {"type": "object", "properties": {
-    "message": _STR, "type": _STR, "code": {"anyOf": [_STR, {"type": "integer"}, {"type": "null"}]}}}}}  # fmt: skip
+    "message": _STR, "type": _STR, "param": {"anyOf": [_STR, {"type": "null"}]},
+    "code": {"anyOf": [_STR, {"type": "integer"}, {"type": "null"}]}}}}}  # fmt: skip
 _ERRORS = {
     str(code): {"description": text, "content": {"application/json": {"schema": ERROR}}}
     for code, text in ((400, "invalid request (the message names the field)"), (401, "missing or invalid API key"),

@@ -1,20 +1,38 @@
-"""Split generated text into reasoning (`<think>…</think>`), content and Qwen-style `<tool_call>` JSON calls.
+"""Split generated text into reasoning (`<think>…</think>`), content and tool calls, in the tool-call format of
+the served model's family, one parser per family:
 
+- `hermes`: `<tool_call>{"name": …, "arguments": {…}}</tool_call>`, one block per call, text around
+  (Qwen 2.5/3, Hermes, ChatML models);
+- `llama3`: `{"name": …, "parameters": {…}}` as the whole reply (`;` between calls), or after `<|python_tag|>`
+  (Llama 3.1/3.2/3.3);
+- `mistral`: `[TOOL_CALLS][{"name": …, "arguments": {…}}]`, or `[TOOL_CALLS]name[ARGS]{…}` (tokenizer v11+).
+
+`detect_tool_format` picks the format from the chat template's text (`serve.tool_call_format` overrides it);
 `parse_completion` handles a whole completion; `StreamParser` does the same incrementally for SSE, holding back
-only text that could still be the start of a tag.
+only text that could still be the start of a tag (and a reply that is a call, until it is complete).
 """
 
 from __future__ import annotations
 
 import json
 import re
+import secrets
+import string
 import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
 THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
 TOOL_OPEN, TOOL_CLOSE = "<tool_call>", "</tool_call>"
+PYTHON_TAG = "<|python_tag|>"
+MISTRAL_CALLS, MISTRAL_ARGS, MISTRAL_CALL_ID = "[TOOL_CALLS]", "[ARGS]", "[CALL_ID]"
 _TOOL_BLOCK = re.compile(re.escape(TOOL_OPEN) + r"(.*?)" + re.escape(TOOL_CLOSE), re.DOTALL)
+TOOL_FORMATS = ("hermes", "llama3", "mistral")
+
+
+def _call(name: str, args: Any, call_id: str) -> dict[str, Any]:
+    return {"id": call_id, "type": "function",
+            "function": {"name": name, "arguments": args if isinstance(args, str) else json.dumps(args)}}  # fmt: skip
 
 
 def tool_call_from_json(text: str) -> dict[str, Any] | None:
@@ -25,12 +43,160 @@ def tool_call_from_json(text: str) -> dict[str, Any] | None:
         return None
     if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
         return None
-    args = obj.get("arguments", obj.get("parameters", {}))
-    return {
-        "id": f"call_{uuid.uuid4().hex[:24]}",
-        "type": "function",
-        "function": {"name": obj["name"], "arguments": args if isinstance(args, str) else json.dumps(args)},
-    }
+    return _call(obj["name"], obj.get("arguments", obj.get("parameters", {})), f"call_{uuid.uuid4().hex[:24]}")
+
+
+class HermesToolCalls:
+    """Qwen / Hermes / ChatML: `<tool_call>{json}</tool_call>` blocks anywhere in the reply."""
+
+    name = "hermes"
+    open_tags: tuple[str, ...] = (TOOL_OPEN,)
+    close_tag: str | None = TOOL_CLOSE
+    bare_json = False
+
+    def parse(self, body: str) -> list[dict[str, Any]] | None:
+        call = tool_call_from_json(body)
+        return None if call is None else [call]
+
+    def split(self, text: str) -> tuple[str, list[dict[str, Any]]]:
+        """(content, calls) of a whole reply (after its reasoning); malformed blocks stay in the content."""
+        calls: list[dict[str, Any]] = []
+        if TOOL_OPEN not in text:
+            return text, calls
+
+        def take(match: re.Match) -> str:
+            got = self.parse(match.group(1))
+            if got is None:
+                return match.group(0)
+            calls.extend(got)
+            return ""
+
+        return _TOOL_BLOCK.sub(take, text), calls
+
+
+class _TailToolCalls:
+    """Formats whose calls run from a marker to the end of the reply."""
+
+    name = ""
+    open_tags: tuple[str, ...] = ()
+    close_tag: str | None = None
+    bare_json = False  # a reply that starts with `{` is a call (no marker)
+
+    def parse(self, body: str) -> list[dict[str, Any]] | None:
+        raise NotImplementedError
+
+    def split(self, text: str) -> tuple[str, list[dict[str, Any]]]:
+        hits = [(text.find(t), t) for t in self.open_tags if t in text]
+        if hits:
+            pos, tag = min(hits)
+            calls = self.parse(text[pos + len(tag) :])
+            if calls:
+                return text[:pos], calls
+        if self.bare_json and text.lstrip().startswith("{"):
+            calls = self.parse(text)
+            if calls:
+                return "", calls
+        return text, []
+
+
+def _json_objects(text: str, separators: str = "; \n\t,") -> list[Any] | None:
+    """The JSON values in `text`, one after another (separated by `separators`); None if anything else is there."""
+    decoder, out, i = json.JSONDecoder(), [], 0
+    while True:
+        while i < len(text) and text[i] in separators:
+            i += 1
+        if i == len(text):
+            return out
+        try:
+            value, i = decoder.raw_decode(text, i)
+        except json.JSONDecodeError:
+            return None
+        out.append(value)
+
+
+class Llama3ToolCalls(_TailToolCalls):
+    """Llama 3.1/3.2/3.3 JSON tool calling: the reply is `{"name": …, "parameters": {…}}` (calls separated by `;`),
+    optionally after `<|python_tag|>`. Built-in tools' Python calls (`brave_search.call(...)`) stay content."""
+
+    name = "llama3"
+    open_tags = (PYTHON_TAG,)
+    bare_json = True
+
+    def parse(self, body: str) -> list[dict[str, Any]] | None:
+        objs = _json_objects(body.strip())
+        if not objs or not all(isinstance(o, dict) and isinstance(o.get("name"), str) for o in objs):
+            return None
+        return [_call(o["name"], o.get("parameters", o.get("arguments", {})), f"call_{uuid.uuid4().hex[:24]}")
+                for o in objs]  # fmt: skip
+
+
+class MistralToolCalls(_TailToolCalls):
+    """Mistral: `[TOOL_CALLS][{"name": …, "arguments": {…}}, …]` (tokenizer v3), or `[TOOL_CALLS]name[ARGS]{…}`
+    repeated (v11+, `[CALL_ID]id` optional). Call ids are 9 alphanumerics: Mistral's templates refuse others."""
+
+    name = "mistral"
+    open_tags = (MISTRAL_CALLS,)
+
+    @staticmethod
+    def new_id() -> str:
+        return "".join(secrets.choice(string.ascii_letters + string.digits) for _ in range(9))
+
+    def parse(self, body: str) -> list[dict[str, Any]] | None:
+        body = body.strip()
+        if body.startswith("["):
+            objs = _json_objects(body)
+            if not objs or not isinstance(objs[0], list):
+                return None
+            items = [o for group in objs for o in (group if isinstance(group, list) else [group])]
+            if not items or not all(isinstance(o, dict) and isinstance(o.get("name"), str) for o in items):
+                return None
+            return [_call(o["name"], o.get("arguments", o.get("parameters", {})), self._id(o.get("id")))
+                    for o in items]  # fmt: skip
+        calls = []
+        for piece in body.split(MISTRAL_CALLS):
+            if MISTRAL_ARGS not in piece:
+                return None
+            head, args = piece.split(MISTRAL_ARGS, 1)
+            name, _, given = head.partition(MISTRAL_CALL_ID)
+            objs = _json_objects(args.strip(), " \n\t")
+            if not name.strip() or objs is None or len(objs) != 1 or not isinstance(objs[0], dict):
+                return None
+            calls.append(_call(name.strip(), objs[0], self._id(given.strip())))
+        return calls or None
+
+    def _id(self, given: Any) -> str:
+        return given if isinstance(given, str) and len(given) == 9 and given.isalnum() else self.new_id()
+
+
+PARSERS = {"hermes": HermesToolCalls(), "llama3": Llama3ToolCalls(), "mistral": MistralToolCalls()}
+ToolCallFormat = HermesToolCalls | Llama3ToolCalls | MistralToolCalls
+
+
+def detect_tool_format(chat_template: Any) -> str:
+    """The tool-call format a chat template teaches its model: `mistral` (`[TOOL_CALLS]`/`[AVAILABLE_TOOLS]`),
+    `llama3` (`<|python_tag|>`, or Llama 3's headers with JSON `parameters`), else `hermes` (`<tool_call>`, and
+    the fallback: what ChatML models without a tool format of their own are best prompted with)."""
+    if isinstance(chat_template, dict):  # a tokenizer with named templates: the default, else the tool-use one
+        chat_template = chat_template.get("tool_use") or chat_template.get("default") or ""
+    if isinstance(chat_template, list):  # [{"name": ..., "template": ...}]
+        chat_template = " ".join(t.get("template", "") for t in chat_template if isinstance(t, dict))
+    text = chat_template if isinstance(chat_template, str) else ""
+    if MISTRAL_CALLS in text or "[AVAILABLE_TOOLS]" in text:
+        return "mistral"
+    if TOOL_OPEN in text:
+        return "hermes"
+    if PYTHON_TAG in text or ("<|start_header_id|>" in text and '"parameters"' in text):
+        return "llama3"
+    return "hermes"
+
+
+def tool_format_for(tokenizer: Any, override: str | None = None) -> str:
+    """`override` when set (not `auto`; must be one of `TOOL_FORMATS`), else the one `tokenizer`'s template names."""
+    if override and override != "auto":
+        if override not in PARSERS:
+            raise ValueError(f"serve.tool_call_format must be auto or one of {list(PARSERS)}, got {override!r}")
+        return override
+    return detect_tool_format(getattr(tokenizer, "chat_template", None))
 
 
 @dataclass
@@ -53,20 +219,12 @@ def split_reasoning(text: str) -> tuple[str | None, str]:
     return None, text
 
 
-def parse_completion(text: str, parse_tools: bool = True) -> ParsedCompletion:
-    """Reasoning, content and tool calls of a complete generation; malformed calls stay in the content."""
+def parse_completion(text: str, parse_tools: bool = True, fmt: str = "hermes") -> ParsedCompletion:
+    """Reasoning, content and tool calls (in format `fmt`) of a complete generation; malformed calls stay content."""
     reasoning, rest = split_reasoning(text)
     calls: list[dict[str, Any]] = []
-    if parse_tools and TOOL_OPEN in rest:
-
-        def take(match: re.Match) -> str:
-            call = tool_call_from_json(match.group(1))
-            if call is None:
-                return match.group(0)
-            calls.append(call)
-            return ""
-
-        rest = _TOOL_BLOCK.sub(take, rest)
+    if parse_tools:
+        rest, calls = PARSERS[fmt].split(rest)
     content = rest.strip() if calls else rest
     return ParsedCompletion(content=content or (None if calls else ""), reasoning_content=reasoning, tool_calls=calls)
 
@@ -85,26 +243,46 @@ def _partial_tag_len(text: str, tags: tuple[str, ...]) -> int:
 class StreamParser:
     """Incremental `parse_completion`: `feed(text)` / `finish()` return events for SSE deltas.
 
-    Events are `("content", str)`, `("reasoning", str)` and `("tool_call", dict)`.
+    Events are `("content", str)`, `("reasoning", str)` and `("tool_call", dict)`. Modes: `content`, `think`,
+    `tool` (inside a `<tool_call>` block) and `tail` (a call that runs to the end: Llama 3, Mistral; parsed at
+    `finish`, given back as content if it is not one).
     """
 
-    def __init__(self, parse_tools: bool = True) -> None:
+    def __init__(self, parse_tools: bool = True, fmt: str = "hermes") -> None:
         self.parse_tools = parse_tools
+        self.fmt: ToolCallFormat = PARSERS[fmt]
         self._buf = ""
-        self._mode = "content"  # content | think | tool
+        self._mode = "content"  # content | think | tool | tail
+        self._tail_tag = ""
+        self._said = False  # whether any content went out (a bare JSON call must start the answer)
         self.saw_tool_call = False
 
     def _tags(self) -> tuple[str, ...]:
         if self._mode == "think":
             return (THINK_CLOSE,)
         if self._mode == "tool":
-            return (TOOL_CLOSE,)
-        return (THINK_OPEN, THINK_CLOSE, TOOL_OPEN) if self.parse_tools else (THINK_OPEN, THINK_CLOSE)
+            return (self.fmt.close_tag or "",)
+        return (THINK_OPEN, THINK_CLOSE, *self.fmt.open_tags) if self.parse_tools else (THINK_OPEN, THINK_CLOSE)
+
+    def _bare(self) -> str | None:
+        """For formats whose call may be the bare reply: `wait` while only blanks came, `call` once it opens."""
+        if not (self.parse_tools and self.fmt.bare_json and self._mode == "content" and not self._said):
+            return None
+        head = self._buf.lstrip()
+        if not head or THINK_OPEN.startswith(head) or head.startswith(THINK_OPEN):
+            return "wait" if not head else None
+        return "call" if head.startswith("{") else None
 
     def feed(self, text: str) -> list[tuple[str, Any]]:
         self._buf += text
         events: list[tuple[str, Any]] = []
-        while True:
+        while self._mode != "tail":
+            bare = self._bare()
+            if bare == "call":
+                self._mode, self._tail_tag, self._buf = "tail", "", self._buf.lstrip()
+                break
+            if bare == "wait":
+                return events
             tags = self._tags()
             hits = [(self._buf.find(t), t) for t in tags if t in self._buf]
             if not hits:
@@ -114,36 +292,47 @@ class StreamParser:
             self._emit(events, before)
             if tag == THINK_OPEN:
                 self._mode = "think"
-            elif tag == TOOL_OPEN:
-                self._mode = "tool"
-            elif tag == TOOL_CLOSE:
-                self._close_tool(events, before)
-            else:  # </think>
+            elif tag == THINK_CLOSE:
                 self._mode = "content"
-        if self._mode != "tool":
+            elif self._mode == "tool":
+                self._close_tool(events, before)
+            elif self.fmt.close_tag is not None:
+                self._mode = "tool"
+            else:
+                self._mode, self._tail_tag = "tail", tag
+        if self._mode not in ("tool", "tail"):
             keep = _partial_tag_len(self._buf, self._tags())
             ready, self._buf = self._buf[: len(self._buf) - keep], self._buf[len(self._buf) - keep :]
             self._emit(events, ready)
         return events
 
     def _emit(self, events: list[tuple[str, Any]], text: str) -> None:
-        if not text or self._mode == "tool":
+        if not text or self._mode in ("tool", "tail"):
             return
-        events.append(("reasoning" if self._mode == "think" else "content", text))
+        kind = "reasoning" if self._mode == "think" else "content"
+        self._said = self._said or (kind == "content" and bool(text.strip()))
+        events.append((kind, text))
 
     def _close_tool(self, events: list[tuple[str, Any]], body: str) -> None:
-        call = tool_call_from_json(body)
-        if call is None:
+        calls = self.fmt.parse(body)
+        if calls is None:
             events.append(("content", f"{TOOL_OPEN}{body}{TOOL_CLOSE}"))
         else:
             self.saw_tool_call = True
-            events.append(("tool_call", call))
+            events.extend(("tool_call", c) for c in calls)
         self._mode = "content"
 
     def finish(self) -> list[tuple[str, Any]]:
         events: list[tuple[str, Any]] = []
         if self._mode == "tool":  # unterminated call: give the raw text back as content
             events.append(("content", TOOL_OPEN + self._buf))
+        elif self._mode == "tail":
+            calls = self.fmt.parse(self._buf)
+            if calls:
+                self.saw_tool_call = True
+                events.extend(("tool_call", c) for c in calls)
+            else:
+                events.append(("content", self._tail_tag + self._buf))
         elif self._buf:
             events.append(("reasoning" if self._mode == "think" else "content", self._buf))
         self._buf = ""

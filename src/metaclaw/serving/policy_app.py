@@ -61,6 +61,7 @@ def build_server(cfg: DictConfig) -> tuple[ls.LitServer, dict]:
         model_root=spec.name,
         request_timeout_s=serve.request_timeout_s,
         max_concurrency=serve.max_concurrency,
+        tool_call_format=serve.get("tool_call_format") or "auto",
     )
     # Host / Origin / JSON content type: no web page drives the server (docs/security.md)
     guard = {"bind_host": serve.host, "allowed_hosts": serve.get("allowed_hosts") or ()}

@@ -20,17 +20,20 @@ from urllib.parse import urlsplit
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 
-def error_body(message: str, type_: str = "invalid_request_error", code: int | str | None = None) -> bytes:
-    return json.dumps({"error": {"message": message, "type": type_, "code": code}}).encode()
+def error_body(message: str, type_: str = "invalid_request_error", code: str | None = None) -> bytes:
+    """OpenAI's error body: `code` a string or null, as OpenAI's SDKs expect (never the HTTP status)."""
+    return json.dumps({"error": {"message": message, "type": type_, "param": None, "code": code}}).encode()
 
 
 def anthropic_error_body(message: str, type_: str) -> bytes:
     return json.dumps({"type": "error", "error": {"type": type_, "message": message}}).encode()
 
 
-async def send_json_error(send: Send, status: int, message: str, type_: str, anthropic: bool = False) -> None:
+async def send_json_error(
+    send: Send, status: int, message: str, type_: str, anthropic: bool = False, code: str | None = None
+) -> None:
     """A JSON error response: OpenAI's `{"error": {...}}`, or Anthropic's `{"type": "error", ...}`."""
-    body = anthropic_error_body(message, type_) if anthropic else error_body(message, type_, status)
+    body = anthropic_error_body(message, type_) if anthropic else error_body(message, type_, code)
     headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
     if status == 401:
         headers.append((b"www-authenticate", b"Bearer"))
@@ -78,7 +81,8 @@ class BearerAuthMiddleware:
         given = auth.decode("latin-1") if auth else None
         if not any(bearer_matches(given, key) for key in (self.api_key, *self.extra_keys)):
             anthropic = scope["path"].startswith(self.anthropic_paths)
-            return await send_json_error(send, 401, "missing or invalid API key", "authentication_error", anthropic)
+            return await send_json_error(send, 401, "missing or invalid API key", "authentication_error", anthropic,
+                                         "invalid_api_key")  # fmt: skip
         return await self.app(scope, receive, send)
 
 
@@ -89,17 +93,22 @@ class BodySizeLimitMiddleware:
     is refused with 413 JSON instead of failing inside the app after a response may have started.
     """
 
-    def __init__(self, app: ASGIApp, max_bytes: int) -> None:
-        self.app, self.max_bytes = app, max_bytes
+    def __init__(self, app: ASGIApp, max_bytes: int, anthropic_paths: Iterable[str] = ()) -> None:
+        self.app, self.max_bytes, self.anthropic_paths = app, max_bytes, tuple(anthropic_paths)
+
+    async def _too_big(self, scope: Scope, send: Send) -> None:
+        message = f"request body exceeds the {self.max_bytes}-byte limit"
+        if self.anthropic_paths and scope["path"].startswith(self.anthropic_paths):
+            return await send_json_error(send, 413, message, "request_too_large", anthropic=True)
+        return await send_json_error(send, 413, message, "invalid_request_error", code="request_too_large")
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
         headers = dict(scope.get("headers") or [])
         declared = headers.get(b"content-length")
-        too_big = f"request body exceeds the {self.max_bytes}-byte limit"
         if declared is not None and declared.isdigit() and int(declared) > self.max_bytes:
-            return await send_json_error(send, 413, too_big, "invalid_request_error")
+            return await self._too_big(scope, send)
         chunks: list[bytes] = []
         seen = 0
         while True:
@@ -109,7 +118,7 @@ class BodySizeLimitMiddleware:
             chunk = message.get("body", b"")
             seen += len(chunk)
             if seen > self.max_bytes:
-                return await send_json_error(send, 413, too_big, "invalid_request_error")
+                return await self._too_big(scope, send)
             chunks.append(chunk)
             if not message.get("more_body", False):
                 break

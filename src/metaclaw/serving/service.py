@@ -16,6 +16,7 @@ from typing import Any
 from metaclaw import profiling
 from metaclaw.serving.completions import TextDecoder, chat_completion, chat_completion_stream
 from metaclaw.serving.engines.base import AdapterError, Engine, UnknownAdapterError
+from metaclaw.serving.parsing import tool_format_for
 from metaclaw.serving.protocol import (
     model_not_found,
     parse_chat_request,
@@ -44,6 +45,8 @@ class PolicyService:
         default_max_tokens: completion budget when a chat request sets none (None: the rest of the context).
         model_root: shown as the base model's `root` in `/v1/models`.
         info: the server's effective config, shown as the base model's `metaclaw` field in `/v1/models`.
+        tool_call_format: how the model writes tool calls (`metaclaw.serving.parsing`): `auto` (from its chat
+            template), `hermes`, `llama3` or `mistral`.
     """
 
     def __init__(
@@ -53,9 +56,14 @@ class PolicyService:
         default_max_tokens: int | None = None,
         model_root: str = "",
         info: dict[str, Any] | None = None,
+        tool_call_format: str = "auto",
     ) -> None:
         self.info = info
         self.engine = engine
+        self.tool_format = tool_format_for(engine.tokenizer, tool_call_format)
+        log.info("Tool calls parsed in the %s format (serve.tool_call_format=%s)", self.tool_format, tool_call_format)
+        if info is not None:
+            info.setdefault("effective", {})["tool_call_format"] = self.tool_format
         self.adapter_root = Path(adapter_root)
         self.default_max_tokens = default_max_tokens
         self.model_root = model_root or engine.model_name
@@ -101,7 +109,7 @@ class PolicyService:
         req = parse_chat_request(body, self._default_max_tokens())
         adapter = self._adapter_for(req.model)
         handler = chat_completion_stream if req.stream else chat_completion
-        yield from handler(self.engine, req, adapter)
+        yield from handler(self.engine, req, adapter, self.tool_format)
 
     def completions(self, body: Any) -> Events:
         """Legacy completions, with vLLM's `prompt_logprobs` and `echo` scoring (the teacher-logprobs route)."""
