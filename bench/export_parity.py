@@ -32,7 +32,7 @@ def synthetic_run(root: Path, model: str = "smollm2_135m", seed: int = 0, std: f
     from metaclaw.modules.policy import LoraPolicy
 
     repo = Path(__file__).resolve().parents[1]
-    node = yaml.safe_load((repo / "conf" / "model" / f"{model}.yaml").read_text())
+    node = yaml.safe_load((repo / "src" / "metaclaw" / "conf" / "model" / f"{model}.yaml").read_text())
     config = {"model": node, "policy": {"rank": 16, "alpha": 32,
               "target_modules": ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]},
               "publish": {"lora_name": "policy"}, "agents": {}}  # fmt: skip
