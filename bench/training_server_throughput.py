@@ -97,9 +97,9 @@ def in_process_engine(model_name: str, checkpoint_dir: Path) -> Callable[[list[d
     from hydra import compose, initialize_config_dir
 
     from metaclaw.config import register_resolvers
-    from metaclaw.serving.training_server.engine import TrainingEngine
-    from metaclaw.serving.training_server.schemas import ForwardBackwardRequest, OptimStepRequest
-    from metaclaw.serving.training_server.settings import ServerSettings
+    from metaclaw.training_server.engine import TrainingEngine
+    from metaclaw.training_server.schemas import ForwardBackwardRequest, OptimStepRequest
+    from metaclaw.training_server.settings import ServerSettings
 
     register_resolvers()
     overrides = ["app=training_server", f"model={model_name}", f"app.checkpoint_dir={checkpoint_dir}"]

@@ -1,6 +1,6 @@
 """The package layers of docs/architecture.md, checked from the imports (ast, no import runs).
 
-A unit (a top-level package or module of `metaclaw`; `serving.training_server` counts as its own) may import only
+A unit (a top-level package or module of `metaclaw`) may import only
 units on a strictly lower floor: no upward arrow, no two units importing each other, no unit left unplaced.
 Imports inside functions and under `TYPE_CHECKING` count too.
 """
@@ -23,20 +23,16 @@ LAYERS: list[tuple[str, frozenset[str]]] = [
     ("serving", frozenset({"serving"})),
     ("privacy", frozenset({"privacy"})),
     ("model", frozenset({"modules"})),
-    ("services", frozenset({"rollout", "scoring", "evaluation", "export", "serving.training_server"})),
+    ("services", frozenset({"rollout", "scoring", "evaluation", "export", "training_server"})),
     ("control", frozenset({"control"})),  # status, steering and the dashboard: read what the services write
     ("training data", frozenset({"datamodules"})),
     ("orchestration", frozenset({"loop"})),
     ("entry", frozenset({"training", "__main__", "__init__"})),
 ]
-SUBUNITS = ("serving.training_server",)
 
 
 def unit_of(module: str) -> str:
-    """`serving.engines.hf` → `serving`; `serving.training_server.app` → `serving.training_server`."""
-    for sub in SUBUNITS:
-        if module == sub or module.startswith(sub + "."):
-            return sub
+    """`serving.engines.hf` → `serving`."""
     return module.split(".")[0]
 
 

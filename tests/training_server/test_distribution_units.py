@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from metaclaw.serving.training_server.distribution import Dist, SampleMemory, processed_logprobs
+from metaclaw.training_server.distribution import Dist, SampleMemory, processed_logprobs
 
 
 def test_processed_logprobs_truncation() -> None:

@@ -9,8 +9,8 @@ from hydra import compose, initialize_config_dir
 
 from metaclaw.config import register_resolvers
 from metaclaw.losses import CISPOLoss, ImportanceSamplingLoss, PPOLoss
-from metaclaw.serving.training_server.errors import ApiError
-from metaclaw.serving.training_server.loss_registry import LossRegistry
+from metaclaw.training_server.errors import ApiError
+from metaclaw.training_server.loss_registry import LossRegistry
 
 CONF = Path(__file__).resolve().parents[2] / "conf"
 

@@ -7,15 +7,15 @@ import uuid
 from fastapi import APIRouter, Request
 from tinker import types as t
 
-from metaclaw.serving.training_server.distribution import Dist
-from metaclaw.serving.training_server.engine import TrainingEngine
-from metaclaw.serving.training_server.errors import ApiError, bad_request
-from metaclaw.serving.training_server.storage import check_name
-from metaclaw.serving.training_server.tinker_api import wire
-from metaclaw.serving.training_server.tinker_api.common import dump, parse, untyped
-from metaclaw.serving.training_server.tinker_api.futures import FutureStore
-from metaclaw.serving.training_server.tinker_api.registry import Registry, Sampler, parse_path
-from metaclaw.serving.training_server.worker import ModelOwner
+from metaclaw.training_server.distribution import Dist
+from metaclaw.training_server.engine import TrainingEngine
+from metaclaw.training_server.errors import ApiError, bad_request
+from metaclaw.training_server.storage import check_name
+from metaclaw.training_server.tinker_api import wire
+from metaclaw.training_server.tinker_api.common import dump, parse, untyped
+from metaclaw.training_server.tinker_api.futures import FutureStore
+from metaclaw.training_server.tinker_api.registry import Registry, Sampler, parse_path
+from metaclaw.training_server.worker import ModelOwner
 
 _UNSUPPORTED = ("topk_prompt_logprobs", "topk_sample_logprobs", "prompt_alt_tokens_k", "target_prompt_logprobs",
                 "prompt_logprobs_last_n", "record_stability_info")  # fmt: skip
@@ -68,7 +68,7 @@ def add_sampling_routes(
 
     @router.post("/asample")
     async def asample(request: Request) -> dict:
-        from metaclaw.serving.training_server.app import _sampling_params
+        from metaclaw.training_server.app import _sampling_params
 
         req = await parse(request, t.SampleRequest)
         for name in _UNSUPPORTED:

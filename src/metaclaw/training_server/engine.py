@@ -23,15 +23,15 @@ from hydra.utils import instantiate
 from metaclaw.modules.loading import ModelSpec
 from metaclaw.modules.policy import LoraPolicy, token_logprobs
 from metaclaw.serving.sampling import SamplingParams, SequenceOutput, generate
-from metaclaw.serving.training_server import checkpoints
-from metaclaw.serving.training_server.batching import check_tokens, collate
-from metaclaw.serving.training_server.distribution import Dist, SampleMemory, processed_logprobs
-from metaclaw.serving.training_server.errors import ApiError, bad_request
-from metaclaw.serving.training_server.loss_registry import LossRegistry
-from metaclaw.serving.training_server.schemas import Datum, ForwardBackwardRequest, OptimStepRequest
-from metaclaw.serving.training_server.sessions import AdapterSlot, Session
-from metaclaw.serving.training_server.settings import ServerSettings
-from metaclaw.serving.training_server.storage import Area
+from metaclaw.training_server import checkpoints
+from metaclaw.training_server.batching import check_tokens, collate
+from metaclaw.training_server.distribution import Dist, SampleMemory, processed_logprobs
+from metaclaw.training_server.errors import ApiError, bad_request
+from metaclaw.training_server.loss_registry import LossRegistry
+from metaclaw.training_server.schemas import Datum, ForwardBackwardRequest, OptimStepRequest
+from metaclaw.training_server.sessions import AdapterSlot, Session
+from metaclaw.training_server.settings import ServerSettings
+from metaclaw.training_server.storage import Area
 
 log = logging.getLogger(__name__)
 

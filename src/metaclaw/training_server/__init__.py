@@ -13,6 +13,6 @@ try:
 except PackageNotFoundError:  # running from a source tree without installing
     VERSION = "0.1.0"
 
-from metaclaw.serving.training_server.main import run  # noqa: E402
+from metaclaw.training_server.main import run  # noqa: E402
 
 __all__ = ["VERSION", "run"]

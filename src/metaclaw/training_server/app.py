@@ -19,14 +19,14 @@ from metaclaw.serving.security import (
     BrowserGuard,
     BrowserGuardMiddleware,
 )
-from metaclaw.serving.training_server import VERSION, chat
-from metaclaw.serving.training_server import schemas as s
-from metaclaw.serving.training_server.distribution import Dist
-from metaclaw.serving.training_server.engine import TrainingEngine
-from metaclaw.serving.training_server.errors import bad_request, drop_422, error_responses, install_error_handlers
-from metaclaw.serving.training_server.sessions import Session
-from metaclaw.serving.training_server.vllm_sampler import EngineSampler
-from metaclaw.serving.training_server.worker import ModelOwner
+from metaclaw.training_server import VERSION, chat
+from metaclaw.training_server import schemas as s
+from metaclaw.training_server.distribution import Dist
+from metaclaw.training_server.engine import TrainingEngine
+from metaclaw.training_server.errors import bad_request, drop_422, error_responses, install_error_handlers
+from metaclaw.training_server.sessions import Session
+from metaclaw.training_server.vllm_sampler import EngineSampler
+from metaclaw.training_server.worker import ModelOwner
 
 OPEN_PATHS = ("/v1/health", "/health")
 log = logging.getLogger(__name__)
@@ -252,7 +252,7 @@ def create_app(engine: TrainingEngine, vllm: EngineSampler | None = None) -> Fas
             return StreamingResponse(chat.stream_chunks(body), media_type="text/event-stream")
         return body
 
-    from metaclaw.serving.training_server.tinker_api import mount
+    from metaclaw.training_server.tinker_api import mount
 
     mount(app, engine, owner)
     return app
