@@ -28,9 +28,11 @@ from pathlib import Path
 import httpx
 import torch
 
+from metaclaw.config import LORA_TARGET_MODULES
+
 REPO = Path(__file__).resolve().parents[1]
 RANK, ALPHA, LR = 16, 32, 1e-5
-TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+TARGETS = list(LORA_TARGET_MODULES)
 
 
 def make_datums(n: int, min_len: int, max_len: int, vocab: int, seed: int = 0) -> list[dict]:

@@ -13,6 +13,11 @@ from metaclaw.devices import train_gpu_ids, train_processes, trainer_kwargs
 
 DATA_DIR = Path(__file__).parent / "data"
 
+LORA_TARGET_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+"""The modules a LoRA adapts unless `policy.target_modules` says otherwise: every attention and MLP projection
+(never `lm_head`: the trainer does not adapt it and vLLM's prompt logprobs break with an `lm_head` LoRA layer).
+The one spelling: `conf/` reads it as `${metaclaw_lora_targets:}`, the trainer and the engines import it."""
+
 
 class ConfigError(ValueError):
     """A combination of config fields that cannot work; the message names the fields."""
@@ -29,11 +34,13 @@ def _wandb_offline() -> bool:
 
 
 def register_resolvers() -> None:
-    """Idempotently register `${metaclaw_data:NAME}` and `${metaclaw_wandb_offline:}`."""
+    """Idempotently register `${metaclaw_data:NAME}`, `${metaclaw_wandb_offline:}` and `${metaclaw_lora_targets:}`."""
     if not OmegaConf.has_resolver("metaclaw_data"):
         OmegaConf.register_new_resolver("metaclaw_data", lambda name: str(DATA_DIR / name))
     if not OmegaConf.has_resolver("metaclaw_wandb_offline"):
         OmegaConf.register_new_resolver("metaclaw_wandb_offline", _wandb_offline)
+    if not OmegaConf.has_resolver("metaclaw_lora_targets"):
+        OmegaConf.register_new_resolver("metaclaw_lora_targets", lambda: list(LORA_TARGET_MODULES))
 
 
 def validate_train_config(cfg: DictConfig) -> None:

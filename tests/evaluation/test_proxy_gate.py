@@ -19,7 +19,8 @@ from metaclaw.control.plane import ControlPlane
 from metaclaw.evaluation import LiveEvaluator
 from metaclaw.evaluation.regression import RegressionWatch
 from metaclaw.evaluation.stats import one_sided_p, snips, wilson
-from metaclaw.loop.eval_wiring import bind_evaluator, build_evaluator, heldout_share
+from metaclaw.loop.eval_wiring import bind_evaluator, build_evaluator
+from metaclaw.loop.wiring import heldout_share
 from metaclaw.modules.publisher import AdapterPublisher
 from metaclaw.serving.client import load_adapter, teacher_logprobs
 from metaclaw.store import Sample, SampleStore
