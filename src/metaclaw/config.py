@@ -13,10 +13,18 @@ from metaclaw.devices import train_gpu_ids, train_processes, trainer_kwargs
 
 DATA_DIR = Path(__file__).parent / "data"
 
-LORA_TARGET_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+LORA_MODULE_GROUPS = {"attn": ("q_proj", "k_proj", "v_proj", "o_proj"), "mlp": ("gate_proj", "up_proj", "down_proj")}
+"""The attention and MLP projections by group (the Tinker API's `train_attn` / `train_mlp`)."""
+
+LORA_TARGET_MODULES = (*LORA_MODULE_GROUPS["attn"], *LORA_MODULE_GROUPS["mlp"])
 """The modules a LoRA adapts unless `policy.target_modules` says otherwise: every attention and MLP projection
 (never `lm_head`: the trainer does not adapt it and vLLM's prompt logprobs break with an `lm_head` LoRA layer).
-The one spelling: `conf/` reads it as `${metaclaw_lora_targets:}`, the trainer and the engines import it."""
+The one spelling: `conf/` reads it as `${metaclaw_lora_targets:}` (a group as `${metaclaw_lora_targets:attn}`),
+the trainer, the engines and the training server import it."""
+
+
+def _lora_targets(group: str = "all") -> list[str]:
+    return list(LORA_TARGET_MODULES if group == "all" else LORA_MODULE_GROUPS[group])
 
 
 class ConfigError(ValueError):
@@ -40,7 +48,7 @@ def register_resolvers() -> None:
     if not OmegaConf.has_resolver("metaclaw_wandb_offline"):
         OmegaConf.register_new_resolver("metaclaw_wandb_offline", _wandb_offline)
     if not OmegaConf.has_resolver("metaclaw_lora_targets"):
-        OmegaConf.register_new_resolver("metaclaw_lora_targets", lambda: list(LORA_TARGET_MODULES))
+        OmegaConf.register_new_resolver("metaclaw_lora_targets", _lora_targets)
 
 
 def validate_train_config(cfg: DictConfig) -> None:

@@ -13,15 +13,12 @@ from typing import Any
 
 from fastapi import FastAPI
 
+from metaclaw.config import LORA_MODULE_GROUPS
 from metaclaw.training_server.errors import ApiError
 
 log = logging.getLogger(__name__)
 
-GROUPS = {  # for a config without app.tinker.module_groups (conf/app/training_server.yaml sets the same)
-    "attn": ["q_proj", "k_proj", "v_proj", "o_proj"],
-    "mlp": ["gate_proj", "up_proj", "down_proj"],
-    "unembed": ["lm_head"],
-}
+GROUPS = {**LORA_MODULE_GROUPS, "unembed": ("lm_head",)}  # for a config without app.tinker.module_groups
 
 
 def _unavailable(app: FastAPI, reason: str) -> None:
