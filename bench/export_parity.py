@@ -28,13 +28,14 @@ def synthetic_run(root: Path, model: str = "smollm2_135m", seed: int = 0, std: f
     import torch
     import yaml
 
+    from metaclaw.config import LORA_TARGET_MODULES
     from metaclaw.modules.loading import ModelSpec
     from metaclaw.modules.policy import LoraPolicy
 
     repo = Path(__file__).resolve().parents[1]
     node = yaml.safe_load((repo / "src" / "metaclaw" / "conf" / "model" / f"{model}.yaml").read_text())
     config = {"model": node, "policy": {"rank": 16, "alpha": 32,
-              "target_modules": ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]},
+              "target_modules": list(LORA_TARGET_MODULES)},
               "publish": {"lora_name": "policy"}, "agents": {}}  # fmt: skip
     (root / ".hydra").mkdir(parents=True, exist_ok=True)
     (root / ".hydra" / "config.yaml").write_text(yaml.safe_dump(config))

@@ -129,7 +129,7 @@ def build(args: argparse.Namespace):
 
 def step(policy, batch: dict, path: str) -> torch.Tensor:
     """One training step's compute (no optimizer: it is the same for both paths); returns the logprobs."""
-    from metaclaw.modules.policy import token_logprobs
+    from metaclaw.distribution.logprobs import token_logprobs
 
     mask = batch["mask"]
     if path == "old":

@@ -28,9 +28,11 @@ from pathlib import Path
 import httpx
 import torch
 
+from metaclaw.config import LORA_TARGET_MODULES
+
 REPO = Path(__file__).resolve().parents[1]
 RANK, ALPHA, LR = 16, 32, 1e-5
-TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+TARGETS = list(LORA_TARGET_MODULES)
 
 
 def make_datums(n: int, min_len: int, max_len: int, vocab: int, seed: int = 0) -> list[dict]:
@@ -99,9 +101,9 @@ def in_process_engine(model_name: str, checkpoint_dir: Path) -> Callable[[list[d
     from hydra import compose, initialize_config_dir
 
     from metaclaw.config import CONFIG_DIR, register_resolvers
-    from metaclaw.serving.training_server.engine import TrainingEngine
-    from metaclaw.serving.training_server.schemas import ForwardBackwardRequest, OptimStepRequest
-    from metaclaw.serving.training_server.settings import ServerSettings
+    from metaclaw.training_server.engine import TrainingEngine
+    from metaclaw.training_server.schemas import ForwardBackwardRequest, OptimStepRequest
+    from metaclaw.training_server.settings import ServerSettings
 
     register_resolvers()
     overrides = ["app=training_server", f"model={model_name}", f"app.checkpoint_dir={checkpoint_dir}"]

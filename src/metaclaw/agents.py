@@ -139,10 +139,6 @@ class AgentProfiles:
         root = Path(run_dir) / "adapters"
         return root if adapter == DEFAULT_ADAPTER else root / "agents" / adapter
 
-    def metric_prefix(self, adapter: str) -> str:
-        """`agent/<id>/`: the logger namespace of an adapter's metrics."""
-        return f"agent/{self.by_adapter(adapter).name}/"
-
 
 def _mode(spec: dict[str, Any], agent_id: str) -> str:
     unknown = set(spec) - {"mode"}

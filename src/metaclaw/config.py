@@ -15,6 +15,19 @@ DATA_DIR = Path(__file__).parent / "data"
 CONFIG_DIR = Path(__file__).parent / "conf"  # the config tree, shipped in the package
 CONFIG_PATH = "pkg://metaclaw.conf"  # Hydra's name for it, from a clone or an installed wheel alike
 
+LORA_MODULE_GROUPS = {"attn": ("q_proj", "k_proj", "v_proj", "o_proj"), "mlp": ("gate_proj", "up_proj", "down_proj")}
+"""The attention and MLP projections by group (the Tinker API's `train_attn` / `train_mlp`)."""
+
+LORA_TARGET_MODULES = (*LORA_MODULE_GROUPS["attn"], *LORA_MODULE_GROUPS["mlp"])
+"""The modules a LoRA adapts unless `policy.target_modules` says otherwise: every attention and MLP projection
+(never `lm_head`: the trainer does not adapt it and vLLM's prompt logprobs break with an `lm_head` LoRA layer).
+The one spelling: `conf/` reads it as `${metaclaw_lora_targets:}` (a group as `${metaclaw_lora_targets:attn}`),
+the trainer, the engines and the training server import it."""
+
+
+def _lora_targets(group: str = "all") -> list[str]:
+    return list(LORA_TARGET_MODULES if group == "all" else LORA_MODULE_GROUPS[group])
+
 
 class ConfigError(ValueError):
     """A combination of config fields that cannot work; the message names the fields."""
@@ -31,11 +44,13 @@ def _wandb_offline() -> bool:
 
 
 def register_resolvers() -> None:
-    """Idempotently register `${metaclaw_data:NAME}` and `${metaclaw_wandb_offline:}`."""
+    """Idempotently register `${metaclaw_data:NAME}`, `${metaclaw_wandb_offline:}` and `${metaclaw_lora_targets:}`."""
     if not OmegaConf.has_resolver("metaclaw_data"):
         OmegaConf.register_new_resolver("metaclaw_data", lambda name: str(DATA_DIR / name))
     if not OmegaConf.has_resolver("metaclaw_wandb_offline"):
         OmegaConf.register_new_resolver("metaclaw_wandb_offline", _wandb_offline)
+    if not OmegaConf.has_resolver("metaclaw_lora_targets"):
+        OmegaConf.register_new_resolver("metaclaw_lora_targets", _lora_targets)
 
 
 def validate_train_config(cfg: DictConfig) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import time
 from contextlib import nullcontext
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +17,7 @@ from omegaconf import DictConfig
 
 from metaclaw.agents import AgentProfiles, size_max_loras
 from metaclaw.config import trainer_device_kwargs, validate_train_config
+from metaclaw.control.api import mount_plane
 from metaclaw.control.plane import build_control
 from metaclaw.datamodules.seed import seed_store
 from metaclaw.devices import resolve_devices, torch_threads
@@ -145,7 +147,7 @@ def _train(cfg: DictConfig) -> tuple[dict[str, Any], dict[str, Any]]:
         log.info("Resuming from %s", ckpt)
     # rollout=proxy|replay: server, proxy, scorer, replay. DDP workers re-run this script: only rank 0 serves.
     build_watch(cfg, evaluator, store, control)  # roll a served adapter back when its verdicts regress
-    wrap_app = control.mount if control else None
+    wrap_app = partial(mount_plane, control) if control else None
     t0 = time.monotonic()
     services = (
         live_loop(cfg, store, tokenizer, stop, wrap_app, evaluator)

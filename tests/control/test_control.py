@@ -21,6 +21,7 @@ import pytest
 import torch
 
 from metaclaw.agents import AgentProfiles
+from metaclaw.control.api import mount_plane
 from metaclaw.control.plane import ControlPlane
 from metaclaw.rollout.proxy import RolloutProxy
 from metaclaw.rollout.proxy_app import create_app
@@ -88,7 +89,7 @@ def service(tmp_path_factory) -> Iterator[Service]:
         plane = ControlPlane(run_dir, store, scheduler, lora_name="policy", api_key=KEY, agents=AGENTS)
         plane.server_url = server_url
         proxy = RolloutProxy(store, server_url, base_model="tiny", policy_model="policy", agents=AGENTS)
-        with ThreadedServer(plane.mount(create_app(proxy, api_key=KEY))) as srv:
+        with ThreadedServer(mount_plane(plane, create_app(proxy, api_key=KEY))) as srv:
             plane.announce(srv.url)
             yield Service(srv.url, server_url, run_dir, store, scheduler, plane)
         store.close()

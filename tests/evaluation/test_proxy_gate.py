@@ -18,7 +18,8 @@ from hydra.utils import instantiate
 from metaclaw.control.plane import ControlPlane
 from metaclaw.evaluation.stats import one_sided_p, snips, wilson
 from metaclaw.evaluation.turns import HeldoutTurnsEvaluator
-from metaclaw.loop.eval_wiring import bind_evaluator, build_evaluator, build_watch, heldout_share
+from metaclaw.loop.eval_wiring import bind_evaluator, build_evaluator, build_watch
+from metaclaw.loop.wiring import heldout_share
 from metaclaw.modules.publisher import AdapterPublisher
 from metaclaw.serving.client import load_adapter, teacher_logprobs
 from metaclaw.store import Sample, SampleStore

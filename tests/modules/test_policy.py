@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from metaclaw.modules.policy import LoraPolicy, token_logprobs
+from metaclaw.distribution.logprobs import token_logprobs
+from metaclaw.modules.policy import LoraPolicy
 from metaclaw.serving.sampling import SamplingParams, generate
 
 
@@ -139,7 +140,7 @@ def test_on_policy_ratio_is_one_with_top_p_and_top_k(tiny_policy, tiny_tokenizer
 
 
 def test_truncation_keeps_top_k_then_nucleus_and_the_target():
-    from metaclaw.modules.policy import truncation_mask
+    from metaclaw.distribution.logprobs import truncation_mask
 
     logits = torch.log(torch.tensor([[0.5, 0.3, 0.1, 0.06, 0.04]]))
     keep = truncation_mask(logits, torch.tensor([0.75]), torch.tensor([4]))

@@ -76,7 +76,7 @@ def proxy_surface(tiny_policy_server, tiny_tokenizer, tmp_path_factory) -> Itera
 @pytest.fixture(scope="session")
 def training_surface(tmp_path_factory) -> Iterator[Surface]:
     """The training server (tiny model) built in-process by its own entry point and served by uvicorn."""
-    from metaclaw.serving.training_server.main import build
+    from metaclaw.training_server.main import build
 
     key = "reliability-training-key"
     ckpt = tmp_path_factory.mktemp("reliability-training")

@@ -222,8 +222,8 @@ def test_store_rows_keep_interpolations_and_targets_as_data(tmp_path: Path) -> N
 # ---- chat template: message text is data, not template source ----------------------------------------------
 def test_chat_content_is_not_template_source() -> None:
     from metaclaw.modules.loading import ModelSpec
-    from metaclaw.serving.training_server.chat import prompt_ids
-    from metaclaw.serving.training_server.schemas import ChatCompletionRequest
+    from metaclaw.training_server.chat import prompt_ids
+    from metaclaw.training_server.schemas import ChatCompletionRequest
 
     tokenizer = ModelSpec(name="tiny", path="tiny").load_tokenizer()
     text = "{{ 7*7 }} {% raw %} ${oc.env:HOME}"

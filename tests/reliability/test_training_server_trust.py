@@ -9,7 +9,7 @@ import httpx
 import pytest
 
 from metaclaw.config import ConfigError
-from metaclaw.serving.training_server.settings import ServerSettings
+from metaclaw.training_server.settings import ServerSettings
 from tests.reliability.conftest import Surface, serve_cfg
 
 CHUNK = b"x" * (1 << 20)

@@ -15,6 +15,7 @@ import openai
 import pytest
 
 from metaclaw.control import cli
+from metaclaw.control.api import mount_plane
 from metaclaw.control.plane import ControlPlane
 from metaclaw.scheduler import IdleScheduler
 from tests.reliability.web_rig import proxy_rig
@@ -78,7 +79,7 @@ def controlled(tmp_path):
         scheduler = IdleScheduler(str(run_dir), str(tmp_path / "samples.sqlite"), sleep_start=None, sleep_end=None,
                                   idle_threshold_minutes=30, idle_source="proxy", poll_s=0.1)  # fmt: skip
         holder["plane"] = plane = ControlPlane(run_dir, None, scheduler, api_key=None)
-        return plane.mount(app)
+        return mount_plane(plane, app)
 
     with proxy_rig(tmp_path, wrap=mount) as rig:
         holder["plane"].announce(rig.url)
@@ -134,7 +135,7 @@ def test_refused_requests_are_not_user_activity(tmp_path):
         scheduler = IdleScheduler(str(run_dir), str(tmp_path / "samples.sqlite"), sleep_start=None, sleep_end=None,
                                   idle_threshold_minutes=30, idle_source="proxy", poll_s=0.1)  # fmt: skip
         holder["activity"] = scheduler.activity
-        return ControlPlane(run_dir, None, scheduler, api_key="proxy-key").mount(app)
+        return mount_plane(ControlPlane(run_dir, None, scheduler, api_key="proxy-key"), app)
 
     with proxy_rig(tmp_path, api_key="proxy-key", wrap=mount) as rig:
         activity = holder["activity"]

@@ -16,12 +16,12 @@ import pytest
 
 from metaclaw.advantages.opd import OPDAdvantage
 from metaclaw.datamodules.rollout import collate_samples
+from metaclaw.distribution import sample_distribution
 from metaclaw.rollout.proxy import RolloutProxy
 from metaclaw.rollout.proxy_app import create_app
 from metaclaw.rollout.server import ThreadedServer
 from metaclaw.scoring.teacher import TeacherClient, hinted_prompt_ids
 from metaclaw.serving.completions import render_prompt
-from metaclaw.serving.distribution import sample_distribution
 from metaclaw.serving.protocol import parse_chat_request
 from metaclaw.store import Sample, SampleStore
 from tests.serving.conftest import running_server

@@ -6,8 +6,8 @@ import asyncio
 
 import pytest
 
-from metaclaw.serving.training_server.errors import ApiError
-from metaclaw.serving.training_server.tinker_api.futures import FutureStore, ModelQueue
+from metaclaw.training_server.errors import ApiError
+from metaclaw.training_server.tinker_api.futures import FutureStore, ModelQueue
 
 
 def run(coro):

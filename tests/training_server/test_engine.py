@@ -10,11 +10,11 @@ from hydra import compose, initialize_config_dir
 
 from metaclaw.config import CONFIG_DIR, register_resolvers
 from metaclaw.serving.sampling import SamplingParams
-from metaclaw.serving.training_server.engine import TrainingEngine
-from metaclaw.serving.training_server.errors import ApiError
-from metaclaw.serving.training_server.schemas import ForwardBackwardRequest, OptimStepRequest
-from metaclaw.serving.training_server.settings import ServerSettings
-from metaclaw.serving.training_server.vllm_sampler import EngineSampler
+from metaclaw.training_server.engine import TrainingEngine
+from metaclaw.training_server.errors import ApiError
+from metaclaw.training_server.schemas import ForwardBackwardRequest, OptimStepRequest
+from metaclaw.training_server.settings import ServerSettings
+from metaclaw.training_server.vllm_sampler import EngineSampler
 
 from .helpers import BATCH, CONTINUATION, PROMPT
 

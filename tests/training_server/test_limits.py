@@ -12,11 +12,11 @@ import pytest
 from hydra import compose, initialize_config_dir
 
 from metaclaw.config import CONFIG_DIR, register_resolvers
-from metaclaw.serving.training_server.engine import TrainingEngine
-from metaclaw.serving.training_server.errors import ApiError
-from metaclaw.serving.training_server.schemas import ForwardBackwardRequest, OptimStepRequest
-from metaclaw.serving.training_server.settings import ServerSettings
-from metaclaw.serving.training_server.storage import dir_size
+from metaclaw.training_server.engine import TrainingEngine
+from metaclaw.training_server.errors import ApiError
+from metaclaw.training_server.schemas import ForwardBackwardRequest, OptimStepRequest
+from metaclaw.training_server.settings import ServerSettings
+from metaclaw.training_server.storage import dir_size
 
 from .helpers import BATCH, step
 from .launch import Server, training_server

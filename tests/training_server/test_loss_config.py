@@ -7,8 +7,8 @@ from hydra import compose, initialize_config_dir
 
 from metaclaw.config import CONFIG_DIR, register_resolvers
 from metaclaw.losses import CISPOLoss, ImportanceSamplingLoss, PPOLoss
-from metaclaw.serving.training_server.errors import ApiError
-from metaclaw.serving.training_server.loss_registry import LossRegistry
+from metaclaw.training_server.errors import ApiError
+from metaclaw.training_server.loss_registry import LossRegistry
 
 CONF = CONFIG_DIR
 

@@ -8,7 +8,7 @@ import pytest
 from hydra import compose, initialize_config_dir
 
 from metaclaw.config import CONFIG_DIR, ConfigError, register_resolvers
-from metaclaw.serving.training_server.settings import ServerSettings, parse_devices
+from metaclaw.training_server.settings import ServerSettings, parse_devices
 
 CONF = CONFIG_DIR
 ENV = (

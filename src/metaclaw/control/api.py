@@ -1,6 +1,7 @@
 """The control HTTP API, `/control/*` on the proxy's port: loopback clients only, behind a per-run key.
 
-`mount_control(app, plane, api_key)` wraps the proxy's ASGI app: `/control/*` goes to the control routes, every
+`mount_plane(plane, app)` puts the control routes and the dashboard in front of the proxy's ASGI app;
+`mount_control(app, plane, api_key)` wraps it: `/control/*` goes to the control routes, every
 other request goes to the proxy untouched. `/v1/*` requests the proxy accepts count as user activity for the
 scheduler; refused ones (401, 403, 413, 415) do not: a stranger's rejected requests must not keep training off.
 
@@ -22,7 +23,9 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from metaclaw.agents import check_agent_id
-from metaclaw.control.keys import issue_control_key
+from metaclaw.control.dashboard.app import mount_dashboard
+from metaclaw.control.dashboard.data import DashboardData
+from metaclaw.control.keys import issue_control_key, read_control_key
 from metaclaw.control.plane import ControlError, ControlPlane
 from metaclaw.serving.security import (
     BearerAuthMiddleware,
@@ -93,6 +96,15 @@ def create_control_app(plane: ControlPlane) -> FastAPI:
         return await run(plane.rollback, body.step, body.agent)
 
     return app
+
+
+def mount_plane(plane: ControlPlane, app: ASGIApp) -> ASGIApp:
+    """The proxy's ASGI app with `/control/*` and `/dashboard*` in front (the proxy's key, loopback only)."""
+    guard = app.guard if isinstance(app, BrowserGuardMiddleware) else BrowserGuard()  # the proxy's Host/Origin
+    controlled = mount_control(app, plane, plane.api_key)  # issues this run's control key
+    data = DashboardData(plane.run_dir, plane=plane, **plane.dashboard)
+    # the page's one key: the proxy's, else the run's control key (both open /control/*; docs/dashboard.md)
+    return mount_dashboard(controlled, data, plane.api_key or read_control_key(plane.run_dir), guard)
 
 
 def mount_control(app: ASGIApp, plane: ControlPlane, api_key: str | None, max_body_bytes: int = 65536) -> ASGIApp:

@@ -96,20 +96,6 @@ class ControlPlane:
         self.server_url: str | None = None  # set once the policy server is up
         self.trainer: Any = None  # set by train(): steps done
 
-    def mount(self, app: Any) -> Any:
-        """The proxy's ASGI app with `/control/*` and `/dashboard*` in front (the proxy's key, loopback only)."""
-        from metaclaw.control.api import mount_control
-        from metaclaw.control.dashboard.app import mount_dashboard
-        from metaclaw.control.dashboard.data import DashboardData
-        from metaclaw.control.keys import read_control_key
-        from metaclaw.serving.security import BrowserGuard, BrowserGuardMiddleware
-
-        guard = app.guard if isinstance(app, BrowserGuardMiddleware) else BrowserGuard()  # the proxy's Host/Origin
-        controlled = mount_control(app, self, self.api_key)  # issues this run's control key
-        data = DashboardData(self.run_dir, plane=self, **self.dashboard)
-        # the page's one key: the proxy's, else the run's control key (both open /control/*; docs/dashboard.md)
-        return mount_dashboard(controlled, data, self.api_key or read_control_key(self.run_dir), guard)
-
     def attach(self, live: Any, trainer: Any = None) -> None:
         """Point at the running services (`metaclaw.loop.live.Live`) and trainer; announce the URL."""
         self.server_url = live.server_url.rstrip("/") if live.server_url else None

@@ -12,7 +12,7 @@ import torch
 from torch import Tensor
 from torch.utils.data import DataLoader, IterableDataset
 
-from metaclaw.serving.distribution import sample_distribution
+from metaclaw.distribution import sample_distribution
 from metaclaw.store import BACKLOG_POLICIES, Sample, SampleStore, open_store
 
 log = logging.getLogger(__name__)

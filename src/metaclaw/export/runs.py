@@ -19,6 +19,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from metaclaw.agents import AgentProfiles, check_agent_id
 from metaclaw.atomic import write_file_atomically
+from metaclaw.config import register_resolvers
 from metaclaw.modules.loading import ModelSpec
 from metaclaw.wire import ADAPTER_CONFIG, ADAPTER_WEIGHTS
 
@@ -64,6 +65,7 @@ class RunAdapters:
             check_agent_id(agent, "--agent")
         except ValueError as e:
             raise ExportError(str(e)) from e
+        register_resolvers()  # the saved config keeps its `${metaclaw_...:}` interpolations
         return cls(run_dir, agent, OmegaConf.load(config_file))
 
     # ------------------------------------------------------------------ the run's settings

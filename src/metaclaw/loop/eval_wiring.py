@@ -19,6 +19,7 @@ from metaclaw.evaluation.evaluator import ComplianceEvaluator
 from metaclaw.evaluation.live import LiveEvaluator
 from metaclaw.evaluation.regression import RegressionWatch
 from metaclaw.evaluation.turns import HeldoutTurnsEvaluator
+from metaclaw.loop.wiring import build_injector, has_verifier, heldout_share
 from metaclaw.simulate.agents import user_settings
 from metaclaw.store import SampleStore
 
@@ -44,18 +45,6 @@ def build_watch(cfg: DictConfig, evaluator: LiveEvaluator | None, store: SampleS
         store, control.rollback, min_turns=int(spec["min_turns"]), margin=float(spec["margin"]),
         alpha=float(spec["alpha"]),
     )  # fmt: skip
-
-
-def heldout_share(cfg: DictConfig) -> float:
-    """The share of sessions the scoring worker holds out for the judge fallback (0 with a verifier or eval off)."""
-    ev = cfg.get("eval") or {}
-    if not ev.get("enabled") or has_verifier(cfg):
-        return 0.0
-    return float((ev.get("judge_fallback") or {}).get("heldout_share", 0.0))
-
-
-def has_verifier(cfg: DictConfig) -> bool:
-    return bool(cfg.rollout.get("simulated_user") and cfg.get("preference"))
 
 
 def simulated_agents(cfg: DictConfig) -> dict[str, dict[str, Any]]:
@@ -140,8 +129,6 @@ def bind_evaluator(
 ) -> None:
     """Point the evaluator at the running policy server (with its key) and start it (base model first); without
     a verifier, at the run's store (the judge fallback)."""
-    from metaclaw.loop.wiring import build_injector
-
     ev = cfg.eval
     quality = ev.get("quality") or {}
     base_model = cfg.model.name if quality.get("enabled", True) else None

@@ -97,10 +97,21 @@ def build_teacher(cfg: DictConfig, server: Upstream | None) -> TeacherClient | N
     return instantiate(with_server(cfg.teacher, server, "teacher"))
 
 
+def heldout_share(cfg: DictConfig) -> float:
+    """The share of sessions the scoring worker holds out for the judge fallback (0 with a verifier or eval off)."""
+    ev = cfg.get("eval") or {}
+    if not ev.get("enabled") or has_verifier(cfg):
+        return 0.0
+    return float((ev.get("judge_fallback") or {}).get("heldout_share", 0.0))
+
+
+def has_verifier(cfg: DictConfig) -> bool:
+    """Whether a simulated user with a preference verifies replies (else evaluation judges held-out turns)."""
+    return bool(cfg.rollout.get("simulated_user") and cfg.get("preference"))
+
+
 def build_worker(cfg: DictConfig, store: SampleStore, tokenizer: Any, server: Upstream | None) -> ScoringWorker:
     """The scoring worker (`rollout.scoring`) for `cfg.method`, with its judge, teacher and skill evolver."""
-    from metaclaw.loop.eval_wiring import heldout_share  # sessions held out for the judge-based evaluation
-
     judge, teacher, evolver = build_judge(cfg, server), build_teacher(cfg, server), build_evolver(cfg, server)
     render = lambda sample, hint: hinted_prompt_ids(tokenizer, sample, hint)  # noqa: E731
     privacy = getattr(store, "screen", None)

@@ -2,7 +2,7 @@
 
 from metaclaw.modules.loading import ModelSpec
 from metaclaw.modules.online_rl import OnlineRLModule
-from metaclaw.modules.policy import LoraPolicy, token_logprobs
+from metaclaw.modules.policy import LoraPolicy
 from metaclaw.modules.publisher import AdapterPublisher
 
-__all__ = ["AdapterPublisher", "LoraPolicy", "ModelSpec", "OnlineRLModule", "token_logprobs"]
+__all__ = ["AdapterPublisher", "LoraPolicy", "ModelSpec", "OnlineRLModule"]

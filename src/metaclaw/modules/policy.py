@@ -15,14 +15,12 @@ from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
 from metaclaw.atomic import write_dir_atomically
-from metaclaw.serving.sampling import Param, token_logprobs, truncation_mask
-from metaclaw.wire import ADAPTER_WEIGHTS, LORA_TARGET_MODULES
-
-__all__ = ["LoraPolicy", "token_logprobs", "truncation_mask"]
+from metaclaw.config import LORA_TARGET_MODULES
+from metaclaw.distribution.logprobs import Param, token_logprobs
+from metaclaw.wire import ADAPTER_WEIGHTS
 
 log = logging.getLogger(__name__)
 
-DEFAULT_TARGET_MODULES = LORA_TARGET_MODULES
 # what FSDP and its activation checkpointing insert into parameter names (torch's FSDP_WRAPPED_MODULE, ...)
 WRAPPER_PREFIXES = ("_fsdp_wrapped_module.", "_checkpoint_wrapped_module.")
 
@@ -82,7 +80,7 @@ class LoraPolicy(nn.Module):
         rank: int = 16,
         alpha: int = 32,
         dropout: float = 0.0,
-        target_modules: Sequence[str] = DEFAULT_TARGET_MODULES,
+        target_modules: Sequence[str] = LORA_TARGET_MODULES,
         gradient_checkpointing: bool = False,
         logprob_chunk_size: int = 512,
         adapters: Sequence[str] = (),

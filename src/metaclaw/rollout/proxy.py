@@ -28,6 +28,7 @@ from typing import Any
 import httpx
 
 from metaclaw.agents import AgentProfile, AgentProfiles, check_agent_id
+from metaclaw.distribution import Dist
 from metaclaw.rollout.capture import TurnCapture, split_sse, sse_data, strip_extras
 from metaclaw.rollout.conversation import Query, Tail
 from metaclaw.rollout.errors import openai_error, stream_error
@@ -39,16 +40,22 @@ from metaclaw.rollout.session_tracker import (
     new_messages_since_last_assistant,
     session_keys,
 )
-from metaclaw.serving.distribution import distribution
 from metaclaw.skills.hooks import SkillInjectorLike
 from metaclaw.store import GroupCommitWriter, Sample, SampleStore, open_session_log
-from metaclaw.wire import ADAPTER_NAME_HEADER, ADAPTER_VERSION_HEADER, RequestError, bearer_headers, version_headers
+from metaclaw.wire import (
+    ADAPTER_NAME_HEADER,
+    ADAPTER_VERSION_HEADER,
+    RESPONSE_ID_HEADER,
+    SESSION_HEADER,
+    TURN_HEADER,
+    RequestError,
+    bearer_headers,
+    version_headers,
+)
 from metaclaw.wire.normalize import next_state_text, normalize_messages, normalize_tools
 
 log = logging.getLogger(__name__)
 
-RESPONSE_ID_HEADER = "x-metaclaw-response-id"
-SESSION_HEADER, TURN_HEADER = "x-metaclaw-session-id", "x-metaclaw-turn-index"  # where a main turn was filed
 SSE_DONE = b"data: [DONE]\n\n"
 # httpcore scans every pooled connection (quadratically) on each request and response close; at 32 concurrent
 # streams that cost ~2 ms CPU per request in one pool, so requests are spread round-robin over small pools.
@@ -264,8 +271,8 @@ class RolloutProxy:
             self.stats["skills_only"] += 1  # answered with skills, never captured for training
         # The distribution the behaviour logprobs are over, and how the prompt was rendered: the trainer and the
         # teacher reuse both (docs/training.md, "One distribution").
-        temp, top_p, top_k = distribution(float(temperature), top_p, top_k)
-        sampling = {"temperature": temp, "top_p": top_p, "top_k": top_k}
+        dist = Dist.of(float(temperature), top_p, top_k)
+        sampling = dist._asdict()
         meta: dict[str, Any] = {"finish_reason": None, "sampling": sampling}
         if template_kwargs:
             meta["chat_template_kwargs"] = template_kwargs

@@ -308,7 +308,7 @@ class CalendarWindows:
         return "no meeting now"
 
     def intervals(self, now: datetime) -> list[Interval]:
-        """Every window in the expanded range (for tests and `status`)."""
+        """Every window in the expanded range (what the calendar tests read)."""
         self._maybe_refresh(now)
         return list(self._intervals)
 

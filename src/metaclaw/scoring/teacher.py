@@ -4,7 +4,7 @@ offers vLLM's `/v1/completions` with token-id prompts and `prompt_logprobs` (our
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 from metaclaw.scoring.hints import hinted_messages
@@ -52,5 +52,3 @@ def hinted_prompt_ids(tokenizer: Any, sample: Sample, hint: str) -> list[int]:
     messages = hinted_messages(sample.messages or [], hint)
     return chat_prompt_ids(tokenizer, messages, sample.meta.get("tools"), sample.meta.get("chat_template_kwargs"))
 
-
-PromptRenderer = Callable[[Sample, str], list[int]]

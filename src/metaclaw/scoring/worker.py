@@ -25,10 +25,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from metaclaw.distribution import sample_distribution
 from metaclaw.scoring.feedback import FeedbackRule, feedback_of
 from metaclaw.scoring.judges import Judge
 from metaclaw.scoring.teacher import TeacherClient
-from metaclaw.serving.distribution import sample_distribution
 from metaclaw.skills.hooks import EvolutionScheduler, SkillEvolverLike
 from metaclaw.store import Sample, SampleStore, SampleValidationError, open_session_log
 

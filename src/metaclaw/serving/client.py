@@ -6,7 +6,7 @@ from collections.abc import Sequence
 
 import httpx
 
-from metaclaw.serving.distribution import distribution
+from metaclaw.distribution import Dist
 from metaclaw.wire import bearer_headers
 
 
@@ -54,14 +54,14 @@ def teacher_logprobs(
         raise ValueError("prompt_ids must hold at least one token")
     if not target:
         return []
-    dist = distribution(temperature, top_p, top_k)
-    raw = dist == (1.0, 1.0, -1)
+    dist = Dist.of(temperature, top_p, top_k)
+    raw = dist == Dist()
     headers = bearer_headers(api_key)
     body = {
         "model": model,
         "prompt": prompt + target,
         "max_tokens": 1,
-        "temperature": dist[0],
+        "temperature": dist.temperature,
         "echo": True,
         "logprobs": 0,
         "prompt_logprobs": 0,
@@ -69,15 +69,15 @@ def teacher_logprobs(
     if user is not None:  # OpenAI's end-user field: the policy server tags its work with it (metaclaw.profiling)
         body["user"] = user
     if not raw:
-        body.update(top_p=dist[1], top_k=dist[2], logprobs_mode="processed_logprobs")
+        body.update(top_p=dist.top_p, top_k=dist.top_k, logprobs_mode="processed_logprobs")
     response = httpx.post(f"{_v1(base_url)}/completions", json=body, headers=headers, timeout=timeout)
     response.raise_for_status()
     choice = response.json()["choices"][0]
     if not raw and choice.get("logprobs_mode") != "processed_logprobs":
         raise ValueError(
             f"the teacher server at {base_url} returns raw prompt logprobs only; it cannot score the response under "
-            f"temperature={dist[0]}, top_p={dist[1]}, top_k={dist[2]} (the sampling distribution). Point the "
-            "teacher at a metaclaw policy server, or sample at temperature 1 without top-p/top-k."
+            f"temperature={dist.temperature}, top_p={dist.top_p}, top_k={dist.top_k} (the sampling distribution). "
+            "Point the teacher at a metaclaw policy server, or sample at temperature 1 without top-p/top-k."
         )
     entries = choice.get("prompt_logprobs")
     if entries:

@@ -73,12 +73,11 @@ def sampling_params(body: dict, default_max_tokens: int, allow_zero: bool = Fals
     max_tokens = _int(body, "max_tokens", max_tokens, 0)
     if max_tokens == 0 and not allow_zero:
         raise RequestError("max_tokens must be at least 1", param="max_tokens")
-    top_k = _int(body, "top_k", -1, -1)
     return SamplingParams(
         max_tokens=default_max_tokens if max_tokens is None else max_tokens,
         temperature=_number(body, "temperature", 1.0, 0.0, 2.0),
         top_p=_number(body, "top_p", 1.0, 1e-6, 1.0),
-        top_k=-1 if top_k == 0 else top_k,
+        top_k=_int(body, "top_k", -1, -1),  # 0 is off as well (SamplingParams)
         n=_int(body, "n", 1, 1, 16),
         seed=_int(body, "seed", None, -(2**63), 2**63 - 1),
         stop=_stop(body),

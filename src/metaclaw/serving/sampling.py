@@ -1,10 +1,8 @@
 """Sampling with transformers `generate`, returning token ids, behaviour logprobs and the real finish reason.
 
-One distribution: a token is drawn from `softmax(logits / temperature)` cut by top-k then top-p and
-renormalised, and its behaviour logprob is taken under exactly that distribution (`token_logprobs`, vLLM's
-`processed_logprobs`). The trainer, the teacher and both engines call the same `token_logprobs` with the
-sample's recorded temperature, top-p and top-k, so the on-policy ratio is 1. Greedy (temperature 0) is scored
-as temperature 1, untruncated (`distribution`).
+One distribution (`metaclaw.distribution`): each sampled token's behaviour logprob is taken with
+`token_logprobs` under the `Dist` of the request, as the trainer, the teacher and the vLLM engine take it, so the
+on-policy ratio is 1.
 """
 
 from __future__ import annotations
@@ -15,81 +13,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import torch
-from torch import Tensor, nn
+from torch import nn
 from transformers.generation.logits_process import LogitsProcessor, LogitsProcessorList
 from transformers.generation.stopping_criteria import StoppingCriteria, StoppingCriteriaList
 from transformers.generation.streamers import BaseStreamer
 
-from metaclaw.serving.distribution import distribution
-
-Param = Tensor | float | int
-
-
-def _rows(value: Param, lead: torch.Size, device: torch.device, dtype: torch.dtype) -> Tensor:
-    """A scalar, a per-sample `[B]` or a per-position `lead`-shaped value as one entry per flattened row."""
-    t = torch.as_tensor(value, device=device, dtype=dtype)
-    if t.dim() == 1 and len(lead) == 2 and t.shape[0] == lead[0]:
-        t = t.view(-1, 1)
-    return t.expand(lead).reshape(-1)
-
-
-@torch.no_grad()
-def truncation_mask(scaled: Tensor, top_p: Tensor, top_k: Tensor) -> Tensor:
-    """`[N, V]` bool: the tokens top-k then top-p keep, over temperature-scaled logits (vLLM's and HF's rule).
-
-    top-k keeps the logits >= the k-th largest (ties kept); top-p sorts ascending, removes the tokens whose
-    cumulative probability is <= 1 - p and always keeps the most likely one. `top_k <= 0` or `>= V` and
-    `top_p >= 1` are off for their row.
-    """
-    vocab = scaled.shape[-1]
-    keep = torch.ones_like(scaled, dtype=torch.bool)
-    k_on = (top_k > 0) & (top_k < vocab)
-    if k_on.any():
-        k = torch.where(k_on, top_k, torch.ones_like(top_k)).long()
-        kth = scaled.topk(int(k.max()), dim=-1).values.gather(-1, (k - 1).unsqueeze(-1))
-        keep &= (scaled >= kth) | ~k_on.unsqueeze(-1)
-    p_on = top_p < 1
-    if p_on.any():
-        rows = p_on.nonzero().squeeze(-1)
-        sub = scaled[rows].masked_fill(~keep[rows], float("-inf"))
-        ordered, index = sub.sort(dim=-1)
-        drop = ordered.softmax(-1).cumsum(-1) <= (1 - top_p[rows]).unsqueeze(-1)
-        drop[:, -1] = False
-        keep[rows] &= ~torch.zeros_like(drop).scatter(-1, index, drop)
-    return keep
-
-
-def token_logprobs(
-    logits: Tensor, target_ids: Tensor, temperature: Param = 1.0, top_p: Param = 1.0, top_k: Param = -1
-) -> Tensor:
-    """Log-probability of each target token under the distribution the sampler drew it from.
-
-    That is `softmax(logits / temperature)` restricted to the tokens top-k then top-p keep and renormalised
-    (vLLM's `processed_logprobs`, and what the HF engine reports). The target token always counts as kept: a
-    sampled token was in the kept set, so on-policy nothing changes, and a token that an updated adapter has
-    pushed out of the set gets a finite logprob instead of -inf.
-
-    Args:
-        logits: `[..., V]` next-token logits (`[B, T, V]` or `[N, V]`).
-        target_ids: `[...]` the token that follows each position.
-        temperature, top_p, top_k: scalars, per-sample `[B]` (for `[B, T, V]` logits) or per-position values;
-            temperature 0 (greedy) must be passed as 1 with top-p/top-k off (greedy logprobs are untruncated).
-
-    Returns:
-        float32 logprobs shaped like `target_ids`.
-    """
-    lead, vocab = target_ids.shape, logits.shape[-1]
-    flat = logits.reshape(-1, vocab).float()
-    targets = target_ids.reshape(-1, 1)
-    temp = _rows(temperature, lead, flat.device, flat.dtype)
-    scaled = flat / temp.unsqueeze(-1) if bool((temp != 1).any()) else flat
-    p = _rows(top_p, lead, flat.device, flat.dtype)
-    k = _rows(top_k, lead, flat.device, torch.long)
-    if bool((p < 1).any()) or bool(((k > 0) & (k < vocab)).any()):
-        keep = truncation_mask(scaled.detach(), p, k).scatter_(-1, targets, True)
-        scaled = scaled.masked_fill(~keep, float("-inf"))
-    picked = scaled.gather(-1, targets).squeeze(-1)
-    return (picked - torch.logsumexp(scaled, dim=-1)).view(lead)
+from metaclaw.distribution import Dist, top_k_or_off
+from metaclaw.distribution.logprobs import token_logprobs
 
 
 @dataclass
@@ -105,6 +35,9 @@ class SamplingParams:
     stop: list[str] = field(default_factory=list)
     stop_token_ids: list[int] = field(default_factory=list)
 
+    def __post_init__(self) -> None:
+        self.top_k = top_k_or_off(self.top_k)
+
     def validate(self) -> None:
         if not isinstance(self.max_tokens, int) or self.max_tokens < 1:
             raise ValueError(f"max_tokens must be a positive integer, got {self.max_tokens!r}")
@@ -117,9 +50,9 @@ class SamplingParams:
         if not isinstance(self.n, int) or not 1 <= self.n <= 16:
             raise ValueError(f"n must be an integer in [1, 16], got {self.n!r}")
 
-    def distribution(self) -> tuple[float, float, int]:
-        """`(temperature, top_p, top_k)` the logprobs are over: greedy counts as `(1, 1, -1)`."""
-        return distribution(self.temperature, self.top_p, self.top_k)
+    def distribution(self) -> Dist:
+        """The distribution the logprobs are over (`Dist.of`: greedy is `Dist()`)."""
+        return Dist.of(self.temperature, self.top_p, self.top_k)
 
 
 @dataclass
@@ -128,24 +61,6 @@ class SequenceOutput:
     logprobs: list[float]
     finish_reason: str  # "stop" (eos or stop string) | "length"
     adapter_version: int | None = None  # set by engines: which adapter version sampled it (None: base)
-
-
-class TokenQueueStreamer(BaseStreamer):
-    """Pushes each newly generated token id (first sequence) into a queue; `None` marks the end."""
-
-    def __init__(self) -> None:
-        self.queue: queue.Queue[int | None] = queue.Queue()
-        self._prompt_seen = False
-
-    def put(self, value: torch.Tensor) -> None:
-        if not self._prompt_seen:  # generate() first sends the prompt
-            self._prompt_seen = True
-            return
-        for tok in value.reshape(-1).tolist()[:1]:
-            self.queue.put(int(tok))
-
-    def end(self) -> None:
-        self.queue.put(None)
 
 
 class _ScoreRecorder(LogitsProcessor):

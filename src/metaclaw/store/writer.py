@@ -18,7 +18,7 @@ import threading
 from concurrent.futures import Future
 from dataclasses import dataclass
 
-from metaclaw.store import Sample, SampleStore
+from metaclaw.store.samples import Sample, SampleStore
 
 log = logging.getLogger(__name__)
 

@@ -15,15 +15,20 @@ ADAPTER_VERSION_HEADER = "x-metaclaw-adapter-version"
 ADAPTER_NAME_HEADER = "x-metaclaw-adapter"
 """Response header of the proxy: the adapter that answered (many agents: each agent's own, docs/agents.md)."""
 
+RESPONSE_ID_HEADER = "x-metaclaw-response-id"
+"""Response header of the proxy: the turn's response id (`meta.response_id`), what `/v1/feedback` refers to."""
+
+SESSION_HEADER = "x-metaclaw-session-id"
+"""Response header of the proxy: the session a main turn was filed under (derived or the client's own)."""
+
+TURN_HEADER = "x-metaclaw-turn-index"
+"""Response header of the proxy: the main turn's index within its session."""
+
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
 """A PEFT adapter directory's weights file (safetensors only: loading never unpickles)."""
 
 ADAPTER_CONFIG = "adapter_config.json"
 """A PEFT adapter directory's config file."""
-
-LORA_TARGET_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
-"""The modules a LoRA adapts unless `policy.target_modules` says otherwise: every attention and MLP projection
-(never `lm_head`: the trainer does not adapt it and vLLM's prompt logprobs break with an `lm_head` LoRA layer)."""
 
 
 class RequestError(ValueError):

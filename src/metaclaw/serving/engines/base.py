@@ -7,7 +7,7 @@ keeps the version it resolved when it started, so nothing fails and nothing mixe
 
 Behaviour logprobs are each sampled token's logprob under the distribution it was drawn from: logits / temperature,
 cut by top-k then top-p, renormalised (temperature 0 counts as 1, untruncated). `score_tokens` takes the same
-three parameters, and the trainer recomputes with `metaclaw.serving.sampling.token_logprobs`: one distribution.
+three parameters, and the trainer recomputes with `metaclaw.distribution.logprobs.token_logprobs`: one distribution.
 """
 
 from __future__ import annotations
@@ -118,7 +118,7 @@ class Engine(Protocol):
         top_k: int = -1,
     ) -> list[TokenScore]:
         """Logprob and rank of each `target_ids[t]` after `prompt_ids + target_ids[:t]` (teacher-forced), under
-        the tempered, truncated distribution of `metaclaw.serving.sampling.token_logprobs`; the rank is over the
+        the tempered, truncated distribution of `metaclaw.distribution.logprobs.token_logprobs`; the rank is over the
         raw logits."""
         ...
 

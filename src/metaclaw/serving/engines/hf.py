@@ -29,6 +29,8 @@ from safetensors.torch import load_file
 from torch import nn
 
 from metaclaw import profiling
+from metaclaw.distribution import Dist
+from metaclaw.distribution.logprobs import token_logprobs
 from metaclaw.serving import sampling
 from metaclaw.serving.engines.adapters import AdapterRegistry, LoadedAdapter, ServedAdapters, check_adapter_files
 from metaclaw.serving.engines.base import (
@@ -295,7 +297,7 @@ class HFEngine(ServedAdapters):
         ids = list(prompt_ids) + list(target_ids)
         if len(ids) > self.max_seq_len:
             raise ValueError(f"prompt + target is {len(ids)} tokens; model.max_seq_len is {self.max_seq_len}")
-        dist = sampling.distribution(temperature, top_p, top_k)
+        dist = Dist.of(temperature, top_p, top_k)
         x = torch.tensor([ids], device=self.device)
         tag = f"score:{profiling.purpose()}"
         with self._pinned(adapter) as slot, self._lock, self._model(slot) as model, profiling.phase(tag) as ph:
@@ -303,7 +305,7 @@ class HFEngine(ServedAdapters):
             ph["tokens"] = len(ids)
         logits = logits[0, :-1].float()  # [T_target, V]
         targets = torch.tensor(list(target_ids), device=logits.device)
-        logprobs = sampling.token_logprobs(logits, targets, *dist)
+        logprobs = token_logprobs(logits, targets, *dist)
         ranks = ((logits > logits.gather(-1, targets[:, None])).sum(-1) + 1).tolist()
         return [TokenScore(lp, rank) for lp, rank in zip(logprobs.tolist(), ranks, strict=True)]
 

@@ -27,7 +27,9 @@ from collections.abc import AsyncIterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
-from metaclaw.serving.distribution import distribution
+from metaclaw.config import LORA_TARGET_MODULES
+from metaclaw.distribution import Dist
+from metaclaw.distribution.logprobs import token_logprobs
 from metaclaw.serving.engines.adapters import AdapterRegistry, LoadedAdapter, ServedAdapters, check_adapter_files
 from metaclaw.serving.engines.base import (
     AdapterError,
@@ -37,8 +39,7 @@ from metaclaw.serving.engines.base import (
     TokenScore,
     TokenStream,
 )
-from metaclaw.serving.sampling import token_logprobs
-from metaclaw.wire import ADAPTER_CONFIG, LORA_TARGET_MODULES
+from metaclaw.wire import ADAPTER_CONFIG
 
 log = logging.getLogger(__name__)
 
@@ -239,9 +240,9 @@ class VLLMEngine(ServedAdapters):
         ids = list(prompt_ids) + list(target_ids)
         if len(ids) > self.max_seq_len:
             raise ValueError(f"prompt + target is {len(ids)} tokens; model.max_seq_len is {self.max_seq_len}")
-        dist = distribution(temperature, top_p, top_k)
-        raw = dist == (1.0, 1.0, -1)
-        width = 0 if raw else (dist[2] if dist[2] > 0 else -1)
+        dist = Dist.of(temperature, top_p, top_k)
+        raw = dist == Dist()
+        width = 0 if raw else dist.top_k
         sampling = self._vllm.SamplingParams(
             max_tokens=1, temperature=1.0, prompt_logprobs=width, detokenize=False, flat_logprobs=not raw
         )

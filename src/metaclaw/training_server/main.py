@@ -7,16 +7,16 @@ import logging
 from omegaconf import DictConfig, OmegaConf
 
 from metaclaw.serving.security import open_server_warning
-from metaclaw.serving.training_server.settings import ServerSettings
+from metaclaw.training_server.settings import ServerSettings
 
 log = logging.getLogger(__name__)
 
 
 def build(cfg: DictConfig):
     """The FastAPI app with its engine, model loaded (tests and benches call this in-process)."""
-    from metaclaw.serving.training_server.app import create_app
-    from metaclaw.serving.training_server.engine import TrainingEngine
-    from metaclaw.serving.training_server.vllm_sampler import make_vllm_sampler
+    from metaclaw.training_server.app import create_app
+    from metaclaw.training_server.engine import TrainingEngine
+    from metaclaw.training_server.vllm_sampler import make_vllm_sampler
 
     settings = ServerSettings.from_config(cfg)
     try:

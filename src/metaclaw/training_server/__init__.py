@@ -6,13 +6,6 @@ same policy and loss modules as `train.py`, sampled with the training model (`hf
 
 from __future__ import annotations
 
-from importlib.metadata import PackageNotFoundError, version
+from metaclaw.training_server.main import run
 
-try:
-    VERSION = version("metaclaw")
-except PackageNotFoundError:  # running from a source tree without installing
-    VERSION = "0.1.0"
-
-from metaclaw.serving.training_server.main import run  # noqa: E402
-
-__all__ = ["VERSION", "run"]
+__all__ = ["run"]

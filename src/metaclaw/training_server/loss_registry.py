@@ -15,7 +15,7 @@ from omegaconf import DictConfig, OmegaConf
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 from torch import nn
 
-from metaclaw.serving.training_server.errors import bad_request
+from metaclaw.training_server.errors import bad_request
 
 Aggregation = Literal["token-mean", "seq-mean", "sum"]
 Epsilon = Annotated[float, Field(ge=0.0, le=1.0, allow_inf_nan=False)]

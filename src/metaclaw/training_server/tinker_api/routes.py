@@ -17,14 +17,14 @@ from fastapi.responses import JSONResponse, Response
 from pydantic import ValidationError
 from tinker import types as t
 
-from metaclaw.serving.training_server.engine import TrainingEngine
-from metaclaw.serving.training_server.errors import ApiError, bad_request
-from metaclaw.serving.training_server.schemas import ForwardBackwardRequest, OptimStepRequest
-from metaclaw.serving.training_server.storage import check_name
-from metaclaw.serving.training_server.tinker_api import wire
-from metaclaw.serving.training_server.tinker_api.common import dump, parse, untyped
-from metaclaw.serving.training_server.tinker_api.futures import FutureStore, ModelQueue
-from metaclaw.serving.training_server.tinker_api.registry import (
+from metaclaw.training_server.engine import TrainingEngine
+from metaclaw.training_server.errors import ApiError, bad_request
+from metaclaw.training_server.schemas import ForwardBackwardRequest, OptimStepRequest
+from metaclaw.training_server.storage import check_name
+from metaclaw.training_server.tinker_api import wire
+from metaclaw.training_server.tinker_api.common import dump, parse, untyped
+from metaclaw.training_server.tinker_api.futures import FutureStore, ModelQueue
+from metaclaw.training_server.tinker_api.registry import (
     Model,
     Registry,
     Sampler,
@@ -32,8 +32,8 @@ from metaclaw.serving.training_server.tinker_api.registry import (
     make_path,
     parse_path,
 )
-from metaclaw.serving.training_server.tinker_api.sampling import add_sampling_routes
-from metaclaw.serving.training_server.worker import ModelOwner
+from metaclaw.training_server.tinker_api.sampling import add_sampling_routes
+from metaclaw.training_server.worker import ModelOwner
 
 PROTO = "application/x-protobuf"
 
@@ -326,7 +326,7 @@ def build_router(engine: TrainingEngine, owner: ModelOwner, limits: TinkerLimits
 
 def checkpoint_shape(directory: Path) -> tuple[int, list[str], str]:
     """(rank, LoRA target modules, base model) of a checkpoint, from its validated files."""
-    from metaclaw.serving.training_server import checkpoints
+    from metaclaw.training_server import checkpoints
 
     try:
         info, _ = checkpoints.read_training_state(directory)

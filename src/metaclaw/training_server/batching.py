@@ -8,8 +8,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from metaclaw.serving.training_server.errors import bad_request
-from metaclaw.serving.training_server.schemas import Datum
+from metaclaw.training_server.errors import bad_request
+from metaclaw.training_server.schemas import Datum
 
 
 @dataclass

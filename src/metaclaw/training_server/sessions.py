@@ -19,7 +19,7 @@ from peft.tuners.lora.layer import LoraLayer
 from torch import Tensor
 
 from metaclaw.modules.policy import LoraPolicy
-from metaclaw.serving.training_server.distribution import SampleMemory
+from metaclaw.training_server.sample_memory import SampleMemory
 
 ADAPTER_NAME = "default"  # LoraPolicy's one PEFT adapter
 

@@ -10,8 +10,8 @@ from collections.abc import Iterator
 from typing import Any
 
 from metaclaw.serving.sampling import SequenceOutput
-from metaclaw.serving.training_server.errors import bad_request
-from metaclaw.serving.training_server.schemas import ChatCompletionRequest
+from metaclaw.training_server.errors import bad_request
+from metaclaw.training_server.schemas import ChatCompletionRequest
 
 _THINK = re.compile(r"^\s*<think>(.*?)</think>\s*(.*)$", re.DOTALL)
 

@@ -7,15 +7,15 @@ import uuid
 from fastapi import APIRouter, Request
 from tinker import types as t
 
-from metaclaw.serving.training_server.distribution import Dist
-from metaclaw.serving.training_server.engine import TrainingEngine
-from metaclaw.serving.training_server.errors import ApiError, bad_request
-from metaclaw.serving.training_server.storage import check_name
-from metaclaw.serving.training_server.tinker_api import wire
-from metaclaw.serving.training_server.tinker_api.common import dump, parse, untyped
-from metaclaw.serving.training_server.tinker_api.futures import FutureStore
-from metaclaw.serving.training_server.tinker_api.registry import Registry, Sampler, parse_path
-from metaclaw.serving.training_server.worker import ModelOwner
+from metaclaw.training_server.engine import TrainingEngine
+from metaclaw.training_server.errors import ApiError, bad_request
+from metaclaw.training_server.schemas import sampling_params
+from metaclaw.training_server.storage import check_name
+from metaclaw.training_server.tinker_api import wire
+from metaclaw.training_server.tinker_api.common import dump, parse, untyped
+from metaclaw.training_server.tinker_api.futures import FutureStore
+from metaclaw.training_server.tinker_api.registry import Registry, Sampler, parse_path
+from metaclaw.training_server.worker import ModelOwner
 
 _UNSUPPORTED = ("topk_prompt_logprobs", "topk_sample_logprobs", "prompt_alt_tokens_k", "target_prompt_logprobs",
                 "prompt_logprobs_last_n", "record_stability_info")  # fmt: skip
@@ -68,8 +68,6 @@ def add_sampling_routes(
 
     @router.post("/asample")
     async def asample(request: Request) -> dict:
-        from metaclaw.serving.training_server.app import _sampling_params
-
         req = await parse(request, t.SampleRequest)
         for name in _UNSUPPORTED:
             if getattr(req, name):
@@ -86,13 +84,13 @@ def add_sampling_routes(
             raise bad_request("prompt is empty", "prompt")
         sp = req.sampling_params
         max_tokens = sp.max_tokens or int(engine.cfg.sampling.chat_max_tokens)
-        params = _sampling_params(req.num_samples, max_n, sp.stop, max_tokens=max_tokens, temperature=sp.temperature,
+        params = sampling_params(req.num_samples, max_n, sp.stop, max_tokens=max_tokens, temperature=sp.temperature,
                                   top_p=sp.top_p, top_k=sp.top_k, seed=sp.seed)  # fmt: skip
         want_prompt = bool(req.prompt_logprobs)
         ids = [uuid.uuid4().hex for _ in range(req.num_samples)]
 
         async def job() -> bytes:
-            dist = Dist.of(params)
+            dist = params.distribution()
             outputs, prompt = await owner.run(engine.sample, None, tokens, params, want_prompt, dist, sampler.weights)
             origin = engine.sessions.get(sampler.origin) if sampler.origin else None
             if origin is not None:  # the distribution rule: training scores these sequences as they were sampled

@@ -13,7 +13,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from metaclaw.serving.sampling import SamplingParams, SequenceOutput
-from metaclaw.serving.training_server.sessions import Session
+from metaclaw.training_server.sessions import Session
 
 log = logging.getLogger(__name__)
 

@@ -9,7 +9,7 @@ from fastapi import Request
 from pydantic import BaseModel, ValidationError
 from tinker import types as t
 
-from metaclaw.serving.training_server.errors import bad_request
+from metaclaw.training_server.errors import bad_request
 
 M = TypeVar("M", bound=BaseModel)
 

@@ -17,8 +17,8 @@ from typing import Any
 
 from torch import Tensor
 
-from metaclaw.serving.training_server.errors import ApiError, bad_request
-from metaclaw.serving.training_server.tinker_api.futures import ModelQueue
+from metaclaw.training_server.errors import ApiError, bad_request
+from metaclaw.training_server.tinker_api.futures import ModelQueue
 
 KINDS = {"weights": "checkpoints", "sampler_weights": "adapters"}
 

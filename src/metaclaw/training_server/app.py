@@ -7,6 +7,7 @@ import logging
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from importlib.metadata import PackageNotFoundError, version
 
 import torch
 from fastapi import FastAPI
@@ -19,37 +20,30 @@ from metaclaw.serving.security import (
     BrowserGuard,
     BrowserGuardMiddleware,
 )
-from metaclaw.serving.training_server import VERSION, chat
-from metaclaw.serving.training_server import schemas as s
-from metaclaw.serving.training_server.distribution import Dist
-from metaclaw.serving.training_server.engine import TrainingEngine
-from metaclaw.serving.training_server.errors import bad_request, drop_422, error_responses, install_error_handlers
-from metaclaw.serving.training_server.sessions import Session
-from metaclaw.serving.training_server.vllm_sampler import EngineSampler
-from metaclaw.serving.training_server.worker import ModelOwner
+from metaclaw.training_server import chat
+from metaclaw.training_server import schemas as s
+from metaclaw.training_server.engine import TrainingEngine
+from metaclaw.training_server.errors import drop_422, error_responses, install_error_handlers
+from metaclaw.training_server.sessions import Session
+from metaclaw.training_server.vllm_sampler import EngineSampler
+from metaclaw.training_server.worker import ModelOwner
 
 OPEN_PATHS = ("/v1/health", "/health")
 log = logging.getLogger(__name__)
 
+try:  # the Tinker-compatible API needs the tinker extra (tinker, zstandard, protobuf)
+    from metaclaw.training_server.tinker_api import mount as mount_tinker
 
-def _sampling_params(n: int, max_n: int, stop: object, **kwargs: object) -> SamplingParams:
-    if n > max_n:
-        raise bad_request(f"num_samples must be at most {max_n}, got {n}", "num_samples")
-    stops = [stop] if isinstance(stop, str) else list(stop or [])
-    stops = [x for x in stops if x != ""]  # an empty stop string would stop everywhere
-    params = SamplingParams(
-        n=n,
-        stop=[x for x in stops if isinstance(x, str)],
-        stop_token_ids=[x for x in stops if isinstance(x, int)],
-        **kwargs,
-    )
-    if params.top_k == 0:
-        params.top_k = -1
-    try:
-        params.validate()
-    except ValueError as exc:
-        raise bad_request(str(exc)) from exc
-    return params
+    TINKER_MISSING: ModuleNotFoundError | None = None
+except ModuleNotFoundError as e:
+    if e.name not in ("tinker", "zstandard", "google") and not str(e.name).startswith(("tinker.", "google.")):
+        raise
+    mount_tinker, TINKER_MISSING = None, e
+
+try:
+    VERSION = version("metaclaw")
+except PackageNotFoundError:  # running from a source tree without installing
+    VERSION = "0.1.0"
 
 
 def create_app(engine: TrainingEngine, vllm: EngineSampler | None = None) -> FastAPI:
@@ -100,7 +94,7 @@ def create_app(engine: TrainingEngine, vllm: EngineSampler | None = None) -> Fas
         session: Session | None, tokens: list[int], params: SamplingParams, prompt_logprobs: bool
     ) -> tuple[list, list | None]:
         """Sample, then report logprobs under the distribution forward_backward will recompute."""
-        dist = Dist.of(params)
+        dist = params.distribution()
         if vllm is not None:
             checked = engine.check_prompt(tokens, params)  # vocabulary and context limits of the base model
             outputs, prompt = await infer.run(vllm.sample, session, tokens, checked, prompt_logprobs)
@@ -111,7 +105,7 @@ def create_app(engine: TrainingEngine, vllm: EngineSampler | None = None) -> Fas
 
     def remember(session: Session | None, tokens: list[int], outputs: list, params: SamplingParams) -> None:
         if session is not None:
-            dist = Dist.of(params)
+            dist = params.distribution()
             for o in outputs:
                 session.samples.record([*tokens, *o.token_ids], dist)
 
@@ -205,7 +199,7 @@ def create_app(engine: TrainingEngine, vllm: EngineSampler | None = None) -> Fas
             session = engine.get(req.session_id) if req.session_id is not None else None
         else:
             session = engine.resolve(req.session_id)
-        params = _sampling_params(
+        params = s.sampling_params(
             req.num_samples,
             max_n,
             req.stop,
@@ -234,7 +228,7 @@ def create_app(engine: TrainingEngine, vllm: EngineSampler | None = None) -> Fas
         session = None if base else engine.resolve(named)
         ids = chat.prompt_ids(engine.tokenizer, req)
         max_tokens = req.max_completion_tokens or req.max_tokens or int(engine.cfg.sampling.chat_max_tokens)
-        params = _sampling_params(
+        params = s.sampling_params(
             req.n,
             max_n,
             req.stop,
@@ -252,12 +246,8 @@ def create_app(engine: TrainingEngine, vllm: EngineSampler | None = None) -> Fas
             return StreamingResponse(chat.stream_chunks(body), media_type="text/event-stream")
         return body
 
-    try:
-        from metaclaw.serving.training_server.tinker_api import mount
-    except ModuleNotFoundError as e:  # the tinker extra; seed 000's API above works without it
-        if e.name not in ("tinker", "zstandard", "google") and not str(e.name).startswith(("tinker.", "google.")):
-            raise
-        log.warning("The Tinker-compatible API (/api/v1) is off: %s. pip install 'metaclaw[tinker]'", e)
+    if mount_tinker is None:  # the tinker extra; seed 000's API above works without it
+        log.warning("The Tinker-compatible API (/api/v1) is off: %s. pip install 'metaclaw[tinker]'", TINKER_MISSING)
         return app
-    mount(app, engine, owner)
+    mount_tinker(app, engine, owner)
     return app

@@ -15,7 +15,7 @@ from collections.abc import Callable, Collection
 from pathlib import Path
 from typing import TypeVar
 
-from metaclaw.serving.training_server.errors import ApiError, bad_request
+from metaclaw.training_server.errors import ApiError, bad_request
 
 T = TypeVar("T")
 

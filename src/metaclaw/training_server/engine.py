@@ -20,18 +20,20 @@ import lightning as L
 import torch
 from hydra.utils import instantiate
 
+from metaclaw.distribution import Dist
+from metaclaw.distribution.logprobs import dist_logprobs, token_logprobs
 from metaclaw.modules.loading import ModelSpec
-from metaclaw.modules.policy import LoraPolicy, token_logprobs
+from metaclaw.modules.policy import LoraPolicy
 from metaclaw.serving.sampling import SamplingParams, SequenceOutput, generate
-from metaclaw.serving.training_server import checkpoints
-from metaclaw.serving.training_server.batching import check_tokens, collate
-from metaclaw.serving.training_server.distribution import Dist, SampleMemory, processed_logprobs
-from metaclaw.serving.training_server.errors import ApiError, bad_request
-from metaclaw.serving.training_server.loss_registry import LossRegistry
-from metaclaw.serving.training_server.schemas import Datum, ForwardBackwardRequest, OptimStepRequest
-from metaclaw.serving.training_server.sessions import AdapterSlot, Session
-from metaclaw.serving.training_server.settings import ServerSettings
-from metaclaw.serving.training_server.storage import Area
+from metaclaw.training_server import checkpoints
+from metaclaw.training_server.batching import check_tokens, collate
+from metaclaw.training_server.errors import ApiError, bad_request
+from metaclaw.training_server.loss_registry import LossRegistry
+from metaclaw.training_server.sample_memory import SampleMemory
+from metaclaw.training_server.schemas import Datum, ForwardBackwardRequest, OptimStepRequest
+from metaclaw.training_server.sessions import AdapterSlot, Session
+from metaclaw.training_server.settings import ServerSettings
+from metaclaw.training_server.storage import Area
 
 log = logging.getLogger(__name__)
 
@@ -242,8 +244,7 @@ class TrainingEngine:
         how many datums matched a remembered sample.
         """
         if req.temperature is not None or req.top_p is not None or req.top_k is not None:
-            top_k = req.top_k if req.top_k is not None and req.top_k > 0 else -1
-            explicit = Dist(req.temperature or 1.0, req.top_p or 1.0, top_k)
+            explicit = Dist.of(1.0 if req.temperature is None else req.temperature, req.top_p, req.top_k)
             return [explicit] * len(req.datums), 0
         fallback = session.samples.last or Dist()
         dists, matched = [], 0
@@ -270,7 +271,7 @@ class TrainingEngine:
         self.policy.train()
         with self.fabric.autocast():
             logits = self.policy(batch.input_ids, batch.attention_mask)
-        logprobs = processed_logprobs(logits, batch.target_ids, dists)
+        logprobs = dist_logprobs(logits, batch.target_ids, dists)
         out = loss_fn(logprobs, batch.behaviour_logprobs, batch.advantages, batch.mask)
         loss = float(out.loss.detach())
         if not math.isfinite(loss):
@@ -451,7 +452,7 @@ class TrainingEngine:
         dist: Dist,
         weights: dict[str, torch.Tensor] | None = None,
     ) -> list[SequenceOutput]:
-        """Replace each output's logprobs with `processed_logprobs` under `dist` (the function training uses)."""
+        """Replace each output's logprobs with `dist_logprobs` under `dist` (the function training uses)."""
         self._live(session)
         rows = [list(tokens) + o.token_ids for o in outputs if o.token_ids]
         if not rows:
@@ -467,7 +468,7 @@ class TrainingEngine:
             model.eval()
             with self.fabric.autocast():
                 logits = model(input_ids=ids[:, :-1], attention_mask=mask, use_cache=False).logits
-            lps = processed_logprobs(logits, ids[:, 1:], [dist] * len(rows))
+            lps = dist_logprobs(logits, ids[:, 1:], [dist] * len(rows))
         start = len(tokens) - 1
         it = iter(lps.tolist())
         for o in outputs:

@@ -18,7 +18,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from metaclaw.serving.training_server.errors import ApiError
+from metaclaw.training_server.errors import ApiError
 
 log = logging.getLogger(__name__)
 

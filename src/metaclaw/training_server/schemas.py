@@ -10,6 +10,9 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from metaclaw.serving.sampling import SamplingParams
+from metaclaw.training_server.errors import bad_request
+
 TokenId = Annotated[int, Field(strict=True, ge=0)]
 Seed = Annotated[int, Field(strict=True, ge=0, le=2**63 - 1)]
 Finite = Annotated[float, Field(allow_inf_nan=False)]
@@ -187,12 +190,6 @@ class SampleRequest(Request):
     use_adapter: bool = True
 
 
-class SampledSequence(BaseModel):
-    tokens: list[int]
-    logprobs: list[float]
-    stop_reason: str
-
-
 class TextPart(Request):
     """The one content part this text-only server reads."""
 
@@ -240,3 +237,25 @@ class ChatCompletionRequest(Request):
 
 
 FinishReason = Literal["stop", "length"]
+
+
+def sampling_params(n: int, max_n: int, stop: object, **kwargs: object) -> SamplingParams:
+    """The sampling settings of a `/v1/sample`, chat or Tinker `asample` request, checked (400 naming the field).
+
+    `stop` may be one string, or a list of strings and token ids; `kwargs` are `SamplingParams` fields.
+    """
+    if n > max_n:
+        raise bad_request(f"num_samples must be at most {max_n}, got {n}", "num_samples")
+    stops = [stop] if isinstance(stop, str) else list(stop or [])
+    stops = [x for x in stops if x != ""]  # an empty stop string would stop everywhere
+    params = SamplingParams(
+        n=n,
+        stop=[x for x in stops if isinstance(x, str)],
+        stop_token_ids=[x for x in stops if isinstance(x, int)],
+        **kwargs,
+    )
+    try:
+        params.validate()
+    except ValueError as exc:
+        raise bad_request(str(exc)) from exc
+    return params

@@ -13,15 +13,12 @@ from typing import Any
 
 from fastapi import FastAPI
 
-from metaclaw.serving.training_server.errors import ApiError
+from metaclaw.config import LORA_MODULE_GROUPS
+from metaclaw.training_server.errors import ApiError
 
 log = logging.getLogger(__name__)
 
-GROUPS = {  # for a config without app.tinker.module_groups (conf/app/training_server.yaml sets the same)
-    "attn": ["q_proj", "k_proj", "v_proj", "o_proj"],
-    "mlp": ["gate_proj", "up_proj", "down_proj"],
-    "unembed": ["lm_head"],
-}
+GROUPS = {**LORA_MODULE_GROUPS, "unembed": ("lm_head",)}  # for a config without app.tinker.module_groups
 
 
 def _unavailable(app: FastAPI, reason: str) -> None:
@@ -32,7 +29,7 @@ def _unavailable(app: FastAPI, reason: str) -> None:
 
 def mount(app: FastAPI, engine: Any, owner: Any) -> None:
     """Add the Tinker routes to `app` (or a 404 explaining why they are missing)."""
-    from metaclaw.serving.training_server.tinker_api.registry import TinkerLimits
+    from metaclaw.training_server.tinker_api.registry import TinkerLimits
 
     cfg = engine.cfg.get("tinker") if hasattr(engine.cfg, "get") else None
     limits = TinkerLimits.from_config({k: v for k, v in dict(cfg or {}).items() if k != "module_groups"})
@@ -40,7 +37,7 @@ def mount(app: FastAPI, engine: Any, owner: Any) -> None:
         _unavailable(app, "disabled by app.tinker.enabled")
         return
     try:
-        from metaclaw.serving.training_server.tinker_api.routes import install
+        from metaclaw.training_server.tinker_api.routes import install
     except ImportError as exc:
         log.info("Tinker API off: %s (pip install 'metaclaw[tinker]')", exc)
         _unavailable(app, "install it with pip install 'metaclaw[tinker]'")
