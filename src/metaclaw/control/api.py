@@ -104,7 +104,10 @@ def mount_plane(plane: ControlPlane, app: ASGIApp) -> ASGIApp:
     controlled = mount_control(app, plane, plane.api_key)  # issues this run's control key
     data = DashboardData(plane.run_dir, plane=plane, **plane.dashboard)
     # the page's one key: the proxy's, else the run's control key (both open /control/*; docs/dashboard.md)
-    return mount_dashboard(controlled, data, plane.api_key or read_control_key(plane.run_dir), guard)
+    key = plane.api_key or read_control_key(plane.run_dir)
+    if not key:  # mount_control has just issued it
+        raise RuntimeError(f"no control key in {plane.run_dir}: the dashboard would be open to anyone")
+    return mount_dashboard(controlled, data, key, guard)
 
 
 def mount_control(app: ASGIApp, plane: ControlPlane, api_key: str | None, max_body_bytes: int = 65536) -> ASGIApp:

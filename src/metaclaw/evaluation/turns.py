@@ -77,8 +77,8 @@ class HeldoutTurnsEvaluator:
         self.concurrency, self.quality_turns = max(1, int(concurrency)), max(0, int(quality_turns))
         self.reported: set[int] = set()
         # a turn's reply under a fixed model does not change: the gate asks for each once
-        self._got_nll: dict[int, float | None] = {}  # sample id -> base NLL of the reply the user got
-        self._served_lp: dict[tuple[int, int], float] = {}  # (served version, sample id) -> logprob of the reply
+        self._got_nll: dict[int | None, float | None] = {}  # sample id -> base NLL of the reply the user got
+        self._served_lp: dict[tuple[int, int | None], float] = {}  # (served version, sample id) -> logprob of the reply
         self.reference_nll: float | None = None  # the base model's (version 0) replies: the fluency reference
 
     def _heldout(self, version: int | None = None) -> list[Sample]:
@@ -206,8 +206,9 @@ class HeldoutTurnsEvaluator:
             if self.base_model and self.quality_turns:
                 asked = turns[-self.quality_turns :]
                 got = [x for x in pool.map(got_nll, turns) if x is not None]
-                own = pool.map(lambda s: self._sample_nll(candidate, s, max(1, min(len(s.response_ids), 64))), asked)
-                own = [x for x in own if x is not None]
+                answers = pool.map(lambda s: self._sample_nll(candidate, s, max(1, min(len(s.response_ids), 64))),
+                                   asked)
+                own = [x for x in answers if x is not None]
                 if got and own:
                     out["served_nll"], out["candidate_nll"] = sum(got) / len(got), sum(own) / len(own)
                     out["quality_turns"] = len(own)

@@ -358,6 +358,7 @@ class ResponsesStream:
             if delta.get("content"):
                 if self.open is None or self.open["type"] != "message":
                     yield from self._open_text()
+                assert self.open is not None  # _open_text opened it
                 self.open["_text"] += delta["content"]
                 yield self.event("response.output_text.delta", {
                     "item_id": self.open["id"], "output_index": self._index(), "content_index": 0,

@@ -101,7 +101,8 @@ class _TailToolCalls:
 
 def _json_objects(text: str, separators: str = "; \n\t,") -> list[Any] | None:
     """The JSON values in `text`, one after another (separated by `separators`); None if anything else is there."""
-    decoder, out, i = json.JSONDecoder(), [], 0
+    decoder, i = json.JSONDecoder(), 0
+    out: list[Any] = []
     while True:
         while i < len(text) and text[i] in separators:
             i += 1
@@ -168,8 +169,9 @@ class MistralToolCalls(_TailToolCalls):
         return given if isinstance(given, str) and len(given) == 9 and given.isalnum() else self.new_id()
 
 
-PARSERS = {"hermes": HermesToolCalls(), "llama3": Llama3ToolCalls(), "mistral": MistralToolCalls()}
 ToolCallFormat = HermesToolCalls | Llama3ToolCalls | MistralToolCalls
+PARSERS: dict[str, ToolCallFormat] = {"hermes": HermesToolCalls(), "llama3": Llama3ToolCalls(),
+                                      "mistral": MistralToolCalls()}  # fmt: skip
 
 
 def detect_tool_format(chat_template: Any) -> str:

@@ -38,7 +38,7 @@ try:  # the Tinker-compatible API needs the tinker extra (tinker, zstandard, pro
 except ModuleNotFoundError as e:
     if e.name not in ("tinker", "zstandard", "google") and not str(e.name).startswith(("tinker.", "google.")):
         raise
-    mount_tinker, TINKER_MISSING = None, e
+    mount_tinker, TINKER_MISSING = None, e  # type: ignore[assignment]
 
 try:
     VERSION = version("metaclaw")

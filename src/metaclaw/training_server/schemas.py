@@ -239,7 +239,7 @@ class ChatCompletionRequest(Request):
 FinishReason = Literal["stop", "length"]
 
 
-def sampling_params(n: int, max_n: int, stop: object, **kwargs: object) -> SamplingParams:
+def sampling_params(n: int, max_n: int, stop: Any, **kwargs: Any) -> SamplingParams:
     """The sampling settings of a `/v1/sample`, chat or Tinker `asample` request, checked (400 naming the field).
 
     `stop` may be one string, or a list of strings and token ids; `kwargs` are `SamplingParams` fields.
