@@ -20,9 +20,9 @@ ROOT = Path(__file__).resolve().parents[1] / "src" / "metaclaw"
 # Floor by floor, lowest first: a unit imports only units of the floors below its own.
 LAYERS: list[tuple[str, frozenset[str]]] = [
     ("ground", frozenset({"store", "messages", "atomic", "devices", "lifecycle", "stopping", "agents", "profiling",
-                          "distribution"})),  # fmt: skip
+                          "distribution", "conf", "__init__"})),  # fmt: skip (conf: the YAML tree, no imports)
     ("vocabulary", frozenset({"wire", "config", "runfiles"})),
-    ("libraries", frozenset({"losses", "advantages", "skills", "simulate", "scheduler"})),
+    ("libraries", frozenset({"losses", "advantages", "skills", "simulate", "scheduler", "tracking"})),
     ("serving", frozenset({"serving"})),
     ("privacy", frozenset({"privacy"})),
     ("model", frozenset({"modules"})),
@@ -30,7 +30,9 @@ LAYERS: list[tuple[str, frozenset[str]]] = [
     ("control", frozenset({"control"})),  # status, steering and the dashboard: read what the services write
     ("training data", frozenset({"datamodules"})),
     ("orchestration", frozenset({"loop"})),
-    ("entry", frozenset({"training", "__main__", "__init__"})),
+    ("entry", frozenset({"training"})),
+    ("command", frozenset({"cli"})),  # the `metaclaw` console script: train, serve, control, export
+    ("main", frozenset({"__main__"})),
 ]
 
 
@@ -74,7 +76,7 @@ def module_imports(root: Path) -> dict[tuple[str, str], str]:
         for node in ast.walk(tree):
             for source, name in _imported(node, module, path.name == "__init__.py"):
                 full = ".".join(filter(None, (source, name)))
-                target = full if full in files else source
+                target = full if full in files else (source or "__init__")  # `from metaclaw import x`: the root
                 while target and target not in files and "." in target:
                     target = target.rpartition(".")[0]
                 target = target if target in files else full
