@@ -113,6 +113,8 @@ class HFEngine(ServedAdapters):
         self.merge_adapters = merge_adapters
         self._merged: dict[str, nn.Module] = {}  # internal name -> merged copy (merge_adapters)
         self._slots = MergedSlots(model) if merge_adapters else None
+        if merge_adapters:
+            log.info("HF engine: adapters served merged into a copy of the weights (backend.merge_adapters)")
         self._pending: list[_Pending] = []  # bounded by the server's max_concurrency (each waiter is a caller)
         self._pending_lock = threading.Lock()
         self.batches: dict[int, int] = {}  # batch size -> generate calls (for benches and tests)
