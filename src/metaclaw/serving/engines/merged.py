@@ -27,13 +27,27 @@ from metaclaw.serving.engines.base import AdapterError
 _KEY = re.compile(r"^base_model\.model\.(?P<module>.+)\.lora_(?P<which>[AB])\.weight$")
 
 
-def _copy_with_own(base: nn.Module, own: set[int]) -> nn.Module:
-    """A copy of `base`'s module tree sharing every parameter and buffer except those whose id is in `own`."""
-    shared = {id(t): t for t in [*base.parameters(), *base.buffers()] if id(t) not in own}
-    return copy.deepcopy(base, memo=shared)
+def _copy_with_own(base: nn.Module, own: set[int], fill: bool = True) -> nn.Module:
+    """A copy of `base`'s module tree sharing every parameter and buffer except the Linear weights whose id is in
+    `own`, which get tensors of their own (copies of the base's with `fill`, else uninitialised).
+
+    Safe beside running generations: a forward or `generate` only reads the module tree of a plain model (merged
+    serving never calls PEFT's `set_adapter` on it), and the copy takes no tensor but the ones it owns."""
+    shared = {id(t): t for t in [*base.parameters(), *base.buffers()]}
+    tree = copy.deepcopy(base, memo=shared)
+    for module in tree.modules():
+        if isinstance(module, nn.Linear) and id(module.weight) in own:
+            weight = module.weight.detach()
+            module.weight = nn.Parameter(weight.clone() if fill else torch.empty_like(weight), requires_grad=False)
+    return tree
 
 
-def merged_copy(base: nn.Module, config: LoraConfig, state: dict[str, torch.Tensor], path: str = "") -> nn.Module:
+def merged_copy(
+    base: nn.Module,
+    config: LoraConfig,
+    state: dict[str, torch.Tensor],
+    path: str = "",
+) -> nn.Module:
     """A copy of `base` with the LoRA `(config, state)` merged into its weights by PEFT; `base` is left untouched."""
     targets = {
         id(module.weight)
@@ -103,7 +117,7 @@ class MergedSlots:
             model = free.pop() if free else None
         modules = dict(self.base.named_modules())
         if model is None:
-            model = _copy_with_own(self.base, {id(modules[name].weight) for name in plan}).eval()
+            model = _copy_with_own(self.base, {id(modules[name].weight) for name in plan}, fill=False).eval()
             with self._lock:
                 self._kind[id(model)] = kind
         own = dict(model.named_modules())
