@@ -245,3 +245,11 @@ def test_merged_hot_load_never_waits_for_a_generation(tiny_spec, fixed_adapter, 
     assert out.adapter_version == 11 and engine.tokenizer.decode(out.token_ids).startswith(FIXED_ANSWER)
     base = engine.generate(prompt, SamplingParams(max_tokens=12, temperature=0))[0]
     assert not engine.tokenizer.decode(base.token_ids).startswith(FIXED_ANSWER)
+
+
+def test_merge_adapters_auto_merges_on_cpu_only(tiny_spec):
+    """`backend.merge_adapters: auto` (the default): merged on CPU; a bad value is a config error naming it."""
+    assert HFEngine.from_backend(tiny_spec, [], merge_adapters="auto").merge_adapters is True
+    assert HFEngine.from_backend(tiny_spec, [], merge_adapters=False).merge_adapters is False
+    with pytest.raises(ValueError, match="backend.merge_adapters"):
+        HFEngine.from_backend(tiny_spec, [], merge_adapters="yes")

@@ -147,16 +147,21 @@ class HFEngine(ServedAdapters):
         spec: Any,
         infer_devices: Sequence[int] = (),
         max_batch_size: int = 1,
-        merge_adapters: bool = False,
+        merge_adapters: bool | str = False,
         **vllm_only: Any,
     ) -> HFEngine:
         """The `backend` node's constructor: the first inference GPU, else CPU. The vLLM options `backend=auto`
-        carries (for when it resolves to vLLM) are not used here; any other option is a config error."""
+        carries (for when it resolves to vLLM) are not used here; any other option is a config error.
+        `merge_adapters`: true, false or `auto` (merged on CPU, where PEFT's unmerged layers cost the most and a
+        copy of the adapted weights is cheap; through PEFT on a GPU)."""
         unknown = sorted(set(vllm_only) - VLLM_ONLY_OPTIONS)
         if unknown:
             raise ValueError(f"backend: options the HF engine does not know: {unknown}")
         device = f"cuda:{infer_devices[0]}" if infer_devices else "cpu"
-        return cls.from_spec(spec, device, int(max_batch_size), bool(merge_adapters))
+        if merge_adapters not in (True, False, "auto"):
+            raise ValueError(f"backend.merge_adapters must be true, false or auto, got {merge_adapters!r}")
+        merge = device == "cpu" if merge_adapters == "auto" else bool(merge_adapters)
+        return cls.from_spec(spec, device, int(max_batch_size), merge)
 
     @property
     def device(self) -> torch.device:
