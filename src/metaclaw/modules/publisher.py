@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
 import lightning as L
+from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from metaclaw import profiling
 from metaclaw.devices import full_params
@@ -179,6 +180,16 @@ class AdapterPublisher(L.Callback):
         self._sync_served(trainer)
         if trainer.is_global_zero:  # the prefetched next batch was never trained on: hand it back
             self.samples.settle(trainer.global_step)
+
+    def on_exception(self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException) -> None:
+        """Lightning's SIGTERM stop is raised between two steps (after this one's publish): checkpoint what was
+        trained, so a graceful stop redoes nothing. Any other exception may have cut a step short: nothing is
+        written, and the samples of the steps after the last checkpoint go back to the queue."""
+        if isinstance(exception, SIGTERMException) and trainer.global_step > self.checkpointed_step:
+            if self._last_step != trainer.global_step:
+                self.publish(trainer, pl_module, checkpoint=True)
+            else:
+                self._checkpoint(trainer, trainer.global_step)
 
     def publish(self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: bool = False) -> None:
         """Write and serve the adapter; checkpoint when `checkpoint` or `checkpoint_every_n_steps` says so."""
