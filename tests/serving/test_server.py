@@ -208,6 +208,7 @@ def test_concurrent_requests_during_swaps_all_succeed(server, fixed_adapter):
     assert after.headers["x-metaclaw-adapter-version"] == "14"
 
 
+@pytest.mark.slow  # a server of its own; the session's server already serves merged (the CPU default: auto)
 def test_merged_adapters_through_the_real_server(tmp_path, adapter_root, fixed_adapter):
     """`serve.py backend.merge_adapters=true`: the adapter loads over HTTP, answers with its weights, swaps to a
     new version and unloads; the base model's answers never change."""
