@@ -73,6 +73,11 @@ def validate_train_config(cfg: DictConfig) -> None:
             f"devices.cpu_processes) x data.max_sample_tokens ({max_sample_tokens}) = {procs * max_sample_tokens}: "
             "otherwise a step may never hold one sample per process"
         )
+    if cfg.data.get("epochs_per_batch", 1) > 1 and "clip_high" not in cfg.loss:
+        raise ConfigError(
+            f"data.epochs_per_batch={cfg.data.epochs_per_batch} trains a batch again after the policy moved: it needs "
+            f"a clipped loss (loss=ppo or loss=cispo), not {cfg.loss._target_}"
+        )
     if train_gpu_ids(cfg.devices) and cfg.devices.cpu_processes != 1:
         raise ConfigError("devices.cpu_processes applies only when devices.train is empty (CPU training)")
     check_agents(cfg)

@@ -170,7 +170,7 @@ def _train(cfg: DictConfig) -> tuple[dict[str, Any], dict[str, Any]]:
             stop.request("received SIGTERM")
         if stop.stopping and trainer.is_global_zero:
             log.info("Stopped (%s) at step %d: %s", stop.reason, trainer.global_step,
-                     open_store(cfg.store_path).reconcile(trainer.global_step))  # fmt: skip
+                     open_store(cfg.store_path).reconcile(publisher.checkpointed_step))  # fmt: skip
         elif trainer.is_global_zero:  # a finished run: the batch Lightning fetched ahead goes back to the queue
             open_store(cfg.store_path).release_claims(trainer.global_step)
         driver_stats = dict(getattr(live.driver, "stats", {}) or {})

@@ -217,3 +217,29 @@ def test_min_batch_size_is_checked():
 
     with pytest.raises(ValueError, match="data.min_batch_size"):
         RolloutDataModule("s.sqlite", batch_size=2, min_batch_size=3)
+
+
+def test_ppo_epochs_reuse_each_claimed_batch(tmp_path):
+    """Issue 29.5: `epochs=2` yields each claimed batch twice in a row; the claim is the first step's, so the
+    store's step-keyed accounting (consumed through a checkpoint, released after a crash) is unchanged."""
+    path = tmp_path / "s.sqlite"
+    store = _fill(path, 8)
+    ds = StreamingSampleDataset(path, lambda: 0, pad_id=0, batch_size=4, max_tokens=None, max_sample_tokens=None,
+                                wait_timeout_s=0.2, epochs=2)  # fmt: skip
+    batches = list(ds)
+    assert [b["epoch"] for b in batches] == [0, 1, 0, 1]
+    assert batches[0]["input_ids"].equal(batches[1]["input_ids"]) and batches[2]["reward"].equal(batches[3]["reward"])
+    assert sorted({s.claimed_step for s in store.select("claimed")}) == [0, 2]
+    assert store.counts()["claimed"] == 8
+
+
+def test_ppo_epochs_need_a_clipped_loss(tmp_path):
+    import pytest
+
+    from metaclaw.config import ConfigError, validate_train_config
+    from tests.entrypoints.test_train import compose_train
+
+    with pytest.raises(ConfigError, match="data.epochs_per_batch=2 .* clipped loss"):
+        validate_train_config(compose_train(tmp_path, "data.epochs_per_batch=2"))
+    validate_train_config(compose_train(tmp_path, "data.epochs_per_batch=2", "loss=ppo"))
+    validate_train_config(compose_train(tmp_path, "data.epochs_per_batch=2", "loss=cispo"))

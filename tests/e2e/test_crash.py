@@ -37,7 +37,7 @@ def test_sigkill_mid_run_loses_nothing_and_trains_nothing_twice(tmp_path):
     proc = launch(run_dir, *overrides)
     try:
         deadline = time.monotonic() + 240
-        while not (run_dir / "adapters" / "step-000003").exists():
+        while not (run_dir / "adapters" / "step-000005").exists():
             assert proc.poll() is None, "train.py ended before it could be killed"
             assert time.monotonic() < deadline
             time.sleep(0.05)
@@ -47,9 +47,9 @@ def test_sigkill_mid_run_loses_nothing_and_trains_nothing_twice(tmp_path):
         stop_group(proc)
     store = SampleStore(run_dir / "samples.sqlite")
     before = {s.id for s in store.select()}
-    # step-000003 exists, so step 2's checkpoint and consumption are done; step 3's may not be (that is the
-    # crash window `SampleStore.reconcile` repairs at restart)
-    assert before and store.counts()["consumed"] >= 2
+    # step-000005 exists, so the checkpoint of step 4 (publish.checkpoint_every_n_steps: 4) and its consumption
+    # are done; steps 4 and on are still claimed (the crash window `SampleStore.reconcile` repairs at restart)
+    assert before and store.counts()["consumed"] >= 4
 
     proc = launch(run_dir, *overrides)
     try:

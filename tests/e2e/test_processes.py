@@ -170,8 +170,10 @@ def test_sigterm_mid_step(tmp_path, on_signal):
         assert {s.claimed_step for s in store.select("consumed")} == {0, 1, 2}
     else:
         assert published == ["step-000001", "step-000002"]
-        assert {s.claimed_step for s in store.select("consumed")} == {0, 1}
-        assert counts["ready"] > 0  # step 3's samples wait for the next run
+        # no checkpoint covers steps 1-2 (publish.checkpoint_every_n_steps: 4; an abandoned step is never
+        # checkpointed, it may have stopped mid-update): their samples and step 3's wait for the next run
+        assert not store.select("consumed")
+        assert {s.claimed_step for s in store.select("ready")} == {None} and counts["ready"] >= 3
 
 
 @pytest.mark.slow

@@ -116,3 +116,20 @@ def test_rank_losses_average_to_the_global_batch_aggregate(mode):
     scaled = [aggregate(per_token[r], mask[r], mode) * global_scale(mode, mask[r], group, 2) for r in ranks]
     assert torch.allclose(sum(scaled) / 2, whole)
     assert global_scale(mode, mask, group, 1) == 1
+
+
+def test_ppo_epochs_take_several_steps_per_batch_and_count_its_samples_once(tmp_path):
+    """Issue 29.5: `data.epochs_per_batch=2` with `loss=ppo`: 4 optimizer steps on 2 claimed batches; the second
+    epoch sees a moved policy (ratio != 1, so the clip matters), and `train/samples` counts each sample once."""
+    from metaclaw.store import SampleStore
+    from metaclaw.training import train
+    from tests.entrypoints.test_train import compose_train
+
+    metrics, objs = train(compose_train(tmp_path, "trainer.max_steps=4", "data.epochs_per_batch=2", "loss=ppo"))
+    assert metrics["train/global_step"] == 4
+    store = SampleStore(tmp_path / "samples.sqlite")
+    consumed = store.select("consumed")
+    assert len(consumed) == 8 and {s.claimed_step for s in consumed} == {0, 2}
+    assert metrics["train/samples"] == 0  # the last step was the second epoch of a batch: no new sample
+    bar = next(c for c in objs["trainer"].callbacks if type(c).__name__ == "LoopProgressBar")
+    assert bar.samples == 8

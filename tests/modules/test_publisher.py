@@ -128,3 +128,62 @@ def test_an_asynchronous_hot_load_does_not_hold_the_step_and_settles_in_order(tm
         assert loader.served_version == 2 and [Path(p).name for p in received] == ["step-000001", "step-000002"]
     finally:
         server.shutdown()
+
+
+def test_checkpoints_every_k_steps_lose_nothing_and_train_nothing_twice(tmp_path, caplog):
+    """Issue 29.4: with `checkpoint_every_n_steps=2` a run that dies after step 3 (three failed hot-loads) has a
+    checkpoint at step 2 only: step 2's samples are still claimed, not consumed, and adapter v3 is the served
+    pointer. The restart resumes at step 2, trains those samples again there (not the lost run's v3), and at the
+    end every sample was consumed by exactly one step of the surviving run."""
+    import json
+    from collections import Counter
+
+    import pytest
+    import torch
+
+    from metaclaw.modules.publisher import HotLoadError
+    from metaclaw.store import SampleStore
+    from metaclaw.training import train
+    from tests.entrypoints.test_train import compose_train
+
+    cfg = compose_train(
+        tmp_path,
+        "trainer.max_steps=8",
+        f"publish.server_url=http://127.0.0.1:{_closed_port()}",
+        "publish.max_hot_load_failures=3",
+        "publish.hot_load_async=false",
+        "publish.checkpoint_every_n_steps=2",
+    )
+    with pytest.raises(HotLoadError):
+        train(cfg)  # dies at step 3's publish, like a crash: no end-of-training checkpoint
+    ckpt = tmp_path / "checkpoints" / "last.ckpt"
+    assert torch.load(ckpt, map_location="cpu", weights_only=True)["global_step"] == 2
+    store = SampleStore(tmp_path / "samples.sqlite")
+    assert {s.claimed_step for s in store.select("consumed")} == {0, 1}
+    assert 2 in {s.claimed_step for s in store.select("claimed")}  # step 3 trained them; no checkpoint covers it
+    assert json.loads((tmp_path / "adapters" / "latest.json").read_text())["version"] == 3
+
+    metrics, objs = train(compose_train(tmp_path, "trainer.max_steps=4", "publish.checkpoint_every_n_steps=2"))
+    assert metrics["train/global_step"] == 4
+    assert "newer than the checkpoint" in caplog.text
+    assert torch.load(ckpt, map_location="cpu", weights_only=True)["global_step"] == 4
+    assert store.counts()["claimed"] == 0
+    per_step = Counter(s.claimed_step for s in store.select("consumed"))
+    assert sorted(per_step) == [0, 1, 2, 3] and len(set(per_step.values())) == 1, per_step
+    assert json.loads((tmp_path / "adapters" / "latest.json").read_text())["version"] == 4
+
+
+def test_the_last_step_is_checkpointed_whatever_the_cadence(tmp_path):
+    """Training ends between two checkpoints: the end writes one, so a restart redoes nothing."""
+    import torch
+
+    from metaclaw.store import SampleStore
+    from metaclaw.training import train
+    from tests.entrypoints.test_train import compose_train
+
+    metrics, objs = train(compose_train(tmp_path, "trainer.max_steps=3", "publish.checkpoint_every_n_steps=2"))
+    assert objs["publisher"].checkpointed_step == 3
+    ckpt = torch.load(tmp_path / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=True)
+    assert ckpt["global_step"] == 3
+    store = SampleStore(tmp_path / "samples.sqlite")
+    assert {s.claimed_step for s in store.select("consumed")} == {0, 1, 2} and store.counts()["claimed"] == 0

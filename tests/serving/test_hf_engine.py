@@ -174,3 +174,82 @@ def test_wraps_an_already_loaded_peft_model(tiny_spec, fixed_adapter):
     assert tok.decode(out.token_ids).startswith(FIXED_ANSWER)
     base = engine.generate(prompt, SamplingParams(max_tokens=12, temperature=0))[0]
     assert not tok.decode(base.token_ids).startswith(FIXED_ANSWER)
+
+
+def _merged_engine(tiny_spec, max_batch_size: int = 1) -> HFEngine:
+    return HFEngine.from_spec(tiny_spec, max_batch_size=max_batch_size, merge_adapters=True)
+
+
+def test_merged_adapter_behaviour_logprobs_are_the_trainers(tiny_spec, policy, fixed_adapter):
+    """Issue 29.3, the ratio-is-1 rule for `backend.merge_adapters`: the LoRA folded into a copy of the weights
+    samples with the trainer's (unmerged PEFT) logprobs within 1e-4, generated, batched, streamed and scored; the
+    base model's logprobs are untouched by the merge."""
+    engine = _merged_engine(tiny_spec, max_batch_size=4)
+    assert engine.load_adapter("fixed", str(fixed_adapter)) == 7
+    assert engine._peft is None  # no PEFT layers: plain Linears with the adapter merged in
+    dist = dict(temperature=0.7, top_p=0.9, top_k=20)
+    prompts = [chat_ids(engine.tokenizer, p) for p in ("Tell me something", "hi", "Name a colour.")]
+    rows = [(prompts[0], o) for o in engine.generate(prompts[0], SamplingParams(max_tokens=24, n=2, seed=5, **dist),
+                                                     "fixed")]  # fmt: skip
+
+    def batched(prompt: list[int]) -> None:
+        rows.append((prompt, engine.generate(prompt, SamplingParams(max_tokens=16, **dist), "fixed")[0]))
+
+    with engine._lock:  # three requests pending at once: one batched generate
+        threads = [threading.Thread(target=batched, args=(p,)) for p in prompts]
+        for t in threads:
+            t.start()
+        deadline = time.monotonic() + 30
+        while len(engine._pending) < 3 and time.monotonic() < deadline:
+            time.sleep(0.01)
+    for t in threads:
+        t.join(120)
+    assert engine.batches.get(3) == 1 and len(rows) == 5
+    deltas = list(engine.stream(prompts[1], SamplingParams(max_tokens=12, seed=3, **dist), "fixed"))
+    streamed = [d.token_id for d in deltas], [d.logprob for d in deltas]
+    for prompt, (token_ids, logprobs) in [*((p, (o.token_ids, o.logprobs)) for p, o in rows), (prompts[1], streamed)]:
+        theirs = recompute(policy, prompt, token_ids, 0.7, top_p=0.9, top_k=20)
+        assert (torch.tensor(logprobs) - theirs).abs().max().item() <= 1e-4
+    target = engine.tokenizer(FIXED_ANSWER)["input_ids"]
+    got = torch.tensor(engine.prompt_logprobs(prompts[0], target, "fixed"))
+    assert (got - recompute(policy, prompts[0], target, 1.0)).abs().max().item() <= 1e-4
+    base = torch.tensor(engine.prompt_logprobs(prompts[0], target))
+    assert (base - recompute(policy, prompts[0], target, 1.0, reference=True)).abs().max().item() <= 1e-4
+    greedy = engine.generate(prompts[1], SamplingParams(max_tokens=12, temperature=0), "fixed")[0]
+    assert engine.tokenizer.decode(greedy.token_ids).startswith(FIXED_ANSWER)
+
+
+def test_merged_hot_load_never_waits_for_a_generation(tiny_spec, fixed_adapter, tmp_path):
+    """Issue 29.4, the double-buffered slot: a new adapter version is built while the model lock is held (a
+    generation running), then re-pointed; a request pinned to the old version keeps it; the copy it frees takes the
+    version after next in place (no third copy), and every version answers with its own weights."""
+    engine = _merged_engine(tiny_spec)
+    prompt = chat_ids(engine.tokenizer, "hi")
+    paths = []
+    for step in (9, 11):
+        paths.append(tmp_path / f"step-{step:06d}")
+        shutil.copytree(fixed_adapter, paths[-1])
+    assert engine.load_adapter("policy", str(fixed_adapter)) == 7
+    stream = engine.stream(prompt, SamplingParams(max_tokens=8, temperature=0), "policy")  # pins v7
+    with engine._lock:  # a generation holds the model: the load must not need it
+        loader = threading.Thread(target=engine.load_adapter, args=("policy", str(paths[0])))
+        loader.start()
+        loader.join(60)
+        assert not loader.is_alive() and engine.adapters() == {"policy": 9}
+    assert engine.tokenizer.decode([d.token_id for d in stream]).startswith(FIXED_ANSWER[:4])
+    assert stream.adapter_version == 7 and len(engine._merged) == 1  # v7 freed by its last user: a spare now
+    spare = engine._slots._free[next(iter(engine._slots._free))][0]
+    assert engine.load_adapter("policy", str(paths[1])) == 11
+    assert engine._merged[engine._registry.current("policy").internal] is spare  # reused in place
+    out = engine.generate(prompt, SamplingParams(max_tokens=12, temperature=0), "policy")[0]
+    assert out.adapter_version == 11 and engine.tokenizer.decode(out.token_ids).startswith(FIXED_ANSWER)
+    base = engine.generate(prompt, SamplingParams(max_tokens=12, temperature=0))[0]
+    assert not engine.tokenizer.decode(base.token_ids).startswith(FIXED_ANSWER)
+
+
+def test_merge_adapters_auto_merges_on_cpu_only(tiny_spec):
+    """`backend.merge_adapters: auto` (the default): merged on CPU; a bad value is a config error naming it."""
+    assert HFEngine.from_backend(tiny_spec, [], merge_adapters="auto").merge_adapters is True
+    assert HFEngine.from_backend(tiny_spec, [], merge_adapters=False).merge_adapters is False
+    with pytest.raises(ValueError, match="backend.merge_adapters"):
+        HFEngine.from_backend(tiny_spec, [], merge_adapters="yes")

@@ -206,3 +206,26 @@ def test_concurrent_requests_during_swaps_all_succeed(server, fixed_adapter):
     assert {v for _, v in results} <= {None, 11, 12, 13, 14}
     after = post(server, "/v1/chat/completions", {"model": "swap", "messages": USER, "max_tokens": 2})
     assert after.headers["x-metaclaw-adapter-version"] == "14"
+
+
+@pytest.mark.slow  # a server of its own; the session's server already serves merged (the CPU default: auto)
+def test_merged_adapters_through_the_real_server(tmp_path, adapter_root, fixed_adapter):
+    """`serve.py backend.merge_adapters=true`: the adapter loads over HTTP, answers with its weights, swaps to a
+    new version and unloads; the base model's answers never change."""
+    from .conftest import running_server
+
+    with running_server(tmp_path, adapter_root, "backend.merge_adapters=true") as live:
+        client = openai.OpenAI(base_url=f"{live.url}/v1", api_key=live.api_key, max_retries=0, timeout=60)
+
+        def greedy(model: str) -> str:
+            r = client.chat.completions.create(model=model, messages=USER, max_tokens=12, temperature=0)
+            return r.choices[0].message.content
+
+        base = greedy("tiny")
+        assert load(live, "policy", "step-000007").json()["adapter_version"] == 7
+        assert greedy("policy") == FIXED_ANSWER != base
+        shutil.copytree(fixed_adapter, adapter_root / "step-000008", dirs_exist_ok=True)
+        assert load(live, "policy", "step-000008").json()["adapter_version"] == 8
+        assert greedy("policy") == FIXED_ANSWER and greedy("tiny") == base
+        assert post(live, "/v1/unload_lora_adapter", {"lora_name": "policy"}).status_code == 200
+    assert "adapters served merged" in live.log.read_text()

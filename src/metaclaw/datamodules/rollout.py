@@ -87,6 +87,9 @@ def check_token_budget(max_tokens: int | None, max_sample_tokens: int | None, wo
 class StreamingSampleDataset(IterableDataset):
     """Yields one collated batch per optimizer step, claimed from the store under that step's number.
 
+    With `epochs` > 1 each claimed batch is yielded that many times in a row (`batch["epoch"]` 0, 1, ...): PPO-style
+    epochs, several optimizer steps on one batch; the claim belongs to the first of them.
+
     Every rank claims the same global batch (claims are idempotent per step) and keeps its slice, so no sample
     is trained twice and ranks stay in lock-step. Waiting for samples blocks on the store, never spins.
     """
@@ -112,6 +115,7 @@ class StreamingSampleDataset(IterableDataset):
         min_batch_size: int = 1,
         max_age_s: float | None = None,
         served_version: Callable[[], int | dict[str, int] | None] = lambda: None,
+        epochs: int = 1,
     ) -> None:
         if batch_size < world_size:
             raise ValueError(f"data.batch_size ({batch_size}) must be >= the number of processes ({world_size})")
@@ -126,6 +130,7 @@ class StreamingSampleDataset(IterableDataset):
         self.gate, self.latest_skill_generation_only = gate, latest_skill_generation_only
         self.should_stop = should_stop
         self.max_age_s, self.served_version = max_age_s, served_version
+        self.epochs = epochs  # optimizer steps per claimed batch (PPO-style epochs)
         self.partition = partition  # agent id -> adapter: batches are single-adapter (docs/agents.md)
         # Many agents in mode=auto: `(open, adapters)`: whether a window is open now (never blocks) and the
         # adapters of `rl` agents, which train outside windows too. None: the gate blocks for every adapter.
@@ -150,8 +155,9 @@ class StreamingSampleDataset(IterableDataset):
                 out = collate_samples(batch[self.rank :: self.world_size], self.pad_id, group=batch)
                 if self.partition is not None:
                     out["adapter"] = self.partition(batch[0].agent_id)  # the adapter this step trains
-                yield out
-                step += 1
+                for epoch in range(self.epochs):  # the claim is step `step`'s; the repeats only reuse it
+                    yield out if self.epochs == 1 else {**out, "epoch": epoch}
+                    step += 1
         finally:
             store.close()
 
@@ -232,6 +238,9 @@ class RolloutDataModule(L.LightningDataModule):
             reach `max_backlog`; they are still answered). See `SampleStore.capture_limit`.
         latest_skill_generation_only: drop samples gathered under an agent's older skill generation.
         pad_id: padding token id.
+        epochs_per_batch: optimizer steps on each claimed batch (PPO-style epochs; > 1 needs a clipped loss,
+            `loss=ppo` or `loss=cispo`). The samples are consumed once a checkpoint covers the claim's step; a
+            resume between two epochs of a batch moves on to a new batch (the old one was trained at least once).
 
     `gate` (set by the scheduler callback) is called before every claim and blocks outside training windows.
     """
@@ -250,8 +259,12 @@ class RolloutDataModule(L.LightningDataModule):
         latest_skill_generation_only: bool = True,
         pad_id: int = 0,
         min_batch_size: int = 1,
+        epochs_per_batch: int = 1,
     ) -> None:
         super().__init__()
+        if epochs_per_batch < 1:
+            raise ValueError(f"data.epochs_per_batch must be >= 1, got {epochs_per_batch}")
+        self.epochs_per_batch = epochs_per_batch
         if not 1 <= min_batch_size <= batch_size:
             raise ValueError(f"data.min_batch_size ({min_batch_size}) must be in [1, data.batch_size ({batch_size})]")
         self.min_batch_size = min_batch_size
@@ -326,6 +339,7 @@ class RolloutDataModule(L.LightningDataModule):
             min_batch_size=self.min_batch_size,
             max_age_s=self.max_age_s,
             served_version=self._served_version,
+            epochs=self.epochs_per_batch,
         )
         self._dataset = dataset
         return DataLoader(dataset, batch_size=None, num_workers=0)

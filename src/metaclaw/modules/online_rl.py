@@ -130,7 +130,7 @@ class OnlineRLModule(L.LightningModule):
 
     def on_train_batch_start(self, batch: Any, batch_idx: int) -> None:
         self._t0 = time.perf_counter()
-        if isinstance(batch, dict) and "attention_mask" in batch:  # bench/cycle_profile.py: padding waste
+        if isinstance(batch, dict) and "attention_mask" in batch and not batch.get("epoch"):  # cycle_profile: padding
             mask = batch["attention_mask"]
             profiling.record("train_positions", 0.0, 0.0, float(mask.numel()), count=0)
             profiling.record("train_tokens", 0.0, 0.0, float(mask.sum()), count=0)
@@ -250,7 +250,7 @@ class OnlineRLModule(L.LightningModule):
         self.log("loss/total", loss.detach(), prog_bar=True, batch_size=n)
         self.log_dict({f"loss/{k}": v.float() for k, v in metrics.items()}, batch_size=n)
         self.log_dict({f"train/{k}": torch.as_tensor(v).float() for k, v in adv_metrics.items()}, batch_size=n)
-        self.log("train/samples", float(n), reduce_fx="sum", batch_size=n)
+        self.log("train/samples", 0.0 if batch.get("epoch") else float(n), reduce_fx="sum", batch_size=n)  # new ones
         self.log("train/response_tokens", batch["mask"].sum(), batch_size=n)
         self.log(
             "train/adapter_version_lag", (self.global_step - batch["adapter_version"].float()).mean(), batch_size=n

@@ -50,7 +50,8 @@ class LoopProgressBar(TQDMProgressBar):
         self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
         mask = batch.get("mask") if isinstance(batch, dict) else None
-        self.samples += int(mask.shape[0]) if mask is not None else 0
+        if mask is not None and not batch.get("epoch"):  # a PPO epoch's repeat trains no new sample
+            self.samples += int(mask.shape[0])
         bar = self._train_progress_bar
         if bar is None or bar.disable:
             return

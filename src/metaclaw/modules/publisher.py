@@ -7,6 +7,13 @@ samples of the covered steps consumed, (4) ask the policy server to load the ada
 (3) is repaired by `SampleStore.reconcile` at restart; the temp dirs and files a kill mid-write leaves
 (`adapters/.step-*`, `checkpoints/*.tmp`) are removed when the next run starts.
 
+Checkpoint cadence (`checkpoint_every_n_steps` k): steps (2) and (3) run at a publish only once k steps have
+passed since the last checkpoint, and always when training ends; the adapter is written and served at every
+publish. Samples of the steps after the last checkpoint stay `claimed`: a crash hands them back (`reconcile`
+at restart), they are trained again from the checkpoint's weights, so none is lost and none is trained twice in
+the run that survives; at most k - 1 steps of work are redone. On resume, an adapter published after the
+checkpoint (the lost steps' work) is not served again: the checkpoint's own adapter is.
+
 Staleness counts against the version actually served: the datamodule's `adapter_version` is the newest adapter
 the policy server confirmed loading (the published step when there is no server), restored on resume by loading
 the checkpoint's adapter again. A hot-load failure leaves it at what is still served, so samples the old adapter
@@ -25,6 +32,7 @@ from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
 import lightning as L
+from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from metaclaw import profiling
 from metaclaw.devices import full_params
@@ -73,6 +81,8 @@ class AdapterPublisher(L.Callback):
             object that evaluates and gates is attached as `release`.
         hot_load_async: hot-load on a background thread: the step never waits for the server; the version
             served and a failure are learnt at the next publish (`metaclaw.modules.hot_load`).
+        checkpoint_every_n_steps: write the resumable checkpoint (and consume its samples) at a publish once this
+            many steps passed since the last one, and at the end of training (see the module docstring).
 
     `release`: None, or a `Release` that decides when `hot_load(path)` runs: at once (evaluation only) or after
     the candidate passed the gate.
@@ -91,9 +101,14 @@ class AdapterPublisher(L.Callback):
         max_hot_load_failures: int | None = 3,
         gate: Any = None,
         hot_load_async: bool = False,
+        checkpoint_every_n_steps: int = 1,
     ) -> None:
         if every_n_steps < 1:
             raise ValueError(f"publish.every_n_steps must be >= 1, got {every_n_steps}")
+        if checkpoint_every_n_steps < 1:
+            raise ValueError(f"publish.checkpoint_every_n_steps must be >= 1, got {checkpoint_every_n_steps}")
+        self.checkpoint_every_n_steps = checkpoint_every_n_steps
+        self.checkpointed_step = 0  # the step of the newest checkpoint on disk (its samples are consumed)
         self.every_n_steps, self.lora_name = every_n_steps, lora_name
         self.files = AdapterWriter(run_dir, keep_last)
         self.samples = SampleConsumer(store_path)
@@ -133,10 +148,19 @@ class AdapterPublisher(L.Callback):
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         """On resume, serve again what was served (`latest.json`: a rollback's pin, or the last adapter the gate let
         through), else the checkpoint's adapter, so staleness starts from the version actually served."""
-        step = self._last_step = trainer.global_step  # the checkpoint's step was published before it was written
+        step = self._last_step = self.checkpointed_step = trainer.global_step  # published before it was written
         target = self.files.adapter_dir(step)
         served = self.files.read_latest() or {}  # the served pointer: a refused candidate is never in it
-        if self.agents is None and step > 0 and Path(str(served.get("path"))).is_dir():
+        # published after the checkpoint (that work is redone; a rollback's pin is the user's choice and stays)
+        ahead = int(served.get("version") or 0) > step and not served.get("rolled_back")
+        if ahead and trainer.is_global_zero and self.agents is None:
+            log.warning("Served adapter v%s is newer than the checkpoint (step %d): serving the checkpoint's",
+                        served.get("version"), step)  # fmt: skip
+            if step > 0 and target.is_dir():
+                self.files.write_latest(step, target, self.lora_name, None)
+            else:  # no checkpoint yet: the base model is what the surviving run has trained
+                (self.files.adapters / "latest.json").unlink(missing_ok=True)
+        elif self.agents is None and step > 0 and Path(str(served.get("path"))).is_dir() and not ahead:
             target, step = Path(served["path"]), int(served.get("version") or 0)
         if step > 0 and trainer.is_global_zero and self.agents is not None:
             self.agents.serve_again(step)  # every adapter's newest published dir the checkpoint covers
@@ -153,24 +177,49 @@ class AdapterPublisher(L.Callback):
 
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if trainer.global_step > 0 and self._last_step != trainer.global_step:
-            self.publish(trainer, pl_module)
+            self.publish(trainer, pl_module, checkpoint=True)
+        elif self.checkpointed_step != trainer.global_step:  # published, not yet checkpointed: nothing is redone
+            self._checkpoint(trainer, trainer.global_step)
         self.server.settle()  # the final adapter is served before the run reports on it
         self._sync_served(trainer)
         if trainer.is_global_zero:  # the prefetched next batch was never trained on: hand it back
             self.samples.settle(trainer.global_step)
 
-    def publish(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+    def on_exception(self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException) -> None:
+        """Lightning's SIGTERM stop is raised between two steps (after this one's publish): checkpoint what was
+        trained, so a graceful stop redoes nothing. Any other exception may have cut a step short: nothing is
+        written, and the samples of the steps after the last checkpoint go back to the queue."""
+        if isinstance(exception, SIGTERMException) and trainer.global_step > self.checkpointed_step:
+            if self._last_step != trainer.global_step:
+                self.publish(trainer, pl_module, checkpoint=True)
+            else:
+                self._checkpoint(trainer, trainer.global_step)
+
+    def publish(self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: bool = False) -> None:
+        """Write and serve the adapter; checkpoint when `checkpoint` or `checkpoint_every_n_steps` says so."""
         if self.server.asynchronous:  # the previous hot-load's outcome (it had the whole step to finish)
             with profiling.phase("hot_load_wait"):
                 self.server.settle()
             self._sync_served(trainer)  # raises HotLoadError before anything more is published
+        due = trainer.global_step - self.checkpointed_step >= self.checkpoint_every_n_steps
         with profiling.phase("publish"):
-            self._publish(trainer, pl_module)
+            self._publish(trainer, pl_module, checkpoint or due)
 
-    def _publish(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+    def _checkpoint(self, trainer: L.Trainer, step: int) -> None:
+        """The resumable checkpoint of `step` (atomic), then the samples of the steps it covers are consumed."""
+        with profiling.phase("checkpoint"):
+            trainer.save_checkpoint(self.files.checkpoint_tmp, weights_only=False)  # collective: rank 0 writes
+            if trainer.is_global_zero:
+                self.files.commit_checkpoint()
+        if trainer.is_global_zero:
+            self.samples.consume_through(step)
+        self.checkpointed_step = step
+
+    def _publish(self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: bool = True) -> None:
         step = self._last_step = trainer.global_step
-        if self.agents is not None:
+        if self.agents is not None:  # one checkpoint of every adapter at each publish (docs/agents.md)
             self.published += self.agents.publish(trainer, pl_module)
+            self.checkpointed_step = step
             self._sync_served(trainer)
             trainer.strategy.barrier("adapter_publisher")
             return
@@ -179,13 +228,10 @@ class AdapterPublisher(L.Callback):
             if trainer.is_global_zero:
                 pl_module.policy.save_adapter(target)
         fingerprints = self._rank_fingerprints(trainer, pl_module)
-        with profiling.phase("checkpoint"):
-            trainer.save_checkpoint(self.files.checkpoint_tmp, weights_only=False)  # collective: rank 0 writes
-            if trainer.is_global_zero:
-                self.files.commit_checkpoint()
+        if checkpoint:
+            self._checkpoint(trainer, step)
         if trainer.is_global_zero:
-            self.samples.consume_through(step)
-            log.info("Published adapter v%d at %s", step, target)
+            log.info("Published adapter v%d at %s%s", step, target, "" if checkpoint else " (no checkpoint yet)")
             # latest.json is the served pointer (what a restart serves): written when the adapter is served, so a
             # candidate the gate refuses or holds (or a step that finished under a rollback) never becomes it
             serve = partial(self._serve, step=step, fingerprints=fingerprints)

@@ -9,6 +9,14 @@ one that gets the model lock takes up to `max_batch_size` pending requests with 
 the same sampling distribution and stop rules (`sampling.batch_key`; `max_tokens` may differ) and runs one
 left-padded `generate` for all of them. Requests with `n` > 1 or a `seed`, streams and scoring run alone.
 Each row's logprobs are its own, over the one distribution (`sampling.generate_batch`).
+
+Merged adapters (`merge_adapters`, `backend.merge_adapters`; `metaclaw.serving.engines.merged`): each loaded
+adapter version is a copy of the base model with the LoRA folded into the weights (`W + s·B·A`; every other
+tensor is shared with the base), written outside the model lock into a copy no request uses (a double buffer);
+loading it is then a pointer flip (the registry re-points the name), so a hot-load never waits for a
+generation, and a generation runs plain `nn.Linear`s instead of PEFT's extra low-rank matmuls. Its logprobs
+differ from the trainer's unmerged ones only by float rounding (the ratio-is-1 tests hold them within 1e-4).
+Costs one copy of the adapted weights per live version, plus one spare.
 """
 
 from __future__ import annotations
@@ -41,6 +49,7 @@ from metaclaw.serving.engines.base import (
     TokenScore,
     TokenStream,
 )
+from metaclaw.serving.engines.merged import MergedSlots
 from metaclaw.wire import ADAPTER_WEIGHTS
 
 log = logging.getLogger(__name__)
@@ -63,6 +72,7 @@ VLLM_ONLY_OPTIONS = frozenset(
     {"gpu_memory_utilization", "max_loras", "max_lora_rank", "enforce_eager", "lora_target_modules"}
 )
 
+
 @dataclass
 class _Pending:
     """A generate request waiting for a batch; `done` is set when `result` or `error` is."""
@@ -84,14 +94,29 @@ class HFEngine(ServedAdapters):
         model_name: the id that selects the base model.
         max_seq_len: longest prompt + completion accepted.
         max_batch_size: concurrent generate requests sampled together (1: one at a time).
+        merge_adapters: serve each adapter version merged into a copy of the weights (see the module docstring);
+            not for a `model` that is already a `PeftModel` (its adapters are served as they are).
     """
 
     def __init__(
-        self, model: nn.Module, tokenizer: Any, model_name: str, max_seq_len: int = 2048, max_batch_size: int = 1
+        self,
+        model: nn.Module,
+        tokenizer: Any,
+        model_name: str,
+        max_seq_len: int = 2048,
+        max_batch_size: int = 1,
+        merge_adapters: bool = False,
     ) -> None:
         if max_batch_size < 1:
             raise ValueError(f"backend.max_batch_size must be >= 1, got {max_batch_size}")
+        if merge_adapters and isinstance(model, PeftModel):
+            raise ValueError("backend.merge_adapters needs a plain base model, not a PeftModel")
         self.max_batch_size = max_batch_size
+        self.merge_adapters = merge_adapters
+        self._merged: dict[str, nn.Module] = {}  # internal name -> merged copy (merge_adapters)
+        self._slots = MergedSlots(model) if merge_adapters else None
+        if merge_adapters:
+            log.info("HF engine: adapters served merged into a copy of the weights (backend.merge_adapters)")
         self._pending: list[_Pending] = []  # bounded by the server's max_concurrency (each waiter is a caller)
         self._pending_lock = threading.Lock()
         self.batches: dict[int, int] = {}  # batch size -> generate calls (for benches and tests)
@@ -108,25 +133,37 @@ class HFEngine(ServedAdapters):
                 self._registry.publish(LoadedAdapter(name=name, internal=name, version=0, path="<in-memory>"))
 
     @classmethod
-    def from_spec(cls, spec: Any, device: torch.device | str = "cpu", max_batch_size: int = 1) -> HFEngine:
+    def from_spec(
+        cls, spec: Any, device: torch.device | str = "cpu", max_batch_size: int = 1, merge_adapters: bool = False
+    ) -> HFEngine:
         """Load `spec` (a `metaclaw.modules.loading.ModelSpec`) onto `device` for inference."""
         model = spec.load_model(device).eval()
         return cls(
             model, spec.load_tokenizer(), model_name=spec.name, max_seq_len=spec.max_seq_len,
-            max_batch_size=max_batch_size,
+            max_batch_size=max_batch_size, merge_adapters=merge_adapters,
         )  # fmt: skip
 
     @classmethod
     def from_backend(
-        cls, spec: Any, infer_devices: Sequence[int] = (), max_batch_size: int = 1, **vllm_only: Any
+        cls,
+        spec: Any,
+        infer_devices: Sequence[int] = (),
+        max_batch_size: int = 1,
+        merge_adapters: bool | str = False,
+        **vllm_only: Any,
     ) -> HFEngine:
         """The `backend` node's constructor: the first inference GPU, else CPU. The vLLM options `backend=auto`
-        carries (for when it resolves to vLLM) are not used here; any other option is a config error."""
+        carries (for when it resolves to vLLM) are not used here; any other option is a config error.
+        `merge_adapters`: true, false or `auto` (merged on CPU, where PEFT's unmerged layers cost the most and a
+        copy of the adapted weights is cheap; through PEFT on a GPU)."""
         unknown = sorted(set(vllm_only) - VLLM_ONLY_OPTIONS)
         if unknown:
             raise ValueError(f"backend: options the HF engine does not know: {unknown}")
         device = f"cuda:{infer_devices[0]}" if infer_devices else "cpu"
-        return cls.from_spec(spec, device, int(max_batch_size))
+        if merge_adapters not in (True, False, "auto"):
+            raise ValueError(f"backend.merge_adapters must be true, false or auto, got {merge_adapters!r}")
+        merge = device == "cpu" if merge_adapters == "auto" else bool(merge_adapters)
+        return cls.from_spec(spec, device, int(max_batch_size), merge)
 
     @property
     def device(self) -> torch.device:
@@ -142,6 +179,9 @@ class HFEngine(ServedAdapters):
             config, state = read_adapter(path, self.device)  # the slow part, outside the model lock
             version = self._registry.next_version(name, path)
             internal = f"adapter{next(self._ids)}"
+            if self._slots is not None:  # built beside the running generations; serving it is the registry's flip
+                self._merged[internal] = self._slots.build(config, state, path)
+                return self._publish(name, internal, version, path, started)
             with profiling.phase("hot_load_lock_wait"):
                 self._lock.acquire()
             try:
@@ -167,6 +207,11 @@ class HFEngine(ServedAdapters):
         self._peft.eval()
 
     def _free(self, slot: LoadedAdapter) -> None:
+        merged = self._merged.pop(slot.internal, None)
+        if merged is not None:  # no request holds it (refs 0): the next load may overwrite it
+            assert self._slots is not None
+            self._slots.recycle(merged)
+            return
         with self._lock:
             if self._peft is not None and slot.internal in self._peft.peft_config:
                 self._peft.delete_adapter(slot.internal)
@@ -195,6 +240,10 @@ class HFEngine(ServedAdapters):
             else:
                 with self._peft.disable_adapter():
                     yield self._peft
+            return
+        merged = self._merged.get(slot.internal)
+        if merged is not None:
+            yield merged
             return
         assert self._peft is not None
         self._peft.set_adapter(slot.internal)
