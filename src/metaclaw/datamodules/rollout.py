@@ -156,7 +156,7 @@ class StreamingSampleDataset(IterableDataset):
                 if self.partition is not None:
                     out["adapter"] = self.partition(batch[0].agent_id)  # the adapter this step trains
                 for epoch in range(self.epochs):  # the claim is step `step`'s; the repeats only reuse it
-                    yield out if self.epochs == 1 else {**out, "epoch": epoch}
+                    yield out if self.epochs == 1 else {**out, "epoch": epoch}  # type: ignore[dict-item]
                     step += 1
         finally:
             store.close()

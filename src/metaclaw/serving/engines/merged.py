@@ -16,6 +16,7 @@ from __future__ import annotations
 import copy
 import re
 import threading
+from typing import Any
 
 import torch
 from peft import LoraConfig, PeftModel, set_peft_model_state_dict
@@ -55,7 +56,7 @@ def merged_copy(
         if isinstance(module, nn.Linear) and check_target_module_exists(config, name)
     }
     peft = PeftModel(_copy_with_own(base, targets), copy.deepcopy(config), adapter_name="merge")
-    result = set_peft_model_state_dict(peft, state, adapter_name="merge")
+    result: Any = set_peft_model_state_dict(peft, state, adapter_name="merge")  # load_state_dict's named tuple
     missing = [k for k in result.missing_keys if ".merge." in k and "lora_" in k]
     if result.unexpected_keys or missing:
         raise AdapterError(f"adapter {path!r} does not fit the base model: {(result.unexpected_keys or missing)[:3]}")
