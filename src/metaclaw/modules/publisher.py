@@ -173,7 +173,7 @@ class AdapterPublisher(L.Callback):
         target = self.files.adapter_dir(step)
         with full_params(trainer):  # FSDP: gather the shards (collective); a no-op otherwise
             if trainer.is_global_zero:
-                pl_module.policy.save_adapter(target)
+                pl_module.policy.save_adapter(target, version=step)
         fingerprints = self._rank_fingerprints(trainer, pl_module)
         with profiling.phase("checkpoint"):
             trainer.save_checkpoint(self.files.checkpoint_tmp, weights_only=False)  # collective: rank 0 writes
