@@ -75,8 +75,8 @@ class AgentPublishing:
     def publish(self, trainer: L.Trainer, pl_module: L.LightningModule) -> list[Path]:
         """Write and serve each adapter trained since the last publish, after one checkpoint of them all."""
         step = trainer.global_step
-        stepped = sorted(getattr(pl_module, "stepped", set()))
-        pl_module.stepped = set()
+        take = getattr(pl_module, "take_stepped", None)
+        stepped = sorted(take() if take is not None else ())
         targets = {a: self.parts[a][0].adapter_dir(step) for a in stepped}
         policy = pl_module.policy  # every rank the same adapters (DDP: `stepped` follows the shared batches)
         fingerprints = {a: rank_fingerprints(trainer, policy.adapter_parameters(a), pl_module.device) for a in stepped}

@@ -19,6 +19,7 @@ from metaclaw.store.samples import (
     SampleStore,
     SampleValidationError,
 )
+from metaclaw.store.claims import ServedVersions
 from metaclaw.store.session_log import SessionLog
 from metaclaw.store.writer import GroupCommitWriter
 
@@ -32,6 +33,7 @@ __all__ = [
     "SampleScreen",
     "SampleStore",
     "SampleValidationError",
+    "ServedVersions",
     "SessionLog",
     "open_session_log",
     "open_store",
