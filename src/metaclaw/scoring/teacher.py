@@ -46,7 +46,7 @@ def hinted_prompt_ids(tokenizer: Any, sample: Sample, hint: str) -> list[int]:
     """The teacher's prompt: the sample's messages plus the hint, rendered as the server rendered the student's
     (same tools, same `chat_template_kwargs`, generation prompt). An empty hint gives the student's prompt."""
     messages = hinted_messages(sample.messages or [], hint)
-    return chat_prompt_ids(tokenizer, messages, sample.meta.get("tools"), sample.meta.get("chat_template_kwargs"))
+    return chat_prompt_ids(tokenizer, messages, sample.meta.tools, sample.meta.chat_template_kwargs)
 
 
 PromptRenderer = Callable[[Sample, str], list[int]]

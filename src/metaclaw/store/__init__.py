@@ -9,6 +9,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from metaclaw.store.claims import ServedVersions
+from metaclaw.store.meta import SampleMeta
+from metaclaw.store.migrations import SCHEMA_VERSION, NewerStoreError
 from metaclaw.store.samples import (
     BACKLOG_POLICIES,
     REOPENABLE_DROPS,
@@ -19,17 +22,19 @@ from metaclaw.store.samples import (
     SampleStore,
     SampleValidationError,
 )
-from metaclaw.store.claims import ServedVersions
 from metaclaw.store.session_log import SessionLog
 from metaclaw.store.writer import GroupCommitWriter
 
 __all__ = [
     "BACKLOG_POLICIES",
+    "SCHEMA_VERSION",
     "REOPENABLE_DROPS",
     "STATUSES",
     "BacklogFull",
     "GroupCommitWriter",
+    "NewerStoreError",
     "Sample",
+    "SampleMeta",
     "SampleScreen",
     "SampleStore",
     "SampleValidationError",
