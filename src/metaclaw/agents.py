@@ -22,7 +22,6 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 AGENT_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$")
@@ -134,10 +133,6 @@ class AgentProfiles:
     def by_adapter(self, adapter: str) -> AgentProfile:
         return self.default if adapter == DEFAULT_ADAPTER else self.listed[adapter]
 
-    def adapter_dir(self, run_dir: str | Path, adapter: str) -> Path:
-        """Where an adapter's `step-NNNNNN/` dirs and `latest.json` live: `adapters/` or `adapters/agents/<id>/`."""
-        root = Path(run_dir) / "adapters"
-        return root if adapter == DEFAULT_ADAPTER else root / "agents" / adapter
 
 
 def _mode(spec: dict[str, Any], agent_id: str) -> str:

@@ -56,8 +56,8 @@ def register_resolvers() -> None:
 def validate_train_config(cfg: DictConfig) -> None:
     """Fail early, naming the fields, on combinations `train()` cannot run."""
     method = cfg.method
-    if method.get("needs_teacher") and not (cfg.get("teacher") and cfg.teacher.get("source")):
-        raise ConfigError(f"method={method.name} needs a teacher, but teacher.source is not set")
+    if method.get("needs_teacher") and not cfg.get("teacher"):
+        raise ConfigError(f"method={method.name} needs a teacher, but `teacher` is null")
     if cfg.trainer.get("accumulate_grad_batches", 1) != 1:
         raise ConfigError("trainer.accumulate_grad_batches must be 1: each claimed batch is one optimizer step")
     procs = train_processes(cfg.devices)

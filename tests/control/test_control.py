@@ -26,6 +26,7 @@ from metaclaw.control.plane import ControlPlane
 from metaclaw.rollout.proxy import RolloutProxy
 from metaclaw.rollout.proxy_app import create_app
 from metaclaw.rollout.server import ThreadedServer
+from metaclaw.runfiles.layout import RunLayout
 from metaclaw.scheduler import IdleScheduler
 from metaclaw.store import Sample, SampleStore
 from tests.e2e.conftest import running_policy_server
@@ -58,7 +59,7 @@ def publish(run_dir: Path, server_url: str, policy, step: int, agent: str = "def
     """Save an adapter as the trainer does (`adapters/step-NNNNNN`, an agent's under `adapters/agents/<id>/`),
     load it under its served name, record it in its latest.json."""
     profile = AGENTS.resolve(agent)
-    folder = AGENTS.adapter_dir(run_dir, profile.adapter)
+    folder = RunLayout(run_dir).adapters(profile.adapter).path
     with torch.no_grad():
         for p in policy.parameters():
             if p.requires_grad:

@@ -25,6 +25,7 @@ import pytest
 
 from metaclaw.agents import AgentProfiles
 from metaclaw.rollout.server import free_port
+from metaclaw.runfiles.layout import AdapterFolder
 from metaclaw.training import train
 from tests.e2e.conftest import running_policy_server
 from tests.e2e.test_online_loop import compose_live
@@ -136,7 +137,7 @@ def run(tmp_path_factory):
 
 
 def _steps(directory: Path) -> set[int]:
-    return {int(d.name.split("-")[1]) for d in directory.glob("step-*")}
+    return {version for version, _ in AdapterFolder(directory).versions()}
 
 
 def _sha(path: Path) -> str:

@@ -8,6 +8,7 @@ import json
 
 import pytest
 
+from metaclaw.runfiles.layout import RunLayout
 from tests.entrypoints.test_train import run_cli
 
 
@@ -34,7 +35,7 @@ def test_agent_main_job_evaluates_and_gates_each_agents_adapter(tmp_path):
     for agent, records in by_agent.items():
         assert records[0]["adapter"] == "base" and records[0]["step"] == 0, agent
         assert all(r["n"] == 2 and "gate" in r for r in records[1:]), agent  # each candidate went through its gate
-    alice_steps = {int(d.name[5:]) for d in (tmp_path / "adapters" / "agents" / "alice").glob("step-*")}
+    alice_steps = {version for version, _ in RunLayout(tmp_path).adapters("alice").versions()}
     assert {r["step"] for r in by_agent["alice"][1:]} <= alice_steps and len(by_agent["alice"]) > 1
     assert "Sure thing" not in json.dumps(by_agent["default"][0]["failures"])  # each agent: its own verifier
     assert set(by_agent["alice"][0]["failures"]) <= {"starts_with"}

@@ -56,7 +56,8 @@ def build(tmp_path: Path, tiny_policy, on_user_return: str, max_steps: int):
                               idle_source=idle, on_user_return=on_user_return, poll_s=0.05, clock=clock)  # fmt: skip
     module = OnlineRLModule(policy=tiny_policy, loss=instantiate(cfg.loss), advantage=instantiate(cfg.method.advantage),
                             optimizer=instantiate(cfg.optimizer), kl=instantiate(cfg.kl))  # fmt: skip
-    datamodule = RolloutDataModule(store_path, batch_size=2, max_tokens=None, wait_timeout_s=30.0, pad_id=0)
+    datamodule = RolloutDataModule(store_path, batch_size=2, max_tokens=None, wait_timeout_s=30.0, pad_id=0,
+                                   gate=scheduler.wait_until_open)  # fmt: skip
     returns = UserReturnsDuringStep(1, idle)
     logger = CSVLogger(str(tmp_path), name="csv", version="")
     trainer = L.Trainer(max_steps=max_steps, accelerator="cpu", devices=1, logger=logger, enable_checkpointing=False,

@@ -19,6 +19,7 @@ from typing import Any
 import httpx
 
 from metaclaw.agents import DEFAULT_PROFILE, AgentProfile, AgentProfiles
+from metaclaw.runfiles.layout import AdapterFolder, RunLayout
 from metaclaw.serving.client import load_adapter
 from metaclaw.store import SampleStore
 from metaclaw.wire import ADAPTER_CONFIG, bearer_headers
@@ -118,12 +119,9 @@ class ControlPlane:
         return path
 
     # ---- reads --------------------------------------------------------------------------------------------
-    def _latest(self, folder: Path | None = None) -> dict[str, Any] | None:
-        try:
-            latest = json.loads(((folder or self.run_dir / "adapters") / "latest.json").read_text())
-        except (OSError, json.JSONDecodeError):
-            return None
-        if not isinstance(latest, dict):
+    def _latest(self, folder: AdapterFolder | None = None) -> dict[str, Any] | None:
+        latest = (folder or RunLayout(self.run_dir).adapters()).read_latest()
+        if latest is None:
             return None
         return {"version": latest.get("version"), "path": latest.get("path"),
                 "rolled_back": bool(latest.get("rolled_back"))}  # fmt: skip
@@ -146,7 +144,7 @@ class ControlPlane:
         for p in self._own():
             name = p.lora_name
             if cards is None:
-                latest = self._latest(self.agents.adapter_dir(self.run_dir, p.adapter))
+                latest = self._latest(RunLayout(self.run_dir).adapters(p.adapter))
                 out[p.name] = {"name": name, **(latest or {"path": None}), "source": "last published"}
             elif name in cards:
                 card = cards[name]
@@ -219,7 +217,7 @@ class ControlPlane:
         until = self._need_scheduler("train-now").train_now(minutes)
         return {"train_now_until": until.isoformat(), "message": f"training window open until {until:%H:%M %Z}"}
 
-    def adapter_of(self, agent: str | None) -> tuple[AgentProfile, Path]:
+    def adapter_of(self, agent: str | None) -> tuple[AgentProfile, AdapterFolder]:
         """The profile and adapter folder `rollback --agent` acts on (None or `default`: the default adapter).
 
         Raises:
@@ -234,36 +232,31 @@ class ControlPlane:
                 why = "is not listed under `agents`" if profile is None else f"is {profile.mode}"
                 raise ControlError(404, f"agent {agent!r} has no adapter of its own (it {why}); agents with "
                                         f"adapters: {own}")  # fmt: skip
-        return profile, self.agents.adapter_dir(self.run_dir, profile.adapter)
+        return profile, RunLayout(self.run_dir).adapters(profile.adapter)
 
-    def available_steps(self, folder: Path | None = None) -> list[int]:
-        steps = []
-        for d in (folder or self.run_dir / "adapters").glob("step-*"):
-            if d.is_dir() and d.name[5:].isdigit():
-                steps.append(int(d.name[5:]))
-        return sorted(steps)
+    def available_steps(self, folder: AdapterFolder | None = None) -> list[int]:
+        return [version for version, _ in (folder or RunLayout(self.run_dir).adapters()).versions()]
 
     def rollback(self, step: int, agent: str | None = None) -> dict[str, Any]:
         """Serve the adapter of `step` again, the default one or `agent`'s own (training pauses so the next
         publish does not replace it)."""
-        from metaclaw.modules.adapter_writer import AdapterWriter, adapter_name  # metaclaw.modules imports torch
-
         profile, folder = self.adapter_of(agent)
-        target = folder / adapter_name(step)
-        if not (target / ADAPTER_CONFIG).exists():
+        target = folder.find(step)
+        if target is None or not (target / ADAPTER_CONFIG).exists():
             kept = self.available_steps(folder)
-            raise ControlError(404, f"no adapter for step {step} in {folder} (kept: {kept or 'none'})")
+            raise ControlError(404, f"no adapter for step {step} in {folder.path} (kept: {kept or 'none'})")
         if not self.server_url:
             raise ControlError(409, "no policy server to load the adapter into")
         try:
             path = str(target.resolve())
-            r = load_adapter(self.server_url, profile.lora_name, path, self.server_api_key, self.timeout_s)
+            r = load_adapter(self.server_url, profile.lora_name, path, self.server_api_key, self.timeout_s,
+                             version=step)
         except httpx.HTTPError as e:
             raise ControlError(502, f"policy server unreachable: {e}") from e
         if r.status_code != 200:
             raise ControlError(502, f"policy server refused the adapter ({r.status_code}): {r.text[:300]}")
         # The served pointer follows, so a restart of the policy server (or of the run) serves this one too.
-        AdapterWriter(self.run_dir, adapters_dir=folder).write_latest(step, target, profile.lora_name, None, True)
+        folder.write_latest(step, target, profile.lora_name, rank_fingerprints=None, rolled_back=True)
         who = "" if profile is self.agents.default else f" for agent {profile.name} ({profile.lora_name})"
         message = f"serving {target.name}{who}"
         if self.scheduler is not None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Collection, Iterator
 from pathlib import Path
 
 import lightning as L
@@ -13,7 +13,7 @@ from torch import Tensor
 from torch.utils.data import DataLoader, IterableDataset
 
 from metaclaw.distribution import sample_distribution
-from metaclaw.store import BACKLOG_POLICIES, Sample, SampleStore, open_store
+from metaclaw.store import BACKLOG_POLICIES, Sample, SampleStore, ServedVersions, open_store
 
 log = logging.getLogger(__name__)
 
@@ -241,8 +241,14 @@ class RolloutDataModule(L.LightningDataModule):
         epochs_per_batch: optimizer steps on each claimed batch (PPO-style epochs; > 1 needs a clipped loss,
             `loss=ppo` or `loss=cispo`). The samples are consumed once a checkpoint covers the claim's step; a
             resume between two epochs of a batch moves on to a new batch (the old one was trained at least once).
-
-    `gate` (set by the scheduler callback) is called before every claim and blocks outside training windows.
+        served: the adapter versions the policy server serves (staleness counts against them), shared with the
+            `AdapterPublisher` that updates them; a fresh one (version 0) when None.
+        should_stop: the run's stop request (`StopController.should_stop`): ends a wait for samples.
+        gate: called before every claim; blocks outside training windows (`IdleScheduler.wait_until_open`).
+        partition: many agents (docs/agents.md): agent id -> adapter; a batch holds one adapter's samples and
+            staleness counts per adapter.
+        window_open: many agents under mode=auto: whether a window is open now, without waiting ...
+        always_adapters: ... and the adapters of `rl` agents, which step outside windows too.
     """
 
     def __init__(
@@ -260,6 +266,12 @@ class RolloutDataModule(L.LightningDataModule):
         pad_id: int = 0,
         min_batch_size: int = 1,
         epochs_per_batch: int = 1,
+        served: ServedVersions | None = None,
+        should_stop: Callable[[], bool] | None = None,
+        gate: Callable[[], bool] | None = None,
+        partition: Callable[[str], str] | None = None,
+        window_open: Callable[[], bool] | None = None,
+        always_adapters: Collection[str] = (),
     ) -> None:
         super().__init__()
         if epochs_per_batch < 1:
@@ -281,19 +293,24 @@ class RolloutDataModule(L.LightningDataModule):
         self.store_path = store_path
         self.batch_size, self.max_tokens, self.max_sample_tokens = batch_size, max_tokens, max_sample_tokens
         self.wait_timeout_s, self.max_staleness, self.pad_id = wait_timeout_s, max_staleness, pad_id
-        # The adapter version the policy server serves: staleness counts against it. The publisher sets it after
+        # The adapter version the policy server serves: staleness counts against it. The publisher updates it after
         # each publish (only to what the server confirmed loading); on resume it starts at the checkpoint's step.
-        self.adapter_version = 0
+        self.served = served if served is not None else ServedVersions()
         self.latest_skill_generation_only = latest_skill_generation_only
-        self.gate: Callable[[], bool] | None = None  # set by `metaclaw.scheduler.IdleScheduler`
-        self.should_stop: Callable[[], bool] = lambda: False  # set by `train()`: the run's stop request
-        # Many agents (set by `train()`): agent id -> adapter, and each adapter's served version (staleness).
-        self.partition: Callable[[str], str] | None = None
-        self.adapter_versions: dict[str, int] = {}
-        # Many agents under mode=auto (set by `train()`): whether a window is open now, without waiting, and
-        # the adapters of `rl` agents, which step outside windows too.
-        self.window_open: Callable[[], bool] | None = None
-        self.always_adapters: set[str] = set()
+        self.gate = gate
+        self.should_stop: Callable[[], bool] = should_stop or (lambda: False)
+        self.partition = partition
+        self.window_open, self.always_adapters = window_open, set(always_adapters)
+
+    @property
+    def adapter_version(self) -> int:
+        """The version the policy server serves (the one adapter's)."""
+        return self.served.default
+
+    @property
+    def adapter_versions(self) -> dict[str, int]:
+        """Each adapter's served version (many agents)."""
+        return self.served.by_adapter
 
     def _ungated(self) -> tuple[bool, set[str]] | None:
         if self.window_open is None or not self.always_adapters:
@@ -318,7 +335,7 @@ class RolloutDataModule(L.LightningDataModule):
             outcome = open_store(self.store_path).reconcile(trainer.global_step)
             log.info("Sample store %s at step %d: %s", self.store_path, trainer.global_step, outcome)
         # Resumed: the checkpoint's adapter is the newest published one (the publisher serves it again at start).
-        self.adapter_version = max(self.adapter_version, trainer.global_step)
+        self.served.default = max(self.served.default, trainer.global_step)
         dataset = StreamingSampleDataset(
             self.store_path,
             lambda: trainer.global_step,

@@ -16,7 +16,7 @@ import torch
 from metaclaw.modules.policy import LoraPolicy
 from metaclaw.scoring.hints import hinted_messages
 from metaclaw.serving.render import chat_prompt_ids
-from metaclaw.store import Sample, SampleStore
+from metaclaw.store import Sample, SampleMeta, SampleStore
 
 log = logging.getLogger(__name__)
 
@@ -69,8 +69,8 @@ def seed_store(
                 next_state=row.get("next_state"),
                 messages=row["messages"],
                 response_text=row["response"],
-                meta={"source": str(path)}
-                | ({} if usable else {"dropped": "no_hint" if needs_teacher else "no_reward"}),
+                meta=SampleMeta(source=str(path),
+                                dropped=None if usable else "no_hint" if needs_teacher else "no_reward"),
             )
         )
         n += 1

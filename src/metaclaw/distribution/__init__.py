@@ -13,6 +13,7 @@ This module is torch-free (the proxy records a turn's distribution with it); the
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any, NamedTuple
 
 TOP_K_OFF = -1
@@ -46,7 +47,7 @@ class Dist(NamedTuple):
         return self.top_p < 1.0 or self.top_k > 0
 
 
-def sample_distribution(temperature: float, meta: dict[str, Any] | None) -> dict[str, Any]:
+def sample_distribution(temperature: float, meta: Mapping[str, Any] | None) -> dict[str, Any]:
     """A stored sample's distribution: its `temperature` column with `meta["sampling"]`'s top-p/top-k."""
     recorded = (meta or {}).get("sampling") or {}
     return Dist.of(temperature, recorded.get("top_p", 1.0), recorded.get("top_k", TOP_K_OFF))._asdict()

@@ -18,7 +18,6 @@ paths name the step to roll back to.
 from __future__ import annotations
 
 import logging
-import re
 import sqlite3
 import time
 from collections.abc import Callable
@@ -27,11 +26,11 @@ from typing import Any
 import httpx
 
 from metaclaw.evaluation.stats import one_sided_p, wilson
+from metaclaw.runfiles.layout import adapter_version
 from metaclaw.store import SampleStore
 from metaclaw.wire import bearer_headers
 
 log = logging.getLogger(__name__)
-_STEP = re.compile(r"step-(\d+)$")
 
 
 class RegressionWatch:
@@ -110,7 +109,7 @@ class RegressionWatch:
             "alpha": self.alpha, "margin": self.margin, "min_turns": self.min_turns,
         }  # fmt: skip
         path = record["previous"]["path"]
-        step = _STEP.search(path or "")
+        step = adapter_version(path) if path else None  # the version the folder records (runfiles.layout)
         if previous is None or step is None:
             record["decision"] = "regression_not_undone"
             log.warning(
@@ -119,7 +118,7 @@ class RegressionWatch:
             )  # fmt: skip
             return record
         try:
-            answer = self.rollback(int(step.group(1)), agent)
+            answer = self.rollback(step, agent)
         except Exception as e:  # noqa: BLE001 - said loudly and recorded; the watch goes on
             record.update(decision="rollback_failed", error=str(e))
             log.warning("Regression: rolling %s back to %s failed: %s", lora_name, path, e)

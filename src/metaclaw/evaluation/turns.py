@@ -87,7 +87,7 @@ class HeldoutTurnsEvaluator:
         return [
             s
             for s in rows
-            if (s.meta or {}).get("dropped") == "heldout"
+            if s.meta.dropped == "heldout"
             and s.reward is not None
             and (self.owner is None or self.owner(s.agent_id))
         ]

@@ -16,8 +16,8 @@ from typing import Any
 import lightning as L
 
 from metaclaw.agents import AgentProfiles
-from metaclaw.export.importer import IMPORT_FILE
 from metaclaw.export.runs import write_json_atomically
+from metaclaw.runfiles.layout import RunLayout
 
 __all__ = ["ApplyImport"]
 
@@ -44,7 +44,7 @@ class ApplyImport(L.Callback):
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         step = trainer.global_step
         for adapter in pl_module.policy.adapter_names:
-            pending = self.profiles.adapter_dir(self.run_dir, adapter) / IMPORT_FILE
+            pending = RunLayout(self.run_dir).adapters(adapter).import_record
             if not pending.is_file():
                 continue
             record = json.loads(pending.read_text())

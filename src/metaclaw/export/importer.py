@@ -26,11 +26,12 @@ from safetensors import safe_open
 
 from metaclaw.export.parity import compare, reply_logprobs, served_model
 from metaclaw.export.runs import ExportError, RunAdapters, file_sha256, write_json_atomically
+from metaclaw.runfiles.layout import IMPORT_RECORD
 from metaclaw.wire import ADAPTER_CONFIG, ADAPTER_WEIGHTS
 
 __all__ = ["IMPORT_FILE", "IMPORT_TOLERANCE", "import_adapter"]
 
-IMPORT_FILE = "import.json"
+IMPORT_FILE = IMPORT_RECORD
 IMPORT_TOLERANCE = 1e-4
 _KEY = re.compile(r"^base_model\.model\.(?P<module>[A-Za-z0-9_.]+)\.lora_(?P<part>[AB])\.weight$")
 
@@ -140,7 +141,7 @@ def import_adapter(peft_dir: str | Path, run_dir: str | Path, agent: str = "defa
     if missing:
         raise ExportError(f"modules {missing[:3]} are not adapted by this run's policy.target_modules")
     stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
-    target = run.adapters_dir / f"imported-{stamp}"
+    target = run.folder.imported_dir(stamp)
     policy.save_adapter(target)
     tokenizer = spec.load_tokenizer()
     original = PeftModel.from_pretrained(spec.load_model("cpu").float(), str(peft_dir)).eval()
@@ -166,8 +167,6 @@ def import_adapter(peft_dir: str | Path, run_dir: str | Path, agent: str = "defa
     }  # fmt: skip
     write_json_atomically(target / "metaclaw-import.json", record)
     previous = run.latest() or {}
-    write_json_atomically(run.adapters_dir / IMPORT_FILE, record)
-    write_json_atomically(run.adapters_dir / "latest.json", {
-        "version": int(previous.get("version", 0) or 0), "path": record["path"], "name": run.served_name,
-        "imported": True})  # fmt: skip
+    write_json_atomically(run.folder.import_record, record)
+    run.folder.write_latest(int(previous.get("version", 0) or 0), str(record["path"]), run.served_name, imported=True)
     return record

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -21,11 +20,11 @@ from metaclaw.agents import AgentProfiles, check_agent_id
 from metaclaw.atomic import write_file_atomically
 from metaclaw.config import register_resolvers
 from metaclaw.modules.loading import ModelSpec
+from metaclaw.runfiles.layout import AdapterFolder, RunLayout
 from metaclaw.wire import ADAPTER_CONFIG, ADAPTER_WEIGHTS
 
 __all__ = ["ExportError", "RunAdapters", "file_sha256", "write_json_atomically"]
 
-_STEP_DIR = re.compile(r"^step-(\d{6,})$")
 
 
 class ExportError(ValueError):
@@ -89,7 +88,12 @@ class RunAdapters:
 
     @property
     def adapters_dir(self) -> Path:
-        return self.profiles.adapter_dir(self.run_dir, self.adapter)
+        return self.folder.path
+
+    @property
+    def folder(self) -> AdapterFolder:
+        """This agent's adapter folder (`metaclaw.runfiles.layout`)."""
+        return RunLayout(self.run_dir).adapters(self.adapter)
 
     def model_spec(self) -> ModelSpec:
         node = dict(self._node("model") or {})
@@ -109,19 +113,11 @@ class RunAdapters:
 
     def steps(self) -> list[int]:
         """The steps whose adapter directory is complete (config and safetensors), oldest first."""
-        found = []
-        for d in self.adapters_dir.glob("step-*"):
-            m = _STEP_DIR.match(d.name)
-            if m and (d / ADAPTER_CONFIG).is_file() and (d / ADAPTER_WEIGHTS).is_file():
-                found.append(int(m.group(1)))
-        return sorted(found)
+        versions = self.folder.versions()
+        return [v for v, d in versions if (d / ADAPTER_CONFIG).is_file() and (d / ADAPTER_WEIGHTS).is_file()]
 
     def latest(self) -> dict[str, Any] | None:
-        path = self.adapters_dir / "latest.json"
-        try:
-            return json.loads(path.read_text())
-        except (OSError, ValueError):
-            return None
+        return self.folder.read_latest()
 
     def resolve(self, step: str | int) -> tuple[int, Path]:
         """`latest` (what `latest.json` points at, else the newest step) or a step number → (step, directory)."""
@@ -141,7 +137,7 @@ class RunAdapters:
             shown = ", ".join(map(str, steps[-10:])) or "none"
             raise ExportError(f"agent {self.agent!r} has no adapter at step {n} in {self.adapters_dir} "
                               f"(published steps: {shown})")  # fmt: skip
-        return n, self.adapters_dir / f"step-{n:06d}"
+        return n, self.folder.find(n) or self.folder.version_dir(n)
 
     def eval_at(self, step: int) -> dict[str, Any] | None:
         """The run's held-out evaluation of this agent's adapter at `step` (`eval.jsonl`), if one was made."""

@@ -8,7 +8,6 @@ their own config nodes (`metaclaw.loop.wiring`); this module only starts and sto
 
 from __future__ import annotations
 
-import json
 import logging
 import secrets
 from collections.abc import Callable, Iterator
@@ -26,6 +25,7 @@ from metaclaw.rollout.proxy import RolloutProxy
 from metaclaw.rollout.proxy_app import warn_open
 from metaclaw.rollout.replay import ReplayDriver
 from metaclaw.rollout.server import ThreadedServer
+from metaclaw.runfiles.layout import RunLayout
 from metaclaw.scoring.worker import ScoringWorker
 from metaclaw.serving.client import load_adapter
 from metaclaw.simulate.agents import SimulatedUsers
@@ -64,11 +64,10 @@ def server_nodes(cfg: DictConfig) -> dict[str, Any]:
 def reload_latest_adapter(run_dir: str | Path, server_url: str, api_key: str | None, timeout_s: float = 60.0) -> None:
     """After a restart: hot-load the newest published adapters into the new server: `adapters/latest.json` and
     each agent's own `adapters/agents/<id>/latest.json` (docs/agents.md)."""
-    root = Path(run_dir) / "adapters"
-    for latest in [root / "latest.json", *sorted(root.glob("agents/*/latest.json"))]:
-        if not latest.exists():
+    for folder in RunLayout(run_dir).all_adapters().values():
+        info = folder.read_latest()
+        if info is None:
             continue
-        info = json.loads(latest.read_text())
         load_adapter(server_url, info["name"], info["path"], api_key, timeout_s).raise_for_status()
         log.info("Policy server restarted: adapter %s v%s reloaded", info["name"], info.get("version"))
 

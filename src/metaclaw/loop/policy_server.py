@@ -25,10 +25,11 @@ import yaml
 
 from metaclaw.lifecycle import PARENT_ENV
 from metaclaw.rollout.server import free_port
+from metaclaw.runfiles.layout import SERVER_CONFIG_NAME, RunLayout
 
 log = logging.getLogger(__name__)
 
-CONFIG_NAME = "serve_config"
+CONFIG_NAME = SERVER_CONFIG_NAME
 SERVER_NODES = ("model", "backend", "devices", "serve")  # every field of these reaches the server
 
 
@@ -53,13 +54,14 @@ def server_config(nodes: Mapping[str, Any], run_dir: Path, port: int) -> dict[st
     """The server's primary config for this run: the given resolved nodes, this port, adapters of this run."""
     cfg = {k: _escape(dict(v) if isinstance(v, Mapping) else v) for k, v in nodes.items()}
     serve = dict(cfg.get("serve") or {})
-    serve.update(port=port, api_key=None, adapter_root=str((run_dir / "adapters").resolve()))
+    layout = RunLayout(run_dir)
+    serve.update(port=port, api_key=None, adapter_root=str(layout.adapters_root.resolve()))
     cfg["serve"] = serve
     return {
         "defaults": [{"app": "policy_server"}, "_self_"],
         **cfg,
-        "run_dir": str((run_dir / "server").resolve()),
-        "hydra": {"run": {"dir": str((run_dir / "server").resolve())}, "job": {"name": "serve", "chdir": False}},
+        "run_dir": str(layout.server_dir.resolve()),
+        "hydra": {"run": {"dir": str(layout.server_dir.resolve())}, "job": {"name": "serve", "chdir": False}},
     }
 
 
@@ -93,10 +95,9 @@ class PolicyServerProcess:
         self.port = int((nodes.get("serve") or {}).get("port") or 0) or free_port()
         self.config = server_config(nodes, self.run_dir, self.port)
         self.api_key = api_key
-        server_dir = (self.run_dir / "server").resolve()
-        self.config_path = server_dir / f"{CONFIG_NAME}.yaml"
-        self.args = [*server_command(script), "--config-dir", str(server_dir), "--config-name", CONFIG_NAME,
-                     *(extra_args or [])]  # fmt: skip
+        self.config_path = RunLayout(self.run_dir).server_config.resolve()
+        self.args = [*server_command(script), "--config-dir", str(self.config_path.parent), "--config-name",
+                     CONFIG_NAME, *(extra_args or [])]  # fmt: skip
         self.startup_timeout_s, self.max_restarts, self.poll_s = startup_timeout_s, max_restarts, poll_s
         self.restarts = 0
         self.restarting = threading.Event()  # set while the watchdog brings a dead server back
@@ -110,11 +111,11 @@ class PolicyServerProcess:
 
     @property
     def logfile(self) -> Path:
-        return self.run_dir / "server" / "server.log"
+        return RunLayout(self.run_dir).server_log
 
     def _write_config(self) -> None:
         self.config_path.parent.mkdir(parents=True, exist_ok=True)
-        (self.run_dir / "adapters").mkdir(parents=True, exist_ok=True)
+        RunLayout(self.run_dir).adapters_root.mkdir(parents=True, exist_ok=True)
         fd = os.open(self.config_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         with os.fdopen(fd, "w") as f:
             f.write("# Written by train.py: this run's resolved model/backend/devices/serve settings.\n")

@@ -1,20 +1,17 @@
-"""`AdapterWriter`: the run's adapter and checkpoint files: `adapters/step-NNNNNN` (atomic), `adapters/latest.json`,
-`checkpoints/last.ckpt` (written to `.tmp`, then renamed), pruning, and the leftovers a kill mid-write leaves."""
+"""`AdapterWriter`: writes a run's adapter and checkpoint files where `metaclaw.runfiles.layout` puts them: a
+published version (atomic, with its version recorded inside), the served pointer, the checkpoint (written to
+`.tmp`, then renamed), pruning, and the leftovers a kill mid-write leaves."""
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from metaclaw.atomic import write_file_atomically
-
-
-def adapter_name(step: int) -> str:
-    return f"step-{step:06d}"
+from metaclaw.agents import DEFAULT_ADAPTER
+from metaclaw.runfiles.layout import AdapterFolder, RunLayout
 
 
 def clean_leftovers(run_dir: Path) -> list[Path]:
@@ -24,8 +21,7 @@ def clean_leftovers(run_dir: Path) -> list[Path]:
     `adapters/.step-NNNNNN.old`; the checkpoint is written to `checkpoints/last.ckpt.tmp` first.
     """
     removed = []
-    adapters, checkpoints = run_dir / "adapters", run_dir / "checkpoints"  # agents' own: adapters/agents/<id>/
-    for path in [*adapters.glob(".step-*"), *adapters.glob("agents/*/.step-*"), *checkpoints.glob("*.tmp")]:
+    for path in RunLayout(run_dir).leftovers():
         if path.is_dir() and not path.is_symlink():
             shutil.rmtree(path, ignore_errors=True)
         else:
@@ -39,30 +35,30 @@ class AdapterWriter:
 
     Args:
         run_dir: the run's output directory.
-        keep_last: keep only the newest this many adapter directories (None keeps all).
-        adapters_dir: where the `step-NNNNNN` dirs and `latest.json` go (default `<run_dir>/adapters`; an
-            agent's own adapter: `<run_dir>/adapters/agents/<id>`, docs/agents.md).
+        keep_last: keep only the newest this many published versions (None keeps all).
+        adapter: the trainer's adapter whose folder this writes (`default`: `<run_dir>/adapters`; an agent's own
+            adapter: `<run_dir>/adapters/agents/<id>`, docs/agents.md).
     """
 
-    def __init__(
-        self, run_dir: str | Path, keep_last: int | None = None, adapters_dir: str | Path | None = None
-    ) -> None:
+    def __init__(self, run_dir: str | Path, keep_last: int | None = None, adapter: str = DEFAULT_ADAPTER) -> None:
         if keep_last is not None and keep_last < 1:
             raise ValueError(f"publish.keep_last must be >= 1 or null, got {keep_last}")
-        self.run_dir, self.keep_last = Path(run_dir), keep_last
-        self.adapters = Path(adapters_dir) if adapters_dir is not None else self.run_dir / "adapters"
+        self.layout = RunLayout(run_dir)
+        self.run_dir, self.keep_last = self.layout.run_dir, keep_last
+        self.folder: AdapterFolder = self.layout.adapters(adapter)
+        self.adapters = self.folder.path
 
     @property
     def checkpoint_path(self) -> Path:
-        return self.run_dir / "checkpoints" / "last.ckpt"
+        return self.layout.checkpoint_path
 
     @property
     def checkpoint_tmp(self) -> Path:
         """Where the checkpoint is written before `commit_checkpoint` renames it into place."""
-        return self.checkpoint_path.with_suffix(".ckpt.tmp")
+        return self.layout.checkpoint_tmp
 
     def adapter_dir(self, step: int) -> Path:
-        return self.adapters / adapter_name(step)
+        return self.folder.version_dir(step)
 
     def commit_checkpoint(self) -> None:
         os.replace(self.checkpoint_tmp, self.checkpoint_path)
@@ -74,18 +70,12 @@ class AdapterWriter:
         (`loop.live.reload_latest_adapter`) and a restarted run serves. Written atomically (temp file, fsync,
         rename, fsync of the folder). A rollback (`control/plane.py`) writes it too, with `rolled_back: true`,
         so a restart keeps serving the rolled-back adapter until the next publish."""
-        info = {"version": step, "path": str(target), "name": lora_name, "rank_fingerprints": fingerprints}
-        if rolled_back:
-            info["rolled_back"] = True
-        write_file_atomically(self.adapters / "latest.json", json.dumps(info))
+        extra = {"rolled_back": True} if rolled_back else {}
+        self.folder.write_latest(step, target, lora_name, rank_fingerprints=fingerprints, **extra)
 
     def read_latest(self) -> dict[str, Any] | None:
         """The served pointer (None when there is none or it cannot be read)."""
-        try:
-            info = json.loads((self.adapters / "latest.json").read_text())
-        except (OSError, ValueError):
-            return None
-        return info if isinstance(info, dict) else None
+        return self.folder.read_latest()
 
     def prune(self, keep: Iterable[Path] = ()) -> None:
         """Remove all but the newest `keep_last` adapter dirs; never the served one (`latest.json`: with the gate
@@ -94,6 +84,6 @@ class AdapterWriter:
             return
         served = (self.read_latest() or {}).get("path")
         kept = {Path(p).resolve() for p in keep} | ({Path(served).resolve()} if served else set())
-        for old in sorted(self.adapters.glob("step-*"))[: -self.keep_last]:
+        for _, old in self.folder.versions()[: -self.keep_last]:
             if old.resolve() not in kept:
                 shutil.rmtree(old, ignore_errors=True)

@@ -50,7 +50,7 @@ class AgentPublishing:
         self.parts: dict[str, tuple[AdapterWriter, HotLoader]] = {DEFAULT_ADAPTER: (files, server)}
         for adapter in profiles.own_adapters:
             name = profiles.by_adapter(adapter).lora_name
-            writer = AdapterWriter(files.run_dir, files.keep_last, profiles.adapter_dir(files.run_dir, adapter))
+            writer = AdapterWriter(files.run_dir, files.keep_last, adapter)
             loader = HotLoader(server.server_url, name, server.api_key, server.timeout_s, server.max_failures)
             self.parts[adapter] = (writer, loader)
 
@@ -75,14 +75,14 @@ class AgentPublishing:
     def publish(self, trainer: L.Trainer, pl_module: L.LightningModule) -> list[Path]:
         """Write and serve each adapter trained since the last publish, after one checkpoint of them all."""
         step = trainer.global_step
-        stepped = sorted(getattr(pl_module, "stepped", set()))
-        pl_module.stepped = set()
+        take = getattr(pl_module, "take_stepped", None)
+        stepped = sorted(take() if take is not None else ())
         targets = {a: self.parts[a][0].adapter_dir(step) for a in stepped}
         policy = pl_module.policy  # every rank the same adapters (DDP: `stepped` follows the shared batches)
         fingerprints = {a: rank_fingerprints(trainer, policy.adapter_parameters(a), pl_module.device) for a in stepped}
         if trainer.is_global_zero:
             for adapter, target in targets.items():
-                pl_module.policy.save_adapter(target, adapter)
+                pl_module.policy.save_adapter(target, adapter, version=step)
         files = self.publisher.files
         trainer.save_checkpoint(files.checkpoint_tmp, weights_only=False)  # collective: rank 0 writes
         if trainer.is_global_zero:
@@ -104,9 +104,10 @@ class AgentPublishing:
     def serve_again(self, step: int) -> None:
         """On resume: serve each adapter's newest directory the checkpoint covers (its weights are in it)."""
         for writer, loader in self.parts.values():
-            covered = sorted(d for d in writer.adapters.glob("step-*") if d.is_dir() and int(d.name[5:]) <= step)
-            if covered:
-                loader.serve(covered[-1], int(covered[-1].name[5:]))
+            covered = writer.folder.newest_at_or_before(step)
+            if covered is not None:
+                version, path = covered
+                loader.serve(path, version)
 
 
 def _serve_and_point(writer: AdapterWriter, loader: HotLoader, path: Path, step: int, fingerprints: Any) -> None:

@@ -107,7 +107,8 @@ class HotLoader:
     def _load(self, path: Path, step: int) -> int:
         """Ask the server to load `path`; returns the version it now serves (unchanged when the load failed)."""
         try:
-            r = load_adapter(self.server_url, self.lora_name, str(path.resolve()), self.api_key, self.timeout_s)
+            r = load_adapter(self.server_url, self.lora_name, str(path.resolve()), self.api_key, self.timeout_s,
+                             version=step)
             r.raise_for_status()
             reply = r.json()
             version = reply.get("adapter_version", step) if isinstance(reply, dict) else step

@@ -99,13 +99,18 @@ class OnlineRLModule(L.LightningModule):
         self.tokens_per_s = MeanMetric()
         self._t0 = 0.0
         self.skipped = {"nonfinite": 0, "zero_advantage": 0}  # steps that took no optimizer step, by reason
-        self.stepped: set[str] = set()  # adapters trained since the publisher last wrote them (it clears this)
+        self.stepped: set[str] = set()  # adapters trained since the publisher last wrote them (`take_stepped`)
         self.current_adapter = "default"  # the adapter of the batch in progress
         self._refused = False  # the step in progress takes no optimizer step (DDP: its gradients are dropped)
 
     @property
     def many(self) -> bool:
         return len(getattr(self.policy, "adapter_names", ["default"])) > 1
+
+    def take_stepped(self) -> set[str]:
+        """The adapters trained since the last call (the publisher writes those), and start counting anew."""
+        stepped, self.stepped = self.stepped, set()
+        return stepped
 
     def configure_optimizers(self) -> torch.optim.Optimizer:
         if not self.many:

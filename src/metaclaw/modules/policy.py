@@ -17,6 +17,7 @@ from torch.utils.checkpoint import checkpoint
 from metaclaw.atomic import write_dir_atomically
 from metaclaw.config import LORA_TARGET_MODULES
 from metaclaw.distribution.logprobs import Param, token_logprobs
+from metaclaw.runfiles.layout import write_adapter_info
 from metaclaw.wire import ADAPTER_WEIGHTS
 
 log = logging.getLogger(__name__)
@@ -244,8 +245,9 @@ class LoraPolicy(nn.Module):
         total = sum(p.numel() for p in self.parameters())
         return sum(p.numel() for p in self.parameters() if p.requires_grad), total
 
-    def save_adapter(self, directory: str | os.PathLike, adapter: str = "default") -> Path:
-        """Write one adapter (safetensors + adapter_config.json) atomically: temp dir, then rename.
+    def save_adapter(self, directory: str | os.PathLike, adapter: str = "default", version: int | None = None) -> Path:
+        """Write one adapter (safetensors + adapter_config.json, and `version` as data when it is a published
+        version: `metaclaw.runfiles.layout`) atomically: temp dir, then rename.
 
         Only the LoRA tensors: a LoRA on a tied lm_head must not drag the whole embedding matrix along. PEFT picks
         them from the parameters themselves, not `state_dict()`: under FSDP the publisher calls this inside
@@ -265,6 +267,8 @@ class LoraPolicy(nn.Module):
             weights = load_file(str(tmp / ADAPTER_WEIGHTS))
             if any(_clean_name(k) != k for k in weights):
                 save_file({_clean_name(k): v for k, v in weights.items()}, str(tmp / ADAPTER_WEIGHTS), {"format": "pt"})
+            if version is not None:
+                write_adapter_info(tmp, version)
 
         return write_dir_atomically(Path(directory), fill)
 

@@ -14,10 +14,12 @@ at restart), they are trained again from the checkpoint's weights, so none is lo
 the run that survives; at most k - 1 steps of work are redone. On resume, an adapter published after the
 checkpoint (the lost steps' work) is not served again: the checkpoint's own adapter is.
 
-Staleness counts against the version actually served: the datamodule's `adapter_version` is the newest adapter
-the policy server confirmed loading (the published step when there is no server), restored on resume by loading
-the checkpoint's adapter again. A hot-load failure leaves it at what is still served, so samples the old adapter
-keeps producing are not stale; `max_hot_load_failures` failures in a row stop the run (`HotLoadError`).
+
+Staleness counts against the version actually served: the `ServedVersions` this publisher shares with the
+datamodule hold the newest adapter the policy server confirmed loading (the published step when there is no
+server), restored on resume by loading the checkpoint's adapter again. A hot-load failure leaves it at what is
+still served, so samples the old adapter keeps producing are not stale; `max_hot_load_failures` failures in a
+row stop the run (`HotLoadError`).
 
 Many agents (docs/agents.md): with `agents` set (`AgentPublishing`), a publish writes and serves each adapter
 trained since the last one in its own directory, under its own name; the one checkpoint holds them all.
@@ -29,28 +31,23 @@ import logging
 from collections.abc import Callable
 from functools import partial
 from pathlib import Path
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Protocol
 
 import lightning as L
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from metaclaw import profiling
+from metaclaw.agents import AgentProfiles
 from metaclaw.devices import full_params
 from metaclaw.modules.adapter_writer import AdapterWriter, clean_leftovers
 from metaclaw.modules.agent_publish import AgentPublishing, rank_fingerprints
 from metaclaw.modules.consumer import SampleConsumer
 from metaclaw.modules.hot_load import HotLoader, HotLoadError
+from metaclaw.store import ServedVersions
 
-__all__ = ["AdapterPublisher", "FollowsServedAdapter", "HotLoadError", "Release"]
+__all__ = ["AdapterPublisher", "HotLoadError", "Release"]
 
 log = logging.getLogger(__name__)
-
-
-@runtime_checkable
-class FollowsServedAdapter(Protocol):
-    """A datamodule that drops samples by staleness against the adapter version being served."""
-
-    adapter_version: int
 
 
 class Release(Protocol):
@@ -77,15 +74,17 @@ class AdapterPublisher(L.Callback):
         timeout_s: how long a load request may take.
         keep_last: keep only the newest this many adapter directories (None keeps all).
         max_hot_load_failures: stop the run after this many failed hot-loads in a row (None: only warn).
-        gate: config of the publish gate (`enabled`, `margin`), read by `metaclaw.loop.eval_wiring`; the
-            object that evaluates and gates is attached as `release`.
         hot_load_async: hot-load on a background thread: the step never waits for the server; the version
             served and a failure are learnt at the next publish (`metaclaw.modules.hot_load`).
         checkpoint_every_n_steps: write the resumable checkpoint (and consume its samples) at a publish once this
             many steps passed since the last one, and at the end of training (see the module docstring).
 
-    `release`: None, or a `Release` that decides when `hot_load(path)` runs: at once (evaluation only) or after
-    the candidate passed the gate.
+        served: the adapter versions served, shared with the datamodule that claims against them (staleness);
+            this publisher updates them. A fresh one when None.
+        release: None (every adapter is served at once), or a `Release` that decides when `hot_load(path)` runs:
+            at once (evaluation only) or after the candidate passed the gate (`publish.gate`, built by
+            `metaclaw.loop.eval_wiring.build_evaluator`).
+        agents: the run's agents, when several have adapters of their own (`AgentPublishing`, docs/agents.md).
     """
 
     def __init__(
@@ -99,9 +98,11 @@ class AdapterPublisher(L.Callback):
         timeout_s: float = 30.0,
         keep_last: int | None = None,
         max_hot_load_failures: int | None = 3,
-        gate: Any = None,
         hot_load_async: bool = False,
         checkpoint_every_n_steps: int = 1,
+        served: ServedVersions | None = None,
+        release: Release | None = None,
+        agents: AgentProfiles | None = None,
     ) -> None:
         if every_n_steps < 1:
             raise ValueError(f"publish.every_n_steps must be >= 1, got {every_n_steps}")
@@ -116,9 +117,9 @@ class AdapterPublisher(L.Callback):
         self.run_dir = self.files.run_dir
         self.published: list[Path] = []
         self.cleaned: list[Path] = []
-        self.gate_config = gate
-        self.release: Release | None = None
-        self.agents: AgentPublishing | None = None  # agents with adapters of their own (set by `train()`)
+        self.served = served if served is not None else ServedVersions()
+        self.release = release
+        self.agents = AgentPublishing(agents, self) if agents is not None and agents.many else None
         self._last_step = -1
 
     @property
@@ -226,7 +227,7 @@ class AdapterPublisher(L.Callback):
         target = self.files.adapter_dir(step)
         with full_params(trainer):  # FSDP: gather the shards (collective); a no-op otherwise
             if trainer.is_global_zero:
-                pl_module.policy.save_adapter(target)
+                pl_module.policy.save_adapter(target, version=step)
         fingerprints = self._rank_fingerprints(trainer, pl_module)
         if checkpoint:
             self._checkpoint(trainer, step)
@@ -256,12 +257,9 @@ class AdapterPublisher(L.Callback):
         versions = self.agents.served_versions() if self.agents is not None else {}
         served, versions, fatal = trainer.strategy.broadcast((self.server.served_version, versions, fatal), src=0)
         self.server.served_version = served
-        if isinstance(trainer.datamodule, FollowsServedAdapter):
-            trainer.datamodule.adapter_version = served
         if self.agents is not None:  # staleness per adapter
             self.agents.set_served_versions(versions)
-            if trainer.datamodule is not None:
-                trainer.datamodule.adapter_versions = versions
+        self.served.update(served, versions)  # what the datamodule claims against
         if fatal:
             raise HotLoadError(fatal)
 

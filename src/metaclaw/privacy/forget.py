@@ -20,6 +20,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from metaclaw.runfiles.layout import RunLayout
+
 log = logging.getLogger(__name__)
 
 
@@ -158,17 +160,18 @@ def _adapters(run_dir: Path, trained: list[tuple[str, int]], report: ForgetRepor
     first: dict[str, int] = {}
     for agent, step in trained:
         first[agent] = min(step, first.get(agent, step))
-    folders = {"default": run_dir / "adapters"}
+    layout = RunLayout(run_dir)
+    folders = {"default": layout.adapters()}
     for agent in first:
-        own = run_dir / "adapters" / "agents" / agent
-        if own.is_dir():
+        own = layout.adapters(agent)
+        if own.path.is_dir():
             folders[agent] = own
     for name, folder in folders.items():
         relevant = [s for a, s in first.items() if (a == name) or (name == "default" and a not in folders)]
         if not relevant:
             continue
         k = min(relevant)
-        steps = sorted(int(d.name[5:]) for d in folder.glob("step-*") if d.is_dir() and d.name[5:].isdigit())
+        steps = [version for version, _ in folder.versions()]
         report.adapters_trained_on_them[name] = [s for s in steps if s > k]
         before = [s for s in steps if s <= k]
         report.rollback_to[name] = before[-1] if before else None

@@ -27,7 +27,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from metaclaw.privacy.detect import PII_CATEGORIES, Finding, find_pii, find_secrets, redact
-from metaclaw.store import Sample
+from metaclaw.store import Sample, SampleMeta
 
 log = logging.getLogger(__name__)
 
@@ -124,10 +124,10 @@ class PrivacyPolicy:
         dropped = [c for c in categories if self.pii[c] == "drop"]
         info: dict[str, Any] = {}
         if secrets:
-            sample.meta["dropped"], info["secret_kinds"] = "secret", secrets
+            sample.meta.dropped, info["secret_kinds"] = "secret", secrets
             self.stats["dropped_secret"] += 1
         elif dropped:
-            sample.meta["dropped"] = f"pii:{dropped[0]}"
+            sample.meta.dropped = f"pii:{dropped[0]}"
             self.stats["dropped_pii"] += 1
         redacted = [c for c in categories if self.pii[c] != "keep"]
         if redacted:
@@ -139,11 +139,11 @@ class PrivacyPolicy:
             sample.prompt_ids, sample.response_ids, sample.behaviour_logprobs = [], [], []
             sample.teacher_logprobs = None
             log.warning("Turn %s/%d dropped (%s): never stored verbatim, scored or trained on",
-                        sample.session_id, sample.turn_index, sample.meta["dropped"])  # fmt: skip
+                        sample.session_id, sample.turn_index, sample.meta.dropped)  # fmt: skip
         sample.messages = _map_texts(sample.messages, self.redact_text)
         sample.response_text = self.redact_text(sample.response_text)
         sample.next_state = self.redact_text(sample.next_state)
-        sample.meta["privacy"] = info
+        sample.meta.privacy = info
         return sample
 
     def screen_next_state(self, text: str) -> str:
@@ -163,9 +163,9 @@ class PrivacyPolicy:
         out.messages = _map_texts(sample.messages, lambda t: self.redact_text(t, everything=True))
         out.response_text = self.redact_text(sample.response_text, everything=True)
         out.next_state = self.redact_text(sample.next_state, everything=True)
-        out.meta = dict(sample.meta)
-        if isinstance(out.meta.get("feedback"), dict):
-            fb = out.meta["feedback"] = dict(out.meta["feedback"])
+        out.meta = SampleMeta.of(sample.meta)
+        if isinstance(out.meta.feedback, dict):
+            fb = out.meta.feedback = dict(out.meta.feedback)
             fb["text"] = self.redact_text(fb.get("text"), everything=True)
         return out
 

@@ -41,7 +41,7 @@ from metaclaw.rollout.session_tracker import (
     session_keys,
 )
 from metaclaw.skills.hooks import SkillInjectorLike
-from metaclaw.store import GroupCommitWriter, Sample, SampleStore, open_session_log
+from metaclaw.store import GroupCommitWriter, Sample, SampleMeta, SampleStore, open_session_log
 from metaclaw.wire import (
     ADAPTER_NAME_HEADER,
     ADAPTER_VERSION_HEADER,
@@ -86,7 +86,7 @@ class Turn:
     done: bool
     messages: list[dict[str, Any]]
     temperature: float
-    meta: dict[str, Any] = field(default_factory=dict)
+    meta: SampleMeta = field(default_factory=SampleMeta)
     state: SessionState | None = None
     turn_index: int = -1
     next_state_write: Future | None = None
@@ -272,12 +272,10 @@ class RolloutProxy:
         # The distribution the behaviour logprobs are over, and how the prompt was rendered: the trainer and the
         # teacher reuse both (docs/training.md, "One distribution").
         dist = Dist.of(float(temperature), top_p, top_k)
-        sampling = dist._asdict()
-        meta: dict[str, Any] = {"finish_reason": None, "sampling": sampling}
-        if template_kwargs:
-            meta["chat_template_kwargs"] = template_kwargs
-        if has_image:
-            meta["has_image"] = True
+        temp = dist.temperature  # the sample's `temperature` column: stored once (meta.sampling holds top_p/top_k)
+        meta = SampleMeta(sampling={"top_p": dist.top_p, "top_k": dist.top_k},
+                          chat_template_kwargs=template_kwargs or None,
+                          has_image=True if has_image else None)  # fmt: skip
         derive = self.capture and profile.trains and not keys.session_id
         if derive:  # taken before skills change the messages; never across clients, end users or system prompts
             partition = f"{client}\x1f{keys.end_user or ''}"
@@ -286,8 +284,7 @@ class RolloutProxy:
             query = None
         if turn_type == "main" and self.skills is not None:  # also in skills_only (capture off)
             messages, names = await asyncio.to_thread(self.skills.inject, messages, agent_id)
-            meta["skills"] = names
-            meta["skill_generation"] = self.skills.generation(agent_id)
+            meta.skills, meta.skill_generation = names, self.skills.generation(agent_id)
         keep_lp, keep_ids = bool(body.get("logprobs")), bool(body.get("return_token_ids"))
         model = self.upstream_model(body.get("model"), profile)
         if has_image or self.fit.context.active:
@@ -299,7 +296,7 @@ class RolloutProxy:
         upstream.update(messages=messages, temperature=temperature, model=model)
         if tools:
             upstream["tools"] = tools
-            meta["tools"] = tools
+            meta.tools = tools
         if main:  # explicit top_p/top_k: an upstream's own defaults (generation_config) would go unrecorded
             upstream.update(logprobs=True, return_token_ids=True, top_p=top_p, top_k=top_k)
         turn = Turn(
@@ -312,7 +309,7 @@ class RolloutProxy:
             session_id=session_id,
             done=keys.done,
             messages=messages,
-            temperature=float(temperature) if temperature > 0 else 1.0,
+            temperature=temp,
             meta=meta,
             client_model=body.get("model") if isinstance(body.get("model"), str) else None,
             adapter=model if isinstance(model, str) and model in self.upstream_models - {self.base_model} else None,
@@ -327,8 +324,8 @@ class RolloutProxy:
                 turn.query, turn.session_id = query, turn.state.session_id
             else:
                 turn.state = self.sessions.state(agent_id, session_id)
-            meta["session_source"] = keys.source
-            turn.response_id = meta["response_id"] = f"chatcmpl-{uuid.uuid4().hex}"
+            meta.session_source = keys.source
+            turn.response_id = meta.response_id = f"chatcmpl-{uuid.uuid4().hex}"
             turn.turn_index, prev_id = self.sessions.begin_turn(turn.state)
             new = new_messages_since_last_assistant(messages)
             if prev_id is not None and new:  # committed with the next group; awaited before this turn replies
@@ -531,7 +528,7 @@ class RolloutProxy:
             tail = turn.query.tail(turn.capture.assistant_message()) if ok else turn.claimed_tail
             self.sessions.set_tail(state, tail)
             if tail is not None:
-                turn.meta["conv_tail"] = tail.full  # lets a restarted proxy find the session again
+                turn.meta.conv_tail = tail.full  # lets a restarted proxy find the session again
         sample = self._sample(turn) if ok else None
         write = None
         if sample is not None:
@@ -587,8 +584,9 @@ class RolloutProxy:
         if problem is not None:
             self._not_captured(turn, problem)
             return None
-        meta = {**turn.meta, "finish_reason": cap.finish_reason, "captured_at": time.time()}
-        status = "dropped" if turn.meta.get("dropped") else "pending"  # e.g. images: the trainer is text-only
+        meta = SampleMeta.of(turn.meta)
+        meta.finish_reason, meta.captured_at = cap.finish_reason, time.time()
+        status = "dropped" if meta.dropped else "pending"  # e.g. images: the trainer is text-only
         return cap.to_sample(
             agent_id=turn.agent_id,
             session_id=turn.session_id,

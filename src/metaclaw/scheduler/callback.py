@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
@@ -58,6 +58,11 @@ class IdleScheduler(L.Callback):
             skipped and its samples are released).
         poll_s: how often a closed window is re-checked while waiting (waits block; they never spin).
         clock: returns the current aware datetime (tests pass a fake one).
+        should_stop: the run's stop request (`StopController.should_stop`): it ends a wait for a window.
+        ungated: many agents (docs/agents.md): adapters of `rl` agents, which step outside windows too.
+
+    The datamodule that claims samples takes `wait_until_open` as its `gate` (blocks before every claim); with any
+    other datamodule, steps are gated at batch start.
     """
 
     def __init__(
@@ -76,6 +81,8 @@ class IdleScheduler(L.Callback):
         on_user_return: str = "finish",
         poll_s: float = 5.0,
         clock: Callable[[], datetime] | None = None,
+        should_stop: Callable[[], bool] | None = None,
+        ungated: Collection[str] = (),
     ) -> None:
         if on_user_return not in ("finish", "abandon"):
             raise ValueError(f"scheduler.on_user_return must be 'finish' or 'abandon', got {on_user_return!r}")
@@ -104,7 +111,8 @@ class IdleScheduler(L.Callback):
         self._lock = threading.RLock()
         self._wake = threading.Event()
         self._stop = threading.Event()
-        self.should_stop: Callable[[], bool] = lambda: False  # the run's stop request (set by `train()`)
+        self.should_stop: Callable[[], bool] = should_stop or (lambda: False)
+        self.ungated = frozenset(ungated)
         self.state = SchedulerState.load(self.state_path)
         self.trainer: L.Trainer | None = None
         self._trainer_thread: threading.Thread | None = None
@@ -275,17 +283,12 @@ class IdleScheduler(L.Callback):
         }  # fmt: skip
 
     # ---- Lightning hooks ----------------------------------------------------------------------------------
-    # Many agents (docs/agents.md): adapters of `rl` agents, which step outside windows too (set by `train()`).
-    ungated: frozenset[str] | set[str] = frozenset()
-
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         self.trainer, self._trainer_thread = trainer, threading.current_thread()
-        datamodule = trainer.datamodule
-        if datamodule is not None and hasattr(datamodule, "gate"):
-            datamodule.gate = self.wait_until_open
-            self._gating_datamodule = True
-        else:
-            log.warning("Scheduler: the datamodule has no claim gate; steps are gated at batch start instead")
+        self._gating_datamodule = getattr(trainer.datamodule, "gate", None) == self.wait_until_open
+        if not self._gating_datamodule:
+            log.warning("Scheduler: the datamodule does not take wait_until_open as its claim gate; steps are gated "
+                        "at batch start instead")  # fmt: skip
 
     def on_train_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, idx: int) -> None:
         if not self._gating_datamodule:

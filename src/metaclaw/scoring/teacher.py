@@ -21,14 +21,10 @@ class TeacherClient:
         model: the teacher's model name (our base model, adapter disabled, or an external model).
         api_key: bearer key.
         timeout_s: per request.
-        source: where the teacher is (`base`: the policy's base model with the adapter disabled), for the record.
     """
 
-    def __init__(
-        self, base_url: str, model: str, api_key: str | None = None, timeout_s: float = 120.0, source: str = "base"
-    ) -> None:
+    def __init__(self, base_url: str, model: str, api_key: str | None = None, timeout_s: float = 120.0) -> None:
         self.base_url, self.model, self.api_key, self.timeout_s = base_url.rstrip("/"), model, api_key, timeout_s
-        self.source = source
 
     async def logprobs(
         self,
@@ -50,5 +46,5 @@ def hinted_prompt_ids(tokenizer: Any, sample: Sample, hint: str) -> list[int]:
     """The teacher's prompt: the sample's messages plus the hint, rendered as the server rendered the student's
     (same tools, same `chat_template_kwargs`, generation prompt). An empty hint gives the student's prompt."""
     messages = hinted_messages(sample.messages or [], hint)
-    return chat_prompt_ids(tokenizer, messages, sample.meta.get("tools"), sample.meta.get("chat_template_kwargs"))
+    return chat_prompt_ids(tokenizer, messages, sample.meta.tools, sample.meta.chat_template_kwargs)
 

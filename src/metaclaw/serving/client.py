@@ -16,10 +16,18 @@ def _v1(base_url: str) -> str:
 
 
 def load_adapter(
-    base_url: str, lora_name: str, lora_path: str, api_key: str | None = None, timeout: float = 60.0
+    base_url: str,
+    lora_name: str,
+    lora_path: str,
+    api_key: str | None = None,
+    timeout: float = 60.0,
+    version: int | None = None,
 ) -> httpx.Response:
-    """vLLM's `POST /v1/load_lora_adapter` `{lora_name, lora_path}`; the response, for the caller to judge."""
-    body = {"lora_name": lora_name, "lora_path": lora_path}
+    """vLLM's `POST /v1/load_lora_adapter` `{lora_name, lora_path}` (with metaclaw's `adapter_version` when the
+    caller knows the version it publishes); the response, for the caller to judge."""
+    body: dict[str, object] = {"lora_name": lora_name, "lora_path": lora_path}
+    if version is not None:
+        body["adapter_version"] = int(version)
     return httpx.post(f"{_v1(base_url)}/load_lora_adapter", json=body, headers=bearer_headers(api_key), timeout=timeout)
 
 

@@ -116,7 +116,8 @@ COMPLETIONS = {
 LOAD_ADAPTER = {
     "type": "object",
     "required": ["lora_name", "lora_path"],
-    "properties": {"lora_name": {"type": "string", "minLength": 1}, "lora_path": {"type": "string", "minLength": 1}},
+    "properties": {"lora_name": {"type": "string", "minLength": 1}, "lora_path": {"type": "string", "minLength": 1},
+                   "adapter_version": {"type": "integer", "minimum": 0}},
 }
 UNLOAD_ADAPTER = {"type": "object", "required": ["lora_name"], "properties": {"lora_name": _STR}}
 

@@ -178,7 +178,9 @@ def parse_completion_request(body: Any, default_max_tokens: int = 16) -> Complet
     return req
 
 
-def parse_load_request(body: Any) -> tuple[str, str]:
+def parse_load_request(body: Any) -> tuple[str, str, int | None]:
+    """`(lora_name, lora_path, adapter_version)`: vLLM's fields, and metaclaw's optional version of the adapter
+    (the trainer sends the version it published; without it the adapter folder's own record is used)."""
     if not isinstance(body, dict):
         raise RequestError("the request body must be a JSON object")
     name, path = body.get("lora_name"), body.get("lora_path")
@@ -186,7 +188,10 @@ def parse_load_request(body: Any) -> tuple[str, str]:
         raise RequestError("lora_name must be a non-empty string", param="lora_name")
     if not isinstance(path, str) or not path:
         raise RequestError("lora_path must be a non-empty string", param="lora_path")
-    return name, path
+    version = body.get("adapter_version")
+    if version is not None and (not isinstance(version, int) or isinstance(version, bool) or version < 0):
+        raise RequestError("adapter_version must be a non-negative integer", param="adapter_version")
+    return name, path, version
 
 
 def parse_unload_request(body: Any) -> str:

@@ -208,14 +208,14 @@ class PolicyService:
         yield {"status": 200, "headers": {}, "body": {"object": "list", "data": data}}
 
     def load_adapter(self, body: Any) -> Events:
-        name, raw_path = parse_load_request(body)
+        name, raw_path, wanted = parse_load_request(body)
         try:
             path = confine_path(self.adapter_root, raw_path, field="lora_path")
         except ValueError as err:
             raise RequestError(str(err), param="lora_path") from err
         if name == self.engine.model_name:
             raise RequestError(f"lora_name {name!r} is the base model's name", param="lora_name")
-        version = self.engine.load_adapter(name, str(path))
+        version = self.engine.load_adapter(name, str(path), wanted)
         self._paths[name] = str(path)
         message = f"Success: LoRA adapter '{name}' added successfully."
         body = {"object": "lora_adapter", "lora_name": name, "lora_path": str(path), "adapter_version": version,

@@ -9,6 +9,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from metaclaw.store.claims import ServedVersions
+from metaclaw.store.meta import SampleMeta
+from metaclaw.store.migrations import SCHEMA_VERSION, NewerStoreError
 from metaclaw.store.samples import (
     BACKLOG_POLICIES,
     REOPENABLE_DROPS,
@@ -24,14 +27,18 @@ from metaclaw.store.writer import GroupCommitWriter
 
 __all__ = [
     "BACKLOG_POLICIES",
+    "SCHEMA_VERSION",
     "REOPENABLE_DROPS",
     "STATUSES",
     "BacklogFull",
     "GroupCommitWriter",
+    "NewerStoreError",
     "Sample",
+    "SampleMeta",
     "SampleScreen",
     "SampleStore",
     "SampleValidationError",
+    "ServedVersions",
     "SessionLog",
     "open_session_log",
     "open_store",

@@ -107,3 +107,21 @@ def plan_claim(
         plan.batch = [r["id"] for r in batch]
         plan.served = {r["id"]: _per_part(served_version, part) for r in batch}
     return plan
+
+
+@dataclass
+class ServedVersions:
+    """The adapter versions the policy server serves now: what a claim's staleness counts against.
+
+    One object, shared at construction by the writer (`AdapterPublisher`, which learns what the server confirmed
+    loading) and the reader (`RolloutDataModule`, which claims against it); no object sets the other's fields.
+    `default` is the one adapter's version; `by_adapter` each adapter's, when agents have adapters of their own.
+    """
+
+    default: int = 0
+    by_adapter: dict[str, int] = field(default_factory=dict)
+
+    def update(self, default: int, by_adapter: Mapping[str, int] | None = None) -> None:
+        self.default = default
+        if by_adapter:
+            self.by_adapter = dict(by_adapter)

@@ -28,6 +28,8 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from metaclaw.store.claims import LAST_TRAINED_SQL, LIGHT_READY_SQL, plan_claim
+from metaclaw.store.meta import SampleMeta
+from metaclaw.store.migrations import migrate
 
 STATUSES = ("pending", "ready", "claimed", "consumed", "dropped")
 
@@ -61,8 +63,7 @@ CREATE INDEX IF NOT EXISTS samples_session ON samples(agent_id, session_id, turn
 CREATE INDEX IF NOT EXISTS samples_response_id ON samples(json_extract(meta, '$.response_id'));
 CREATE INDEX IF NOT EXISTS samples_conv_tail ON samples(json_extract(meta, '$.conv_tail'));
 """
-# Columns added after the first release: a store written before them gains them (NULL) when opened.
-_ADDED_COLUMNS = {"scored_at": "REAL", "claimed_at": "REAL", "served_version": "INTEGER"}
+# A store written by an older version is migrated when opened (`metaclaw.store.migrations`, PRAGMA user_version).
 # Explicit feedback (`/v1/feedback`) may reopen a scored sample that was not trained on: ready ones, and ones
 # dropped only because the judge gave no signal or failed (the feedback is a signal).
 REOPENABLE_DROPS = ("no_hint", "no_reward", "no_next_state", "judge_failed")
@@ -93,7 +94,8 @@ class Sample:
 
     Token and logprob lists are aligned: `behaviour_logprobs[i]` (and `teacher_logprobs[i]`) is the logprob of
     `response_ids[i]`. `temperature` is the sampler's, so the trainer recomputes logprobs over the same
-    distribution.
+    distribution (stored once: this column; `meta.sampling` holds top-p and top-k). `meta` is a `SampleMeta`
+    (a dict given here becomes one).
     """
 
     prompt_ids: list[int]
@@ -110,9 +112,13 @@ class Sample:
     next_state: str | None = None
     messages: list[dict[str, Any]] | None = None
     response_text: str | None = None
-    meta: dict[str, Any] = field(default_factory=dict)
+    meta: SampleMeta = field(default_factory=SampleMeta)
     claimed_step: int | None = None
     id: int | None = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.meta, SampleMeta):
+            self.meta = SampleMeta.of(self.meta)
 
     @property
     def num_tokens(self) -> int:
@@ -184,10 +190,26 @@ def _insert_row(sample: Sample, now: float) -> tuple:
         sample.next_state,
         None if sample.messages is None else json.dumps(sample.messages),
         sample.response_text,
-        json.dumps(sample.meta),
+        json.dumps(_stored_meta(sample.meta)),
         now,
         now,
     )
+
+
+def _stored_meta(meta: SampleMeta) -> dict[str, Any]:
+    """`meta` as stored: the temperature lives in its column only."""
+    stored = meta.to_dict()
+    if isinstance(stored.get("sampling"), dict) and "temperature" in stored["sampling"]:
+        stored["sampling"] = {k: v for k, v in stored["sampling"].items() if k != "temperature"}
+    return stored
+
+
+def _read_meta(text: str, temperature: float) -> SampleMeta:
+    """A stored meta as a record; `sampling` gets the column's temperature (the whole distribution)."""
+    meta = SampleMeta.of(json.loads(text))
+    if isinstance(meta.sampling, dict):
+        meta.sampling = {"temperature": temperature, **meta.sampling}
+    return meta
 
 
 def _ints(values: Sequence[int]) -> bytes:
@@ -237,14 +259,7 @@ class SampleStore:
         self._conn = self._connect(busy_timeout_s)
         self._conn.execute("PRAGMA journal_mode=WAL")
         self._conn.executescript(_SCHEMA)
-        have = {r["name"] for r in self._conn.execute("PRAGMA table_info(samples)")}
-        for column, kind in _ADDED_COLUMNS.items():
-            if column not in have:
-                try:
-                    self._conn.execute(f"ALTER TABLE samples ADD COLUMN {column} {kind}")  # ours, not input
-                except sqlite3.OperationalError as e:  # another process added it first
-                    if "duplicate column" not in str(e):
-                        raise
+        migrate(self._conn, self.path)
         # Reads get their own connection (opened on first read): a WAL reader sees the last commit and never
         # waits for the writer's fsync.
         self._busy_timeout_s = busy_timeout_s
@@ -665,5 +680,5 @@ class SampleStore:
             next_state=r["next_state"],
             messages=None if r["messages"] is None else json.loads(r["messages"]),
             response_text=r["response_text"],
-            meta=json.loads(r["meta"]),
+            meta=_read_meta(r["meta"], r["temperature"]),
         )

@@ -60,7 +60,7 @@ def format_state(s: dict[str, Any], width: int = 120) -> str:
     for agent, info in (s.get("adapters") or {}).items():
         served = info.get("served") or {}
         name = Path(served["path"]).name if served.get("path") else "base model"
-        recent = ", ".join(f"{a['name'][5:].lstrip('0') or '0'}:{a['gate'] or '-'}{'*' if a['served'] else ''}"
+        recent = ", ".join(f"{a['step']}:{a['gate'] or '-'}{'*' if a['served'] else ''}"
                            for a in info["adapters"][-8:])  # fmt: skip
         lines.append(f"adapters   {agent}: serving {name} [{served.get('source', '')}]; recent (step:gate, * served) "
                      f"{recent or 'none'}")  # fmt: skip

@@ -17,6 +17,7 @@ from typing import Any
 
 from metaclaw.control.plane import tail_jsonl
 from metaclaw.evaluation.stats import wilson
+from metaclaw.runfiles.layout import RunLayout
 
 QUALITY = ("good", "fluent", "nll", "reward", "junk")
 
@@ -111,18 +112,12 @@ class DashboardData:
         decisions = {(g.get("agent_id", "default"), g.get("adapter")): g for g in gate if g.get("kind") == "gate"}
         served = self.served()
         out: dict[str, Any] = {}
-        folders = [("default", self.run_dir / "adapters")]
-        agents_dir = self.run_dir / "adapters" / "agents"
-        if agents_dir.is_dir():
-            folders += [(d.name, d) for d in sorted(agents_dir.iterdir()) if d.is_dir()]
-        for agent, folder in folders:
+        for agent, folder in RunLayout(self.run_dir).all_adapters().items():
             serving = (served.get(agent) or {}).get("path") or ""
             rows = []
-            for d in sorted(folder.glob("step-*")):
-                if not (d.is_dir() and d.name[5:].isdigit()):
-                    continue
+            for version, d in folder.versions():
                 g = decisions.get((agent, d.name)) or {}
-                rows.append({"step": int(d.name[5:]), "name": d.name, "gate": g.get("decision"),
+                rows.append({"step": version, "name": d.name, "gate": g.get("decision"),
                              "candidate": g.get("candidate"), "served_score": g.get("served"),
                              "reasons": g.get("reasons"),
                              "served": bool(serving) and Path(serving).name == d.name})  # fmt: skip
@@ -135,9 +130,8 @@ class DashboardData:
                 return self.plane.served_adapters()
             except Exception as e:  # noqa: BLE001 - the page still shows the rest
                 return {"default": {"path": None, "source": f"unavailable: {e}"}}
-        try:
-            latest = json.loads((self.run_dir / "adapters" / "latest.json").read_text())
-        except (OSError, ValueError):
+        latest = RunLayout(self.run_dir).adapters().read_latest()
+        if latest is None:
             return {}
         return {"default": {"path": latest.get("path"), "version": latest.get("version"), "source": "last published"}}
 

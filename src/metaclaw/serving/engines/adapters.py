@@ -15,19 +15,13 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from metaclaw.runfiles.layout import adapter_version
 from metaclaw.serving.engines.base import AdapterError, UnknownAdapterError
 from metaclaw.wire import ADAPTER_CONFIG, ADAPTER_WEIGHTS
 
 log = logging.getLogger(__name__)
 
-_STEP = re.compile(r"step[-_]?(\d+)$")
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:/-]{0,127}$")
-
-
-def step_from_path(path: str | Path) -> int | None:
-    """`42` for `.../step-000042` (the trainer's publish layout), else None."""
-    match = _STEP.search(Path(path).name)
-    return int(match.group(1)) if match else None
 
 
 def check_adapter_files(path: str | Path) -> Path:
@@ -70,12 +64,14 @@ class AdapterRegistry:
         self._slots: dict[str, LoadedAdapter] = {}
         self._versions: dict[str, int] = {}  # last version per name, kept after unload so versions only grow
 
-    def next_version(self, name: str, path: str | Path) -> int:
-        """The step number when `path` ends in `step-NNNNNN` and it is newer, else the previous version + 1."""
+    def next_version(self, name: str, path: str | Path, version: int | None = None) -> int:
+        """`version` (the request's), else the version the adapter folder records (`metaclaw.runfiles.layout`),
+        when it is newer; else the previous version + 1 (versions only grow)."""
         with self._lock:
             previous = self._versions.get(name, 0)
-        step = step_from_path(path)
-        return step if step is not None and step > previous else previous + 1
+        if version is None:
+            version = adapter_version(path)
+        return version if version is not None and version > previous else previous + 1
 
     def publish(self, slot: LoadedAdapter) -> LoadedAdapter | None:
         """Point `slot.name` at `slot`; returns the replaced slot if nothing uses it any more (free it now)."""

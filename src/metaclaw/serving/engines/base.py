@@ -134,8 +134,9 @@ class Engine(Protocol):
         """`[len(target_ids)]` logprobs of the target tokens (teacher logprobs); see `score_tokens`."""
         ...
 
-    def load_adapter(self, name: str, path: str) -> int:
-        """Load (or re-point) `name` to the PEFT adapter in `path` (safetensors only); returns its new version."""
+    def load_adapter(self, name: str, path: str, version: int | None = None) -> int:
+        """Load (or re-point) `name` to the PEFT adapter in `path` (safetensors only); returns its new version
+        (`version` when given and newer: `AdapterRegistry.next_version`)."""
         ...
 
     def unload_adapter(self, name: str) -> None:

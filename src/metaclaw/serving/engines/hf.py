@@ -171,13 +171,13 @@ class HFEngine(ServedAdapters):
 
     # ---------------------------------------------------------------- adapters
 
-    def load_adapter(self, name: str, path: str) -> int:
+    def load_adapter(self, name: str, path: str, version: int | None = None) -> int:
         """Load the adapter under a fresh internal name, then re-point `name` to it atomically."""
         self._check_new_name(name)
         started = time.perf_counter()
         with profiling.phase("hot_load"):
             config, state = read_adapter(path, self.device)  # the slow part, outside the model lock
-            version = self._registry.next_version(name, path)
+            version = self._registry.next_version(name, path, version)
             internal = f"adapter{next(self._ids)}"
             if self._slots is not None:  # built beside the running generations; serving it is the registry's flip
                 self._merged[internal] = self._slots.build(config, state, path)

@@ -103,11 +103,11 @@ class VLLMEngine(ServedAdapters):
 
     # ---------------------------------------------------------------- adapters
 
-    def load_adapter(self, name: str, path: str) -> int:
+    def load_adapter(self, name: str, path: str, version: int | None = None) -> int:
         self._check_new_name(name)
         self._check_targets(check_adapter_files(path))
         started = time.perf_counter()
-        version = self._registry.next_version(name, path)
+        version = self._registry.next_version(name, path, version)
         lora_id = next(self._lora_ids)
         internal = f"{name}@{version}#{lora_id}"
         request = self._vllm.lora.request.LoRARequest(internal, lora_id, str(path))

@@ -1,0 +1,69 @@
+"""A store written before the schema had a version opens, migrates and keeps every row; `Sample.meta` is a
+typed record that keeps the keys it does not know. The fixture `data/store_2026-11-26.sqlite` was written by the
+store of main at 1577f34 (`PRAGMA user_version` 0; the temperature both in its column and in `meta.sampling`)."""
+
+from __future__ import annotations
+
+import shutil
+import sqlite3
+from pathlib import Path
+
+import pytest
+
+from metaclaw.store import SCHEMA_VERSION, NewerStoreError, Sample, SampleMeta, SampleStore
+
+OLD = Path(__file__).parent / "data" / "store_2026-11-26.sqlite"
+
+
+def _rows(path: Path) -> list[tuple]:
+    with sqlite3.connect(path) as c:
+        return c.execute("SELECT id, status, reward, temperature, adapter_version, claimed_step, prompt_ids,"
+                         " response_ids, behaviour_logprobs, next_state FROM samples ORDER BY id").fetchall()
+
+
+def test_an_old_store_opens_migrates_and_keeps_every_row(tmp_path):
+    path = tmp_path / "samples.sqlite"
+    shutil.copy(OLD, path)
+    before = _rows(path)
+    store = SampleStore(path)
+    with sqlite3.connect(path) as c:
+        assert c.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
+        stored = [m for (m,) in c.execute("SELECT json_extract(meta, '$.sampling') FROM samples WHERE id IN (1, 2)")]
+    assert _rows(path) == before and len(before) == 3
+    assert all("temperature" not in m for m in stored)  # stored once: the column
+    captured, dropped, claimed = store.select()
+    assert isinstance(captured.meta, SampleMeta)
+    assert captured.meta.sampling == {"temperature": 0.7, "top_p": 0.9, "top_k": 20}  # the column's, when read
+    assert captured.meta.skill_generation == 2 and captured.meta.feedback == {"score": 0.5, "text": "ok"}
+    assert captured.meta.extra == {"a_key_of_another_version": {"kept": True}}  # unknown keys are kept
+    assert captured.meta["judge"] == {"verdict": "good"} and captured.meta.get("hint") is None
+    assert dropped.meta.dropped == "no_next_state" and store.dropped_reasons() == {"no_next_state": 1}
+    assert (claimed.status, claimed.claimed_step, claimed.meta.source) == ("claimed", 4, "seed.jsonl")
+    assert store.by_response_id("chatcmpl-abc")[0].id == captured.id  # the JSON indexes read the same keys
+    store.set_score(captured.id, reward=1.0, meta={"hint": "be brief"})
+    again = store.get(captured.id)
+    assert again.meta.extra == {"a_key_of_another_version": {"kept": True}} and again.meta.hint == "be brief"
+    store.close()
+    assert SampleStore(path).count() == 3  # a second open: nothing left to migrate
+
+
+def test_a_store_of_a_newer_version_is_refused_naming_it(tmp_path):
+    path = tmp_path / "samples.sqlite"
+    SampleStore(path).close()
+    with sqlite3.connect(path) as c:
+        c.execute(f"PRAGMA user_version={SCHEMA_VERSION + 1}")
+    with pytest.raises(NewerStoreError, match="schema version"):
+        SampleStore(path)
+
+
+def test_the_record_has_named_fields_and_reads_like_the_dict_it_replaced(tmp_path):
+    store = SampleStore(tmp_path / "s.sqlite")
+    meta = {"sampling": {"temperature": 0.5, "top_p": 0.8, "top_k": -1}, "response_id": "r1", "x-new": 1}
+    i = store.insert(Sample([1], [2], [-1.0], temperature=0.5, meta=meta))
+    sample = store.get(i)
+    assert sample.meta.response_id == "r1" and sample.meta["x-new"] == 1 and "dropped" not in sample.meta
+    assert dict(sample.meta) == meta and sample.meta == meta
+    with sqlite3.connect(store.path) as c:
+        (text,) = c.execute("SELECT meta FROM samples WHERE id=?", (i,)).fetchone()
+    assert '"temperature"' not in text  # the temperature is stored once per sample
+    store.close()
