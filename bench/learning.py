@@ -263,6 +263,8 @@ def main() -> None:
     real.add_argument("--max-tokens", type=int, default=48, help="max_tokens the people's client sends")
     real.add_argument("--eval-every-min", type=float, default=4.0, help="evaluate the newest adapter this often")
     real.add_argument("--eval-prompts", type=int, default=32, help="held-out prompts per evaluation")
+    real.add_argument("--eval-adapter", choices=["served", "newest"], default="served",
+                      help="served: the adapter the gate let through; newest: the newest one trained")  # fmt: skip
     real.add_argument("--startup-timeout-s", type=float, default=900.0)
     real.add_argument("--seed", type=int, default=0)
     p.add_argument(

@@ -31,6 +31,7 @@ import httpx
 
 from metaclaw.evaluation.evaluator import ComplianceEvaluator
 from metaclaw.lifecycle import set_pdeathsig
+from metaclaw.runfiles.layout import AdapterFolder
 from metaclaw.serving.client import load_adapter
 from metaclaw.simulate.people import People, PreferenceKind, _pools
 
@@ -82,14 +83,19 @@ def stop_service(proc: subprocess.Popen, timeout_s: float = 180.0) -> int:
 class Watch:
     """Polls the store's status counts and `adapters/latest.json` every `poll_s` (read-only)."""
 
-    def __init__(self, run_dir: Path, t0: float, poll_s: float = 5.0) -> None:
-        self.run_dir, self.t0, self.poll_s = run_dir, t0, poll_s
+    def __init__(self, run_dir: Path, t0: float, poll_s: float = 5.0, newest: bool = False) -> None:
+        self.run_dir, self.t0, self.poll_s, self.newest = run_dir, t0, poll_s, newest
         self.timeline: list[dict[str, Any]] = []
         self.published: dict[int, float] = {}  # version -> first seen (wall time)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="bench-watch", daemon=True)
 
     def latest(self) -> tuple[int, str] | None:
+        """The adapter the evaluations follow: the served one (`latest.json`), or with `newest` the newest one
+        training published, served or not (what training learnt, whatever the gate decided)."""
+        if self.newest:
+            versions = AdapterFolder(self.run_dir / "adapters").versions()
+            return (versions[-1][0], str(versions[-1][1])) if versions else None
         try:
             info = json.loads((self.run_dir / "adapters" / "latest.json").read_text())
             return int(info["version"]), str(info["path"])
@@ -299,7 +305,7 @@ def run_real_path(kind_name: str, method: str, args: Any, out: Path) -> dict[str
     people = evals = watch = None
     try:
         proxy_url, server_url = wait_for_urls(log_path, proc, args.startup_timeout_s)
-        watch = Watch(run_dir, time.time())
+        watch = Watch(run_dir, time.time(), newest=getattr(args, "eval_adapter", "served") == "newest")
         evals = Evaluations(server_url, server_key, kind, watch, args)
         evals.evaluate(0, None)  # the base model, before anyone talks: minute 0
         watch.t0 = time.time()  # minutes count from the people's first message
