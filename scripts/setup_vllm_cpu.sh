@@ -20,5 +20,6 @@ fi
 "$VENV/bin/pip" install -q --no-deps -e .
 "$VENV/bin/pip" install -q hydra-core==1.3.8 omegaconf==2.3.1 peft==0.21.2 litserve==0.2.19 lightning==2.6.6 \
     gguf httpx openai pytest icalendar==7.3.0 recurring-ical-events==3.8.2 matplotlib==3.11.2 \
-    hypothesis==6.170.15 schemathesis==4.32.5 anthropic==2.10.0
+    hypothesis==6.170.15 schemathesis==4.32.5 anthropic==2.10.0 \
+    detect-secrets==1.5.0 phonenumbers==9.0.43 python-stdnum==2.2   # privacy screening (metaclaw.privacy)
 "$VENV/bin/python" -c "import vllm, torch; print('vllm', vllm.__version__, 'torch', torch.__version__)"
