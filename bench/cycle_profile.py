@@ -1,6 +1,12 @@
 """Where the main job's CPU goes: run `python train.py` (its defaults, a short training budget) and break it down.
 
-    python bench/cycle_profile.py [--minutes 5] [--out DIR] [-- extra train.py overrides ...]
+    python bench/cycle_profile.py [--minutes 5] [--out DIR] [--repo DIR] [-- extra train.py overrides ...]
+
+Side by side with an older checkout (issue 29: trained samples per minute against the main job before the
+changes), one after the other on the same machine: `git worktree add /tmp/old 714a863`, then
+`python bench/cycle_profile.py --repo /tmp/old --out A` and `python bench/cycle_profile.py --out B`. A checkout
+without `metaclaw.profiling` has no phases; its run, steps and trained samples per minute (from its
+`summary.json`) are still reported.
 
 The components record their own phases (`metaclaw.profiling`, written by every process into `<out>/profile/`);
 this script also samples the CPU of the whole process tree (psutil) and the machine's load. It prints JSON:
@@ -130,21 +136,24 @@ def main() -> None:
     ap.add_argument("--minutes", type=float, default=5.0, help="training budget (rollout.max_time)")
     ap.add_argument("--out", type=Path, default=None, help="where the run and the profiles go")
     ap.add_argument("--report", type=Path, default=None, help="only report on an earlier run's --out DIR")
+    ap.add_argument("--repo", type=Path, default=ROOT, help="the checkout whose train.py runs (default: this one)")
     ap.add_argument("overrides", nargs="*", help="more train.py overrides")
     args = ap.parse_args()
     out = (args.report or args.out or ROOT / "outputs" / f"cycle_profile-{time.strftime('%Y%m%d-%H%M%S')}").resolve()
     run_dir, prof_dir = out / "run", out / "profile"
     seconds = int(args.minutes * 60)
     max_time = f"00:{seconds // 3600:02d}:{seconds % 3600 // 60:02d}:{seconds % 60:02d}"
-    cmd = [sys.executable, str(ROOT / "train.py"), f"rollout.max_time={max_time}", f"hydra.run.dir={run_dir}",
+    repo = args.repo.resolve()
+    cmd = [sys.executable, str(repo / "train.py"), f"rollout.max_time={max_time}", f"hydra.run.dir={run_dir}",
            *args.overrides]  # fmt: skip
-    env = {**os.environ, "METACLAW_PROFILE_DIR": str(prof_dir), "HF_HUB_OFFLINE": "1", "WANDB_MODE": "offline"}
+    env = {**os.environ, "METACLAW_PROFILE_DIR": str(prof_dir), "HF_HUB_OFFLINE": "1", "WANDB_MODE": "offline",
+           "PYTHONPATH": os.pathsep.join([str(repo / "src"), os.environ.get("PYTHONPATH", "")])}
     if args.report is None:
         load_before = os.getloadavg()
         out.mkdir(parents=True, exist_ok=True)
         t0 = time.monotonic()
         with open(out / "train.log", "w") as log:
-            proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
+            proc = subprocess.Popen(cmd, cwd=repo, env=env, stdout=log, stderr=subprocess.STDOUT)
             cpu: dict[int, float] = {}
             stop = threading.Event()
             sampler = threading.Thread(target=sample_tree, args=(psutil.Process(proc.pid), cpu, stop), daemon=True)
@@ -166,8 +175,10 @@ def main() -> None:
     evals = [json.loads(line) for line in (run_dir / "eval.jsonl").read_text().splitlines()] if (
         run_dir / "eval.jsonl").exists() else []  # fmt: skip
     gen = rows["generation"]
+    trained = samples["tokens"] if samples["n"] else summary.get("samples_trained")  # a checkout without profiling
     result = {
         "command": " ".join(cmd[1:]),
+        "repo": str(repo),
         "rc": rc,
         "run": {
             "wall_s": round(wall, 1),
@@ -190,7 +201,7 @@ def main() -> None:
             if rows["evaluation"]["wall_s"]
             else None,
             "train_tokens_per_s": round(tokens / step["wall_s"], 1) if step["wall_s"] else None,
-            "trained_samples_per_min": round(samples["tokens"] / args.minutes, 2),
+            "trained_samples_per_min": round(trained / args.minutes, 2) if trained is not None else None,
             "train_positions_per_token": round(positions / tokens, 3) if tokens else None,
             "train_step_wall_s_mean": round(step["wall_s"] / step["n"], 2) if step["n"] else None,
         },
