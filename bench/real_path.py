@@ -29,6 +29,7 @@ from typing import Any
 
 import httpx
 
+from metaclaw.control.dashboard.data import reward_source
 from metaclaw.evaluation.evaluator import ComplianceEvaluator
 from metaclaw.lifecycle import set_pdeathsig
 from metaclaw.runfiles.layout import AdapterFolder
@@ -199,18 +200,6 @@ def reaction_prefixes() -> list[tuple[str, str]]:
     return sorted({(" ".join(p.split()).lower(), label) for p, label in out}, key=lambda x: -len(x[0]))
 
 
-def _source(meta: dict[str, Any]) -> str:
-    """Which rule gave a sample its reward."""
-    if meta.get("at_least_one"):
-        return "at_least_one"
-    if meta.get("feedback"):
-        return "feedback"
-    judge = meta.get("judge")
-    if isinstance(judge, dict):
-        return f"judge:{judge.get('rule') or ('llm_votes' if 'votes' in judge else 'other')}"
-    return "other"
-
-
 def _stats(values: list[float]) -> dict[str, float | None]:
     if not values:
         return {"median": None, "p90": None, "max": None, "mean": None}
@@ -264,7 +253,7 @@ def store_figures(db_path: str | Path) -> dict[str, Any]:
     by_rule: dict[str, list] = {}
     by_label: dict[str, list] = {}
     for r in trained:
-        by_rule.setdefault(_source(r["meta"]), []).append(r)
+        by_rule.setdefault(reward_source(r["meta"]) or "none", []).append(r)
         by_label.setdefault(r["label"], []).append(r)
     return {
         "captured": len(rows),

@@ -114,7 +114,7 @@ def test_store_figures_say_how_each_reaction_was_trained(tmp_path):
     assert figures["staleness_versions"]["median"] == 0.5 and figures["staleness_versions"]["max"] == 2
     assert figures["reward_by_rule"]["at_least_one"] == {"n": 1, "positive": 1, "zero": 0, "negative": 0,
                                                          "mean": 1.0}  # fmt: skip
-    assert figures["reward_by_rule"]["judge:negative"]["negative"] == 1
+    assert figures["reward_by_rule"]["rule:negative"]["negative"] == 1  # the dashboard's names (reward_source)
     assert figures["reward_by_reaction"]["correction"]["n"] == 2 and figures["reward_by_reaction"]["praise"]["n"] == 1
     assert figures["corrections_trained_positive"] == 1  # the lifted correction
     assert figures["lifted_from_negative"] == 1
