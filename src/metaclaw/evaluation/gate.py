@@ -148,7 +148,8 @@ class GateDecisions:
             f.write(json.dumps(record, default=str) + "\n")
 
     def _decide(self, track: Track, step: int, path: Path, result: EvalResult, hot_load: HotLoad) -> dict[str, Any]:
-        """Serve `path` when it is no worse than `track`'s served adapter (and its replies did not collapse)."""
+        """Serve `path` unless `compliance_test` shows it worse than `track`'s served adapter or its replies
+        collapsed (base NLL above the base model's own by more than `max_nll_increase`)."""
         if track.served_score is None or track.served_n is None:  # nothing measured yet: the base model first
             base = track.evaluator.score(self.base_model)
             track.served_score, track.served_n = base.compliance, base.n
