@@ -355,10 +355,11 @@ def gate_figures(path: Path, t0: float | None) -> dict[str, Any]:
     accepted = [r for r in gates if r.get("decision") == "accepted"]
     return {
         "decisions": dict(Counter(str(r.get("decision")) for r in gates)),
+        "findings": dict(Counter(str(r["finding"]) for r in gates if r.get("finding"))),  # docs/online_loop.md "Gate"
         "first_served_minute": minute(accepted[0]) if accepted else None,
         "rollbacks": sum(r.get("kind") == "regression" for r in rows),
         "measured": [{"step": r.get("step"), "minute": minute(r), "decision": r.get("decision"), "n": r.get("n"),
-                      "served": r.get("served"), "candidate": r.get("candidate")}
+                      "served": r.get("served"), "candidate": r.get("candidate"), "finding": r.get("finding")}
                      for r in gates if r.get("decision") in ("accepted", "rejected")],  # fmt: skip
     }
 

@@ -1,6 +1,6 @@
 """The publish gate and the regression watch of the live service (`rollout=proxy` defaults), on the tiny model
-with a real policy server: a damaged adapter is refused and never served; a served one that turns bad is rolled
-back through the control plane."""
+with a real policy server: a damaged adapter is refused and never served; one whose estimate rests on two
+effective turns is served as inconclusive; a served one that turns bad is rolled back through the control plane."""
 
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ import pytest
 from hydra.utils import instantiate
 
 from metaclaw.control.plane import ControlPlane
+from metaclaw.evaluation.quality import base_nll
 from metaclaw.evaluation.stats import one_sided_p, snips, wilson
 from metaclaw.evaluation.turns import HeldoutTurnsEvaluator
 from metaclaw.loop.eval_wiring import bind_evaluator, build_evaluator, build_watch
@@ -48,30 +49,38 @@ def served(tmp_path_factory, tiny_spec):
         yield url, run_dir, fixed
 
 
-def held_out_turns(url: str, store: SampleStore, fixed_is_good: bool) -> None:
-    """Two held-out turns per prompt, served by the base model and judged by the run's judge (`judge=auto`) from
-    the user's reaction: the base model's own reply, and FIXED_ANSWER. The user corrects one and thanks the other."""
+def held_out_turns(
+    url: str, store: SampleStore, fixed_is_good: bool, plan: list[tuple[int, str, bool]] | None = None
+) -> None:
+    """Held-out turns served by the base model and judged by the run's judge (`judge=auto`) from the user's
+    reaction. By default two per prompt: the base model's own reply, and FIXED_ANSWER; the user corrects one and
+    thanks the other. `plan`: the turns in order, each `(prompt index, "own" | "fixed", the user thanks it)`."""
+    if plan is None:
+        plan = [(i, kind, good) for i in range(len(PROMPTS))
+                for kind, good in (("own", not fixed_is_good), ("fixed", fixed_is_good))]  # fmt: skip
     cfg = compose_train(Path(store.path).parent, "rollout=proxy")
     judge = instantiate(cfg.judge)
-    tok_answer = None
-    for i, prompt in enumerate(PROMPTS):
-        messages = [{"role": "user", "content": prompt}]
-        r = httpx.post(f"{url}/v1/chat/completions", json={"model": "tiny", "messages": messages, "max_tokens": 8,
-                       "temperature": 1.0, "return_token_ids": True, "seed": i}, timeout=60)  # fmt: skip
-        r.raise_for_status()
-        body = r.json()
-        prompt_ids, own = body["prompt_token_ids"], body["choices"][0]["token_ids"]
-        if tok_answer is None:
-            tok_answer = fixed_answer_ids()
-        for reply, good in ((own, not fixed_is_good), (tok_answer, fixed_is_good)):
-            sample = Sample(
-                prompt_ids, reply, teacher_logprobs(url, "tiny", prompt_ids, reply), session_id=f"s{i}-{good}",
-                messages=messages, response_text="", status="dropped", meta={"dropped": "heldout"},
-                next_state="Thanks, that is perfect." if good else "That's wrong, not what I asked.",
-            )  # fmt: skip
-            sample.reward = asyncio.run(judge.reward(sample)).reward
-            assert sample.reward == (1.0 if good else -1.0)
-            store.insert(sample)
+    tok_answer = fixed_answer_ids()
+    asked: dict[int, tuple[list[int], list[int]]] = {}
+    for n, (i, kind, good) in enumerate(plan):
+        messages = [{"role": "user", "content": PROMPTS[i]}]
+        if i not in asked:
+            r = httpx.post(f"{url}/v1/chat/completions", json={"model": "tiny", "messages": messages,
+                           "max_tokens": 8, "temperature": 1.0, "return_token_ids": True, "seed": i},
+                           timeout=60)  # fmt: skip
+            r.raise_for_status()
+            body = r.json()
+            asked[i] = body["prompt_token_ids"], body["choices"][0]["token_ids"]
+        prompt_ids, own = asked[i]
+        reply = own if kind == "own" else tok_answer
+        sample = Sample(
+            prompt_ids, reply, teacher_logprobs(url, "tiny", prompt_ids, reply), session_id=f"s{i}-{n}",
+            messages=messages, response_text="", status="dropped", meta={"dropped": "heldout"},
+            next_state="Thanks, that is perfect." if good else "That's wrong, not what I asked.",
+        )  # fmt: skip
+        sample.reward = asyncio.run(judge.reward(sample)).reward
+        assert sample.reward == (1.0 if good else -1.0)
+        store.insert(sample)
 
 
 def fixed_answer_ids() -> list[int]:
@@ -86,20 +95,29 @@ def models(url: str) -> dict[str, dict]:
     return {c["id"]: c for c in httpx.get(f"{url}/v1/models", timeout=10).json()["data"]}
 
 
+# Each prompt's own reply, 8 of 10 thanked; the fixed answer to two prompts, one thanked, one corrected: the
+# fixed-answer adapter's estimate (0.5 < the served 0.75 - margin) rests on those two turns.
+TWO_EFFECTIVE_TURNS = [(i, "own", i < 8) for i in range(len(PROMPTS))] + [(0, "fixed", True), (1, "fixed", False)]
+
+
 @pytest.mark.parametrize(
-    "fixed_is_good", [False, pytest.param(True, marks=pytest.mark.slow)], ids=["damaged-refused", "better-served"]
+    ("fixed_is_good", "plan"),
+    [(False, None), pytest.param(True, None, marks=pytest.mark.slow), (False, TWO_EFFECTIVE_TURNS)],
+    ids=["damaged-refused", "better-served", "inconclusive-served"],
 )
-def test_proxy_defaults_gate_candidates_on_the_judged_heldout_turns(served, tmp_path, fixed_is_good):
+def test_proxy_defaults_gate_candidates_on_the_judged_heldout_turns(served, tmp_path, fixed_is_good, plan):
     """`rollout=proxy` with its defaults holds out turns and gates. The fixed-answer adapter writes what users
     corrected (as if trained on inverted rewards): refused, kept on disk, never served; where users thanked that
-    answer, the same adapter is better than the served base model and is served. Off-cadence candidates wait."""
+    answer, the same adapter is better than the served base model and is served. Where its estimate is below the
+    served one by more than the margin but rests on two effective turns, the evidence cannot tell: served, and the
+    record says so (the old rule refused it). Off-cadence candidates wait."""
     url, run_dir, fixed = served
     unload = httpx.post(f"{url}/v1/unload_lora_adapter", json={"lora_name": "policy"}, timeout=30)
     assert unload.status_code in (200, 404)
     cfg = compose_train(tmp_path, "rollout=proxy")
     assert heldout_share(cfg) > 0 and cfg.publish.gate.enabled and cfg.publish.gate.rollback.enabled
     store = SampleStore(tmp_path / "samples.sqlite")
-    held_out_turns(url, store, fixed_is_good)
+    held_out_turns(url, store, fixed_is_good, plan)
     live = build_evaluator(cfg)
     assert live is not None and live.gate
     bind_evaluator(cfg, live, url, None, store)
@@ -118,13 +136,21 @@ def test_proxy_defaults_gate_candidates_on_the_judged_heldout_turns(served, tmp_
     finally:
         live.stop()
     rows = [json.loads(line) for line in (tmp_path / "gate.jsonl").read_text().splitlines()]
-    assert len(rows) == 1 and rows[0]["step"] == 4 and rows[0]["n"] == 2 * len(PROMPTS)
+    assert len(rows) == 1 and rows[0]["step"] == 4 and rows[0]["n"] == len(plan or PROMPTS * 2)
     decision = rows[0]
     served_ci, cand_ci = decision["served_ci"], decision["candidate_ci"]
     assert served_ci[0] <= decision["served"] <= served_ci[1] and cand_ci[0] <= decision["candidate"] <= cand_ci[1]
-    assert abs(decision["served"] - 0.5) < 0.05  # the base model served these turns: the plain share
+    share = 0.5 if plan is None else sum(good for _, _, good in plan) / len(plan)
+    assert abs(decision["served"] - share) < 0.05  # the base model served these turns: the plain share
     assert decision["evidence"]["served"]["model"] == "tiny"
-    if fixed_is_good:
+    if plan is not None:
+        assert decision["decision"] == "accepted" and decision["finding"] == "inconclusive", decision
+        assert abs(decision["candidate"] - 0.5) < 0.05 and decision["candidate"] < decision["served"] - live.margin
+        assert decision["compliance_test"]["candidate_n"] < 3 and "inconclusive" in decision["note"]
+        assert decision["guarded_by"] is None  # this test builds no control plane: the record says nothing watches
+        assert models(url)["policy"]["root"].endswith("step-000004")
+        assert live.counts["gate_accepted"] == 1 and live.counts["gate_inconclusive"] == 1
+    elif fixed_is_good:
         assert decision["decision"] == "accepted", decision
         assert decision["candidate"] > 0.9
         assert models(url)["policy"]["root"].endswith("step-000004")
@@ -132,6 +158,7 @@ def test_proxy_defaults_gate_candidates_on_the_judged_heldout_turns(served, tmp_
     else:
         assert decision["decision"] == "rejected", decision
         assert decision["candidate"] < 0.1 and "estimated compliance" in decision["reasons"][0]
+        assert decision["finding"] == "worse" and decision["compliance_test"]["upper_bound"] < -live.margin
         assert "policy" not in models(url)  # never served
         assert (candidates[-1] / "adapter_model.safetensors").exists()  # kept on disk
         assert live.counts["gate_rejected"] == 1
@@ -218,6 +245,9 @@ def test_the_gate_asks_only_what_it_does_not_know(served, tmp_path):
     assert abs(fast["served"]["n_eff"] - full["served"]["n_eff"]) < 1e-2
     assert abs(fast["candidate"]["compliance"] - full["candidate"]["compliance"]) < 1e-3
     assert fast["quality_turns"] == 3 and abs(fast["served_nll"] - full["served_nll"]) < 1e-6
+    newest = turns.recent()[-3:]  # the got replies' NLL on the same prompts the candidate answered, and only those
+    got = [base_nll(url, "tiny", s.prompt_ids, s.response_ids) for s in newest]
+    assert abs(fast["served_nll"] - sum(got) / 3) < 1e-6 and set(turns._got_nll) == {s.id for s in newest}
     turns.asked.clear()
     turns.compare("tiny", "tiny", served_version=7)  # another version serves now: asked once ...
     assert turns.asked.count("logprob:tiny") == 2 * n

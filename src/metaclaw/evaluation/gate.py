@@ -3,6 +3,11 @@ the evaluator's thread calls these; `metaclaw.evaluation.live` holds the queue a
 
 Every decision is appended to `<run dir>/gate.jsonl` with its evidence and 95% intervals (docs/learning.md
 "Gated updates").
+
+One rule on compliance for both paths (`compliance_test`): a candidate is refused only when the evidence says, with
+confidence `1 - alpha`, that it is worse than the served adapter by more than `margin`. Where the evidence cannot
+tell (few replies, or few effective turns of the judge fallback), it is served, the record says `inconclusive`,
+and the regression watch (`publish.gate.rollback`) judges it on the turns it answers.
 """
 
 from __future__ import annotations
@@ -13,20 +18,59 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from statistics import NormalDist
 from typing import Any
 
 import httpx
 
 from metaclaw.agents import DEFAULT_PROFILE
 from metaclaw.evaluation.evaluator import EvalResult
-from metaclaw.evaluation.stats import wilson
+from metaclaw.evaluation.stats import newcombe, wilson
 from metaclaw.wire import bearer_headers
 
 log = logging.getLogger("metaclaw.evaluation.live")
 
 HotLoad = Callable[[Path], Any]
 COUNTS = ("evaluated", "skipped", "skipped_budget", "gate_accepted", "gate_rejected", "errors", "gate_held",
-          "rolled_back")
+          "rolled_back", "gate_inconclusive")
+RULE = "one-sided upper bound of candidate - served (Newcombe's hybrid score interval) < -margin"
+
+
+def compliance_test(
+    candidate: float, candidate_n: float, served: float, served_n: float, margin: float, alpha: float
+) -> dict[str, Any]:
+    """The gate's rule on compliance, the same with a verifier and without (every input is in the record):
+
+        refuse  when  high < -margin,   (low, high) = stats.newcombe(candidate, candidate_n, served, served_n, z),
+                                        z = Phi^-1(1 - alpha)
+
+    i.e. the one-sided (1 - alpha) upper bound of `candidate - served` says the candidate is worse by more than
+    `margin`. Each share's uncertainty counts over its n: the verifier's replies, or the judge fallback's effective
+    n (its importance weights often leave 1-3 of 32 turns, where a point estimate is close to a coin flip).
+    `finding`: `worse` (refused), `inconclusive` (the point estimate is below `served - margin`, the bound is not:
+    served, and the regression watch judges it on the turns it answers), or `within_margin`."""
+    z = NormalDist().inv_cdf(1 - alpha)
+    _, high = newcombe(candidate, candidate_n, served, served_n, z)
+    if high < -margin:
+        finding = "worse"
+    elif candidate < served - margin:
+        finding = "inconclusive"
+    else:
+        finding = "within_margin"
+    return {"rule": RULE, "alpha": alpha, "z": z, "margin": margin, "candidate": candidate,
+            "candidate_n": candidate_n, "served": served, "served_n": served_n, "difference": candidate - served,
+            "upper_bound": high, "finding": finding}  # fmt: skip
+
+
+def describe(test: dict[str, Any], what: str = "compliance") -> str:
+    """The rule's outcome in words (a refusal's reason; an inconclusive acceptance's note)."""
+    figures = (f"{what} {test['candidate']:.2f} (n {test['candidate_n']:.1f}) vs served {test['served']:.2f} "
+               f"(n {test['served_n']:.1f})")  # fmt: skip
+    bound = f"{100 * (1 - test['alpha']):.0f}% upper bound of the difference {test['upper_bound']:+.2f}"
+    if test["finding"] == "worse":
+        return f"{figures}: worse by more than margin {test['margin']:.2f} ({bound} < {-test['margin']:+.2f})"
+    return (f"{figures}: the point estimate is below served - margin {test['margin']:.2f} but the evidence is "
+            f"inconclusive ({bound} >= {-test['margin']:+.2f})")  # fmt: skip
 
 
 @dataclass
@@ -36,6 +80,7 @@ class Track:
     agent: str  # the profile whose adapter is evaluated: `default` or an agent id
     evaluator: Any
     served_score: float | None = None
+    served_n: float | None = None  # the replies `served_score` was measured on (the rule weighs its uncertainty)
     seen: int = 0
     last: tuple[int, Path, HotLoad] | None = None
     queued: set[int] = field(default_factory=set)
@@ -60,6 +105,7 @@ class GateDecisions:
     tracks: dict[str, Track]
     gate_path: Path
     margin: float
+    alpha: float
     max_nll_increase: float | None
     min_turns: int
     base_model: str
@@ -89,7 +135,7 @@ class GateDecisions:
             if record is not None:
                 if record["decision"] == "rolled_back":
                     track.counts["rolled_back"] += 1
-                    track.served_score = None  # measure the restored adapter again before the next candidate
+                    track.served_score = track.served_n = None  # measured again before the next candidate
                 self._gate_log(record)
                 with self._cond:
                     self._unlogged.append((0, {f"{track.prefix}rolled_back": float(track.counts["rolled_back"])}))
@@ -102,17 +148,21 @@ class GateDecisions:
             f.write(json.dumps(record, default=str) + "\n")
 
     def _decide(self, track: Track, step: int, path: Path, result: EvalResult, hot_load: HotLoad) -> dict[str, Any]:
-        """Serve `path` when it is no worse than `track`'s served adapter (and its replies did not collapse)."""
+        """Serve `path` unless `compliance_test` shows it worse than `track`'s served adapter or its replies
+        collapsed (base NLL above the base model's own by more than `max_nll_increase`)."""
+        if track.served_score is None or track.served_n is None:  # nothing measured yet: the base model first
+            base = track.evaluator.score(self.base_model)
+            track.served_score, track.served_n = base.compliance, base.n
         served = track.served_score
-        if served is None:  # nothing measured yet: measure the base model first
-            served = track.served_score = track.evaluator.score(self.base_model).compliance
-        decision: dict[str, Any] = {"served": served, "candidate": result.compliance}
+        test = compliance_test(result.compliance, result.n, served, track.served_n, self.margin, self.alpha)
+        decision: dict[str, Any] = {"served": served, "candidate": result.compliance, "served_n": track.served_n,
+                                    "finding": test["finding"], "compliance_test": test}  # fmt: skip
         reference = getattr(track.evaluator, "reference_nll", None)
         if self.max_nll_increase is not None and reference is not None and result.nll is not None:
-            decision.update(base_nll=reference, candidate_nll=result.nll)
+            decision.update(base_nll=reference, candidate_nll=result.nll, max_nll_increase=self.max_nll_increase)
         reasons = []
-        if result.compliance < served - self.margin:
-            reasons.append(f"compliance {result.compliance:.2f} < served {served:.2f} - margin {self.margin:.2f}")
+        if test["finding"] == "worse":
+            reasons.append(describe(test))
         if "candidate_nll" in decision and result.nll > reference + self.max_nll_increase:
             reasons.append(
                 f"quality collapsed: base NLL {result.nll:.2f} > base model's {reference:.2f} + {self.max_nll_increase}"
@@ -121,8 +171,10 @@ class GateDecisions:
         decision["n"] = result.n
         if reasons:
             return self._refuse(track, step, path, decision, reasons)
-        track.served_score = result.compliance
-        return self._accept(track, step, path, hot_load, decision)
+        out = self._accept(track, step, path, hot_load, decision)
+        if out["decision"] == "accepted":
+            track.served_score, track.served_n = result.compliance, result.n
+        return out
 
     def _refuse(self, track: Track, step: int, path: Path, decision: dict[str, Any], reasons: list[str],
                 outcome: str = "rejected") -> dict[str, Any]:  # fmt: skip
@@ -140,6 +192,16 @@ class GateDecisions:
             return self._refuse(track, step, path, decision, [frozen], "held")
         hot_load(path)
         track.counts["gate_accepted"] += 1
+        test = decision.get("compliance_test") or {}
+        if test.get("finding") == "inconclusive":  # served on evidence that cannot tell: said, and who guards it
+            track.counts["gate_inconclusive"] += 1
+            guard = "publish.gate.rollback" if self.watch is not None else None
+            decision = {**decision, "note": describe(test, "estimated compliance" if "evidence" in decision
+                                                     else "compliance"), "guarded_by": guard}  # fmt: skip
+            log.warning("Gate: %s adapter v%d served on inconclusive evidence (%s); %s", track.agent, step,
+                        decision["note"], "the regression watch (publish.gate.rollback) rolls it back if the user's "
+                        "verdicts on its turns drop" if guard else "NOTHING watches it after serving: "
+                        "no regression watch (publish.gate.rollback.enabled is false)")  # fmt: skip
         out = {"decision": "accepted", **decision}
         self._gate_log({"time": time.time(), "kind": "gate", "agent_id": track.agent, "step": step,
                         "adapter": path.name, "path": str(path), "margin": self.margin, **out})  # fmt: skip
@@ -190,20 +252,30 @@ class GateDecisions:
         self._load_candidate(path)
         evidence = track.evaluator.compare(self.eval_name, served, served_version=served_version)
         evidence["candidate"]["model"] = path.name
+        return self._decide_on_turns(track, step, path, evidence, hot_load)
+
+    def _decide_on_turns(
+        self, track: Track, step: int, path: Path, evidence: dict[str, Any], hot_load: HotLoad
+    ) -> dict[str, Any]:
+        """The judge fallback's decision on `compare`'s evidence: the same rule as the verifier's, over each
+        estimate's effective n; the quality guard on the same held-out prompts."""
         cand, cur = evidence["candidate"], evidence["served"]
+        test = compliance_test(cand["compliance"], cand["n_eff"], cur["compliance"], cur["n_eff"], self.margin,
+                               self.alpha)  # fmt: skip
         decision = {"evidence": evidence, "served": cur["compliance"], "candidate": cand["compliance"],
                     "candidate_ci": [cand["ci_low"], cand["ci_high"]], "served_ci": [cur["ci_low"], cur["ci_high"]],
                     "n": evidence["n"], "statistic": "self-normalised importance-sampled share of good verdicts",
-                    }  # fmt: skip
+                    "finding": test["finding"], "compliance_test": test}  # fmt: skip
         reasons = []
-        if cand["compliance"] < cur["compliance"] - self.margin:
-            reasons.append(f"estimated compliance {cand['compliance']:.2f} < served {cur['compliance']:.2f} - margin "
-                           f"{self.margin:.2f} on {evidence['n']} held-out turns")  # fmt: skip
+        if test["finding"] == "worse":
+            reasons.append(f"{describe(test, 'estimated compliance')} on {evidence['n']} held-out turns")
         nll, ref = evidence.get("candidate_nll"), evidence.get("served_nll")
         if self.max_nll_increase is not None and nll is not None and ref is not None:
-            decision.update(base_nll=ref, candidate_nll=nll)
+            decision.update(base_nll=ref, candidate_nll=nll, max_nll_increase=self.max_nll_increase,
+                            quality_turns=evidence.get("quality_turns"))  # fmt: skip
             if nll > ref + self.max_nll_increase:
-                reasons.append(f"quality collapsed: base NLL {nll:.2f} > served replies' {ref:.2f} + "
+                reasons.append(f"quality collapsed: base NLL {nll:.2f} of its replies > {ref:.2f} of the replies "
+                               f"the user got to the same {evidence.get('quality_turns')} prompts + "
                                f"{self.max_nll_increase}")  # fmt: skip
         if reasons:
             return self._refuse(track, step, path, decision, reasons)

@@ -4,11 +4,13 @@ The publisher hands each new adapter to `submit(step, path, hot_load)` instead o
 
 - gate off: the adapter is hot-loaded at once; every `every_n_adapters`-th one is queued for evaluation.
 - gate on (`publish.gate.enabled`): every candidate is queued; the evaluator loads it under its own name
-  (`eval_name`, never the one the agent is served), scores it, and hot-loads it only when its compliance is
-  no worse than the served adapter's (the base model's, before any) by more than `margin` **and** its replies
-  have not collapsed: their mean base-model NLL per token is at most the base model's own plus `max_nll_increase`
-  (a rule-passing adapter that writes junk is refused too). A refused adapter stays on disk; the refusal is
-  logged and counted (`eval/gate_rejected`).
+  (`eval_name`, never the one the agent is served), scores it, and hot-loads it unless the evidence says, with
+  confidence `1 - alpha`, that its compliance is below the served adapter's (the base model's, before any) by more
+  than `margin` (`metaclaw.evaluation.gate.compliance_test`; evidence that cannot tell serves it, logged and
+  counted as `eval/gate_inconclusive`, and the regression watch guards it) **or** its replies collapsed: their
+  mean base-model NLL per token is above the base model's own plus `max_nll_increase` (a rule-passing adapter that
+  writes junk is refused too). A refused adapter stays on disk; the refusal is logged and counted
+  (`eval/gate_rejected`).
 
 Without a verifier (`rollout=proxy|replay`) the evaluator may be a `HeldoutTurnsEvaluator` (`by_version`):
 each publish queues a pass that reports the judge's verdicts on the held-out turns of every adapter version
@@ -81,7 +83,8 @@ class LiveEvaluator(GateDecisions, L.Callback):
         every_n_adapters: evaluation cadence when the gate is off (the gate evaluates every candidate).
         gate: refuse to hot-swap a candidate scoring worse than the served adapter by more than `margin`.
         margin: allowed drop in compliance (absolute, 0..1).
-        max_nll_increase: allowed rise of the replies' mean base NLL over the base model's own (nats/token);
+        alpha: a drop refuses only when the one-sided (1 - alpha) bound of the difference says so (`compliance_test`).
+        max_nll_increase: allowed rise of the replies' mean base NLL over the reference replies' (nats/token);
             None: quality is measured but not gated.
         eval_name: the name candidates are loaded under for evaluation.
         server_url / api_key: the policy server (to load the candidate under `eval_name`).
@@ -103,7 +106,7 @@ class LiveEvaluator(GateDecisions, L.Callback):
         every_n_adapters: int = 1,
         gate: bool = False,
         margin: float = 0.1,
-        max_nll_increase: float | None = 0.5,
+        max_nll_increase: float | None = 1.0,
         eval_name: str = "metaclaw-eval",
         server_url: str | None = None,
         api_key: str | None = None,
@@ -114,6 +117,7 @@ class LiveEvaluator(GateDecisions, L.Callback):
         min_turns: int = 8,
         watch: RegressionWatch | None = None,
         watch_every_s: float = 30.0,
+        alpha: float = 0.05,
     ) -> None:
         if baseline not in ("first", "auto"):
             raise ValueError(f"eval.baseline must be first or auto, got {baseline!r}")
@@ -124,7 +128,9 @@ class LiveEvaluator(GateDecisions, L.Callback):
         self.run_dir, self.base_model = Path(run_dir), base_model
         self.every_n_adapters, self.gate, self.margin, self.eval_name = every_n_adapters, gate, margin, eval_name
         self.server_url, self.api_key, self.final_timeout_s = server_url, api_key, final_timeout_s
-        self.max_nll_increase, self.min_turns = max_nll_increase, min_turns
+        if not 0 < alpha < 1:
+            raise ValueError(f"publish.gate.alpha must be in (0, 1), got {alpha}")
+        self.max_nll_increase, self.min_turns, self.alpha = max_nll_increase, min_turns, alpha
         self.watch, self.watch_every_s = watch, watch_every_s
         self.frozen: Callable[[], str | None] | None = None  # a reason not to serve now (a user's rollback)
         self.path, self.gate_path = self.run_dir / "eval.jsonl", self.run_dir / "gate.jsonl"
@@ -354,7 +360,8 @@ class LiveEvaluator(GateDecisions, L.Callback):
             result = evaluator.score(self.eval_name)
         gate = None
         if path is None:
-            track.served_score = result.compliance if track.served_score is None else track.served_score
+            if track.served_score is None:
+                track.served_score, track.served_n = result.compliance, result.n
         elif hot_load is not None:
             gate = self._decide(track, step, path, result, hot_load)
         self._report(track, step, path.name if path else "base", result, gate)

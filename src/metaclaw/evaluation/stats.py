@@ -5,6 +5,8 @@
 - `snips`: the self-normalised importance-sampling estimate of a share under another policy, from turns sampled by
   the served one (the off-policy estimate of a candidate's held-out compliance, `metaclaw.evaluation.turns`).
 - `one_sided_p`: the two-proportion z-test's one-sided p-value that share 1 is below share 2 (the regression watch).
+- `newcombe`: the interval of the difference of two shares from their Wilson intervals (the publish gate's rule,
+  `metaclaw.evaluation.gate.compliance_test`).
 """
 
 from __future__ import annotations
@@ -49,3 +51,15 @@ def one_sided_p(k1: int, n1: int, k2: int, n2: int) -> float:
         return 0.0 if k1 / n1 < k2 / n2 else 1.0
     z = (k1 / n1 - k2 / n2) / se
     return 0.5 * math.erfc(-z / math.sqrt(2))  # P(Z <= z)
+
+
+def newcombe(p1: float, n1: float, p2: float, n2: float, z: float = Z95) -> tuple[float, float]:
+    """Interval of the difference `p1 - p2` of two independent shares over `n1` and `n2` samples (fractional: effective
+    sizes): Newcombe's hybrid score interval (Newcombe 1998, "Interval estimation for the difference between
+    independent proportions", method 10), each share's Wilson interval at `z` combined. Unlike the Wald interval it
+    stays honest at shares of 0 or 1 and at small n; with an `n` of 0 it spans every difference that share allows."""
+    p1, p2 = min(max(p1, 0.0), 1.0), min(max(p2, 0.0), 1.0)
+    l1, u1 = wilson(p1 * n1, n1, z)
+    l2, u2 = wilson(p2 * n2, n2, z)
+    d = p1 - p2
+    return d - math.sqrt((p1 - l1) ** 2 + (u2 - p2) ** 2), d + math.sqrt((u1 - p1) ** 2 + (p2 - l2) ** 2)

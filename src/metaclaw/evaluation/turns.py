@@ -14,8 +14,8 @@ more (or less) likely the candidate is to write each reply than the served adapt
 compliance on the same turns (self-normalised importance sampling, `metaclaw.evaluation.stats.snips`, both
 logprobs from the policy server's teacher-logprob route). An adapter that learned to write what users corrected
 (trained on inverted rewards) puts its weight on the corrected turns and is refused. The quality guard samples the
-candidate's own replies to the held-out prompts and scores them under the base model (NLL per token) against the
-base NLL of the replies the user actually got.
+candidate's own replies to the newest held-out prompts and scores them under the base model (NLL per token) against
+the base NLL of the replies the user actually got to the same prompts.
 
 Many agents (docs/agents.md): one evaluator per adapter, each reading only the held-out turns of the agents that
 adapter serves (`owner`, by the sample's `agent_id`); the versions are that adapter's own.
@@ -165,8 +165,8 @@ class HeldoutTurnsEvaluator:
     ) -> dict[str, object]:
         """Evidence for the gate: the estimated compliance of `candidate` and of `served` (server model names) on
         the recent held-out turns, each with a Wilson interval over its effective sample size, and the quality
-        guard (the base NLL of the candidate's own replies to the newest `quality_turns` prompts vs the replies
-        the user got). `n` is the turn count.
+        guard (the base NLL of the candidate's own replies to the newest `quality_turns` prompts vs that of the
+        replies the user got to the same prompts). `n` is the turn count.
 
         `served_version` (the adapter version `served` answers with; 0: the base model): a turn that version
         served needs no request, its log ratio is 0 (behaviour and scoring are one distribution: the ratio-is-1
@@ -203,13 +203,14 @@ class HeldoutTurnsEvaluator:
                 estimate, n_eff = snips(ratios, good, clip)
                 low, high = wilson(estimate * n_eff, n_eff)
                 out[name] = {"model": model, "compliance": estimate, "n_eff": n_eff, "ci_low": low, "ci_high": high}
-            if self.base_model and self.quality_turns:
+            if self.base_model and self.quality_turns:  # the same prompts on both sides: a turn missing either is out
                 asked = turns[-self.quality_turns :]
-                got = [x for x in pool.map(got_nll, turns) if x is not None]
+                got = list(pool.map(got_nll, asked))
                 answers = pool.map(lambda s: self._sample_nll(candidate, s, max(1, min(len(s.response_ids), 64))),
                                    asked)
-                own = [x for x in answers if x is not None]
-                if got and own:
-                    out["served_nll"], out["candidate_nll"] = sum(got) / len(got), sum(own) / len(own)
-                    out["quality_turns"] = len(own)
+                pairs = [(g, o) for g, o in zip(got, answers, strict=True) if g is not None and o is not None]
+                if pairs:
+                    out["served_nll"] = sum(g for g, _ in pairs) / len(pairs)
+                    out["candidate_nll"] = sum(o for _, o in pairs) / len(pairs)
+                    out["quality_turns"] = len(pairs)
         return out

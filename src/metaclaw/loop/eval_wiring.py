@@ -112,6 +112,7 @@ def build_evaluator(cfg: DictConfig) -> LiveEvaluator | None:
         every_n_adapters=ev.get("every_n_adapters", 1),
         gate=bool(gate),
         margin=float(gate_cfg.get("margin", 0.1)),
+        alpha=float(gate_cfg.get("alpha", 0.05)),
         max_nll_increase=gate_cfg.get("max_nll_increase"),
         min_turns=int(gate_cfg.get("min_turns", 8)),
         watch_every_s=float((gate_cfg.get("rollback") or {}).get("every_s", 30.0)),
