@@ -36,6 +36,9 @@ def make_run(run_dir: Path) -> Path:
         {"time": now - 150, "kind": "gate", "agent_id": "default", "step": 6, "adapter": "step-000006",
          "decision": "rejected", "served": 0.5, "candidate": 0.2, "candidate_ci": [0.1, 0.37], "n": 32,
          "reasons": ["compliance 0.20 < served 0.50 - margin 0.10"]},
+        {"time": now - 120, "kind": "gate", "agent_id": "default", "step": 8, "adapter": "step-000008",
+         "decision": "accepted", "finding": "inconclusive", "served": 0.5, "candidate": 0.3, "n": 32,
+         "note": "served on inconclusive evidence; the regression watch rolls it back if verdicts drop"},
     ]  # fmt: skip
     (run_dir / "gate.jsonl").write_text("".join(json.dumps(r) + "\n" for r in gate))
     for step in (4, 6, 8):

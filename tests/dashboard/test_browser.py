@@ -58,7 +58,7 @@ def test_a_finished_runs_dashboard_in_the_browser(browser, read_only_dashboard, 
     assert browser.js("document.querySelectorAll('#curves line.ci').length") == 3  # an interval per point
     assert browser.js("document.getElementById('mode').textContent") == "finished run"
     assert browser.js("document.getElementById('actions').hidden")  # read-only: no buttons
-    assert browser.js("document.querySelectorAll('#gate tr').length") == 3  # header + 2 decisions
+    assert browser.js("document.querySelectorAll('#gate tr').length") == 4  # header + 3 decisions
     browser.screenshot(tmp_path / "finished.png")
     assert browser.console_errors() == []
 

@@ -40,8 +40,9 @@ def test_the_page_loads_without_the_key_and_its_data_needs_it(read_only_dashboar
     assert s["dropped"] == {"heldout": 1, "no_next_state": 1} and s["oldest_waiting_s"] >= 0
     adapters = {a["name"]: a for a in state["adapters"]["default"]["adapters"]}
     assert adapters["step-000006"]["gate"] == "rejected" and "margin" in adapters["step-000006"]["reasons"][0]
+    assert "inconclusive" in adapters["step-000008"]["reasons"][0]  # an inconclusive acceptance says so
     assert adapters["step-000008"]["served"] and not adapters["step-000004"]["served"]  # the last published
-    assert [g["decision"] for g in state["gate"]] == ["accepted", "rejected"]
+    assert [g["decision"] for g in state["gate"]] == ["accepted", "rejected", "accepted"]
     turns = [t for sess in state["sessions"] for t in sess["turns"]]
     assert {t["source"] for t in turns} >= {"rule:positive", "rule:negative", "feedback"}
     assert "SECRET-REPLY-TEXT" not in r.text and "hello" not in r.text  # text only with the local flag

@@ -119,7 +119,7 @@ class DashboardData:
                 g = decisions.get((agent, d.name)) or {}
                 rows.append({"step": version, "name": d.name, "gate": g.get("decision"),
                              "candidate": g.get("candidate"), "served_score": g.get("served"),
-                             "reasons": g.get("reasons"),
+                             "reasons": g.get("reasons") or ([g["note"]] if g.get("note") else None),
                              "served": bool(serving) and Path(serving).name == d.name})  # fmt: skip
             out[agent] = {"served": served.get(agent), "adapters": rows}
         return out
