@@ -308,8 +308,8 @@ class ReactionClassifier:
                     continue
                 question = after.endswith(("?", "？")) and prob[after][neu] >= self.threshold  # "..., but how do I?"
                 if prob[after][pos] < self.threshold and not question:
-                    k = next((k for k, s in enumerate(sents) if after in s), None)
-                    return Reaction(-1.0, float(1 - prob[after][pos]), "contrast", i, k)
+                    at = next((k for k, s in enumerate(sents) if after in s), None)
+                    return Reaction(-1.0, float(1 - prob[after][pos]), "contrast", i, at)
             # An approval is in the first paragraph (later ones are new asks), said by a sentence or a clause of it:
             # several sentences read together ("It feels generic. Speak to me.") do not add up to one.
             said = max((prob[q][pos] for q in sents + [c for s in sents for c in clauses(s)] if q in prob), default=0.0)
