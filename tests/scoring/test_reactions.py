@@ -222,3 +222,13 @@ def test_an_approval_needs_a_sentence_of_the_first_paragraph_above_the_approval_
     later = [(["Hmm."], _probs((0.1, 0.85, 0.05))), (["Lovely!"], sure)]  # the second paragraph is a new ask
     assert clf._decide(later).verdict == 0.0
     assert clf.approval == 0.55 > clf.threshold  # the stated settings (conf/judge/reactions.yaml)
+
+
+def test_a_fragment_read_as_a_correction_inside_an_approval_is_no_verdict(judge):
+    clf = judge.classifier
+    segs = ["Tables, great.", "Tables", "great."]
+    probs = _probs((0.1, 0.1, 0.8), (0.6, 0.3, 0.1), (0.05, 0.05, 0.9))  # the bare noun alone reads as a request
+    assert (clf._decide([(segs, probs)]).verdict, clf._decide([(segs, probs)]).reason) == (0.0, "mixed")
+    contrast = ["Great, but tables.", "Great", "but tables."]  # after "but" the fragment is the point
+    assert clf._decide([(contrast, probs)]).verdict == -1.0
+    assert reward(judge, "Citations included, great work.") >= 0  # never trained as a correction

@@ -10,11 +10,13 @@ process, on the labelled prototype sentences shipped beside this file (`reaction
 A message is read like the rule judge reads it, paragraph by paragraph (the reaction comes first; what follows a
 blank line is usually the next question). Within a paragraph the classifier reads the paragraph, its reaction
 without the trailing next question, every sentence (a reaction typed without a full stop ends where a capitalised
-question or change of subject begins: "spot on How do I ...?") and every comma clause. The rules, in order, for
+question or change of subject begins: "superb How do I ...?") and every comma clause. The rules, in order, for
 the first paragraph with a verdict (a correction trained as an approval is the costlier mistake, so the rules
 lean towards -1 and 0):
 
-1. a confident correction in any part (probability >= `threshold`) wins;
+1. a confident correction in any part (probability >= `threshold`) wins, unless every such part lies inside a
+   longer reading, without a contrast, that is an approval (>= `approval`): "Citations included, great work."
+   (the bare noun phrase alone reads as a request) is conflicting evidence, 0;
 2. a wish restated as unmet at the start of a sentence or after "but" ("I wanted ...", "I asked for ...",
    "Thanks, but I was hoping for ...") is a correction, unless another clause of its sentence praises;
 3. praise, then a contrast ("Nice, though I asked ...", "Merci, mais ...") whose second half is neither praise
@@ -114,7 +116,7 @@ def ngram_features(texts: list[str], buckets: int = NGRAM_BUCKETS) -> np.ndarray
 
 def sentences(paragraph: str) -> list[str]:
     """The sentences of a paragraph; a reaction typed without a full stop ends where a capitalised question or a
-    change of subject begins ("spot on How do I ...?", "nope Anyway, ...")."""
+    change of subject begins ("superb How do I ...?", "nope Anyway, ...")."""
     return [r.strip() for s in SENTENCE.split(paragraph) for r in RUN_ON.split(s) if r.strip()]
 
 
@@ -294,6 +296,9 @@ class ReactionClassifier:
             prob = dict(zip(segs, p, strict=True))
             sents = sentences(segs[0])
             if p[:, neg].max() >= self.threshold:
+                read = [q for q in segs if prob[q][neg] >= self.threshold]
+                if all(self._praised_around(q, prob) for q in read):  # "Numbers! Love it.": conflicting, no verdict
+                    return Reaction(0.0, float(p[:, neg].max()), "mixed", i)
                 sentence = self._first_negative_sentence(segs, p[:, neg])
                 return Reaction(-1.0, float(p[:, neg].max()), "negative", i, sentence)
             cons = contrasts(segs[0])
@@ -311,7 +316,7 @@ class ReactionClassifier:
                     at = next((k for k, s in enumerate(sents) if after in s), None)
                     return Reaction(-1.0, float(1 - prob[after][pos]), "contrast", i, at)
             # An approval is in the first paragraph (later ones are new asks), said by a sentence or a clause of it:
-            # several sentences read together ("It feels generic. Speak to me.") do not add up to one.
+            # several sentences read together ("It feels bland. Be bolder.") do not add up to one.
             said = max((prob[q][pos] for q in sents + [c for s in sents for c in clauses(s)] if q in prob), default=0.0)
             if i == 0 and said >= self.approval:
                 return Reaction(1.0, float(said), "positive", i)
@@ -321,6 +326,13 @@ class ReactionClassifier:
         if whole[neu] >= self.threshold:
             return Reaction(0.0, float(whole[neu]), "neutral")
         return Reaction(0.0, float(max(p[:, [neg, pos]].max() for _, p in per_para)), "low_confidence")
+
+    def _praised_around(self, part: str, prob: dict[str, np.ndarray]) -> bool:
+        """Whether a longer reading that contains `part`, without a contrast, is an approval (>= `approval`)."""
+        pos = LABELS.index(1)
+        return any(
+            part in q and q != part and r[pos] >= self.approval and not CONTRAST.search(q) for q, r in prob.items()
+        )
 
     def _first_negative_sentence(self, segs: list[str], p_neg: np.ndarray) -> int | None:
         """Index (among the paragraph's sentences) of the first sentence with a confident negative part."""
