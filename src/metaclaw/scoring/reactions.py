@@ -297,7 +297,7 @@ class ReactionClassifier:
             sents = sentences(segs[0])
             if p[:, neg].max() >= self.threshold:
                 read = [q for q in segs if prob[q][neg] >= self.threshold]
-                if all(self._praised_around(q, prob) for q in read):  # "Numbers! Love it.": conflicting, no verdict
+                if all(self._praised_around(q, prob) for q in read):  # "Tables, great.": conflicting, no verdict
                     return Reaction(0.0, float(p[:, neg].max()), "mixed", i)
                 sentence = self._first_negative_sentence(segs, p[:, neg])
                 return Reaction(-1.0, float(p[:, neg].max()), "negative", i, sentence)
