@@ -3,6 +3,7 @@
     python bench/reactions.py                      # the labelled set bench/data/reactions.jsonl (+ the demo's words)
     python bench/reactions.py --data my.jsonl      # any JSONL of {text, label (-1|0|1), style}
     python bench/reactions.py --prototype-cv       # also: leave-one-out accuracy on the prototypes themselves
+    python bench/reactions.py --people heldout     # also: the real-path people's reactions + next question
 
 The labelled set was written after the classifier's prototypes (`metaclaw/scoring/reaction_prototypes.jsonl`) and
 shares none of them (tests/scoring/test_reactions.py checks it); the prototypes were not tuned on it. Reported for
@@ -106,6 +107,51 @@ def simulated_user_set(seed: int = 0) -> list[dict[str, Any]]:
     return rows
 
 
+def people_set(phrasings: str, seed: int = 0) -> list[dict[str, Any]]:
+    """The real-path people's messages (`metaclaw.simulate.people`): every praise (+1) and correction (-1) phrasing
+    of `people.yaml` (split `phrasings`), alone (a closing reaction) and joined to a next question by each of
+    `JOINERS`, as `People.reaction` sends them. Praise shared by every kind is listed once (kind `any`)."""
+    from metaclaw.simulate.people import JOINERS, PreferenceKind, kinds
+
+    rng = random.Random(seed)
+    tasks = [t.prompt for t in load_tasks(None, "train")]
+    loaded = [PreferenceKind.load(name, phrasings) for name in kinds()]
+    common = set.intersection(*(set(k.praise) for k in loaded))
+    pools = [("any", 1, [p for p in loaded[0].praise if p in common])]
+    for k in loaded:
+        pools += [(k.name, 1, [p for p in k.praise if p not in common]), (k.name, -1, k.correction)]
+    rows = []
+    for kind, label, phrases in pools:
+        for phrase in phrases:
+            rows.append({"text": phrase, "label": label, "kind": kind, "joiner": "alone", "reaction": phrase})
+            for joiner in JOINERS:
+                text = f"{phrase}{joiner}{rng.choice(tasks)}"
+                rows.append({"text": text, "label": label, "kind": kind, "joiner": repr(joiner), "reaction": phrase})
+    return rows
+
+
+def people_report(judge: ReactionJudge, phrasings: str) -> dict[str, Any]:
+    """Confusion of the classifier on `people_set` overall, per joiner and per kind, and the reactions misread
+    across the sign (a correction read as approval is the critical cell: it would be trained as a reward)."""
+    rows = people_set(phrasings)
+    preds = verdicts(judge, [r["text"] for r in rows])
+    labels = [r["label"] for r in rows]
+    out = report(labels, preds, [r["joiner"] for r in rows])
+    out["per_joiner"] = out.pop("per_style")
+    out["per_kind"] = {
+        k: report([y for r, y in zip(rows, labels, strict=True) if r["kind"] == k],
+                  [p for r, p in zip(rows, preds, strict=True) if r["kind"] == k])["confusion"]["matrix"]
+        for k in dict.fromkeys(r["kind"] for r in rows)
+    }  # fmt: skip
+    flipped: dict[str, dict[str, list[str]]] = {"correction_as_approval": {}, "approval_as_correction": {}}
+    for r, p in zip(rows, preds, strict=True):
+        if r["label"] * p < 0:
+            cell = flipped["correction_as_approval" if r["label"] < 0 else "approval_as_correction"]
+            cell.setdefault(r["reaction"], []).append(r["joiner"])
+    out["misread_across_sign"] = flipped
+    return {"phrasings": phrasings, "n": len(rows), "reactions": out}
+
+
 def prototype_cv(judge: ReactionJudge) -> dict[str, Any]:
     """Leave-one-out accuracy of the regression on the prototypes (how the settings were chosen)."""
     clf = judge.classifier
@@ -124,6 +170,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--data", default=str(REPO / "bench" / "data" / "reactions.jsonl"))
     ap.add_argument("--prototype-cv", action="store_true")
+    ap.add_argument("--people", choices=("train", "heldout", "all"), help="also the real-path people's phrasings")
     args = ap.parse_args()
     rows = [json.loads(line) for line in Path(args.data).read_text(encoding="utf-8").splitlines() if line.strip()]
     texts, labels, styles = [r["text"] for r in rows], [int(r["label"]) for r in rows], [r["style"] for r in rows]
@@ -163,6 +210,8 @@ def main() -> None:
         "load_avg_1min": round(os.getloadavg()[0], 2),  # the machine's load while measuring (2 cores)
     }
     out["accuracy_gain_points"] = round(100 * (out["reactions"]["accuracy"] - out["rule"]["accuracy"]), 1)
+    if args.people:
+        out["people"] = people_report(reactions, args.people)
     if args.prototype_cv:
         out["prototype_leave_one_out"] = prototype_cv(reactions)
     print(json.dumps(out, indent=2, ensure_ascii=False))

@@ -160,3 +160,75 @@ def test_the_labelled_set_is_large_varied_and_disjoint_from_the_prototypes():
         for p in prototypes:
             b = _tokens(p)
             assert len(a & b) / max(1, len(a | b)) < 0.6, (r["text"], p)
+
+
+# ---- Issue 24: on the real path a person reacts inside their next message, joined to the next question, in their
+# own words. The phrasings below are ours (neither people.yaml's nor the labelled set's).
+
+RUN_ON = [  # a reaction typed without a full stop ends where a capitalised question or change of subject begins
+    ("nicely done Next: what is the capital of Peru?", 1),
+    ("brilliant stuff Anyway. What is a good name for a goldfish?", 1),
+]
+WISHES = [  # a wish restated as unmet, right after the reply, is a correction
+    ("I need them sorted by date.", -1),
+    ("I was looking for something I can cook in ten minutes.", -1),
+    ("Thank you, but I was after the weekend timetable.", -1),
+]
+CONTRASTS = [  # praise, then "but/though ..." that is not praise: the stance is the second half's
+    ("Helpful, but a bit heavy on theory for a beginner like me.", -1),
+    ("Thanks! Unrelated, but how do I clean a cast iron pan?", 1),  # a new question after "but" is no complaint
+    ("I wanted exactly this, thanks!", 1),  # a wish met is no wish restated
+]
+
+
+@pytest.mark.parametrize(("text", "label"), RUN_ON + WISHES + CONTRASTS)
+def test_people_reactions_in_their_own_words(judge, text, label):
+    assert reward(judge, text) == label
+
+
+def test_a_run_on_reaction_is_split_from_the_next_question():
+    from metaclaw.scoring.reactions import reaction_head, sentences
+
+    assert sentences("superb, cheers How do I descale a kettle?") == ["superb, cheers", "How do I descale a kettle?"]
+    assert sentences("Thanks, but what about Lyon?") == ["Thanks, but what about Lyon?"]  # a name asks nothing
+    sents = sentences("Bullets next time. Anyway. Another one: why is the sea salty?")
+    assert reaction_head(sents) == "Bullets next time. Anyway."
+
+
+def test_a_correction_joined_to_the_next_question_is_never_an_approval(judge):
+    from metaclaw.simulate.people import JOINERS
+
+    corrections = ["Helpful, but a bit heavy on theory for a beginner like me.", "I need them sorted by date.",
+                   "Thank you, but I was after the weekend timetable.", "kinda bland tbh, be bolder"]  # fmt: skip
+    texts = [c + j + "How long do I steam broccoli?" for c in corrections for j in JOINERS] + corrections
+    assert [t for t, r in zip(texts, judge.classifier.classify_many(texts), strict=True) if r.verdict > 0] == []
+
+
+def _probs(*rows: tuple[float, float, float]) -> np.ndarray:
+    """Rows of (correction, none, approval) probabilities in `LABELS` order."""
+    assert LABELS == (-1, 0, 1)
+    return np.array(rows)
+
+
+def test_an_approval_needs_a_sentence_of_the_first_paragraph_above_the_approval_threshold(judge):
+    clf = judge.classifier
+    two = ["Reads fine. Bold, though.", "Reads fine.", "Bold, though."]
+    summed = _probs((0.1, 0.2, 0.7), (0.3, 0.25, 0.45), (0.3, 0.3, 0.4))  # only the two sentences together
+    assert clf._decide([(two, summed)]).verdict == 0.0
+    weak = _probs((0.2, 0.28, 0.52))  # above `threshold`, below `approval`
+    assert clf._decide([(["Bold."], weak)]).verdict == 0.0
+    sure = _probs((0.05, 0.05, 0.9))
+    assert clf._decide([(["Bold."], sure)]).verdict == 1.0
+    later = [(["Hmm."], _probs((0.1, 0.85, 0.05))), (["Lovely!"], sure)]  # the second paragraph is a new ask
+    assert clf._decide(later).verdict == 0.0
+    assert clf.approval == 0.55 > clf.threshold  # the stated settings (conf/judge/reactions.yaml)
+
+
+def test_a_fragment_read_as_a_correction_inside_an_approval_is_no_verdict(judge):
+    clf = judge.classifier
+    segs = ["Tables, great.", "Tables", "great."]
+    probs = _probs((0.1, 0.1, 0.8), (0.6, 0.3, 0.1), (0.05, 0.05, 0.9))  # the bare noun alone reads as a request
+    assert (clf._decide([(segs, probs)]).verdict, clf._decide([(segs, probs)]).reason) == (0.0, "mixed")
+    contrast = ["Great, but tables.", "Great", "but tables."]  # after "but" the fragment is the point
+    assert clf._decide([(contrast, probs)]).verdict == -1.0
+    assert reward(judge, "Citations included, great work.") >= 0  # never trained as a correction

