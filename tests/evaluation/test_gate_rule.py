@@ -158,3 +158,23 @@ def test_the_verifier_path_uses_the_same_rule_and_guard(live, tmp_path):
     records = gate_records(tmp_path)
     assert [r["decision"] for r in records] == ["accepted", "rejected", "accepted"]
     assert all(r["compliance_test"]["rule"] == records[0]["compliance_test"]["rule"] for r in records)
+
+
+def test_after_a_rollback_the_bar_is_the_restored_adapter_not_the_base_model(live, tmp_path):
+    """A rollback forgets the served score; the next candidate is compared with what the agent is answered by
+    then (the restored adapter, served as `policy`), not with the base model (which would lower the bar)."""
+    track = live.tracks[DEFAULT_PROFILE]
+    scored: list[str] = []
+
+    class Evaluator(Verifier):
+        def score(self, model: str) -> EvalResult:
+            scored.append(model)
+            return EvalResult(model, 0.75 if model == "policy" else 0.2, 32)
+
+    track.evaluator = Evaluator()
+    live.server_url = "http://127.0.0.1:9"  # never asked: what it serves is read through _served_model
+    live._served_model = lambda t: ("policy", 12)
+    track.served_score = track.served_n = None  # what check_regressions leaves after a rollback
+    decision = live._decide(track, 16, tmp_path / "s16", EvalResult("c", 0.3, 32, nll=2.0), [].append)
+    assert scored == ["policy"] and decision["served"] == 0.75
+    assert decision["decision"] == "rejected" and decision["finding"] == "worse"  # 0.30 vs the restored 0.75

@@ -150,9 +150,11 @@ class GateDecisions:
     def _decide(self, track: Track, step: int, path: Path, result: EvalResult, hot_load: HotLoad) -> dict[str, Any]:
         """Serve `path` unless `compliance_test` shows it worse than `track`'s served adapter or its replies
         collapsed (base NLL above the base model's own by more than `max_nll_increase`)."""
-        if track.served_score is None or track.served_n is None:  # nothing measured yet: the base model first
-            base = track.evaluator.score(self.base_model)
-            track.served_score, track.served_n = base.compliance, base.n
+        if track.served_score is None or track.served_n is None:  # not measured yet: what answers the agent now
+            # (the base model at first; after a rollback, the restored adapter: never the base model in its place)
+            now = self._served_model(track)[0] if self.server_url else self.base_model
+            measured = track.evaluator.score(now)
+            track.served_score, track.served_n = measured.compliance, measured.n
         served = track.served_score
         test = compliance_test(result.compliance, result.n, served, track.served_n, self.margin, self.alpha)
         decision: dict[str, Any] = {"served": served, "candidate": result.compliance, "served_n": track.served_n,
