@@ -32,4 +32,3 @@ def test_compose_and_run(option: str) -> None:
     assert out.loss.dim() == 0 and torch.isfinite(out.loss)
     assert torch.isfinite(logprobs.grad).all() and logprobs.grad.abs().sum() > 0
     assert all(v.dim() == 0 and not v.requires_grad for v in out.metrics.values())
-
