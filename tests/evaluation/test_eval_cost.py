@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import threading
 from types import SimpleNamespace
 
@@ -98,3 +99,38 @@ def test_an_uncached_base_model_is_measured_after_training_beside_the_final_adap
     finally:
         live.stop()
     assert [r["adapter"] for r in live.results] == ["base", "step-000001"]
+
+
+class CachedBaseEvaluator(CostlyEvaluator):
+    """The base model's replies come from the cache (free); every adapter costs `seconds`."""
+
+    def score(self, model: str) -> EvalResult:
+        result = super().score(model)
+        result.cached = model == "base"
+        return result
+
+
+def test_with_the_gate_a_candidate_over_the_budget_is_neither_measured_nor_served(tmp_path):
+    """The gate's measurements are evaluations too: within `max_share` of the run's time. A candidate over the
+    budget stays on disk unserved (a `skipped` record says why); the final adapter is still measured and gated."""
+    costly = CachedBaseEvaluator(seconds=1000.0)
+    served: list[str] = []
+    live = LiveEvaluator(costly, tmp_path, base_model="base", server_url=None, max_share=0.15, gate=True,
+                         max_nll_increase=None)  # fmt: skip
+    live._load_candidate = lambda path: None
+    live.start()
+    try:
+        assert live.wait(30)
+        live.submit(1, tmp_path / "step-000001", lambda path: served.append(path.name))  # the first: measured
+        assert live.wait(30)
+        live.submit(2, tmp_path / "step-000002", lambda path: served.append(path.name))  # 1000 s spent: skipped
+        assert live.wait(30)
+        assert costly.scored == ["base", "metaclaw-eval"] and served == ["step-000001"]
+        assert live.counts["skipped_budget"] == 1
+        live.on_train_end(SimpleNamespace(loggers=[]), None)
+    finally:
+        live.stop()
+    assert served == ["step-000001", "step-000002"]  # the final adapter: measured and gated whatever it costs
+    records = [json.loads(line) for line in (tmp_path / "gate.jsonl").read_text().splitlines()]
+    assert [(r["step"], r["decision"]) for r in records] == [(1, "accepted"), (2, "skipped"), (2, "accepted")]
+    assert "eval.max_share" in records[1]["reasons"][0]

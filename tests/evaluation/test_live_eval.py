@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import sys
+import time
 from functools import partial
 
 import pytest
@@ -191,3 +193,36 @@ def test_the_base_models_replies_are_sampled_once_and_reused_by_a_later_run(serv
     live._load_candidate(good)
     assert not ev.score(live.eval_name).cached  # an adapter is always sampled
     assert len(list((tmp_path / "cache").glob("*.json"))) == 1
+
+
+def test_the_default_evaluation_asks_every_reply_in_one_batch_before_scoring(tmp_path):
+    """An evaluation's replies are sampled together (the HF engine batches concurrent requests): the default
+    `eval.concurrency` covers `eval.n_prompts`, and the base-NLL scoring waits until every reply is in. With 4 in
+    flight and each thread scoring its reply before asking the next, a 10-minute main job ran 293 generate batches
+    for 8 evaluations of 32 replies (batch ~1: 23 tokens/s where one batch of 32 gives 110)."""
+    from omegaconf import OmegaConf
+
+    from metaclaw.config import CONFIG_DIR
+    from tests.procs import free_port, serving
+
+    ev_cfg = OmegaConf.load(CONFIG_DIR / "eval" / "heldout.yaml")  # the default eval group (train.yaml's)
+    assert ev_cfg.concurrency >= ev_cfg.n_prompts
+    profile = tmp_path / "profile"
+    port = free_port()
+    cmd = [sys.executable, "serve.py", "model=tiny", "backend.max_batch_size=64", f"serve.port={port}",
+           f"hydra.run.dir={tmp_path / 'server'}"]  # train.py's backend (batches of up to 64)
+    env = {"METACLAW_PROFILE_DIR": str(profile), "METACLAW_PROFILE_EVERY_S": "0.2"}
+    with serving(cmd, f"http://127.0.0.1:{port}/health", tmp_path / "server.log", env=env):
+        ev = ComplianceEvaluator(f"http://127.0.0.1:{port}", PREFS, n_prompts=ev_cfg.n_prompts, max_tokens=16,
+                                 temperature=1.0, concurrency=ev_cfg.concurrency, base_model="tiny")  # fmt: skip
+        result = ev.score("tiny")
+        assert result.n == ev_cfg.n_prompts and result.errors == 0 and result.nll is not None
+        time.sleep(1.0)  # the next profile snapshot
+        phases = {}
+        for f in profile.glob("server-worker-*.json"):
+            phases.update(json.loads(f.read_text())["phases"])
+    batches, scores = phases["generate:metaclaw-eval"]["n"], phases["score:metaclaw-eval"]["n"]
+    assert scores == ev_cfg.n_prompts  # every reply scored once under the base model
+    # 4 in flight cannot take fewer than n / 4 batches; the tiny model answers fast enough that some requests
+    # still arrive after a batch started, so a few batches remain
+    assert batches < ev_cfg.n_prompts / 4, f"{ev_cfg.n_prompts} replies took {batches} generate batches"

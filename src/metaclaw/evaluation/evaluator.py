@@ -169,28 +169,37 @@ class ComplianceEvaluator:
         return entry is not None and self.cache.get(entry[0]) is not None  # type: ignore[union-attr]
 
     def _sample(self, model: str, jobs: list[str]) -> tuple[list[tuple[str, float | None] | None], bool]:
-        """Every job's reply (None: the request failed) and whether they came from the cache."""
+        """Every job's reply (None: the request failed) and whether they came from the cache.
+
+        Two phases, each with `concurrency` requests in flight: every reply is asked first, then every reply's
+        base NLL. The server samples concurrent requests for one model in one batched generate, so asking them
+        all at once keeps them together: a thread that scored its reply before asking the next one desynchronised
+        the batch (293 generate batches for 8 evaluations of 32 replies in a 10-minute main job, i.e. batch ~1)."""
         entry = self._cache_key(model, jobs)
         if entry is not None:
             stored = self.cache.get(entry[0])  # type: ignore[union-attr]
             if stored is not None and len(stored) == len(jobs):
                 return [(r["text"], r["nll"]) for r in stored], True
         with ThreadPoolExecutor(self.concurrency, thread_name_prefix="eval") as pool:
-            replies = list(pool.map(lambda p: self._timed_reply(model, p), jobs))
+            asked = list(pool.map(lambda p: self._timed(self._ask, model, p), jobs))
+            scored = list(pool.map(lambda a: None if a is None else self._timed(self._nll, a), asked))
+        replies = [None if a is None or n is None else (a[0], n[0]) for a, n in zip(asked, scored, strict=True)]
         if entry is not None and all(r is not None for r in replies):
             self.cache.put(entry[0], [{"text": r[0], "nll": r[1]} for r in replies], entry[1])  # type: ignore[union-attr,index]
         return replies, False
 
-    def _timed_reply(self, model: str, prompt: str) -> tuple[str, float | None] | None:
+    @staticmethod
+    def _timed(fn: Any, *args: Any) -> Any:
         with profiling.phase("eval_client", cpu="thread"):
-            return self._reply(model, prompt)
+            return fn(*args)
 
-    def _reply(self, model: str, prompt: str) -> tuple[str, float | None] | None:
-        messages = self._messages(prompt)
+    def _ask(self, model: str, prompt: str) -> tuple[str, list[int], list[int]] | None:
+        """`model`'s reply to `prompt`: its text and, when replies are scored, the prompt's and reply's token ids
+        (None: the request failed, counted as an error, never as a compliant or failing reply)."""
         try:
             out = self.client.chat.completions.create(
                 model=model,
-                messages=messages,
+                messages=self._messages(prompt),
                 max_tokens=self.max_tokens,
                 temperature=self.temperature,
                 user=EVAL_USER,
@@ -198,17 +207,25 @@ class ComplianceEvaluator:
             )
             text = out.choices[0].message.content or ""
             if not self.base_model:
-                return text, None
+                return text, [], []
             raw = out.model_dump()
             prompt_ids, reply_ids = raw.get("prompt_token_ids"), raw["choices"][0].get("token_ids")
             if not prompt_ids or reply_ids is None:
                 raise ValueError("the policy server returned no token ids (return_token_ids)")
-            nll = base_nll(
-                self.server_url, self.base_model, prompt_ids, reply_ids, self.api_key, self.timeout_s, user=EVAL_USER
-            )
-        except Exception:  # noqa: BLE001 - counted as an error, never as a compliant or failing reply
+        except Exception:  # noqa: BLE001 - counted as an error
             return None
-        return text, nll
+        return text, list(prompt_ids), list(reply_ids)
+
+    def _nll(self, asked: tuple[str, list[int], list[int]]) -> tuple[float | None] | None:
+        """`(base NLL per token,)` of the reply (`(None,)`: not scored, or an empty reply); None: the request
+        failed (the reply counts as an error)."""
+        if not self.base_model:
+            return (None,)
+        try:
+            return (base_nll(self.server_url, self.base_model, asked[1], asked[2], self.api_key, self.timeout_s,
+                             user=EVAL_USER),)  # fmt: skip
+        except Exception:  # noqa: BLE001 - counted as an error
+            return None
 
     def score(self, model: str) -> EvalResult:
         """Ask every held-out prompt; the share of replies that comply (errors excluded, and counted)."""

@@ -23,7 +23,8 @@ Every gate decision (and every automatic rollback of the `RegressionWatch`, run 
 `watch_every_s`) is appended to `<run dir>/gate.jsonl` with its evidence and 95% Wilson intervals. The
 decisions themselves are in `metaclaw.evaluation.gate`.
 
-Cost (`max_share`): with the gate off, an adapter evaluation during training is skipped (`eval/skipped_budget`)
+Cost (`max_share`): an adapter evaluation during training, gated or not, is skipped (`eval/skipped_budget`; a
+gated candidate then stays on disk, unserved, with a `skipped` record in gate.jsonl, and a later one is measured)
 when it would bring the evaluator's busy time above `max_share` of the time since it started (the cost of the
 next one is taken to be the last one's); the base model and the final adapter are always measured. On a CPU an
 evaluation competes with training for the same cores, so the budget is what keeps the training going. With
@@ -294,9 +295,14 @@ class LiveEvaluator(GateDecisions, L.Callback):
             if self._over_budget(track, item[1], item[2], item[3]):
                 track.counts["skipped_budget"] += 1
                 track.queued.discard(item[1])  # the end of training measures it if it is the final one
-                log.info("Eval: skipping %s adapter v%d (evaluations took %.0fs of %.0fs; eval.max_share %.2f)",
-                         track.agent, item[1], self.busy_s, time.monotonic() - (self._started_at or 0.0),
-                         self.max_share)  # fmt: skip
+                why = (f"evaluations took {self.busy_s:.0f}s of {time.monotonic() - (self._started_at or 0.0):.0f}s "
+                       f"(eval.max_share {self.max_share})")  # fmt: skip
+                log.info("Eval: skipping %s adapter v%d (%s)", track.agent, item[1], why)
+                if item[3] is not None and item[2] is not None:  # a gated candidate: never served unmeasured, said
+                    self._gate_log({"time": time.time(), "kind": "gate", "agent_id": track.agent, "step": item[1],
+                                    "adapter": item[2].name, "path": str(item[2]), "decision": "skipped",
+                                    "reasons": [f"not measured within the evaluation budget: {why}; a later "
+                                                "candidate is measured when the budget allows"]})  # fmt: skip
                 with self._cond:
                     self._busy, self._current, self._current_path = False, None, None
                     self._cond.notify_all()
@@ -314,11 +320,12 @@ class LiveEvaluator(GateDecisions, L.Callback):
                     self._cond.notify_all()
 
     def _over_budget(self, track: Track, step: int, path: Path | None, hot_load: HotLoad | None) -> bool:
-        """A mid-training adapter evaluation (not the base, not gated, not the final) that would exceed the budget;
-        with the base model deferred, every one (its quality figures would measure the base model now)."""
-        if path is None or hot_load is not None or step < 0 or self._training_over:
+        """A mid-training adapter evaluation (not the base, not the final; a gated candidate too) that would exceed
+        the budget; with the base model deferred, every ungated one (its quality figures would measure the base
+        model now). The judge fallback's gate is not budgeted here (it measures served turns, not replies)."""
+        if path is None or step < 0 or self._training_over or (hot_load is not None and track.by_version):
             return False
-        if track.agent in self._deferred:
+        if track.agent in self._deferred and hot_load is None:
             return True
         if self.max_share is None:
             return False
