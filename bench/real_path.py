@@ -140,8 +140,8 @@ class Evaluations:
         # the people's client sends no temperature: the proxy's default (1.0) is what they meet
         self.evaluator = ComplianceEvaluator(
             server_url, kind.rules, n_prompts=args.eval_prompts, max_tokens=args.max_tokens, temperature=1.0,
-            api_key=key, concurrency=4, base_model=self.base,
-        )  # fmt: skip
+            api_key=key, concurrency=min(args.eval_prompts, 64), base_model=self.base,
+        )  # fmt: skip  (every prompt at once: one batched generate, like eval.concurrency)
         self.curve: list[dict[str, Any]] = []
         self.errors: list[str] = []
         self._stop = threading.Event()
