@@ -317,3 +317,17 @@ def test_form_and_praise_rules_read_sentences_in_general_terms():
     assert praises_feature("Lovely, the steps are numbered.") and praises_feature("The table is perfect.")
     assert not praises_feature("Great, another wall of text.") and not praises_feature("Nice, but shorter?")
     assert not praises_feature("Explain why the sky is blue.")
+
+
+def test_sentences_keep_decimals_and_ellipses_and_a_wish_reads_with_an_apostrophe():
+    from metaclaw.scoring.reactions import WISH, sentences
+
+    assert sentences("Hmm... shorter. It costs 3.5 euros. Really?! Ok") == [
+        "Hmm...",
+        "shorter.",
+        "It costs 3.5 euros.",
+        "Really?!",
+        "Ok",
+    ]  # old main: "Hmm.", ".", ".", ..., "It costs 3.", "5 euros."
+    assert WISH.match("I'd like it in metric units.") and WISH.match("I’d prefer them sorted by size.")
+    assert not WISH.match("I'd like to know how tides work.")  # a new ask, not a wish restated

@@ -51,7 +51,8 @@ log = logging.getLogger(__name__)
 
 PROTOTYPES = Path(__file__).with_name("reaction_prototypes.jsonl")
 LABELS = (-1, 0, 1)  # class order of the classifier's probabilities
-SENTENCE = re.compile(r"(?<=[.!?。！？])\s*|\n+")
+# A sentence ends after . ! ? (not inside "3.5" nor an ellipsis "..." or "?!") or at a line break.
+SENTENCE = re.compile(r"(?<=[.!?。！？])(?![.!?。！？\d])\s*|\n+")
 CLAUSE = re.compile(r"\s*[,;，；]\s*|\s+[-–—]\s+")
 # A capitalised question (its first word asks) right after a lowercase word, or a capitalised change of subject,
 # starts a new sentence.
@@ -71,7 +72,8 @@ WISH = re.compile(
     r"(?i)^\W*(?:(?:hmm+|hm|well|no|nope|nah|sorry|ok|okay|actually|again|honestly|but|though)\W+)*"
     r"(?:i\s+(?:really\s+|only\s+|just\s+|actually\s+|originally\s+)?"
     r"(?:wanted(?!\s+(?:to|exactly|this|that|just)\b)|asked|was\s+(?:hoping|looking|asking)\s+for|was\s+after|meant)\b"
-    r"|i\s+(?:want|need|'d\s+like|would\s+like|'d\s+prefer|prefer)\s+(?:it|them|this|that|the\s+(?:answer|reply))\s+\w"
+    r"|i(?:\s+(?:want|need|would\s+like|prefer)|\s*['’]d\s+(?:like|prefer))"
+    r"\s+(?:it|them|this|that|the\s+(?:answer|reply))\s+\w"
     r"|ich\s+(?:wollte|hatte\s+(?:doch\s+)?(?:nach|um))\b|je\s+voulais\b|j'ai\s+demandé\b|(?:te\s+)?(?:pedí|quería)\b)"
 )
 NGRAM_BUCKETS = 4096
@@ -104,7 +106,7 @@ FORM = re.compile(
 # A request: polite forms, "next time"/"from now on"/"instead", a wish, or (see `IMPERATIVE`) a bare command.
 REQUEST = re.compile(
     r"(?i)\b(?:please|pls|plz|kindly|(?:can|could|would|will)\s+(?:you|we)|would\s+you\s+mind|"
-    r"(?:can|could|may)\s+i\s+(?:get|have)|i'?d\s+(?:like|prefer|rather|appreciate|love)|"
+    r"(?:can|could|may)\s+i\s+(?:get|have)|i['’]?d\s+(?:like|prefer|rather|appreciate|love)|"
     r"i\s+would\s+(?:like|prefer|rather)|i\s+(?:want|need|prefer)|it\s+would\s+(?:help|be\s+(?:better|nicer|great))|"
     r"(?:it|that)'?d\s+be\s+(?:better|nicer|great)|better\s+(?:if|to|with)|try\s+(?:to|being|again)|maybe|let'?s|"
     r"you\s+should|make\s+sure|remember\s+to|next\s+time|from\s+now\s+on|in\s+(?:the\s+)?future|going\s+forward|"
