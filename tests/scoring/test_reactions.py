@@ -331,3 +331,10 @@ def test_sentences_keep_decimals_and_ellipses_and_a_wish_reads_with_an_apostroph
     ]  # old main: "Hmm.", ".", ".", ..., "It costs 3.", "5 euros."
     assert WISH.match("I'd like it in metric units.") and WISH.match("I’d prefer them sorted by size.")
     assert not WISH.match("I'd like to know how tides work.")  # a new ask, not a wish restated
+
+
+def test_the_hint_of_a_form_request_keeps_its_short_first_sentence(judge):
+    text = "Briefer, please. And put the total first."
+    assert reward(judge, text) == -1.0
+    assert asyncio.run(judge.hint(turn(text))) == text  # old main dropped "Briefer, please." as a bare verdict
+    assert asyncio.run(judge.hint(turn("No, that's wrong. Lyon is 465 km away."))) == "Lyon is 465 km away."

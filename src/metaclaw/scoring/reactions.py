@@ -14,15 +14,25 @@ question or change of subject begins: "superb How do I ...?") and every comma cl
 the first paragraph with a verdict (a correction trained as an approval is the costlier mistake, so the rules
 lean towards -1 and 0):
 
-1. a confident correction in any part (probability >= `threshold`) wins, unless every such part lies inside a
-   longer reading, without a contrast, that is an approval (>= `approval`): "Citations included, great work."
-   (the bare noun phrase alone reads as a request) is conflicting evidence, 0;
-2. a wish restated as unmet at the start of a sentence or after "but" ("I wanted ...", "I asked for ...",
-   "Thanks, but I was hoping for ...") is a correction, unless another clause of its sentence praises;
-3. praise, then a contrast ("Nice, though I asked ...", "Merci, mais ...") whose second half is neither praise
+1. in the first paragraph, a sentence before the next question that asks the agent to change HOW it answers
+   (`form_request`: a clause naming the reply's form, its length, order, directness, person, tone, format or
+   language, said as a request: "please", "could you", "next time", "from now on", "instead", a command, a bare
+   comparative) is a correction of the reply: "Can you lead with the price?", "ok but more direct". A request
+   for new content ("now tell me about X", "what about Y?", "write a short poem") is not one, nor a form asked
+   after the next question (it is about the next reply);
+2. a confident correction in any part (probability >= `threshold`) wins, unless the part lies in a sentence that
+   praises what it names (`praises_feature`: a praise word, no contrast, nothing critical or sarcastic, no
+   request: "Good, straight answer, zero waffle.", where the feature named alone reads as a request) or in a
+   form request after the next question, or every such part lies inside a longer reading, without a contrast,
+   that is an approval (>= `approval`: conflicting evidence, 0);
+3. a wish restated as unmet at the start of a sentence or after "but" ("I wanted ...", "I asked for ...",
+   "Thanks, but I was hoping for ...") is a correction, unless another clause of its sentence praises; so is
+   sarcasm that says a wish ("Perfect, if I wanted an essay.");
+4. praise, then a contrast ("Nice, though I asked ...", "Merci, mais ...") whose second half is neither praise
    nor a new question is a correction ("A but B": the stance is B's);
-4. an approval needs a sentence or clause of the *first* paragraph at probability >= `approval` (above
-   `threshold`); sentences read together do not add up to one, and a later paragraph is a new ask.
+5. an approval needs a sentence or clause of the *first* paragraph at probability >= `approval` (above
+   `threshold`), or a sentence of it that praises what it names (rule 2); sentences read together do not add up
+   to one, and a later paragraph is a new ask.
 
 Otherwise the verdict is 0 (no reaction). The encoder must load: a judge that cannot read the user raises instead
 of scoring every turn 0.
@@ -504,13 +514,14 @@ class ReactionClassifier:
 
     def correction(self, text: str, reaction: Reaction, min_chars: int = 4) -> str | None:
         """The user's correction in `text` (the OPD hint): the deciding paragraph from its first negative sentence,
-        without a bare opening verdict ("That's wrong.", six words or fewer) when more follows and without the
-        trailing questions that read as no reaction (the next question); None unless the verdict is -1."""
+        without a bare opening verdict ("That's wrong.", six words or fewer, not a form request) when more follows
+        and without the trailing questions that read as no reaction (the next question); None unless the verdict
+        is -1."""
         if reaction.verdict >= 0 or reaction.paragraph is None:
             return None
         paragraph = paragraphs(text)[reaction.paragraph]
         rest = sentences(paragraph)[reaction.sentence or 0 :]
-        if len(rest) > 1 and len(rest[0].split()) <= 6:
+        if len(rest) > 1 and len(rest[0].split()) <= 6 and not form_request(rest[0]):  # "Shorter, please." stays
             rest = rest[1:]
         while len(rest) > 1 and rest[-1].endswith(("?", "？")):
             p = self.probabilities([rest[-1]])[0]
