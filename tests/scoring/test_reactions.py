@@ -317,6 +317,8 @@ def test_form_and_praise_rules_read_sentences_in_general_terms():
     assert praises_feature("Lovely, the steps are numbered.") and praises_feature("The table is perfect.")
     assert not praises_feature("Great, another wall of text.") and not praises_feature("Nice, but shorter?")
     assert not praises_feature("Explain why the sky is blue.")
+    assert not praises_feature('Lovely, your "short" answer filled my whole screen.')  # quoted back: sarcasm
+    assert not praises_feature("Great, a ten-step guide for something that takes one click.")  # more than a feature
 
 
 def test_sentences_keep_decimals_and_ellipses_and_a_wish_reads_with_an_apostrophe():

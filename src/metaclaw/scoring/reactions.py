@@ -162,7 +162,7 @@ SARCASM = re.compile(
 # Praise words: a sentence with one, without a contrast or a critical word, praises what it names.
 PRAISE = re.compile(
     r"(?i)\b(?:good|great|nice|perfect(?:ly)?|excellent|brilliant|lovely|awesome|superb|fantastic|wonderful|"
-    r"spot\s+on|exactly|yes|yep|yeah|thanks|thank\s+you|thx|cheers|well\s+done|nailed\s+it|much\s+better|"
+    r"spot\s+on|exactly|yes|yep|thanks|thank\s+you|thx|cheers|well\s+done|nailed\s+it|much\s+better|"
     r"way\s+better|bravo|neat|helpful|clear|ideal|(?<!'d\s)(?<!would\s)(?:love|loved|like|liked|enjoyed)\s+"
     r"(?:it|this|that|the|how|your|you)|gut|super|toll|perfekt|genau|klasse|prima|danke|spitze|parfait|génial|"
     r"merci|exactement|nickel|perfecto|genial|gracias|exacto|excelente|estupendo|muy\s+bien)\b"
@@ -170,6 +170,7 @@ PRAISE = re.compile(
 PRAISE_PREDICATE = re.compile(
     r"(?i)\b(?:is|are|was|were|looks?|reads?|feels?)\s+(?:\w+\s+)?" + PRAISE.pattern.removeprefix("(?i)")
 )
+FEATURE_WORDS = 7  # the most words a clause naming a praised feature has
 QUOTED = re.compile(r"\"[^\"]*\"|“[^”]*”|«[^»]*»")
 # What makes a "praising" sentence critical or sarcastic: negation, excess, "again", a wish.
 CRITICAL = re.compile(
@@ -271,11 +272,15 @@ def form_request(sentence: str) -> bool:
 
 def praises_feature(sentence: str) -> bool:
     """Whether a sentence is praise that names what was right ("good, straight to the point", "nice, you put the
-    number first"): a praise word, no contrast, nothing critical or sarcastic, no request, no question, no wish."""
+    number first"): a praise word, no contrast, nothing critical or sarcastic, no request, no question, no wish; a
+    feature named in a few words (a clause of more than `FEATURE_WORDS` words, or the reply's words quoted back,
+    is more than a feature named: sarcasm such as 'nice, a 40-line function for something that is one line')."""
     bare = QUOTED.sub(" ", sentence)
     opens = PRAISE.match(bare.lstrip(" \t\"'(*-–—")) or PRAISE_PREDICATE.search(bare)
     return (
         opens is not None
+        and not QUOTED.search(sentence)
+        and all(len(c.split()) <= FEATURE_WORDS for c in clauses(sentence))
         and not CONTRAST.search(sentence)
         and not CRITICAL.search(sentence)
         and (not REQUEST.search(sentence) or KEEP.search(sentence) is not None)
