@@ -232,3 +232,111 @@ def test_a_fragment_read_as_a_correction_inside_an_approval_is_no_verdict(judge)
     contrast = ["Great, but tables.", "Great", "but tables."]  # after "but" the fragment is the point
     assert clf._decide([(contrast, probs)]).verdict == -1.0
     assert reward(judge, "Citations included, great work.") >= 0  # never trained as a correction
+
+
+# ---- Issue 24, form and praise: on the real path a person asks right after a reply for another FORM of it
+# (length, order, directness, person, tone, format, language) and praises a reply by naming what was right. The
+# phrasings are ours (neither people.yaml's nor the labelled set's); each list has cases today's main misread.
+
+FORM_REQUESTS = [  # a request about HOW to answer, right after the reply: a correction of that reply
+    'Could you address me as "you" when you explain?',
+    "Can you give me the total first?",
+    "Put the key figure at the top, thanks.",
+    "Use a table for this kind of thing.",
+    "Can you lead with the price?",
+    "ok but more direct",
+    "Say it in one sentence.",
+    "next time lead with the recommendation",
+    'Use "you" when you talk to me.',
+    "great, now make it shorter",  # praise, then a command about the form
+    "Nächstes Mal bitte zuerst die Zahl.",
+    "La prochaine fois, commence par le résumé.",
+    "La próxima vez ponme la respuesta primero.",
+    "Can you give me the total first? How do I get to Lyon by train?",  # then the next question
+]
+NEW_CONTENT = [  # a request about new CONTENT stays no reaction, even when it names a form
+    "Now tell me about the Roman Empire.",
+    "What about Madrid?",
+    "Can you give me a list of rivers in Spain?",
+    "Write a short poem about autumn.",
+    "Write a formal letter to my landlord.",
+    'Translate "good morning" into German.',
+    "Give me a table of the planets and their moons.",
+    "How long does it take to boil an egg? Keep it short.",  # the form asked for is the next reply's
+]
+FEATURE_PRAISE = [  # praise that names what was right: the feature named alone reads like a request
+    "Great, bullets next time too.",
+    "Perfect, number first, exactly how I like it.",
+    "brilliant, no fluff at all",
+    "Good, you spoke to me directly this time.",
+    "Nice — you led with the summary.",
+    "great, one line is all I needed",
+    "Genau so, kurz und direkt. Danke!",
+    "Genial, directo al grano.",
+]
+NOT_PRAISE = [  # praise words that do not praise: a contrast, excess, sarcasm, a form request after praise
+    "Perfect, if I wanted an essay.",
+    "Nice, but too long.",
+    "Good answer, a bit long though.",
+    "Thanks, but could you put the number first?",
+    "Good. Shorter next time though.",
+]
+
+
+def _misread(judge: ReactionJudge, texts: list[str], label: int) -> list[tuple[str, float]]:
+    return [
+        (t, r.verdict) for t, r in zip(texts, judge.classifier.classify_many(texts), strict=True) if r.verdict != label
+    ]
+
+
+def test_a_request_about_the_replys_form_is_a_correction(judge):
+    assert _misread(judge, FORM_REQUESTS, -1) == []
+    assert judge.classifier.classify("Can you lead with the price?").reason == "form"
+
+
+def test_a_request_for_new_content_is_no_reaction_even_when_it_names_a_form(judge):
+    assert _misread(judge, NEW_CONTENT, 0) == []
+    assert _misread(judge, ["Can you give me the total first?"], -1) == []  # the same frame, about the reply
+
+
+def test_praise_that_names_the_feature_is_an_approval(judge):
+    assert _misread(judge, FEATURE_PRAISE, 1) == []
+    assert judge.classifier.classify("Genial, directo al grano.").reason == "praise_feature"
+
+
+def test_praise_words_that_do_not_praise_are_never_an_approval(judge):
+    assert _misread(judge, NOT_PRAISE, -1) == []
+
+
+def test_form_and_praise_rules_read_sentences_in_general_terms():
+    from metaclaw.scoring.reactions import form_request, praises_feature
+
+    assert form_request("Next time, shorter.") and form_request("Could you put the verdict up front?")
+    assert not form_request("Write me a short story about a fox.") and not form_request("Same format next time.")
+    assert not form_request("Nice, you kept it in bullets.")  # a description, not a request
+    assert praises_feature("Lovely, the steps are numbered.") and praises_feature("The table is perfect.")
+    assert not praises_feature("Great, another wall of text.") and not praises_feature("Nice, but shorter?")
+    assert not praises_feature("Explain why the sky is blue.")
+    assert not praises_feature('Lovely, your "short" answer filled my whole screen.')  # quoted back: sarcasm
+    assert not praises_feature("Great, a ten-step guide for something that takes one click.")  # more than a feature
+
+
+def test_sentences_keep_decimals_and_ellipses_and_a_wish_reads_with_an_apostrophe():
+    from metaclaw.scoring.reactions import WISH, sentences
+
+    assert sentences("Hmm... shorter. It costs 3.5 euros. Really?! Ok") == [
+        "Hmm...",
+        "shorter.",
+        "It costs 3.5 euros.",
+        "Really?!",
+        "Ok",
+    ]  # old main: "Hmm.", ".", ".", ..., "It costs 3.", "5 euros."
+    assert WISH.match("I'd like it in metric units.") and WISH.match("I’d prefer them sorted by size.")
+    assert not WISH.match("I'd like to know how tides work.")  # a new ask, not a wish restated
+
+
+def test_the_hint_of_a_form_request_keeps_its_short_first_sentence(judge):
+    text = "Briefer, please. And put the total first."
+    assert reward(judge, text) == -1.0
+    assert asyncio.run(judge.hint(turn(text))) == text  # old main dropped "Briefer, please." as a bare verdict
+    assert asyncio.run(judge.hint(turn("No, that's wrong. Lyon is 465 km away."))) == "Lyon is 465 km away."

@@ -14,15 +14,25 @@ question or change of subject begins: "superb How do I ...?") and every comma cl
 the first paragraph with a verdict (a correction trained as an approval is the costlier mistake, so the rules
 lean towards -1 and 0):
 
-1. a confident correction in any part (probability >= `threshold`) wins, unless every such part lies inside a
-   longer reading, without a contrast, that is an approval (>= `approval`): "Citations included, great work."
-   (the bare noun phrase alone reads as a request) is conflicting evidence, 0;
-2. a wish restated as unmet at the start of a sentence or after "but" ("I wanted ...", "I asked for ...",
-   "Thanks, but I was hoping for ...") is a correction, unless another clause of its sentence praises;
-3. praise, then a contrast ("Nice, though I asked ...", "Merci, mais ...") whose second half is neither praise
+1. in the first paragraph, a sentence before the next question that asks the agent to change HOW it answers
+   (`form_request`: a clause naming the reply's form, its length, order, directness, person, tone, format or
+   language, said as a request: "please", "could you", "next time", "from now on", "instead", a command, a bare
+   comparative) is a correction of the reply: "Can you lead with the price?", "ok but more direct". A request
+   for new content ("now tell me about X", "what about Y?", "write a short poem") is not one, nor a form asked
+   after the next question (it is about the next reply);
+2. a confident correction in any part (probability >= `threshold`) wins, unless the part lies in a sentence that
+   praises what it names (`praises_feature`: a praise word, no contrast, nothing critical or sarcastic, no
+   request: "Good, straight answer, zero waffle.", where the feature named alone reads as a request) or in a
+   form request after the next question, or every such part lies inside a longer reading, without a contrast,
+   that is an approval (>= `approval`: conflicting evidence, 0);
+3. a wish restated as unmet at the start of a sentence or after "but" ("I wanted ...", "I asked for ...",
+   "Thanks, but I was hoping for ...") is a correction, unless another clause of its sentence praises; so is
+   sarcasm that says a wish ("Perfect, if I wanted an essay.");
+4. praise, then a contrast ("Nice, though I asked ...", "Merci, mais ...") whose second half is neither praise
    nor a new question is a correction ("A but B": the stance is B's);
-4. an approval needs a sentence or clause of the *first* paragraph at probability >= `approval` (above
-   `threshold`); sentences read together do not add up to one, and a later paragraph is a new ask.
+5. an approval needs a sentence or clause of the *first* paragraph at probability >= `approval` (above
+   `threshold`), or a sentence of it that praises what it names (rule 2); sentences read together do not add up
+   to one, and a later paragraph is a new ask.
 
 Otherwise the verdict is 0 (no reaction). The encoder must load: a judge that cannot read the user raises instead
 of scoring every turn 0.
@@ -51,7 +61,8 @@ log = logging.getLogger(__name__)
 
 PROTOTYPES = Path(__file__).with_name("reaction_prototypes.jsonl")
 LABELS = (-1, 0, 1)  # class order of the classifier's probabilities
-SENTENCE = re.compile(r"(?<=[.!?。！？])\s*|\n+")
+# A sentence ends after . ! ? (not inside "3.5" nor an ellipsis "..." or "?!") or at a line break.
+SENTENCE = re.compile(r"(?<=[.!?。！？])(?![.!?。！？\d])\s*|\n+")
 CLAUSE = re.compile(r"\s*[,;，；]\s*|\s+[-–—]\s+")
 # A capitalised question (its first word asks) right after a lowercase word, or a capitalised change of subject,
 # starts a new sentence.
@@ -71,10 +82,104 @@ WISH = re.compile(
     r"(?i)^\W*(?:(?:hmm+|hm|well|no|nope|nah|sorry|ok|okay|actually|again|honestly|but|though)\W+)*"
     r"(?:i\s+(?:really\s+|only\s+|just\s+|actually\s+|originally\s+)?"
     r"(?:wanted(?!\s+(?:to|exactly|this|that|just)\b)|asked|was\s+(?:hoping|looking|asking)\s+for|was\s+after|meant)\b"
-    r"|i\s+(?:want|need|'d\s+like|would\s+like|'d\s+prefer|prefer)\s+(?:it|them|this|that|the\s+(?:answer|reply))\s+\w"
+    r"|i(?:\s+(?:want|need|would\s+like|prefer)|\s*['’]d\s+(?:like|prefer))"
+    r"\s+(?:it|them|this|that|the\s+(?:answer|reply))\s+\w"
     r"|ich\s+(?:wollte|hatte\s+(?:doch\s+)?(?:nach|um))\b|je\s+voulais\b|j'ai\s+demandé\b|(?:te\s+)?(?:pedí|quería)\b)"
 )
 NGRAM_BUCKETS = 4096
+# What a reply looks like (its FORM, not its content): length, order, directness and person, tone, format, language.
+FORM = re.compile(
+    r"(?i)\b(?:shorter|briefer|longer|simpler|plainer|terser|concise(?:ly)?|brief(?:ly)?|succinct(?:ly)?|"
+    r"(?:more|less|fewer)\s+(?:concise|brief|detail(?:ed|s)?|depth|words|text|sentences|wordy|verbose|technical|"
+    r"jargon|formal|casual|friendly|direct|polite|personal|professional|waffle|fluff|filler|chatty)|"
+    r"short\s+(?:answer|reply|version|one)s?|keep\s+(?:it|them|answers|replies)\s+(?:short|brief|simple|tight)|"
+    r"in\s+(?:one|a|two|three|four|five|\d+)\s+(?:sentence|line|word|paragraph|bullet)s?|one[- ]liners?|tl;?dr|"
+    r"(?:get|straight|right)\s+to\s+the\s+point|to\s+the\s+point|(?:cut|skip|drop|lose|ditch)\s+(?:the|all|your)\b|"
+    r"leave\s+out|without\s+(?:the|all|any)\b|no\s+(?:fluff|filler|preamble|intro|introduction|waffle|small\s+talk|"
+    r"emoji|jargon|headers|headings|markdown)|"
+    r"(?:answer|number|result|figure|total|summary|conclusion|bottom\s+line|verdict|main\s+point|key\s+\w+|gist|"
+    r"price|date|code|recommendation|short\s+version)s?\s+(?:first|up\s*front|at\s+the\s+(?:top|start|beginning)|"
+    r"on\s+top)|(?:lead|start|open|begin)\s+with|\bfirst\s*,?\s+then\b|"
+    r"directly|direct|straight|second\s+person|first\s+person|address\s+me|(?:talk|speak)\s+to\s+me|call\s+me|"
+    r"tone|formal(?:ly)?|casual(?:ly)?|friendlier|blunt(?:ly)?|plain\s+(?:english|words|language)|"
+    r"simple\s+(?:words|terms|language)|"
+    r"bullet(?:s|\s+points?)?|(?:a|as\s+a|in\s+a)\s+(?:list|table)|numbered|table\s+format|markdown|headings?|"
+    r"headers|format(?:ting|ted)?|as\s+(?:steps|json|csv)|step[- ]by[- ]step|"
+    r"in\s+(?:english|german|french|spanish|italian|dutch|portuguese|chinese|japanese)|"
+    r"kürzer|knapper|direkter|einfacher|zuerst|stichpunkte|auf\s+(?:deutsch|englisch)|duzen|"
+    r"beginne\s+mit|fang\s+mit|commencer?\s+par|empieza\s+(?:por|con)|"
+    r"plus\s+(?:court|courte|direct|directe|simple|bref|brève|clair)|d'abord|en\s+premier|"
+    r"en\s+(?:français|anglais|espagnol|allemand)|tutoie|tutoyer|"
+    r"más\s+(?:corto|corta|directo|directa|breve|sencillo|claro)|primero|al\s+grano|"
+    r"en\s+(?:español|inglés|francés|alemán)|tutéame)"
+)
+# A request: polite forms, "next time"/"from now on"/"instead", a wish, or (see `IMPERATIVE`) a bare command.
+REQUEST = re.compile(
+    r"(?i)\b(?:please|pls|plz|kindly|(?:can|could|would|will)\s+(?:you|we)|would\s+you\s+mind|"
+    r"(?:can|could|may)\s+i\s+(?:get|have)|i['’]?d\s+(?:like|prefer|rather|appreciate|love)|"
+    r"i\s+would\s+(?:like|prefer|rather)|i\s+(?:want|need|prefer)|it\s+would\s+(?:help|be\s+(?:better|nicer|great))|"
+    r"(?:it|that)'?d\s+be\s+(?:better|nicer|great)|better\s+(?:if|to|with)|try\s+(?:to|being|again)|maybe|let'?s|"
+    r"you\s+should|make\s+sure|remember\s+to|next\s+time|from\s+now\s+on|in\s+(?:the\s+)?future|going\s+forward|"
+    r"henceforth|instead|again\s*,?\s+but|bitte|nächstes\s+mal|in\s+zukunft|"
+    r"s'il\s+(?:te|vous)\s+pla[iî]t|stp|svp|la\s+prochaine\s+fois|à\s+l'avenir|por\s+favor|la\s+próxima\s+vez|"
+    r"de\s+ahora\s+en\s+adelante)\b"
+)
+# A clause that starts with a command about the reply, after fillers ("ok, now make it shorter", "but put ...").
+IMPERATIVE = re.compile(
+    r"(?i)^\W*(?:(?:ok|okay|hmm+|hm|well|so|and|but|also|now|just|then|oh|though|again|yes|no)\W+)*"
+    r"(?:talk|speak|write|answer|reply|respond|tell|give|put|lead|start|open|begin|keep|make|use|be|say|skip|drop|"
+    r"cut|trim|leave|get|stop|avoid|lose|ditch|shorten|simplify|rephrase|rewrite|redo|address|switch|stick|go|"
+    r"less|more|fewer|sag|schreib|antworte|fang|dis|écris|réponds|commence|mets|sois|di|dime|escribe|"
+    r"responde|empieza|pon|ponme|sé)\b"
+)
+# A bare comparative ("shorter", "a bit more direct"): a change asked for.
+COMPARATIVE = re.compile(
+    r"(?i)^\W*(?:(?:ok|okay|hmm+|well|so|and|but|now|just|yes|no|much|way|a\s+bit|a\s+little|even|far)\W+)*"
+    r"(?:shorter|briefer|longer|simpler|plainer|clearer|terser|quicker|tighter|friendlier|warmer|blunter|crisper|"
+    r"easier|lighter|cleaner|kürzer|knapper|direkter|einfacher|klarer|more\s+\w+|less\s+\w+|fewer\s+\w+)"
+    r"\W*(?:\w+\W*){0,3}$"
+)
+# New content, not the reply's form: "tell me about ...", "what about ...?", "a list of rivers".
+CONTENT = re.compile(
+    r"(?i)\babout\b|^\W*(?:what|why|how|when|where|which|who|whose)\b(?!\s+about\s+(?:a\s+)?(?:shorter|bullets?|a\s+"
+    r"table|putting|starting|leading))|\b(?:list|table|summary|overview|example|recipe|poem|story|number)s?\s+of\s+"
+    r"(?!it\b|that\b|this\b|them\b|the\s+(?:answer|reply|response|result)s?\b)"
+    r"|^\W*(?:please\s+)?(?:write|compose|draft|create|generate|suggest|recommend|plan|find|name)\s+(?:me\s+)?"
+    r"(?:a|an|some|\d+)\s+(?!(?:list|table|one[- ]liner|summary|short\s+version|bullet)\b)"
+    r"|^\W*(?:please\s+)?(?:translate|explain|describe|summari[sz]e|compare|define)\s+(?!it\b|that\b|this\b|them\b)"
+)
+# Approval of the form as it was: "same format", "keep it like this", "more of this".
+KEEP = re.compile(
+    r"(?i)\b(?:keep\s+(?:it|them|this|that|doing\s+\w+|going)\s*(?:up|coming|like\s+(?:this|that)|this\s+way|"
+    r"that\s+way|exactly)|same\s+(?:again|way|format|style|length)|more\s+of\s+(?:this|that)|just\s+like\s+"
+    r"(?:this|that)|keep\s+it\s+up|(?:next\s+time|again)\s+(?:too|as\s+well)|like\s+(?:this|that)\s+next\s+time|"
+    r"always\s+(?:do\s+)?(?:it\s+)?like\s+(?:this|that))\b"
+)
+# Sarcasm: praise words that mean the opposite ("Perfect, if I wanted an essay.").
+SARCASM = re.compile(
+    r"(?i)\bif\s+i\s+(?:had\s+)?(?:wanted|needed|asked\s+for)\b|\bthanks\s+for\s+nothing\b|\byeah,?\s+right\b"
+)
+# Praise words: a sentence with one, without a contrast or a critical word, praises what it names.
+PRAISE = re.compile(
+    r"(?i)\b(?:good|great|nice|perfect(?:ly)?|excellent|brilliant|lovely|awesome|superb|fantastic|wonderful|"
+    r"spot\s+on|exactly|yes|yep|thanks|thank\s+you|thx|cheers|well\s+done|nailed\s+it|much\s+better|"
+    r"way\s+better|bravo|neat|helpful|clear|ideal|(?<!'d\s)(?<!would\s)(?:love|loved|like|liked|enjoyed)\s+"
+    r"(?:it|this|that|the|how|your|you)|gut|super|toll|perfekt|genau|klasse|prima|danke|spitze|parfait|génial|"
+    r"merci|exactement|nickel|perfecto|genial|gracias|exacto|excelente|estupendo|muy\s+bien)\b"
+)
+PRAISE_PREDICATE = re.compile(
+    r"(?i)\b(?:is|are|was|were|looks?|reads?|feels?)\s+(?:\w+\s+)?" + PRAISE.pattern.removeprefix("(?i)")
+)
+FEATURE_WORDS = 7  # the most words a clause naming a praised feature has
+QUOTED = re.compile(r"\"[^\"]*\"|“[^”]*”|«[^»]*»")
+# What makes a "praising" sentence critical or sarcastic: negation, excess, "again", a wish.
+CRITICAL = re.compile(
+    r"(?i)(?:\b(?:not|no(?!\s+(?:fluff|filler|preamble|intro|waffle|jargon|small\s+talk|emoji|padding|rambling))|"
+    r"never|nothing|too(?=\s+\w)|still|again|another|yet|instead|rather|bit|little|kinda|kind\s+of|"
+    r"sort\s+of|somewhat|overly|wish|if\s+i|would\s+have|could\s+have|should\s+have|wrong|bad|awful|terrible|"
+    r"useless|confus\w*|wordy|verbose|rambl\w*|long-winded|wall|essay|novel|lecture|ugh|meh|sigh|hmm+|eh|sure|"
+    r"nicht|kein\w*|zu|pas|trop|nada|demasiado)\b|n't\b)"
+)
 
 
 def load_prototypes(path: str | Path | None = None) -> list[tuple[str, int]]:
@@ -147,6 +252,42 @@ def contrasts(paragraph: str) -> list[tuple[str, str]]:
 
 def clauses(sentence: str) -> list[str]:
     return [c for c in CLAUSE.split(sentence) if c.strip()]
+
+
+def form_request(sentence: str) -> bool:
+    """Whether a sentence asks the agent to change HOW it answers (length, order, directness, tone, format,
+    language): a clause naming the reply's form (`FORM`) that is a request (a polite form, "next time", "from now
+    on", "instead" in the sentence; a command; a bare comparative), neither new content ("tell me about ...", "what
+    about ...?", "a list of rivers") nor praise of the form as it was ("nice, you put the number first")."""
+    if KEEP.search(sentence) or not FORM.search(sentence):
+        return False
+    asks = REQUEST.search(sentence) is not None
+    for c in clauses(sentence):
+        if not FORM.search(c) or CONTENT.search(c) or (PRAISE.search(c) and not CRITICAL.search(c)):
+            continue
+        if asks or IMPERATIVE.match(c) or COMPARATIVE.match(c):
+            return True
+    return False
+
+
+def praises_feature(sentence: str) -> bool:
+    """Whether a sentence is praise that names what was right ("good, straight to the point", "nice, you put the
+    number first"): a praise word, no contrast, nothing critical or sarcastic, no request, no question, no wish; a
+    feature named in a few words (a clause of more than `FEATURE_WORDS` words, or the reply's words quoted back,
+    is more than a feature named: sarcasm such as 'nice, a 40-line function for something that is one line')."""
+    bare = QUOTED.sub(" ", sentence)
+    opens = PRAISE.match(bare.lstrip(" \t\"'(*-–—")) or PRAISE_PREDICATE.search(bare)
+    return (
+        opens is not None
+        and not QUOTED.search(sentence)
+        and all(len(c.split()) <= FEATURE_WORDS for c in clauses(sentence))
+        and not CONTRAST.search(sentence)
+        and not CRITICAL.search(sentence)
+        and (not REQUEST.search(sentence) or KEEP.search(sentence) is not None)
+        and not form_request(sentence)
+        and not sentence.rstrip().endswith(("?", "？"))
+        and not any(WISH.match(c) for c in [sentence, *clauses(sentence)])
+    )
 
 
 def segments(paragraph: str) -> list[str]:
@@ -295,15 +436,32 @@ class ReactionClassifier:
         for i, (segs, p) in enumerate(per_para):
             prob = dict(zip(segs, p, strict=True))
             sents = sentences(segs[0])
-            if p[:, neg].max() >= self.threshold:
-                read = [q for q in segs if prob[q][neg] >= self.threshold]
+            later: list[str] = []  # form requests after the next question: about the next reply
+            if i == 0:  # a request about the reply's form, before the next question: "shorter please", "lead with"
+                for k, s in enumerate(sents):
+                    if form_request(s):
+                        sure = 1 - prob[s][pos] if s in prob else self.threshold
+                        return Reaction(-1.0, float(max(sure, self.threshold)), "form", i, k)
+                    if (
+                        s.rstrip().endswith(("?", "？"))
+                        or CONTENT.search(s)
+                        or (s in prob and prob[s][neu] >= self.threshold and len(s.split()) > 3)
+                    ):
+                        later = [t for t in sents[k + 1 :] if form_request(t)]
+                        break  # the next question or a new request ("ok." is neither): the rest is about the next reply
+            praised = [s for s in sents if praises_feature(s)] if i == 0 else []
+            excused = praised + later
+            read = [q for q in segs if prob[q][neg] >= self.threshold and not self._excused(q, excused, sents, prob)]
+            if read:
                 if all(self._praised_around(q, prob) for q in read):  # "Tables, great.": conflicting, no verdict
-                    return Reaction(0.0, float(p[:, neg].max()), "mixed", i)
+                    return Reaction(0.0, float(max(prob[q][neg] for q in read)), "mixed", i)
                 sentence = self._first_negative_sentence(segs, p[:, neg])
-                return Reaction(-1.0, float(p[:, neg].max()), "negative", i, sentence)
+                return Reaction(-1.0, float(max(prob[q][neg] for q in read)), "negative", i, sentence)
             cons = contrasts(segs[0])
             for k, s in enumerate(sents):  # a wish restated as unmet ("I wanted ...", "..., but I asked for ...")
                 wishes = [q for q in (s, *(a for _, a in cons if a in s)) if WISH.match(q)]
+                if SARCASM.search(s):  # "Perfect, if I wanted an essay.": a wish said as sarcasm
+                    return Reaction(-1.0, float(1 - prob[s][pos]) if s in prob else self.threshold, "wish", i, k)
                 praise = [prob[q][pos] for q in clauses(s) if q in prob and q != s and not WISH.match(q)]
                 if wishes and max(praise, default=0.0) < self.threshold:
                     q = wishes[0]
@@ -320,12 +478,29 @@ class ReactionClassifier:
             said = max((prob[q][pos] for q in sents + [c for s in sents for c in clauses(s)] if q in prob), default=0.0)
             if i == 0 and said >= self.approval:
                 return Reaction(1.0, float(said), "positive", i)
+            if praised:  # "good, straight to the point": the feature named alone reads as a request
+                sure = max(prob[s][pos] if s in prob else 0.0 for s in praised)
+                return Reaction(1.0, float(sure), "praise_feature", i)
         if not per_para:
             return Reaction(0.0, 1.0, "neutral")
         whole = per_para[0][1][0]  # the first paragraph read as a whole
         if whole[neu] >= self.threshold:
             return Reaction(0.0, float(whole[neu]), "neutral")
         return Reaction(0.0, float(max(p[:, [neg, pos]].max() for _, p in per_para)), "low_confidence")
+
+    def _excused(self, part: str, excused: list[str], sents: list[str], prob: dict[str, np.ndarray]) -> bool:
+        """Whether a part read as a correction is no correction of the reply: it lies in an excused sentence (praise
+        naming a feature, a form asked for the next reply), or it spans several sentences, one of them excused,
+        and no other of them reads as a correction on its own."""
+        if any(part in s for s in excused):
+            return True
+        inside = [s for s in sents if s in part]
+        if len(inside) < 2 or not any(s in excused for s in inside):
+            return False
+        neg = LABELS.index(-1)
+        return all(
+            s in excused or all(prob[q][neg] < self.threshold for q in [s, *clauses(s)] if q in prob) for s in inside
+        )
 
     def _praised_around(self, part: str, prob: dict[str, np.ndarray]) -> bool:
         """Whether a longer reading that contains `part`, without a contrast, is an approval (>= `approval`)."""
@@ -344,13 +519,14 @@ class ReactionClassifier:
 
     def correction(self, text: str, reaction: Reaction, min_chars: int = 4) -> str | None:
         """The user's correction in `text` (the OPD hint): the deciding paragraph from its first negative sentence,
-        without a bare opening verdict ("That's wrong.", six words or fewer) when more follows and without the
-        trailing questions that read as no reaction (the next question); None unless the verdict is -1."""
+        without a bare opening verdict ("That's wrong.", six words or fewer, not a form request) when more follows
+        and without the trailing questions that read as no reaction (the next question); None unless the verdict
+        is -1."""
         if reaction.verdict >= 0 or reaction.paragraph is None:
             return None
         paragraph = paragraphs(text)[reaction.paragraph]
         rest = sentences(paragraph)[reaction.sentence or 0 :]
-        if len(rest) > 1 and len(rest[0].split()) <= 6:
+        if len(rest) > 1 and len(rest[0].split()) <= 6 and not form_request(rest[0]):  # "Shorter, please." stays
             rest = rest[1:]
         while len(rest) > 1 and rest[-1].endswith(("?", "？")):
             p = self.probabilities([rest[-1]])[0]
