@@ -221,9 +221,9 @@ class CountingTurns(HeldoutTurnsEvaluator):
         self.asked.append(f"logprob:{model}")
         return super()._logprob(model, s)
 
-    def _sample_nll(self, model, s, max_tokens):
+    def _answer(self, model, s, max_tokens):
         self.asked.append(f"own:{model}")
-        return super()._sample_nll(model, s, max_tokens)
+        return super()._answer(model, s, max_tokens)
 
 
 def test_the_gate_asks_only_what_it_does_not_know(served, tmp_path):
