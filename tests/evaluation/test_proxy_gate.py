@@ -221,9 +221,9 @@ class CountingTurns(HeldoutTurnsEvaluator):
         self.asked.append(f"logprob:{model}")
         return super()._logprob(model, s)
 
-    def _sample_nll(self, model, s, max_tokens):
+    def _answer(self, model, s, max_tokens):
         self.asked.append(f"own:{model}")
-        return super()._sample_nll(model, s, max_tokens)
+        return super()._answer(model, s, max_tokens)
 
 
 def test_the_gate_asks_only_what_it_does_not_know(served, tmp_path):
@@ -245,6 +245,8 @@ def test_the_gate_asks_only_what_it_does_not_know(served, tmp_path):
     assert abs(fast["served"]["n_eff"] - full["served"]["n_eff"]) < 1e-2
     assert abs(fast["candidate"]["compliance"] - full["candidate"]["compliance"]) < 1e-3
     assert fast["quality_turns"] == 3 and abs(fast["served_nll"] - full["served_nll"]) < 1e-6
+    phases = {"served_logprobs", "candidate_logprobs", "got_nll", "quality_sampling", "quality_nll"}
+    assert set(fast["seconds"]) == phases and all(v >= 0 for v in fast["seconds"].values())  # the gate's cost
     newest = turns.recent()[-3:]  # the got replies' NLL on the same prompts the candidate answered, and only those
     got = [base_nll(url, "tiny", s.prompt_ids, s.response_ids) for s in newest]
     assert abs(fast["served_nll"] - sum(got) / 3) < 1e-6 and set(turns._got_nll) == {s.id for s in newest}

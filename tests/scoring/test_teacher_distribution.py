@@ -109,3 +109,16 @@ def test_a_raw_only_teacher_server_is_refused_loudly(tiny_tokenizer):
         assert len(asyncio.run(teacher.logprobs([1, 2], [3, 4]))) == 2  # raw distribution: fine
         with pytest.raises(ValueError, match="raw prompt logprobs only"):
             asyncio.run(teacher.logprobs([1, 2], [3, 4], temperature=0.6))
+
+
+def test_teacher_logprobs_ask_for_no_generation(tiny_tokenizer):
+    """Issue 24: a score is echo without generation (`max_tokens: 0`, which vLLM and OpenAI accept): before, each
+    request also sampled one token, a second forward over the same prompt on the HF engine."""
+    from metaclaw.rollout.testing import scripted_upstream
+    from metaclaw.serving.client import teacher_logprobs
+
+    app = scripted_upstream()
+    with ThreadedServer(app) as upstream:
+        assert teacher_logprobs(upstream.url, "tiny", [1, 2], [3, 4]) == [-0.5, -0.5]
+    (body,) = app.state.scripted["completions"]
+    assert body["max_tokens"] == 0 and body["echo"] is True and body["prompt"] == [1, 2, 3, 4]

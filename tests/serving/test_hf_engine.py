@@ -98,6 +98,79 @@ def test_batched_requests_keep_their_own_logprobs(tiny_spec, policy, fixed_adapt
     assert len(results[1][0].token_ids) > 12 or results[1][0].finish_reason == "stop"  # rows keep their own budget
 
 
+def _score_concurrently(engine: HFEngine, jobs: list[tuple]) -> dict[int, list]:
+    """`engine.score_tokens(*job)` for every job from its own thread, all pending before the first one runs."""
+    results: dict[int, list] = {}
+    with engine._lock:  # hold the model so that every request is pending when the first one gets it
+        threads = [
+            threading.Thread(target=lambda i=i, j=j: results.__setitem__(i, engine.score_tokens(*j)))
+            for i, j in enumerate(jobs)
+        ]
+        for t in threads:
+            t.start()
+        deadline = time.monotonic() + 30
+        while len(engine._scoring) < len(jobs) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert len(engine._scoring) == len(jobs)
+    for t in threads:
+        t.join(120)
+    assert len(results) == len(jobs)
+    return results
+
+
+def _check_batched_scores(engine: HFEngine, policy) -> None:
+    """Five concurrent score requests (prompts and targets of different lengths, three distributions, the base
+    model and the adapter): the adapter's three in one left-padded forward, the base model's two in another;
+    every row's logprobs are the trainer's of its own unpadded sequence within 1e-4 (ratio 1), ranks included."""
+    tok = engine.tokenizer
+    answer = tok(FIXED_ANSWER)["input_ids"]
+    jobs = [
+        (chat_ids(tok, "hi"), answer, "fixed", 1.0, 1.0, -1),
+        (chat_ids(tok, "Tell me a long story about a cat and a dog"), answer[:3], "fixed", 0.7, 0.9, 20),
+        (chat_ids(tok, "Name a colour."), tok("Blue, or maybe a deep green.")["input_ids"], "fixed", 0.6, 1.0, -1),
+        (chat_ids(tok, "What is 2 + 2?"), tok("Four.")["input_ids"], None, 1.0, 1.0, -1),
+        (chat_ids(tok, "Say something long and winding"), answer, None, 0.8, 1.0, 5),
+    ]  # fmt: skip
+    results = _score_concurrently(engine, jobs)
+    assert engine.score_batches == {3: 1, 2: 1}
+    for i, (prompt, target, adapter, temperature, top_p, top_k) in enumerate(jobs):
+        theirs = recompute(policy, prompt, target, temperature, adapter is None, top_p=top_p, top_k=top_k)
+        mine = torch.tensor([s.logprob for s in results[i]])
+        assert (mine - theirs).abs().max().item() <= 1e-4
+        alone = engine.score_tokens(prompt, target, adapter, temperature, top_p, top_k)  # one request, no padding
+        assert [s.rank for s in results[i]] == [s.rank for s in alone]
+        assert max(abs(a.logprob - b.logprob) for a, b in zip(results[i], alone, strict=True)) <= 1e-4
+
+
+def test_concurrent_score_requests_are_batched_with_their_own_logprobs(tiny_spec, policy, fixed_adapter):
+    """Issue 24: the publish gate's score requests in flight share one forward per model (before, each took its
+    own turn at the model lock behind the users' generations); one distribution still (ratio 1)."""
+    engine = HFEngine.from_spec(tiny_spec, max_batch_size=4)
+    engine.load_adapter("fixed", str(fixed_adapter))
+    _check_batched_scores(engine, policy)
+
+
+def test_merged_adapter_batched_scores_are_the_trainers(tiny_spec, policy, fixed_adapter):
+    """The same on the merged-adapter path (`backend.merge_adapters`, the CPU default)."""
+    engine = _merged_engine(tiny_spec, max_batch_size=4)
+    engine.load_adapter("fixed", str(fixed_adapter))
+    _check_batched_scores(engine, policy)
+
+
+def test_score_batch_keeps_its_logits_bounded(tiny_spec):
+    """A batch holds no more logit rows than one request of `max_seq_len` tokens: batch x (longest target + 1)
+    <= max_seq_len; requests past that wait for the next forward."""
+    engine = HFEngine.from_spec(tiny_spec, max_batch_size=8)
+    engine.max_seq_len = 100
+    prompt = chat_ids(engine.tokenizer, "hi")
+    jobs = [(prompt, list(range(5, 5 + 30)))] * 3 + [(prompt, [5, 6])]  # 4 x 31 logit rows > 100; 3 x 31 fit
+    results = _score_concurrently(engine, jobs)
+    assert sum(size * count for size, count in engine.score_batches.items()) == 4
+    assert max(engine.score_batches) == 3  # whoever leads, one of the four waits for the next forward
+    for i, (_, target) in enumerate(jobs):
+        assert len(results[i]) == len(target)
+
+
 def test_stream_equals_generate(engine, fixed_adapter):
     engine.load_adapter("fixed", str(fixed_adapter))
     prompt = chat_ids(engine.tokenizer, "hi")

@@ -55,6 +55,7 @@ class HeldoutTurnsEvaluator:
     """
 
     by_version = True
+    quality_max_tokens = 64  # the most tokens of the candidate's answer to a quality prompt
 
     def __init__(
         self,
@@ -75,6 +76,7 @@ class HeldoutTurnsEvaluator:
         self.max_turns, self.min_turns, self.nll_margin = max_turns, min_turns, nll_margin
         self.keep_examples, self.timeout_s, self.owner = keep_examples, timeout_s, owner
         self.concurrency, self.quality_turns = max(1, int(concurrency)), max(0, int(quality_turns))
+        self.on_phase: Callable[[str], None] | None = None  # called as each phase of `compare` starts (benches)
         self.reported: set[int] = set()
         # a turn's reply under a fixed model does not change: the gate asks for each once
         self._got_nll: dict[int | None, float | None] = {}  # sample id -> base NLL of the reply the user got
@@ -147,8 +149,8 @@ class HeldoutTurnsEvaluator:
                                temperature=s.temperature)  # fmt: skip
         return float(sum(lps))
 
-    def _sample_nll(self, model: str, s: Sample, max_tokens: int) -> float | None:
-        """The candidate's own reply to `s`'s prompt, scored under the base model (None: no messages kept)."""
+    def _answer(self, model: str, s: Sample, max_tokens: int) -> tuple[list[int], list[int]] | None:
+        """`model`'s own reply to `s`'s prompt: (prompt ids, reply ids); None where no messages were kept."""
         if not s.messages or not self.base_model:
             return None
         body = {"model": model, "messages": s.messages, "max_tokens": max_tokens, "temperature": s.temperature,
@@ -157,8 +159,12 @@ class HeldoutTurnsEvaluator:
                        timeout=self.timeout_s)  # fmt: skip
         r.raise_for_status()
         data = r.json()
-        prompt, reply = data.get("prompt_token_ids") or s.prompt_ids, data["choices"][0].get("token_ids") or []
-        return base_nll(self.server_url, self.base_model, prompt, reply, self.api_key, self.timeout_s)
+        return data.get("prompt_token_ids") or s.prompt_ids, data["choices"][0].get("token_ids") or []
+
+    def _nll(self, answer: tuple[list[int], list[int]] | None) -> float | None:
+        if answer is None or not self.base_model:
+            return None
+        return base_nll(self.server_url, self.base_model, answer[0], answer[1], self.api_key, self.timeout_s)
 
     def compare(
         self, candidate: str, served: str, clip: float = 5.0, served_version: int | None = None
@@ -171,7 +177,9 @@ class HeldoutTurnsEvaluator:
         `served_version` (the adapter version `served` answers with; 0: the base model): a turn that version
         served needs no request, its log ratio is 0 (behaviour and scoring are one distribution: the ratio-is-1
         tests), and the served version's logprobs and the got replies' NLLs are asked once per turn across gates.
-        The requests go `concurrency` at a time."""
+        The requests go `concurrency` at a time, shortest first (the policy server batches the ones in flight);
+        `seconds` holds each phase's wall seconds (served and candidate logprobs, the got replies' NLL, the
+        candidate's quality sampling and its NLL: `bench/gate_latency.py` adds the server's CPU seconds)."""
         turns = self.recent()
         good = [1.0 if s.reward > 0 else 0.0 for s in turns]
         out: dict[str, object] = {"n": len(turns), "observed": sum(good) / len(turns) if turns else None}
@@ -195,9 +203,25 @@ class HeldoutTurnsEvaluator:
                                                self.api_key, self.timeout_s)  # fmt: skip
             return self._got_nll[s.id]
 
+        seconds: dict[str, float] = {}
+        out["seconds"] = seconds
+
+        def timed(phase: str, fn: Callable[[Sample], object], items: list[Sample]) -> list:
+            """`fn` over `items`, `concurrency` at a time, sent shortest first: the requests in flight together
+            have similar lengths, so the server's batched forward pads little."""
+            if self.on_phase is not None:
+                self.on_phase(phase)
+            t0 = time.monotonic()
+            order = sorted(range(len(items)), key=lambda i: len(items[i].prompt_ids) + len(items[i].response_ids))
+            results: list = [None] * len(items)
+            for i, result in zip(order, pool.map(fn, [items[i] for i in order]), strict=True):
+                results[i] = result
+            seconds[phase] = round(time.monotonic() - t0, 3)
+            return results
+
         with ThreadPoolExecutor(self.concurrency, thread_name_prefix="gate") as pool:
-            served_lps = list(pool.map(served_lp, turns))
-            candidate_lps = list(pool.map(lambda s: self._logprob(candidate, s), turns))
+            served_lps = timed("served_logprobs", served_lp, turns)
+            candidate_lps = timed("candidate_logprobs", lambda s: self._logprob(candidate, s), turns)
             for name, model, lps in (("served", served, served_lps), ("candidate", candidate, candidate_lps)):
                 ratios = [0.0 if lp is None else lp - b for lp, b in zip(lps, behaviour, strict=True)]
                 estimate, n_eff = snips(ratios, good, clip)
@@ -205,12 +229,19 @@ class HeldoutTurnsEvaluator:
                 out[name] = {"model": model, "compliance": estimate, "n_eff": n_eff, "ci_low": low, "ci_high": high}
             if self.base_model and self.quality_turns:  # the same prompts on both sides: a turn missing either is out
                 asked = turns[-self.quality_turns :]
-                got = list(pool.map(got_nll, asked))
-                answers = pool.map(lambda s: self._sample_nll(candidate, s, max(1, min(len(s.response_ids), 64))),
-                                   asked)
-                pairs = [(g, o) for g, o in zip(got, answers, strict=True) if g is not None and o is not None]
+                got = timed("got_nll", got_nll, asked)
+                answers = timed("quality_sampling", lambda s: self._answer(candidate, s, self.quality_tokens(s)), asked)
+                answer_of = {id(s): a for s, a in zip(asked, answers, strict=True)}
+                own = timed("quality_nll", lambda s: self._nll(answer_of[id(s)]), asked)
+                pairs = [(g, o) for g, o in zip(got, own, strict=True) if g is not None and o is not None]
                 if pairs:
                     out["served_nll"] = sum(g for g, _ in pairs) / len(pairs)
                     out["candidate_nll"] = sum(o for _, o in pairs) / len(pairs)
                     out["quality_turns"] = len(pairs)
+        if self.on_phase is not None:
+            self.on_phase("done")
         return out
+
+    def quality_tokens(self, s: Sample) -> int:
+        """The candidate's budget on `s`'s prompt: the got reply's length, at most `quality_max_tokens`."""
+        return max(1, min(len(s.response_ids), self.quality_max_tokens))

@@ -31,7 +31,7 @@ def scripted_upstream(
 ) -> FastAPI:
     """The app; `reply` may be a function of the request body; `delay_s` sleeps between streamed chunks."""
     app = FastAPI()
-    state: dict[str, Any] = {"version": 0, "adapters": {}, "requests": []}
+    state: dict[str, Any] = {"version": 0, "adapters": {}, "requests": [], "completions": []}
     app.state.scripted = state
 
     def prompt_ids(messages: list[dict[str, Any]]) -> list[int]:
@@ -55,6 +55,7 @@ def scripted_upstream(
     @app.post("/v1/completions")
     async def completions(request: Request) -> dict:
         body = await request.json()
+        state["completions"].append(body)
         ids = body["prompt"]
         lps = [None] + [{str(t): {"logprob": -0.5, "rank": 1}} for t in ids[1:]]
         return {"choices": [{"text": "", "prompt_logprobs": lps, "finish_reason": "length"}], "model": body["model"]}

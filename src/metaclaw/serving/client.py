@@ -47,11 +47,13 @@ def teacher_logprobs(
     over the distribution `(temperature, top_p, top_k)` the student's tokens were sampled from.
 
     Sends the request form both servers accept: `POST /v1/completions` with the token ids as `prompt`,
-    `max_tokens: 1`, `echo: true`, `logprobs: 0` and vLLM's `prompt_logprobs: 0`; reads `choices[0].
-    prompt_logprobs` (vLLM's shape: one `{token_id: {logprob, rank, decoded_token}}` per prompt token, the
-    first null), falling back to `choices[0].logprobs.token_logprobs` (OpenAI's echo shape). Prompt logprobs
-    are raw on vLLM; for any other distribution the request adds `logprobs_mode: processed_logprobs` with the
-    sampling fields, which the metaclaw policy server honours and echoes in the choice.
+    `max_tokens: 0` (OpenAI's and vLLM's echo without generation: the server samples nothing, so a score is one
+    forward, not a forward plus a one-token generation over the same tokens), `echo: true`, `logprobs: 0` and
+    vLLM's `prompt_logprobs: 0`; reads `choices[0].prompt_logprobs` (vLLM's shape: one `{token_id: {logprob,
+    rank, decoded_token}}` per prompt token, the first null), falling back to `choices[0].logprobs.
+    token_logprobs` (OpenAI's echo shape). Prompt logprobs are raw on vLLM; for any other distribution the
+    request adds `logprobs_mode: processed_logprobs` with the sampling fields, which the metaclaw policy server
+    honours and echoes in the choice.
 
     Raises:
         httpx.HTTPStatusError: the server refused the request (unknown model, too long, ...).
@@ -68,7 +70,7 @@ def teacher_logprobs(
     body = {
         "model": model,
         "prompt": prompt + target,
-        "max_tokens": 1,
+        "max_tokens": 0,
         "temperature": dist.temperature,
         "echo": True,
         "logprobs": 0,

@@ -7,8 +7,11 @@ lock and generates.
 Batching (`max_batch_size` > 1, `backend.max_batch_size`): non-streaming requests wait in a pending list; the
 one that gets the model lock takes up to `max_batch_size` pending requests with the same adapter version and
 the same sampling distribution and stop rules (`sampling.batch_key`; `max_tokens` may differ) and runs one
-left-padded `generate` for all of them. Requests with `n` > 1 or a `seed`, streams and scoring run alone.
-Each row's logprobs are its own, over the one distribution (`sampling.generate_batch`).
+left-padded `generate` for all of them. Requests with `n` > 1 or a `seed` and streams run alone. Each row's
+logprobs are its own, over the one distribution (`sampling.generate_batch`). Score requests (the teacher-logprob
+route: the publish gate's 32 held-out turns, base NLLs) batch the same way, by model only (each row is scored
+under its own distribution after one left-padded forward), so a gate's requests in flight take one turn at the
+model lock instead of one each behind the users' generations.
 
 Merged adapters (`merge_adapters`, `backend.merge_adapters`; `metaclaw.serving.engines.merged`): each loaded
 adapter version is a copy of the base model with the LoRA folded into the weights (`W + s·B·A`; every other
@@ -85,6 +88,28 @@ class _Pending:
     done: threading.Event = field(default_factory=threading.Event)
 
 
+@dataclass
+class _PendingScore:
+    """A score request waiting for a batch: `ids` = prompt + target, the last `n_target` of them scored."""
+
+    ids: list[int]
+    n_target: int
+    dist: Dist
+    key: str | None  # the adapter's internal name (None: the base model): one forward serves one model
+    result: list[TokenScore] | None = None
+    error: BaseException | None = None
+    done: threading.Event = field(default_factory=threading.Event)
+
+
+def _token_scores(logits: torch.Tensor, target_ids: Sequence[int], dist: Dist) -> list[TokenScore]:
+    """`logits` [T, V]: row t predicts `target_ids[t]`; each target's logprob under `dist` and its rank."""
+    logits = logits.float()
+    targets = torch.tensor(list(target_ids), device=logits.device)
+    logprobs = token_logprobs(logits, targets, *dist)
+    ranks = ((logits > logits.gather(-1, targets[:, None])).sum(-1) + 1).tolist()
+    return [TokenScore(lp, rank) for lp, rank in zip(logprobs.tolist(), ranks, strict=True)]
+
+
 class HFEngine(ServedAdapters):
     """Serve a transformers causal LM (optionally already a `PeftModel`, e.g. the one being trained).
 
@@ -93,7 +118,8 @@ class HFEngine(ServedAdapters):
         tokenizer: its tokenizer.
         model_name: the id that selects the base model.
         max_seq_len: longest prompt + completion accepted.
-        max_batch_size: concurrent generate requests sampled together (1: one at a time).
+        max_batch_size: concurrent generate requests sampled together, and score requests scored together (1: one
+            at a time).
         merge_adapters: serve each adapter version merged into a copy of the weights (see the module docstring);
             not for a `model` that is already a `PeftModel` (its adapters are served as they are).
     """
@@ -118,8 +144,10 @@ class HFEngine(ServedAdapters):
         if merge_adapters:
             log.info("HF engine: adapters served merged into a copy of the weights (backend.merge_adapters)")
         self._pending: list[_Pending] = []  # bounded by the server's max_concurrency (each waiter is a caller)
+        self._scoring: list[_PendingScore] = []  # the same bound
         self._pending_lock = threading.Lock()
         self.batches: dict[int, int] = {}  # batch size -> generate calls (for benches and tests)
+        self.score_batches: dict[int, int] = {}  # batch size -> scoring forwards
         self.tokenizer = tokenizer
         self.model_name = model_name
         self.max_seq_len = max_seq_len
@@ -347,16 +375,74 @@ class HFEngine(ServedAdapters):
         if len(ids) > self.max_seq_len:
             raise ValueError(f"prompt + target is {len(ids)} tokens; model.max_seq_len is {self.max_seq_len}")
         dist = Dist.of(temperature, top_p, top_k)
-        x = torch.tensor([ids], device=self.device)
-        tag = f"score:{profiling.purpose()}"
-        with self._pinned(adapter) as slot, self._lock, self._model(slot) as model, profiling.phase(tag) as ph:
-            logits = model(input_ids=x, use_cache=False, logits_to_keep=len(target_ids) + 1).logits
-            ph["tokens"] = len(ids)
-        logits = logits[0, :-1].float()  # [T_target, V]
-        targets = torch.tensor(list(target_ids), device=logits.device)
-        logprobs = token_logprobs(logits, targets, *dist)
-        ranks = ((logits > logits.gather(-1, targets[:, None])).sum(-1) + 1).tolist()
-        return [TokenScore(lp, rank) for lp, rank in zip(logprobs.tolist(), ranks, strict=True)]
+        with self._pinned(adapter) as slot:
+            if self.max_batch_size > 1:
+                key = None if slot is None else slot.internal
+                return self._score_batched(_PendingScore(ids, len(target_ids), dist, key), slot)
+            x = torch.tensor([ids], device=self.device)
+            with self._lock, self._model(slot) as model, profiling.phase(f"score:{profiling.purpose()}") as ph:
+                logits = model(input_ids=x, use_cache=False, logits_to_keep=len(target_ids) + 1).logits
+                ph["tokens"] = len(ids)
+                self.score_batches[1] = self.score_batches.get(1, 0) + 1
+        return _token_scores(logits[0, :-1], target_ids, dist)
+
+    def _score_batched(self, mine: _PendingScore, slot: LoadedAdapter | None) -> list[TokenScore]:
+        """Queue the score request; whoever holds the model lock next scores it with the others waiting for the
+        same model in one left-padded forward (padding masked, positions from the mask, as `generate_batch`).
+
+        A batch takes up to `max_batch_size` requests, in arrival order, while it keeps no more logit rows than
+        one request of `max_seq_len` tokens would (batch size x the longest target + 1 <= `max_seq_len`): the
+        logits [B, longest target + 1, vocab] grow with the batch. Each row's logprobs are its own sequence's under
+        its own distribution (the ratio-is-1 tests hold them to the unbatched score within 1e-4)."""
+        with self._pending_lock:
+            self._scoring.append(mine)
+        with self._lock:
+            if not mine.done.is_set():  # nobody took it yet: lead a batch
+                with self._pending_lock:
+                    batch, keep = [mine], mine.n_target + 1
+                    for p in self._scoring:
+                        if len(batch) >= self.max_batch_size:
+                            break
+                        wider = max(keep, p.n_target + 1)
+                        if p is not mine and p.key == mine.key and (len(batch) + 1) * wider <= self.max_seq_len:
+                            batch.append(p)
+                            keep = wider
+                    for p in batch:
+                        self._scoring.remove(p)
+                try:
+                    with self._model(slot) as model, profiling.phase(f"score:{profiling.purpose()}") as ph:
+                        logits = self._score_forward(model, [p.ids for p in batch], keep)
+                        ph["tokens"] = sum(len(p.ids) for p in batch)
+                    self.score_batches[len(batch)] = self.score_batches.get(len(batch), 0) + 1
+                    for row, p in zip(logits, batch, strict=True):
+                        p.result = _token_scores(row[keep - p.n_target - 1 : keep - 1], p.ids[-p.n_target :], p.dist)
+                except BaseException as exc:  # noqa: BLE001 - every request of the batch gets the error
+                    for p in batch:
+                        p.error = exc
+                finally:
+                    for p in batch:
+                        p.done.set()
+        mine.done.wait()
+        if mine.error is not None:
+            raise mine.error
+        assert mine.result is not None
+        return mine.result
+
+    def _score_forward(self, model: nn.Module, rows: list[list[int]], keep: int) -> torch.Tensor:
+        """The last `keep` positions' logits [B, keep, V] of each row (one row: unpadded, as unbatched)."""
+        if len(rows) == 1:
+            x = torch.tensor(rows, device=self.device)
+            return model(input_ids=x, use_cache=False, logits_to_keep=keep).logits
+        width = max(len(r) for r in rows)
+        pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else self.tokenizer.eos_token_id
+        x = torch.full((len(rows), width), pad or 0, dtype=torch.long, device=self.device)
+        mask = torch.zeros_like(x)
+        for i, r in enumerate(rows):
+            x[i, width - len(r) :] = torch.tensor(r, device=self.device)
+            mask[i, width - len(r) :] = 1
+        positions = (mask.cumsum(-1) - 1).clamp(min=0)
+        return model(input_ids=x, attention_mask=mask, position_ids=positions, use_cache=False,
+                     logits_to_keep=keep).logits  # fmt: skip
 
     def close(self) -> None:
         """Nothing to stop: the engine owns no threads between requests."""
