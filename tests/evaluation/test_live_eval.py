@@ -222,7 +222,7 @@ def test_the_default_evaluation_asks_every_reply_in_one_batch_before_scoring(tmp
         for f in profile.glob("server-worker-*.json"):
             phases.update(json.loads(f.read_text())["phases"])
     batches, scores = phases["generate:metaclaw-eval"]["n"], phases["score:metaclaw-eval"]["n"]
-    assert scores == ev_cfg.n_prompts  # every reply scored once under the base model
+    assert 1 <= scores <= ev_cfg.n_prompts  # the replies' base-NLL forwards (concurrent ones share a batch)
     # 4 in flight cannot take fewer than n / 4 batches; the tiny model answers fast enough that some requests
     # still arrive after a batch started, so a few batches remain
     assert batches < ev_cfg.n_prompts / 4, f"{ev_cfg.n_prompts} replies took {batches} generate batches"
