@@ -73,20 +73,7 @@ def test_batched_requests_keep_their_own_logprobs(tiny_spec, policy, fixed_adapt
         (chat_ids(engine.tokenizer, "Name a colour."), SamplingParams(max_tokens=8, temperature=0.0), None),  # alone
         (chat_ids(engine.tokenizer, "What is 2 + 2?"), SamplingParams(max_tokens=16, **dist), "fixed"),  # alone
     ]  # fmt: skip
-    results: dict[int, list] = {}
-    with engine._lock:  # hold the model so that every request is pending when the first one gets it
-        threads = [
-            threading.Thread(target=lambda i=i, j=j: results.__setitem__(i, engine.generate(*j)))
-            for i, j in enumerate(jobs)
-        ]
-        for t in threads:
-            t.start()
-        deadline = time.monotonic() + 30
-        while len(engine._pending) < len(jobs) and time.monotonic() < deadline:
-            time.sleep(0.01)
-        assert len(engine._pending) == len(jobs)
-    for t in threads:
-        t.join(120)
+    results = _concurrently(engine, engine.generate, engine._pending, jobs)
     assert engine.batches == {3: 1, 1: 2}  # three compatible requests in one batch; the other two on their own
     for i, (prompt, params, adapter) in enumerate(jobs):
         (out,) = results[i]
@@ -98,24 +85,29 @@ def test_batched_requests_keep_their_own_logprobs(tiny_spec, policy, fixed_adapt
     assert len(results[1][0].token_ids) > 12 or results[1][0].finish_reason == "stop"  # rows keep their own budget
 
 
-def _score_concurrently(engine: HFEngine, jobs: list[tuple]) -> dict[int, list]:
-    """`engine.score_tokens(*job)` for every job from its own thread, all pending before the first one runs."""
+def _concurrently(engine: HFEngine, call, pending: list, jobs: list[tuple]) -> dict[int, list]:
+    """`call(*job)` for every job from its own thread, all in `pending` (the engine's queue) before the first one
+    gets the model."""
     results: dict[int, list] = {}
     with engine._lock:  # hold the model so that every request is pending when the first one gets it
         threads = [
-            threading.Thread(target=lambda i=i, j=j: results.__setitem__(i, engine.score_tokens(*j)))
-            for i, j in enumerate(jobs)
+            threading.Thread(target=lambda i=i, j=j: results.__setitem__(i, call(*j))) for i, j in enumerate(jobs)
         ]
         for t in threads:
             t.start()
         deadline = time.monotonic() + 30
-        while len(engine._scoring) < len(jobs) and time.monotonic() < deadline:
+        while len(pending) < len(jobs) and time.monotonic() < deadline:
             time.sleep(0.01)
-        assert len(engine._scoring) == len(jobs)
+        assert len(pending) == len(jobs)
     for t in threads:
         t.join(120)
     assert len(results) == len(jobs)
     return results
+
+
+def _score_concurrently(engine: HFEngine, jobs: list[tuple]) -> dict[int, list]:
+    """`engine.score_tokens(*job)` for every job from its own thread, all pending before the first one runs."""
+    return _concurrently(engine, engine.score_tokens, engine._scoring, jobs)
 
 
 def _check_batched_scores(engine: HFEngine, policy) -> None:

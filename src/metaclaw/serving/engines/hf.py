@@ -28,7 +28,7 @@ import itertools
 import logging
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -99,6 +99,29 @@ class _PendingScore:
     result: list[TokenScore] | None = None
     error: BaseException | None = None
     done: threading.Event = field(default_factory=threading.Event)
+
+
+def _settle(batch: Sequence[_Pending | _PendingScore], work: Callable[[], list[Any]]) -> None:
+    """Run a batch's `work` (one result per request, in order); every request gets its result or the error, and
+    is woken."""
+    try:
+        for p, result in zip(batch, work(), strict=True):
+            p.result = result
+    except BaseException as exc:  # noqa: BLE001 - every request of the batch gets the error
+        for p in batch:
+            p.error = exc
+    finally:
+        for p in batch:
+            p.done.set()
+
+
+def _outcome(mine: _Pending | _PendingScore) -> Any:
+    """Wait for the batch that took `mine`; its result, or the batch's error raised here."""
+    mine.done.wait()
+    if mine.error is not None:
+        raise mine.error
+    assert mine.result is not None
+    return mine.result
 
 
 def _token_scores(logits: torch.Tensor, target_ids: Sequence[int], dist: Dist) -> list[TokenScore]:
@@ -328,26 +351,18 @@ class HFEngine(ServedAdapters):
                     batch = batch[: self.max_batch_size]
                     for p in batch:
                         self._pending.remove(p)
-                try:
+
+                def work() -> list[list[SequenceOutput]]:
                     with self._model(slot) as model, profiling.phase(f"generate:{profiling.purpose()}") as ph:
                         outs = sampling.generate_batch(
                             model, self.tokenizer, [p.prompt_ids for p in batch], [p.params for p in batch]
                         )
                         ph["tokens"] = sum(len(o.token_ids) for o in outs)
                     self._count(len(batch))
-                    for p, out in zip(batch, outs, strict=True):
-                        p.result = [out]
-                except BaseException as exc:  # noqa: BLE001 - every request of the batch gets the error
-                    for p in batch:
-                        p.error = exc
-                finally:
-                    for p in batch:
-                        p.done.set()
-        mine.done.wait()
-        if mine.error is not None:
-            raise mine.error
-        assert mine.result is not None
-        return mine.result
+                    return [[out] for out in outs]
+
+                _settle(batch, work)
+        return _outcome(mine)
 
     def stream(self, prompt_ids: Sequence[int], params: SamplingParams, adapter: str | None = None) -> TokenStream:
         params = self._check(prompt_ids, params)
@@ -409,24 +424,17 @@ class HFEngine(ServedAdapters):
                             keep = wider
                     for p in batch:
                         self._scoring.remove(p)
-                try:
+
+                def work() -> list[list[TokenScore]]:
                     with self._model(slot) as model, profiling.phase(f"score:{profiling.purpose()}") as ph:
                         logits = self._score_forward(model, [p.ids for p in batch], keep)
                         ph["tokens"] = sum(len(p.ids) for p in batch)
                     self.score_batches[len(batch)] = self.score_batches.get(len(batch), 0) + 1
-                    for row, p in zip(logits, batch, strict=True):
-                        p.result = _token_scores(row[keep - p.n_target - 1 : keep - 1], p.ids[-p.n_target :], p.dist)
-                except BaseException as exc:  # noqa: BLE001 - every request of the batch gets the error
-                    for p in batch:
-                        p.error = exc
-                finally:
-                    for p in batch:
-                        p.done.set()
-        mine.done.wait()
-        if mine.error is not None:
-            raise mine.error
-        assert mine.result is not None
-        return mine.result
+                    return [_token_scores(row[keep - p.n_target - 1 : keep - 1], p.ids[-p.n_target :], p.dist)
+                            for row, p in zip(logits, batch, strict=True)]  # fmt: skip
+
+                _settle(batch, work)
+        return _outcome(mine)
 
     def _score_forward(self, model: nn.Module, rows: list[list[int]], keep: int) -> torch.Tensor:
         """The last `keep` positions' logits [B, keep, V] of each row (one row: unpadded, as unbatched)."""
