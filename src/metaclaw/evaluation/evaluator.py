@@ -182,8 +182,7 @@ class ComplianceEvaluator:
                 return [(r["text"], r["nll"]) for r in stored], True
         with ThreadPoolExecutor(self.concurrency, thread_name_prefix="eval") as pool:
             asked = list(pool.map(lambda p: self._timed(self._ask, model, p), jobs))
-            scored = list(pool.map(lambda a: None if a is None else self._timed(self._nll, a), asked))
-        replies = [None if a is None or n is None else (a[0], n[0]) for a, n in zip(asked, scored, strict=True)]
+            replies = list(pool.map(lambda a: None if a is None else self._timed(self._scored, a), asked))
         if entry is not None and all(r is not None for r in replies):
             self.cache.put(entry[0], [{"text": r[0], "nll": r[1]} for r in replies], entry[1])  # type: ignore[union-attr,index]
         return replies, False
@@ -216,14 +215,14 @@ class ComplianceEvaluator:
             return None
         return text, list(prompt_ids), list(reply_ids)
 
-    def _nll(self, asked: tuple[str, list[int], list[int]]) -> tuple[float | None] | None:
-        """`(base NLL per token,)` of the reply (`(None,)`: not scored, or an empty reply); None: the request
-        failed (the reply counts as an error)."""
+    def _scored(self, asked: tuple[str, list[int], list[int]]) -> tuple[str, float | None] | None:
+        """The reply's text and base NLL per token (None: not scored, or an empty reply); None when the scoring
+        request failed (the reply counts as an error)."""
         if not self.base_model:
-            return (None,)
+            return asked[0], None
         try:
-            return (base_nll(self.server_url, self.base_model, asked[1], asked[2], self.api_key, self.timeout_s,
-                             user=EVAL_USER),)  # fmt: skip
+            return asked[0], base_nll(self.server_url, self.base_model, asked[1], asked[2], self.api_key,
+                                      self.timeout_s, user=EVAL_USER)  # fmt: skip
         except Exception:  # noqa: BLE001 - counted as an error
             return None
 

@@ -268,12 +268,16 @@ class LiveEvaluator(GateDecisions, L.Callback):
                 self.tracks[agent].counts["skipped"] += 1
                 log.info("Eval: skipping %s adapter v%d (a newer one is waiting)", agent, dropped[1])
                 if dropped[3] is not None and dropped[2] is not None:  # a gated candidate: never served, said so
-                    self._gate_log({"time": time.time(), "kind": "gate", "agent_id": agent, "step": dropped[1],
-                                    "adapter": dropped[2].name, "path": str(dropped[2]), "decision": "skipped",
-                                    "reasons": ["a newer candidate was waiting: it is measured instead"]})  # fmt: skip
+                    self._log_skipped(agent, dropped[1], dropped[2], "a newer candidate was waiting: it is measured "
+                                      "instead")  # fmt: skip
             self._queue.append((agent, step, path, hot_load))
             self.tracks[agent].queued.add(step)
             self._cond.notify_all()
+
+    def _log_skipped(self, agent: str, step: int, path: Path, reason: str) -> None:
+        """A gated candidate that is never measured nor served, and why, in gate.jsonl."""
+        self._gate_log({"time": time.time(), "kind": "gate", "agent_id": agent, "step": step, "adapter": path.name,
+                        "path": str(path), "decision": "skipped", "reasons": [reason]})  # fmt: skip
 
     # ---- worker ---------------------------------------------------------------------------------------------
     def _run(self) -> None:
@@ -299,10 +303,8 @@ class LiveEvaluator(GateDecisions, L.Callback):
                        f"(eval.max_share {self.max_share})")  # fmt: skip
                 log.info("Eval: skipping %s adapter v%d (%s)", track.agent, item[1], why)
                 if item[3] is not None and item[2] is not None:  # a gated candidate: never served unmeasured, said
-                    self._gate_log({"time": time.time(), "kind": "gate", "agent_id": track.agent, "step": item[1],
-                                    "adapter": item[2].name, "path": str(item[2]), "decision": "skipped",
-                                    "reasons": [f"not measured within the evaluation budget: {why}; a later "
-                                                "candidate is measured when the budget allows"]})  # fmt: skip
+                    self._log_skipped(track.agent, item[1], item[2], f"not measured within the evaluation budget: "
+                                      f"{why}; a later candidate is measured when the budget allows")  # fmt: skip
                 with self._cond:
                     self._busy, self._current, self._current_path = False, None, None
                     self._cond.notify_all()
