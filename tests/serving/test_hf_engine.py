@@ -9,7 +9,9 @@ import time
 import pytest
 import torch
 
+from metaclaw import profiling
 from metaclaw.modules.policy import LoraPolicy
+from metaclaw.serving import sampling
 from metaclaw.serving.engines import AdapterError, Engine, SamplingParams, UnknownAdapterError
 from metaclaw.serving.engines.hf import HFEngine
 
@@ -318,3 +320,47 @@ def test_merge_adapters_auto_merges_on_cpu_only(tiny_spec):
     assert HFEngine.from_backend(tiny_spec, [], merge_adapters=False).merge_adapters is False
     with pytest.raises(ValueError, match="backend.merge_adapters"):
         HFEngine.from_backend(tiny_spec, [], merge_adapters="yes")
+
+
+def test_clients_at_machine_pace_share_batches_instead_of_taking_turns(tiny_spec, monkeypatch):
+    """`backend.batch_linger_s`: client B's turn arrives while client A's batch runs; A comes back the moment it
+    is answered. Without the linger B's turn runs alone as soon as A's batch ends and A's next turn waits for it,
+    so the two take turns at batch 1 forever; with it, B's leader waits for the turn A's batch answered and both
+    share one batch. A request arriving after the linger window never waits."""
+    engine = HFEngine.from_spec(tiny_spec, max_batch_size=4, batch_linger_s=2.0)
+    prompt = chat_ids(engine.tokenizer, "hi")
+    params = SamplingParams(max_tokens=6, temperature=1.0)
+    real = sampling.generate_batch
+    calls: list[int] = []
+    b_results: list = []
+
+    def first_batch_lets_b_arrive(model, tokenizer, prompts, params_list):
+        calls.append(len(prompts))
+        if len(calls) == 1:  # A's first turn is running: B's turn arrives and waits
+            b = threading.Thread(target=lambda: b_results.append(engine.generate(prompt, params)))
+            b.start()
+            deadline = time.monotonic() + 30
+            while len(engine._pending) < 1 and time.monotonic() < deadline:
+                time.sleep(0.005)
+            assert len(engine._pending) == 1
+            first_batch_lets_b_arrive.b = b
+        return real(model, tokenizer, prompts, params_list)
+
+    monkeypatch.setattr(sampling, "generate_batch", first_batch_lets_b_arrive)
+    engine.generate(prompt, params)  # A's first turn
+    time.sleep(0.1)  # A's client reads the reply and sends its next turn (an HTTP round trip, a proxy)
+    engine.generate(prompt, params)  # ... and shares B's batch
+    first_batch_lets_b_arrive.b.join(60)
+    assert calls == [1, 2] and len(b_results) == 1 and engine.batches == {1: 1, 2: 1}
+
+    engine.batch_linger_s = 0.05
+    time.sleep(0.1)  # past the window: a lone request
+    lingered = profiling.snapshot()["phases"].get("batch_linger", {}).get("n", 0)
+    engine.generate(prompt, params)
+    assert profiling.snapshot()["phases"].get("batch_linger", {}).get("n", 0) == lingered
+    assert calls == [1, 2, 1]
+
+
+def test_batch_linger_is_bounded(tiny_spec):
+    with pytest.raises(ValueError, match="batch_linger_s"):
+        HFEngine.from_spec(tiny_spec, max_batch_size=4, batch_linger_s=-1)

@@ -7,7 +7,13 @@ lock and generates.
 Batching (`max_batch_size` > 1, `backend.max_batch_size`): non-streaming requests wait in a pending list; the
 one that gets the model lock takes up to `max_batch_size` pending requests with the same adapter version and
 the same sampling distribution and stop rules (`sampling.batch_key`; `max_tokens` may differ) and runs one
-left-padded `generate` for all of them. Requests with `n` > 1 or a `seed` and streams run alone. Each row's
+left-padded `generate` for all of them. Requests with `n` > 1 or a `seed` and streams run alone.
+A batch's leader lingers (`backend.batch_linger_s`) for the turns the previous batch answered: people and agents
+that just got a reply send their next turn within milliseconds, but a static batch cannot take a request once it
+runs, so two clients at machine pace fall into lockstep at batch 1 (each arrives while the other's batch runs).
+The leader of a batch that starts within `batch_linger_s` of the previous one's end waits until as many requests
+have arrived since that end as the previous batch answered, or until `batch_linger_s` after it, whichever is
+first. A request that arrives later than that (a person reading, a lone client) never waits. Each row's
 logprobs are its own, over the one distribution (`sampling.generate_batch`). Score requests (the teacher-logprob
 route: the publish gate's 32 held-out turns, base NLLs) batch the same way, by model only (each row is scored
 under its own distribution after one left-padded forward), so a gate's requests in flight take one turn at the
@@ -143,6 +149,8 @@ class HFEngine(ServedAdapters):
         max_seq_len: longest prompt + completion accepted.
         max_batch_size: concurrent generate requests sampled together, and score requests scored together (1: one
             at a time).
+        batch_linger_s: how long after a batch's end the next batch's leader may wait for the turns that batch
+            answered (the module docstring; 0: never waits).
         merge_adapters: serve each adapter version merged into a copy of the weights (see the module docstring);
             not for a `model` that is already a `PeftModel` (its adapters are served as they are).
     """
@@ -155,9 +163,12 @@ class HFEngine(ServedAdapters):
         max_seq_len: int = 2048,
         max_batch_size: int = 1,
         merge_adapters: bool = False,
+        batch_linger_s: float = 0.0,
     ) -> None:
         if max_batch_size < 1:
             raise ValueError(f"backend.max_batch_size must be >= 1, got {max_batch_size}")
+        if not 0 <= batch_linger_s <= 5:
+            raise ValueError(f"backend.batch_linger_s must be in [0, 5] seconds, got {batch_linger_s}")
         if merge_adapters and isinstance(model, PeftModel):
             raise ValueError("backend.merge_adapters needs a plain base model, not a PeftModel")
         self.max_batch_size = max_batch_size
@@ -169,6 +180,10 @@ class HFEngine(ServedAdapters):
         self._pending: list[_Pending] = []  # bounded by the server's max_concurrency (each waiter is a caller)
         self._scoring: list[_PendingScore] = []  # the same bound
         self._pending_lock = threading.Lock()
+        self._arrived = threading.Condition(self._pending_lock)  # notified on every generate request queued
+        self.batch_linger_s = float(batch_linger_s)
+        self._arrivals = 0  # generate requests queued so far
+        self._last_batch: tuple[float, int, int] | None = None  # (end, arrivals by then, size) of the last batch
         self.batches: dict[int, int] = {}  # batch size -> generate calls (for benches and tests)
         self.score_batches: dict[int, int] = {}  # batch size -> scoring forwards
         self.tokenizer = tokenizer
@@ -185,13 +200,18 @@ class HFEngine(ServedAdapters):
 
     @classmethod
     def from_spec(
-        cls, spec: Any, device: torch.device | str = "cpu", max_batch_size: int = 1, merge_adapters: bool = False
+        cls,
+        spec: Any,
+        device: torch.device | str = "cpu",
+        max_batch_size: int = 1,
+        merge_adapters: bool = False,
+        batch_linger_s: float = 0.0,
     ) -> HFEngine:
         """Load `spec` (a `metaclaw.modules.loading.ModelSpec`) onto `device` for inference."""
         model = spec.load_model(device).eval()
         return cls(
             model, spec.load_tokenizer(), model_name=spec.name, max_seq_len=spec.max_seq_len,
-            max_batch_size=max_batch_size, merge_adapters=merge_adapters,
+            max_batch_size=max_batch_size, merge_adapters=merge_adapters, batch_linger_s=batch_linger_s,
         )  # fmt: skip
 
     @classmethod
@@ -201,6 +221,7 @@ class HFEngine(ServedAdapters):
         infer_devices: Sequence[int] = (),
         max_batch_size: int = 1,
         merge_adapters: bool | str = False,
+        batch_linger_s: float = 0.0,
         **vllm_only: Any,
     ) -> HFEngine:
         """The `backend` node's constructor: the first inference GPU, else CPU. The vLLM options `backend=auto`
@@ -214,7 +235,7 @@ class HFEngine(ServedAdapters):
         if merge_adapters not in (True, False, "auto"):
             raise ValueError(f"backend.merge_adapters must be true, false or auto, got {merge_adapters!r}")
         merge = device == "cpu" if merge_adapters == "auto" else bool(merge_adapters)
-        return cls.from_spec(spec, device, int(max_batch_size), merge)
+        return cls.from_spec(spec, device, int(max_batch_size), merge, float(batch_linger_s))
 
     @property
     def device(self) -> torch.device:
@@ -342,11 +363,14 @@ class HFEngine(ServedAdapters):
     ) -> list[SequenceOutput]:
         """Queue the request; whoever holds the model lock next samples it with the compatible ones waiting."""
         mine = _Pending(prompt_ids, params, (None if slot is None else slot.internal, key))
-        with self._pending_lock:
+        with self._arrived:
             self._pending.append(mine)
+            self._arrivals += 1
+            self._arrived.notify_all()
         with self._lock:
             if not mine.done.is_set():  # nobody took it yet: lead a batch
-                with self._pending_lock:
+                with self._arrived:
+                    self._linger(mine.key)
                     batch = [mine] + [p for p in self._pending if p is not mine and p.key == mine.key]
                     batch = batch[: self.max_batch_size]
                     for p in batch:
@@ -359,10 +383,28 @@ class HFEngine(ServedAdapters):
                         )
                         ph["tokens"] = sum(len(o.token_ids) for o in outs)
                     self._count(len(batch))
+                    with self._arrived:
+                        self._last_batch = (time.monotonic(), self._arrivals, len(batch))
                     return [[out] for out in outs]
 
                 _settle(batch, work)
         return _outcome(mine)
+
+    def _linger(self, key: tuple) -> None:
+        """Under `_arrived`: wait for the turns the last batch answered (the module docstring), at most until
+        `batch_linger_s` after its end, and never once a batch of `key` is full."""
+        if self.batch_linger_s <= 0 or self._last_batch is None:
+            return
+        end, seen, size = self._last_batch
+        deadline = end + self.batch_linger_s
+        if time.monotonic() >= deadline:
+            return
+        with profiling.phase("batch_linger", cpu="thread"):
+            while self._arrivals - seen < size and sum(p.key == key for p in self._pending) < self.max_batch_size:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    break
+                self._arrived.wait(left)
 
     def stream(self, prompt_ids: Sequence[int], params: SamplingParams, adapter: str | None = None) -> TokenStream:
         params = self._check(prompt_ids, params)

@@ -93,6 +93,7 @@ class VLLMEngine(ServedAdapters):
         if "max_batch_size" in options:
             options["max_num_seqs"] = options.pop("max_batch_size")
         options.pop("merge_adapters", None)  # the HF engine's (vLLM applies LoRA in its own kernels)
+        options.pop("batch_linger_s", None)  # the HF engine's (vLLM's scheduler adds requests to running batches)
         dtype = "auto" if spec.dtype == "auto" else spec.dtype
         return cls(str(spec.local_dir()), spec.load_tokenizer(), spec.name, spec.max_seq_len, dtype=dtype, **options)
 
