@@ -44,6 +44,7 @@ from hydra.utils import instantiate
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "src"))
 
+from metaclaw.config import CONFIG_DIR, register_resolvers  # noqa: E402
 from metaclaw.modules.policy import LoraPolicy  # noqa: E402
 from metaclaw.serving.engines.hf import HFEngine  # noqa: E402
 from metaclaw.serving.sampling import SamplingParams  # noqa: E402
@@ -207,7 +208,8 @@ def main() -> None:
     args = p.parse_args()
     if args.quick:
         args.prompts, args.max_tokens, args.repeats = 4, 16, 1
-    with initialize_config_dir(str(REPO / "conf"), version_base=None):
+    register_resolvers()
+    with initialize_config_dir(str(CONFIG_DIR), version_base=None):
         cfg = compose("train", overrides=[f"model={args.model}", "backend=hf"])
     batch = args.batch or int(cfg.backend.max_batch_size)
     spec = instantiate(cfg.model)
