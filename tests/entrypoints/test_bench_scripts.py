@@ -1,0 +1,35 @@
+"""The serving benches still run (one broke unnoticed when the configs moved into the package): each on the tiny
+model, as a user would start it, printing its JSON."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+from tests.conftest import REPO
+
+
+def _bench(*args: str) -> dict:
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(REPO / "src")}
+    done = subprocess.run(
+        [sys.executable, *args], cwd=REPO, env=env, capture_output=True, text=True, timeout=600, check=False
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    return json.loads(done.stdout)
+
+
+def test_hf_batching_measures_the_linger_off_and_on():
+    out = _bench("bench/hf_batching.py", "--model", "tiny", "--requests", "6", "--clients", "2", "--rounds", "1")
+    off, on = out["runs"]
+    assert off["batch_linger_s"] == 0.0 and on["batch_linger_s"] == 0.25  # the composed config's value
+    for run in (off, on):
+        assert sum(int(size) * n for size, n in run["batches"].items()) == 6  # every request answered, once
+    assert out["speedup"] > 0 and out["clients"] == 2
+
+
+def test_generation_bench_runs_on_the_packaged_config():
+    out = _bench("bench/generation.py", "--model", "tiny", "--quick", "--no-llama-cpp", "--threads", "1")
+    assert out["runs"] and all(r["tokens_per_s"] > 0 for r in out["runs"].values())
+    assert out["limit_tokens_per_s"]["b1"] > 0 and out["llama_cpp"]["status"] == "skipped"
