@@ -396,15 +396,15 @@ class HFEngine(ServedAdapters):
         if self.batch_linger_s <= 0 or self._last_batch is None:
             return
         end, seen, size = self._last_batch
-        deadline = end + self.batch_linger_s
-        if time.monotonic() >= deadline:
+        left = end + self.batch_linger_s - time.monotonic()
+        if left <= 0:
             return
         with profiling.phase("batch_linger", cpu="thread"):
-            while self._arrivals - seen < size and sum(p.key == key for p in self._pending) < self.max_batch_size:
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    break
-                self._arrived.wait(left)
+            self._arrived.wait_for(
+                lambda: self._arrivals - seen >= size
+                or sum(p.key == key for p in self._pending) >= self.max_batch_size,
+                timeout=left,
+            )
 
     def stream(self, prompt_ids: Sequence[int], params: SamplingParams, adapter: str | None = None) -> TokenStream:
         params = self._check(prompt_ids, params)
