@@ -56,6 +56,7 @@ class DevicePlan:
     infer_memory_fraction: float | None = None  # vLLM's gpu_memory_utilization when colocated with training
     serve_threads: int | None = None  # torch compute threads of the policy server (None: torch's default)
     train_threads: int | None = None  # ... of each training process
+    eval_server: bool = False  # live evaluation gets a policy server process of its own (`devices.eval_server`)
     warnings: tuple[str, ...] = field(default_factory=tuple)
 
     @property
@@ -81,7 +82,9 @@ class DevicePlan:
         if self.serve_threads or self.train_threads:
             serve, train = self.serve_threads or "default", self.train_threads or "default"
             threads = f"; torch threads: serve {serve}, train {train}"
-        return f"train: {strategy} on {where}{nodes}, {self.precision}; serve: {engine} on {serve_on}{shared}{threads}"
+        evaluation = "; evaluation: a server of its own" if self.eval_server else ""
+        return (f"train: {strategy} on {where}{nodes}, {self.precision}; serve: {engine} on {serve_on}{shared}{threads}"
+                f"{evaluation}")
 
 
 def _ids(value: Any, name: str, gpu_count: int) -> list[int] | None:
@@ -133,6 +136,22 @@ def thread_budget(
     if train == "auto":
         train = max(1, (cores - serve) // max(1, train_processes))
     return serve, train
+
+
+def eval_server_plan(value: Any, serves_here: bool, cpu_serving: bool, cores: int) -> bool:
+    """`devices.eval_server`: whether live evaluation gets a policy server process of its own.
+
+    `auto`: yes when this run starts its policy server on the CPU (`serves_here`, no inference GPU) with 2 or more
+    cores. One server process computes one batch at a time: its held-out replies and their base-model NLL would
+    take their turns between the user's (a fifth of the serving server's time in the main job, session 11), while
+    the core that trains sits half idle. A second process on the same settings (the same engine, weights,
+    sampling) answers evaluation there. On a GPU the one server batches both (vLLM: continuously), and a second
+    would need a second copy of the model in GPU memory."""
+    if value is None or (isinstance(value, str) and value.strip().lower() == "auto"):
+        return serves_here and cpu_serving and cores >= 2
+    if isinstance(value, bool):
+        return value and serves_here
+    raise DevicePlanError(f"devices.eval_server must be auto, true or false, got {value!r}")
 
 
 def plan_devices(
@@ -221,6 +240,7 @@ def plan_devices(
         num_nodes=num_nodes,
         cpu_processes=cpu_processes,
         infer_memory_fraction=memory,
+        eval_server=eval_server_plan(devices.get("eval_server", "auto"), serves_here, not infer, cpu_count),
         warnings=tuple(warnings),
     )
 
@@ -261,6 +281,7 @@ def resolve_devices(
         cfg.devices.strategy = plan.strategy
         cfg.devices.num_nodes = plan.num_nodes
         cfg.devices.cpu_threads = {"serve": plan.serve_threads, "train": plan.train_threads}
+        cfg.devices.eval_server = plan.eval_server
         cfg.backend.name = plan.backend
         engines = cfg.backend.get("engines")
         if engines is not None:  # backend=auto: the engine the plan chose, by its `_target_`

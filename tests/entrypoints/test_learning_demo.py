@@ -8,6 +8,8 @@ from tests.entrypoints.test_train import run_cli
 
 
 def test_main_job_prints_the_summary_and_writes_the_plot(tmp_path):
+    """Also: evaluation runs on a server of its own (`devices.eval_server`, auto on a CPU with >= 2 cores; set
+    here so a 1-core machine runs it too): every evaluation request lands there, none on the agent's server."""
     out = run_cli(
         "model=tiny",
         "rollout=simulated_user",
@@ -18,11 +20,20 @@ def test_main_job_prints_the_summary_and_writes_the_plot(tmp_path):
         "eval.baseline=first",
         f"eval.cache.dir={tmp_path / 'eval-cache'}",
         "rollout.simulated_user.anthropic_share=0.5",
+        "devices.eval_server=true",
         f"hydra.run.dir={tmp_path}",
         timeout=600,
+        env={"METACLAW_PROFILE_DIR": str(tmp_path / "profile"), "METACLAW_PROFILE_EVERY_S": "0.5"},
     )
     assert out.returncode == 0, out.stderr[-3000:]
     assert "=== metaclaw: what the agent learned ===" in out.stdout
+    workers = [json.loads(f.read_text())["phases"] for f in (tmp_path / "profile").glob("server-worker-*.json")]
+    serving = [p for p in workers if "generate:serve" in p]
+    evaluating = [p for p in workers if "generate:metaclaw-eval" in p]
+    assert len(serving) == 1 and len(evaluating) == 1 and serving != evaluating  # two servers, one job each
+    assert not any(name.endswith(":metaclaw-eval") for name in serving[0])  # the user's server: no evaluation
+    assert "generate:serve" not in evaluating[0] and "score:metaclaw-eval" in evaluating[0]
+    assert (tmp_path / "eval-server" / "serve_config.yaml").exists() and (tmp_path / "server" / "server.log").exists()
     assert "base model" in out.stdout and "adapter step-000002" in out.stdout
     rows = [json.loads(line) for line in (tmp_path / "eval.jsonl").read_text().splitlines()]
     assert rows[0]["adapter"] == "base" and {"step-000001", "step-000002"} <= {r["adapter"] for r in rows}

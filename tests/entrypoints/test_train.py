@@ -42,8 +42,8 @@ def compose_train(run_dir: Path, *overrides: str):
     return cfg
 
 
-def run_cli(*args: str, timeout: int = 300) -> subprocess.CompletedProcess:
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "WANDB_MODE": "offline"}
+def run_cli(*args: str, timeout: int = 300, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "WANDB_MODE": "offline", **(env or {})}
     return subprocess.run(
         [sys.executable, "train.py", *args], cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout
     )

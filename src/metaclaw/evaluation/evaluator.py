@@ -118,28 +118,29 @@ class ComplianceEvaluator:
         cache_parts: dict[str, Any] | None = None,
         baseline_name: str | None = None,
     ) -> None:
-        from openai import OpenAI
-
         if n_prompts < 1 or samples_per_prompt < 1 or concurrency < 1:
             raise ValueError("eval: n_prompts, samples_per_prompt and concurrency must be >= 1")
         self.prefs = preferences if isinstance(preferences, PreferenceSet) else PreferenceSet(preferences)
         tasks = load_tasks(tasks_file, split)
         self.prompts = [t.prompt for t in random.Random(seed).sample(tasks, min(n_prompts, len(tasks)))]
-        base = server_url.rstrip("/")
-        self.client = OpenAI(
-            base_url=base if base.endswith("/v1") else f"{base}/v1",
-            api_key=api_key or "unused",
-            timeout=timeout_s,
-            max_retries=1,
-        )
+        self.api_key, self.timeout_s = api_key, timeout_s
+        self.rebind(server_url)
         self.samples_per_prompt, self.max_tokens, self.temperature = samples_per_prompt, max_tokens, temperature
         self.system, self.concurrency, self.keep_examples = system, concurrency, keep_examples
         self.injector, self.agent_id = injector, agent_id
-        self.server_url, self.api_key, self.timeout_s = base, api_key, timeout_s
         self.base_model, self.nll_margin = base_model, nll_margin
         self.reference_nll: float | None = None  # the base model's mean NLL of its own replies (first scored)
         self.cache, self.cache_parts = cache, cache_parts
         self.baseline_name = baseline_name or base_model
+
+    def rebind(self, server_url: str) -> None:
+        """Ask `server_url` (a policy server's base URL) from now on."""
+        from openai import OpenAI
+
+        base = server_url.rstrip("/")
+        self.server_url = base
+        self.client = OpenAI(base_url=base if base.endswith("/v1") else f"{base}/v1", api_key=self.api_key or "unused",
+                             timeout=self.timeout_s, max_retries=1)  # fmt: skip
 
     def _messages(self, prompt: str) -> list[dict[str, str]]:
         messages = [{"role": "system", "content": self.system}] if self.system else []

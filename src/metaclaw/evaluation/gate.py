@@ -26,6 +26,7 @@ import httpx
 from metaclaw.agents import DEFAULT_PROFILE
 from metaclaw.evaluation.evaluator import EvalResult
 from metaclaw.evaluation.stats import newcombe, wilson
+from metaclaw.serving.client import load_adapter
 from metaclaw.wire import bearer_headers
 
 log = logging.getLogger("metaclaw.evaluation.live")
@@ -111,6 +112,8 @@ class GateDecisions:
     base_model: str
     eval_name: str
     server_url: str | None
+    _eval_url: str | None  # evaluation's own server (`devices.eval_server`); None: candidates are measured on
+    # `server_url`
     api_key: str | None
     watch: Any
     frozen: Callable[[], str | None] | None
@@ -228,7 +231,26 @@ class GateDecisions:
         if card is None:
             return self.base_model, 0
         version = card.get("adapter_version")
+        self._mirror_served(track, card)
         return track.lora_name, int(version) if isinstance(version, int) else None
+
+    def _mirror_served(self, track: Track, card: dict[str, Any]) -> None:
+        """With evaluation on a server of its own (`devices.eval_server`), the adapter the agent is served is
+        loaded there too, under the same name and version, so the gate measures the served side where it measures
+        the candidate (the same settings: one distribution). Asked each decision: a restarted server is refilled."""
+        if not self._eval_url or self._eval_url == self.server_url:
+            return
+        version, root = card.get("adapter_version"), card.get("root")
+        r = httpx.get(f"{self._eval_url}/v1/models", headers=bearer_headers(self.api_key), timeout=10)
+        r.raise_for_status()
+        there = [c for c in r.json().get("data", []) if isinstance(c, dict) and c.get("id") == track.lora_name]
+        if there and there[0].get("adapter_version") == version and there[0].get("root") == root:
+            return
+        if not root:
+            raise RuntimeError(f"the policy server names no path for {track.lora_name!r}: the evaluation server "
+                               "cannot load the served adapter")  # fmt: skip
+        load_adapter(self._eval_url, track.lora_name, str(root), self.api_key, 60.0,
+                     version=int(version) if isinstance(version, int) else None).raise_for_status()  # fmt: skip
 
     def served_version(self, track: Track) -> int | None:
         """The adapter version the agent is answered by now (0: the base model; None: the server cannot say)."""

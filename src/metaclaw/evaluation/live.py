@@ -129,6 +129,7 @@ class LiveEvaluator(GateDecisions, L.Callback):
         self.run_dir, self.base_model = Path(run_dir), base_model
         self.every_n_adapters, self.gate, self.margin, self.eval_name = every_n_adapters, gate, margin, eval_name
         self.server_url, self.api_key, self.final_timeout_s = server_url, api_key, final_timeout_s
+        self._eval_url: str | None = None  # evaluation's own server (`bind`); None: `server_url`
         if not 0 < alpha < 1:
             raise ValueError(f"publish.gate.alpha must be in (0, 1), got {alpha}")
         self.max_nll_increase, self.min_turns, self.alpha = max_nll_increase, min_turns, alpha
@@ -188,10 +189,19 @@ class LiveEvaluator(GateDecisions, L.Callback):
         track.lora_name, track.owner = lora_name or track.lora_name, owner
 
     def bind(
-        self, server_url: str, evaluator: ComplianceEvaluator | None = None, api_key: str | None = None
+        self,
+        server_url: str,
+        evaluator: ComplianceEvaluator | None = None,
+        api_key: str | None = None,
+        eval_url: str | None = None,
     ) -> None:
-        """Point at the policy server the live loop started, with its key (and the evaluator, when built late)."""
+        """Point at the policy server the live loop started, with its key (and the evaluator, when built late).
+
+        `eval_url`: evaluation's own server (`devices.eval_server`, the same settings and key), where candidates
+        are loaded and measured; the agent's server (`server_url`) is then only asked what it serves and told
+        what to serve. None: both on `server_url`."""
         self.server_url = server_url.rstrip("/")
+        self._eval_url = eval_url.rstrip("/") if eval_url else None
         if api_key is not None:
             self.api_key = api_key
         if evaluator is not None:
@@ -347,8 +357,21 @@ class LiveEvaluator(GateDecisions, L.Callback):
                 paths.update(Path(seen[v]) for v in sorted(seen)[-2:] if seen[v])
         return paths
 
+    @property
+    def eval_url(self) -> str | None:
+        """Where candidates are loaded and measured: evaluation's own server, else the agent's."""
+        return self._eval_url or self.server_url
+
+    def rebind_eval(self, url: str) -> None:
+        """Evaluation's own server is gone (past its restarts): measure on `url` (the agent's server) from now on."""
+        self._eval_url = None
+        self.server_url = url.rstrip("/")
+        for track in self.tracks.values():
+            if track.evaluator is not None:
+                track.evaluator.rebind(self.server_url)
+
     def _load_candidate(self, path: Path) -> None:
-        load_adapter(self.server_url, self.eval_name, str(path.resolve()), self.api_key, 60.0).raise_for_status()
+        load_adapter(self.eval_url, self.eval_name, str(path.resolve()), self.api_key, 60.0).raise_for_status()
 
     def _evaluate(self, track: Track, step: int, path: Path | None, hot_load: HotLoad | None) -> None:
         evaluator = track.evaluator

@@ -83,6 +83,10 @@ class HeldoutTurnsEvaluator:
         self._served_lp: dict[tuple[int, int | None], float] = {}  # (served version, sample id) -> logprob of the reply
         self.reference_nll: float | None = None  # the base model's (version 0) replies: the fluency reference
 
+    def rebind(self, server_url: str) -> None:
+        """Ask `server_url` (a policy server's base URL) from now on."""
+        self.server_url = server_url.rstrip("/")
+
     def _heldout(self, version: int | None = None) -> list[Sample]:
         where = {} if version is None else {"adapter_version": version}
         rows = self.store.select(status="dropped", **where)

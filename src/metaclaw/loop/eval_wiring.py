@@ -126,11 +126,18 @@ def build_evaluator(cfg: DictConfig) -> LiveEvaluator | None:
 
 
 def bind_evaluator(
-    cfg: DictConfig, evaluator: LiveEvaluator, server_url: str, server_key: str | None, store: SampleStore | None = None
+    cfg: DictConfig,
+    evaluator: LiveEvaluator,
+    server_url: str,
+    server_key: str | None,
+    store: SampleStore | None = None,
+    eval_url: str | None = None,
 ) -> None:
     """Point the evaluator at the running policy server (with its key) and start it (base model first); without
-    a verifier, at the run's store (the judge fallback)."""
+    a verifier, at the run's store (the judge fallback). `eval_url`: evaluation's own server (`devices.eval_server`),
+    where every evaluation request goes (the agent's server is only asked what it serves)."""
     ev = cfg.eval
+    measure_on = eval_url or server_url
     quality = ev.get("quality") or {}
     base_model = cfg.model.name if quality.get("enabled", True) else None
     profiles = AgentProfiles.from_config(cfg)
@@ -141,14 +148,14 @@ def bind_evaluator(
         for adapter in profiles.adapters:  # each adapter: the held-out turns of the agents it serves
             owner = (lambda a, mine=adapter: profiles.adapter_of(a) == mine) if profiles.many else None
             turns = HeldoutTurnsEvaluator(
-                store, server_url, base_model, api_key=server_key, max_turns=fallback.get("max_turns", 32),
+                store, measure_on, base_model, api_key=server_key, max_turns=fallback.get("max_turns", 32),
                 min_turns=fallback.get("min_turns", 4), nll_margin=float(quality.get("nll_margin", 1.0)), owner=owner,
                 keep_examples=3 if (cfg.get("privacy") or {}).get("show_text") else 0,  # users' turns: docs/privacy.md
                 concurrency=int(ev.get("concurrency", 4)), quality_turns=int(fallback.get("quality_turns", 8)),
             )  # fmt: skip
             profile = profiles.by_adapter(adapter)
             evaluator.add_agent(profile.name, turns, lora_name=profile.lora_name, owner=owner)
-        evaluator.bind(server_url, api_key=server_key)
+        evaluator.bind(server_url, api_key=server_key, eval_url=eval_url)
         evaluator.start()
         return
     injector = build_injector(cfg)
@@ -159,7 +166,7 @@ def bind_evaluator(
         evaluator.add_agent(
             agent,
             ComplianceEvaluator(
-                server_url,
+                measure_on,
                 user["preferences"],
                 tasks_file=user.get("tasks_file"),
                 n_prompts=ev.n_prompts,
@@ -181,7 +188,7 @@ def bind_evaluator(
             lora_name=profile.lora_name,
             owner=(lambda a, mine=mine: profiles.adapter_of(a) == mine) if profiles.many else None,
         )
-    evaluator.bind(server_url, api_key=server_key)
+    evaluator.bind(server_url, api_key=server_key, eval_url=eval_url)
     evaluator.start(baseline=True)
 
 

@@ -43,6 +43,7 @@ class Live:
     server_url: str | None = None
     server_key: str | None = None  # the key of `server_url`: per run for the server we start (never logged)
     server: PolicyServerProcess | None = None
+    eval_server: PolicyServerProcess | None = None  # live evaluation's own server (`devices.eval_server`)
     stop: StopController = field(default_factory=StopController)
     proxy_url: str | None = None
     proxy: RolloutProxy | None = None
@@ -72,11 +73,9 @@ def reload_latest_adapter(run_dir: str | Path, server_url: str, api_key: str | N
         log.info("Policy server restarted: adapter %s v%s reloaded", info["name"], info.get("version"))
 
 
-def start_policy_server(cfg: DictConfig, live: Live, stack: ExitStack) -> None:
-    """Start serve.py from this run's config with a per-run key; watch it (restart, or stop the run)."""
+def _server_process(cfg: DictConfig, key: str, role: str) -> PolicyServerProcess:
     process = cfg.serving.process
-    key = cfg.serve.get("api_key") or secrets.token_urlsafe(32)
-    server = PolicyServerProcess(
+    return PolicyServerProcess(
         server_nodes(cfg),
         run_dir=cfg.run_dir,
         api_key=key,
@@ -85,23 +84,52 @@ def start_policy_server(cfg: DictConfig, live: Live, stack: ExitStack) -> None:
         startup_timeout_s=process.startup_timeout_s,
         max_restarts=process.get("max_restarts", 0),
         poll_s=process.get("poll_s", 1.0),
+        role=role,
     )
-    live.server, live.server_url, live.server_key = stack.enter_context(server), server.url, key
+
+
+def start_policy_server(cfg: DictConfig, live: Live, stack: ExitStack, evaluation: bool = False) -> None:
+    """Start serve.py from this run's config with a per-run key; watch it (restart, or stop the run).
+
+    `evaluation`: also start live evaluation's own server (`devices.eval_server`: the same settings and key, its
+    own process and port; both load at once). It is watched too: restarted, and past its restarts evaluation
+    goes back to the policy server, said loudly (training goes on)."""
+    key = cfg.serve.get("api_key") or secrets.token_urlsafe(32)
+    server = _server_process(cfg, key, "policy")
+    servers = [server, _server_process(cfg, key, "eval")] if evaluation else [server]
+    for each in servers:
+        stack.callback(each.stop)
+        each.launch()
+    for each in servers:
+        each.wait_ready()
+    live.server, live.server_url, live.server_key = server, server.url, key
     server.watch(
         on_restart=lambda: reload_latest_adapter(cfg.run_dir, server.url, key),
         on_death=lambda reason: live.stop.request(reason, error=True),
     )
+    if evaluation:
+        live.eval_server = servers[1]
+
+        def lost(reason: str) -> None:
+            log.error("%s; live evaluation goes back to the policy server (devices.eval_server)", reason)
+            live.eval_server = None
+            if live.extras.get("on_eval_server_lost"):
+                live.extras["on_eval_server_lost"]()
+
+        servers[1].watch(on_restart=lambda: None, on_death=lost)
 
 
-def connect_policy_server(cfg: DictConfig, live: Live, stack: ExitStack) -> Upstream:
-    """`serving.url` when set, else the server this run starts: the one place the upstream is decided."""
+def connect_policy_server(cfg: DictConfig, live: Live, stack: ExitStack, evaluation: bool = False) -> Upstream:
+    """`serving.url` when set, else the server this run starts: the one place the upstream is decided.
+    `evaluation`: the run evaluates live; with `devices.eval_server` (resolved by the device plan) it gets a
+    server of its own (`live.eval_server`)."""
     serving = cfg.serving
     if serving.get("url"):
         live.server_url, live.server_key = serving.url.rstrip("/"), serving.get("api_key")
     elif not cfg.mode.train:
         raise ValueError("mode=skills_only forwards to serving.url: set it to an OpenAI-compatible base URL")
     else:
-        start_policy_server(cfg, live, stack)
+        start_policy_server(cfg, live, stack, evaluation and bool(cfg.devices.get("eval_server")))
     assert live.upstream is not None
     return live.upstream
 
@@ -129,7 +157,7 @@ def live_loop(
     for name in ("httpx", "httpx2"):  # one line per proxied request drowns the progress
         logging.getLogger(name).setLevel(logging.WARNING)
     with ExitStack() as stack:
-        server = connect_policy_server(cfg, live, stack)
+        server = connect_policy_server(cfg, live, stack, evaluation=evaluator is not None)
         p = rollout.proxy
         if cfg.mode.train:  # refuse a run the upstream cannot feed, before any agent is pointed at the proxy
             probe_capture(server.url, server.api_key, p.get("base_model"), p.request_timeout_s)
@@ -160,7 +188,9 @@ def live_loop(
         if evaluator is not None:
             from metaclaw.loop.eval_wiring import bind_evaluator
 
-            bind_evaluator(cfg, evaluator, server.url, server.api_key, store)
+            eval_url = live.eval_server.url if live.eval_server is not None else None
+            bind_evaluator(cfg, evaluator, server.url, server.api_key, store, eval_url=eval_url)
+            live.extras["on_eval_server_lost"] = lambda: evaluator.rebind_eval(server.url)
             stack.callback(evaluator.stop)
         if rollout.get("simulated_user"):
             user_cfg = OmegaConf.to_container(rollout.simulated_user, resolve=True)

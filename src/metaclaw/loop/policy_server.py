@@ -25,7 +25,7 @@ import yaml
 
 from metaclaw.lifecycle import PARENT_ENV
 from metaclaw.rollout.server import free_port
-from metaclaw.runfiles.layout import SERVER_CONFIG_NAME, RunLayout
+from metaclaw.runfiles.layout import SERVER_CONFIG_NAME, SERVER_LOG, RunLayout
 
 log = logging.getLogger(__name__)
 
@@ -50,18 +50,19 @@ def _escape(value: Any) -> Any:
     return value
 
 
-def server_config(nodes: Mapping[str, Any], run_dir: Path, port: int) -> dict[str, Any]:
+def server_config(nodes: Mapping[str, Any], run_dir: Path, port: int, role: str = "policy") -> dict[str, Any]:
     """The server's primary config for this run: the given resolved nodes, this port, adapters of this run."""
     cfg = {k: _escape(dict(v) if isinstance(v, Mapping) else v) for k, v in nodes.items()}
     serve = dict(cfg.get("serve") or {})
     layout = RunLayout(run_dir)
     serve.update(port=port, api_key=None, adapter_root=str(layout.adapters_root.resolve()))
     cfg["serve"] = serve
+    folder = str(layout.server_dir_of(role).resolve())
     return {
         "defaults": [{"app": "policy_server"}, "_self_"],
         **cfg,
-        "run_dir": str(layout.server_dir.resolve()),
-        "hydra": {"run": {"dir": str(layout.server_dir.resolve())}, "job": {"name": "serve", "chdir": False}},
+        "run_dir": folder,
+        "hydra": {"run": {"dir": folder}, "job": {"name": "serve", "chdir": False}},
     }
 
 
@@ -78,6 +79,8 @@ class PolicyServerProcess:
         startup_timeout_s: how long to wait for `/health`.
         max_restarts: how many times `watch()` restarts a server that died.
         poll_s: how often `watch()` looks at the process.
+        role: `policy` (the agent's server) or `eval` (live evaluation's own, `devices.eval_server`): its folder
+            under the run dir (`metaclaw.runfiles.layout`); the port is always a free one for `eval`.
     """
 
     def __init__(
@@ -90,20 +93,28 @@ class PolicyServerProcess:
         startup_timeout_s: float = 600.0,
         max_restarts: int = 2,
         poll_s: float = 1.0,
+        role: str = "policy",
     ) -> None:
-        self.run_dir = Path(run_dir)
-        self.port = int((nodes.get("serve") or {}).get("port") or 0) or free_port()
-        self.config = server_config(nodes, self.run_dir, self.port)
+        self.run_dir, self.role = Path(run_dir), role
+        fixed = int((nodes.get("serve") or {}).get("port") or 0) if role == "policy" else 0
+        self.port = fixed or free_port()
+        self.config = server_config(nodes, self.run_dir, self.port, role)
         self.api_key = api_key
-        self.config_path = RunLayout(self.run_dir).server_config.resolve()
+        self.folder = RunLayout(self.run_dir).server_dir_of(role)
+        self.config_path = (self.folder / f"{CONFIG_NAME}.yaml").resolve()
         self.args = [*server_command(script), "--config-dir", str(self.config_path.parent), "--config-name",
                      CONFIG_NAME, *(extra_args or [])]  # fmt: skip
         self.startup_timeout_s, self.max_restarts, self.poll_s = startup_timeout_s, max_restarts, poll_s
         self.restarts = 0
         self.restarting = threading.Event()  # set while the watchdog brings a dead server back
         self.proc: subprocess.Popen | None = None
+        self._deadline = 0.0
         self._closing = threading.Event()
         self._watcher: threading.Thread | None = None
+
+    @property
+    def label(self) -> str:
+        return "policy server" if self.role == "policy" else "evaluation's policy server"
 
     @property
     def url(self) -> str:
@@ -111,7 +122,7 @@ class PolicyServerProcess:
 
     @property
     def logfile(self) -> Path:
-        return RunLayout(self.run_dir).server_log
+        return self.folder / SERVER_LOG
 
     def _write_config(self) -> None:
         self.config_path.parent.mkdir(parents=True, exist_ok=True)
@@ -123,30 +134,39 @@ class PolicyServerProcess:
 
     def start(self) -> PolicyServerProcess:
         """Start the server and wait until `/health` answers (raises with the log's path when it does not)."""
+        return self.launch().wait_ready()
+
+    def launch(self) -> PolicyServerProcess:
+        """Start the server's process and return at once (`wait_ready` waits for it): two servers load together."""
         self._write_config()
         env = {**os.environ, PARENT_ENV: str(os.getpid())}
         env.pop("METACLAW_API_KEY", None)
         if self.api_key:
             env["METACLAW_API_KEY"] = self.api_key
         with open(self.logfile, "ab") as logfile:
-            log.info("Starting policy server: %s (config %s, log %s)", " ".join(self.args), self.config_path,
+            log.info("Starting %s: %s (config %s, log %s)", self.label, " ".join(self.args), self.config_path,
                      self.logfile)  # fmt: skip
             self.proc = subprocess.Popen(
                 self.args, stdout=logfile, stderr=subprocess.STDOUT, env=env, start_new_session=True
             )
-        deadline = time.monotonic() + self.startup_timeout_s
-        while time.monotonic() < deadline and not self._closing.is_set():
+        self._deadline = time.monotonic() + self.startup_timeout_s
+        return self
+
+    def wait_ready(self) -> PolicyServerProcess:
+        """Wait until the launched server's `/health` answers (raises with the log's path when it does not)."""
+        assert self.proc is not None, "launch() first"
+        while time.monotonic() < self._deadline and not self._closing.is_set():
             if self.proc.poll() is not None:
-                raise RuntimeError(f"policy server exited with {self.proc.returncode}; see {self.logfile}")
+                raise RuntimeError(f"{self.label} exited with {self.proc.returncode}; see {self.logfile}")
             try:
                 if httpx.get(f"{self.url}/health", timeout=2.0).status_code == 200:
-                    log.info("Policy server ready on %s (pid %d)", self.url, self.proc.pid)
+                    log.info("%s ready on %s (pid %d)", self.label.capitalize(), self.url, self.proc.pid)
                     return self
             except httpx.HTTPError:
                 pass
             time.sleep(0.5)
         self._kill_group(self.proc)
-        raise TimeoutError(f"policy server not healthy after {self.startup_timeout_s}s; see {self.logfile}")
+        raise TimeoutError(f"{self.label} not healthy after {self.startup_timeout_s}s; see {self.logfile}")
 
     def unavailable(self) -> bool:
         """True while the watchdog owns the server: it is being restarted, or its process has exited."""
@@ -163,7 +183,7 @@ class PolicyServerProcess:
             proc = self.proc
             if proc is None or proc.poll() is None:
                 continue
-            reason = f"the policy server (metaclaw serve, pid {proc.pid}) exited with code {proc.returncode}"
+            reason = f"the {self.label} (metaclaw serve, pid {proc.pid}) exited with code {proc.returncode}"
             self.restarting.set()
             while self.restarts < self.max_restarts and not self._closing.is_set():
                 self.restarts += 1
@@ -176,7 +196,7 @@ class PolicyServerProcess:
                     self.restarting.clear()
                     break
                 except Exception as exc:  # noqa: BLE001 - counted as a failed attempt
-                    reason = f"the policy server could not be restarted: {exc}"
+                    reason = f"the {self.label} could not be restarted: {exc}"
                     proc = self.proc or proc
             else:
                 self.restarting.clear()

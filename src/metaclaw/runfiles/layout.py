@@ -11,6 +11,7 @@
     agents/<id>/             an agent's own adapter (docs/agents.md): the same layout
   checkpoints/last.ckpt      the resumable Lightning checkpoint (written to last.ckpt.tmp, then renamed)
   server/                    the policy server the live loop starts: serve_config.yaml, server.log, Hydra output
+  eval-server/               live evaluation's own policy server (devices.eval_server): the same files
 ```
 
 A version is read from the folder's `metaclaw_adapter.json`, never from its name. Run directories written before
@@ -34,6 +35,8 @@ AGENTS = "agents"
 CHECKPOINTS = "checkpoints"
 CHECKPOINT = "last.ckpt"
 SERVER = "server"
+EVAL_SERVER = "eval-server"  # live evaluation's own policy server (`devices.eval_server`), same settings
+SERVER_ROLES = {"policy": SERVER, "eval": EVAL_SERVER}
 SERVER_CONFIG_NAME = "serve_config"  # <run_dir>/server/serve_config.yaml: the started serve.py's primary config
 SERVER_LOG = "server.log"
 LATEST = "latest.json"
@@ -166,7 +169,7 @@ class RunLayout:
     @property
     def server_dir(self) -> Path:
         """The policy server the live loop starts: its config and log."""
-        return self.run_dir / SERVER
+        return self.server_dir_of("policy")
 
     @property
     def server_config(self) -> Path:
@@ -175,6 +178,10 @@ class RunLayout:
     @property
     def server_log(self) -> Path:
         return self.server_dir / SERVER_LOG
+
+    def server_dir_of(self, role: str) -> Path:
+        """The folder of a server the live loop starts: `policy` (the agent's) or `eval` (evaluation's own)."""
+        return self.run_dir / SERVER_ROLES[role]
 
     def leftovers(self) -> list[Path]:
         """Temp files and folders a kill mid-write leaves (adapters of every agent, the checkpoint's)."""

@@ -104,7 +104,10 @@ class TokenLogprobStreamer(BaseStreamer):
             return
         tok = int(value.reshape(-1)[0])
         scores = self.recorder.latest
-        lp = float("nan") if scores is None else float(token_logprobs(scores[None], torch.tensor([tok]), *self.dist)[0])
+        if scores is None:
+            lp = float("nan")
+        else:  # the token's index where the scores are (a GPU's: a CPU index there raised, found on an H100)
+            lp = float(token_logprobs(scores[None], torch.tensor([tok], device=scores.device), *self.dist)[0])
         self.queue.put((tok, lp))
 
     def end(self) -> None:
