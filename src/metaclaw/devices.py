@@ -149,8 +149,8 @@ def eval_server_plan(value: Any, serves_here: bool, cpu_serving: bool, cores: in
     would need a second copy of the model in GPU memory."""
     if value is None or (isinstance(value, str) and value.strip().lower() == "auto"):
         return serves_here and cpu_serving and cores >= 2
-    if isinstance(value, bool):
-        return value and serves_here
+    if isinstance(value, bool):  # as given (the server train.py starts reads train's resolved value back)
+        return value
     raise DevicePlanError(f"devices.eval_server must be auto, true or false, got {value!r}")
 
 

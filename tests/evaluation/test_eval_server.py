@@ -30,7 +30,8 @@ def test_the_device_plan_gives_evaluation_a_server_of_its_own_on_a_shared_cpu():
     assert not plan_devices(AUTO, HF, 1, True, cpu_count=16, serves_here=True).eval_server  # GPU: vLLM batches both
     assert not plan_devices({**cpu, "eval_server": False}, HF, 0, False, 2, serves_here=True).eval_server
     assert plan_devices({**AUTO, "eval_server": True}, HF, 1, True, 16, serves_here=True).eval_server  # asked for
-    assert not plan_devices({**cpu, "eval_server": True}, HF, 0, False, 2, serves_here=False).eval_server
+    # an explicit value stands (serve.py re-plans the devices node train.py resolved: it must read back the same)
+    assert plan_devices({**cpu, "eval_server": True}, HF, 0, False, 2, serves_here=False).eval_server
     with pytest.raises(DevicePlanError, match=r"devices\.eval_server must be auto, true or false, got 'yes'"):
         plan_devices({**cpu, "eval_server": "yes"}, HF, 0, False, 2, serves_here=True)
 
