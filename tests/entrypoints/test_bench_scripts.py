@@ -33,3 +33,11 @@ def test_generation_bench_runs_on_the_packaged_config():
     out = _bench("bench/generation.py", "--model", "tiny", "--quick", "--no-llama-cpp", "--threads", "1")
     assert out["runs"] and all(r["tokens_per_s"] > 0 for r in out["runs"].values())
     assert out["limit_tokens_per_s"]["b1"] > 0 and out["llama_cpp"]["status"] == "skipped"
+
+
+def test_decode_precision_bench_measures_speed_and_the_logprob_gap():
+    out = _bench("bench/decode_precision.py", "--model", "tiny", "--batches", "1", "--tokens", "4", "--replies", "2")
+    assert set(out["tokens_per_s"]) == {"fp32", "bf16", "int8_dynamic"}
+    assert all(v["b1"] > 0 for v in out["tokens_per_s"].values())
+    for gap in out["logprob_gap"].values():  # 2 replies of 4 tokens each, every one compared
+        assert gap["tokens"] == 8 and 0.0 <= gap["mean"] <= gap["max"]
