@@ -75,3 +75,29 @@ def test_the_gate_measures_the_served_adapter_on_the_evaluation_server(tmp_path,
     finally:
         policy.stop()
         evaluation.stop()
+
+
+def test_evaluation_goes_back_to_the_agents_server_when_its_own_dies(tmp_path):
+    """Past its restarts (here none), a dead evaluation server is said loudly and evaluation moves to the
+    agent's server; the run goes on (no stop requested)."""
+    import os
+    import signal
+    import time
+    from contextlib import ExitStack
+
+    from metaclaw.loop.live import Live, start_policy_server
+
+    cfg = compose_train(tmp_path, "model=tiny", "rollout=proxy", "serving.process.max_restarts=0",
+                        "serving.process.poll_s=0.2")  # fmt: skip
+    live = Live()
+    moved: list[bool] = []
+    with ExitStack() as stack:
+        start_policy_server(cfg, live, stack, evaluation=True)
+        assert live.eval_server is not None and live.eval_server.url != live.server_url
+        live.extras["on_eval_server_lost"] = lambda: moved.append(True)
+        os.killpg(live.eval_server.proc.pid, signal.SIGKILL)
+        deadline = time.monotonic() + 30
+        while live.eval_server is not None and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert live.eval_server is None and moved == [True]
+        assert not live.stop.stopping and httpx.get(f"{live.server_url}/health", timeout=5).status_code == 200
