@@ -70,7 +70,7 @@ def test_the_gate_measures_the_served_adapter_on_the_evaluation_server(tmp_path,
             assert live._served_model(track) == ("policy", version)
             there = _card(evaluation.url, "policy")
             assert there is not None and there["adapter_version"] == version and there["root"] == str(path)
-        live.rebind_eval(policy.url)  # evaluation's server lost: back to the agent's, nothing mirrored
+        live.rebind_eval()  # evaluation's server lost: back to the agent's, nothing mirrored
         assert live.eval_url == policy.url
     finally:
         policy.stop()

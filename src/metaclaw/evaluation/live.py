@@ -362,10 +362,9 @@ class LiveEvaluator(GateDecisions, L.Callback):
         """Where candidates are loaded and measured: evaluation's own server, else the agent's."""
         return self._eval_url or self.server_url
 
-    def rebind_eval(self, url: str) -> None:
-        """Evaluation's own server is gone (past its restarts): measure on `url` (the agent's server) from now on."""
+    def rebind_eval(self) -> None:
+        """Evaluation's own server is gone (past its restarts): measure on the agent's server from now on."""
         self._eval_url = None
-        self.server_url = url.rstrip("/")
         for track in self.tracks.values():
             if track.evaluator is not None:
                 track.evaluator.rebind(self.server_url)

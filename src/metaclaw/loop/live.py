@@ -190,7 +190,7 @@ def live_loop(
 
             eval_url = live.eval_server.url if live.eval_server is not None else None
             bind_evaluator(cfg, evaluator, server.url, server.api_key, store, eval_url=eval_url)
-            live.extras["on_eval_server_lost"] = lambda: evaluator.rebind_eval(server.url)
+            live.extras["on_eval_server_lost"] = evaluator.rebind_eval
             stack.callback(evaluator.stop)
         if rollout.get("simulated_user"):
             user_cfg = OmegaConf.to_container(rollout.simulated_user, resolve=True)
