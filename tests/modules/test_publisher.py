@@ -187,3 +187,35 @@ def test_the_last_step_is_checkpointed_whatever_the_cadence(tmp_path):
     assert ckpt["global_step"] == 3
     store = SampleStore(tmp_path / "samples.sqlite")
     assert {s.claimed_step for s in store.select("consumed")} == {0, 1, 2} and store.counts()["claimed"] == 0
+
+
+def test_settle_from_another_thread_while_serve_starts_a_load_never_sees_an_unstarted_thread(tmp_path, monkeypatch):
+    """CI's crash (`cannot join thread before it is started`): the gate's thread called `serve` while the step's
+    thread settled. Here every load thread, just before it starts, lets another thread settle the loader: that
+    settle must find no load or a started one, and both loads still reach the server in order."""
+    import threading
+
+    from metaclaw.modules import hot_load
+
+    loader = hot_load.HotLoader("http://127.0.0.1:9", asynchronous=True, max_failures=None, timeout_s=0.5)
+    loaded, errors, plain_thread = [], [], threading.Thread
+    monkeypatch.setattr(loader, "_load", lambda path, step: loaded.append(step) or step)
+
+    class Racing(plain_thread):
+        def start(self) -> None:
+            def settle_elsewhere() -> None:
+                try:
+                    loader.settle()
+                except RuntimeError as exc:
+                    errors.append(str(exc))
+
+            other = plain_thread(target=settle_elsewhere)
+            other.start()
+            other.join()
+            super().start()
+
+    monkeypatch.setattr(hot_load.threading, "Thread", Racing)
+    loader.serve(tmp_path / "step-000001", 1)
+    loader.serve(tmp_path / "step-000002", 2)
+    loader.settle()
+    assert errors == [] and loaded == [1, 2] and loader.served_version == 2

@@ -9,6 +9,8 @@ reloads the newest adapter, or stops the run naming what died.
 waits for the server (whose model lock a generation may hold for seconds). Loads stay in order: the next `serve`
 (or `settle`) first waits for the previous one, which had a whole step to finish; its outcome (the version now
 served, a failure) is known from then on, one publish later than with synchronous loads.
+`serve` may be called from the gate's thread while the step's thread settles: a lock keeps the loads one at a
+time, and the load under way is only ever a started thread.
 """
 
 from __future__ import annotations
@@ -59,7 +61,8 @@ class HotLoader:
         self.restarting: Callable[[], bool] = lambda: False
         self._last_error = ""
         self.asynchronous = asynchronous
-        self._inflight: threading.Thread | None = None
+        self._inflight: threading.Thread | None = None  # only ever a started thread (settle may run anywhere)
+        self._order = threading.Lock()  # serve() from the gate's thread and the step's: one load at a time
 
     def connect(self, server_url: str, api_key: str | None, restarting: Callable[[], bool] | None = None) -> None:
         """Point at the live loop's policy server (its URL and key, resolved once by the loop)."""
@@ -75,10 +78,12 @@ class HotLoader:
         elif not self.asynchronous:
             self.served_version = self._load(path, step)
         else:
-            self.settle()
-            self._inflight = threading.Thread(target=self._load_in_background, args=(path, step), name="hot-load",
-                                              daemon=True)  # fmt: skip
-            self._inflight.start()
+            with self._order:
+                self.settle()
+                inflight = threading.Thread(target=self._load_in_background, args=(path, step), name="hot-load",
+                                            daemon=True)  # fmt: skip
+                inflight.start()
+                self._inflight = inflight  # published once started: a concurrent settle() can join it
         return self.served_version
 
     def _load_in_background(self, path: Path, step: int) -> None:
@@ -89,7 +94,7 @@ class HotLoader:
         inflight = self._inflight
         if inflight is not None:
             inflight.join(self.timeout_s + 5.0 if timeout_s is None else timeout_s)
-            if not inflight.is_alive():
+            if not inflight.is_alive() and self._inflight is inflight:
                 self._inflight = None
 
     def fatal(self) -> str | None:
