@@ -13,6 +13,7 @@ from pathlib import Path
 
 import httpx
 
+from metaclaw.runfiles.layout import SERVER_ROLES
 from tests.e2e.conftest import ENV, REPO
 
 
@@ -103,10 +104,13 @@ def kill_tree(proc: subprocess.Popen) -> None:
 SERVER = "-m metaclaw serve "  # how train.py starts its policy server (loop/policy_server.py)
 
 
-def server_pid(proc: subprocess.Popen) -> int | None:
-    """The server's main process below train.py (the child whose command line runs `-m metaclaw serve`)."""
+def server_pid(proc: subprocess.Popen, role: str = "policy") -> int | None:
+    """The main process of a server below train.py: the child whose command line runs `-m metaclaw serve` from
+    `role`'s folder (`policy`: the agent's; `eval`: live evaluation's own, `devices.eval_server`)."""
+    folder = f"{os.sep}{SERVER_ROLES[role]} "  # `--config-dir <run dir>/<folder> --config-name ...`
     for pid in descendants(proc.pid):
-        if SERVER in cmdline(pid) and SERVER not in cmdline(_stat(pid)[1] if _stat(pid) else 0):
+        line = cmdline(pid)
+        if SERVER in line and folder in line and SERVER not in cmdline(_stat(pid)[1] if _stat(pid) else 0):
             return pid
     return None
 
