@@ -34,6 +34,11 @@ def _serve_overrides(port: int) -> list[str]:
     return [f"serve.port={port}", f"serve.api_key={KEY}"]
 
 
+# Live evaluation's own server (`devices.eval_server`) is not what the restart and kill tests are about (its own
+# watchdog: tests/evaluation/test_eval_server.py): one server process fewer on the 2-core CI machine.
+ONE_SERVER = "devices.eval_server=false"
+
+
 def test_every_override_given_to_train_reaches_the_server_it_starts_and_sigterm_stops_the_service(tmp_path):
     """Issue 11.1 + 14.1: what the running server reports is the run's config; rollout=proxy runs until SIGTERM."""
     local = ModelSpec(name="tiny", path="tiny", dtype="float32", max_seq_len=1024).local_dir()  # a local HF dir
@@ -84,7 +89,7 @@ def test_sigkill_of_train_leaves_no_process_and_sigkill_of_serve_main_takes_its_
     """Issue 9.3: children die with their parent on every path (train.py SIGKILL; serve.py main SIGKILL)."""
     port, proxy_port = free_port(), free_port()
     proc, out = launch_train(tmp_path / "run", "rollout=proxy", f"rollout.proxy.port={proxy_port}",
-                             "serving.process.max_restarts=1", *_serve_overrides(port))  # fmt: skip
+                             "serving.process.max_restarts=1", ONE_SERVER, *_serve_overrides(port))  # fmt: skip
     url = f"http://127.0.0.1:{port}"
     try:
         # the proxy comes up only after train.py has seen the server start: a kill before that is a failed start
@@ -107,7 +112,7 @@ def test_sigkill_of_train_leaves_no_process_and_sigkill_of_serve_main_takes_its_
 def test_a_dead_server_is_restarted_then_the_run_stops_nonzero_naming_it(tmp_path):
     """Issue 9.4: a server that dies is restarted (bounded) with the newest adapter; past the bound the run exits 1."""
     port = free_port()
-    proc, out = launch_train(tmp_path / "run", "rollout=replay", "trainer.max_steps=1000",
+    proc, out = launch_train(tmp_path / "run", "rollout=replay", "trainer.max_steps=1000", ONE_SERVER,
                              "serving.process.max_restarts=1", "serving.process.poll_s=0.5",
                              *_serve_overrides(port))  # fmt: skip
     url = f"http://127.0.0.1:{port}"

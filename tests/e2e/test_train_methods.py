@@ -12,10 +12,14 @@ from metaclaw.store import SampleStore
 from tests.e2e.conftest import ENV, REPO
 
 
-@pytest.mark.parametrize("method", ["rl", "opd", "combine"])
+# opd and combine are `slow` (`make test-slow`): the fast suite runs them in process (tests/entrypoints/test_train.py)
+# and combine through the real proxy (tests/privacy/test_planted_key_e2e.py); rl runs the whole command here.
+@pytest.mark.parametrize(
+    "method", ["rl", pytest.param("opd", marks=pytest.mark.slow), pytest.param("combine", marks=pytest.mark.slow)]
+)
 def test_train_cli_live_loop_per_method(tmp_path, method):
     cmd = [sys.executable, "train.py", "model=tiny", "rollout=replay", f"method={method}", "trainer.max_steps=2",
-           f"hydra.run.dir={tmp_path}"]  # fmt: skip
+           "devices.eval_server=false", f"hydra.run.dir={tmp_path}"]  # fmt: skip  (its own server: tests/evaluation)
     out = subprocess.run(cmd, cwd=REPO, env=ENV, capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr[-3000:]
     for step in ("step-000001", "step-000002"):

@@ -25,6 +25,7 @@ def test_replay_run_reports_the_judges_verdicts_on_heldout_turns_never_trained(t
         "trainer.max_steps=3",
         "eval.judge_fallback.heldout_share=0.5",
         "eval.judge_fallback.min_turns=1",
+        "devices.eval_server=false",  # the evaluation's own server is tests/evaluation/test_eval_server.py's subject
         f"hydra.run.dir={tmp_path}",
         timeout=600,
     )
