@@ -106,6 +106,7 @@ def test_methods_complete(tmp_path, method):
         assert all(s.teacher_logprobs is not None for s in store.select("consumed"))
 
 
+@pytest.mark.slow  # two training processes (~18 s): `make test-slow`, with the other multi-process DDP tests
 def test_cpu_ddp_two_processes(tmp_path):
     out = run_cli(
         "model=tiny",

@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import sqlite3
 
+import pytest
+
 from metaclaw.scoring.worker import is_heldout
 from tests.entrypoints.test_train import run_cli
 
@@ -17,6 +19,7 @@ def test_is_heldout_is_a_stable_share_of_sessions():
     assert not any(is_heldout(s, 0.0) for s in ids)
 
 
+@pytest.mark.slow  # a whole train.py replay run (~30 s): `make test-slow`; its gate rules stay fast (test_gate_rule.py)
 def test_replay_run_reports_the_judges_verdicts_on_heldout_turns_never_trained(tmp_path):
     out = run_cli(
         "model=tiny",

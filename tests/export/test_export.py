@@ -167,6 +167,7 @@ def test_import_refuses_what_does_not_fit(tiny_run, tiny_spec, tmp_path):
     assert not (tiny_run / "adapters" / IMPORT_FILE).exists()  # nothing installed by a refusal
 
 
+@pytest.mark.slow  # three train.py runs and a serve.py (~40 s): `make test-slow`; its refusals and parity stay fast
 def test_imported_adapter_is_served_and_trained_on(tiny_spec, tmp_path):
     from metaclaw.loop.live import reload_latest_adapter
 
