@@ -102,6 +102,9 @@ def kill_tree(proc: subprocess.Popen) -> None:
 
 
 SERVER = "-m metaclaw serve "  # how train.py starts its policy server (loop/policy_server.py)
+# For runs whose subject is not live evaluation's own server (`devices.eval_server`; its tests:
+# tests/evaluation/test_eval_server.py): one server process fewer on the 2-core CI machine.
+ONE_SERVER = "devices.eval_server=false"
 
 
 def server_pid(proc: subprocess.Popen, role: str = "policy") -> int | None:

@@ -16,7 +16,16 @@ from omegaconf import OmegaConf
 from metaclaw.devices import resolve_devices
 from metaclaw.modules.loading import ModelSpec
 from metaclaw.store import SampleStore
-from tests.e2e.lifecycle import descendants, kill_tree, launch_train, models, server_pid, wait_for, wait_gone
+from tests.e2e.lifecycle import (
+    ONE_SERVER,
+    descendants,
+    kill_tree,
+    launch_train,
+    models,
+    server_pid,
+    wait_for,
+    wait_gone,
+)
 from tests.procs import free_port
 from tests.test_configs import _compose
 
@@ -32,11 +41,6 @@ def _up(url: str) -> bool:
 
 def _serve_overrides(port: int) -> list[str]:
     return [f"serve.port={port}", f"serve.api_key={KEY}"]
-
-
-# Live evaluation's own server (`devices.eval_server`) is not what the restart and kill tests are about (its own
-# watchdog: tests/evaluation/test_eval_server.py): one server process fewer on the 2-core CI machine.
-ONE_SERVER = "devices.eval_server=false"
 
 
 def test_every_override_given_to_train_reaches_the_server_it_starts_and_sigterm_stops_the_service(tmp_path):

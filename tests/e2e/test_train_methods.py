@@ -10,6 +10,7 @@ import pytest
 
 from metaclaw.store import SampleStore
 from tests.e2e.conftest import ENV, REPO
+from tests.e2e.lifecycle import ONE_SERVER
 
 
 # opd and combine are `slow` (`make test-slow`): the fast suite runs them in process (tests/entrypoints/test_train.py)
@@ -19,7 +20,7 @@ from tests.e2e.conftest import ENV, REPO
 )
 def test_train_cli_live_loop_per_method(tmp_path, method):
     cmd = [sys.executable, "train.py", "model=tiny", "rollout=replay", f"method={method}", "trainer.max_steps=2",
-           "devices.eval_server=false", f"hydra.run.dir={tmp_path}"]  # fmt: skip  (its own server: tests/evaluation)
+           ONE_SERVER, f"hydra.run.dir={tmp_path}"]  # fmt: skip
     out = subprocess.run(cmd, cwd=REPO, env=ENV, capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr[-3000:]
     for step in ("step-000001", "step-000002"):

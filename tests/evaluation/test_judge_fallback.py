@@ -8,6 +8,7 @@ import sqlite3
 import pytest
 
 from metaclaw.scoring.worker import is_heldout
+from tests.e2e.lifecycle import ONE_SERVER
 from tests.entrypoints.test_train import run_cli
 
 
@@ -28,7 +29,7 @@ def test_replay_run_reports_the_judges_verdicts_on_heldout_turns_never_trained(t
         "trainer.max_steps=3",
         "eval.judge_fallback.heldout_share=0.5",
         "eval.judge_fallback.min_turns=1",
-        "devices.eval_server=false",  # the evaluation's own server is tests/evaluation/test_eval_server.py's subject
+        ONE_SERVER,
         f"hydra.run.dir={tmp_path}",
         timeout=600,
     )
