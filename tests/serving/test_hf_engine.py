@@ -364,3 +364,78 @@ def test_clients_at_machine_pace_share_batches_instead_of_taking_turns(tiny_spec
 def test_batch_linger_is_bounded(tiny_spec):
     with pytest.raises(ValueError, match="batch_linger_s"):
         HFEngine.from_spec(tiny_spec, max_batch_size=4, batch_linger_s=-1)
+
+
+def _conversation(tokenizer, turns: list[tuple[str, list[int]]], question: str) -> list[int]:
+    """The chat template's ids of `turns` (user text, the reply's token ids) and then `question`."""
+    messages = []
+    for text, reply in turns:
+        messages += [{"role": "user", "content": text}, {"role": "assistant", "content": tokenizer.decode(reply)}]
+    messages.append({"role": "user", "content": question})
+    out = tokenizer.apply_chat_template(messages, add_generation_prompt=True)
+    return list(out["input_ids"] if hasattr(out, "keys") else out)
+
+
+@pytest.mark.parametrize("merge", [False, True])
+def test_prefix_reuse_across_turns_keeps_the_trainers_logprobs(tiny_spec, policy, fixed_adapter, merge):
+    """Issue 29: each turn of two interleaved conversations reads only what follows the longest cached prefix (its
+    previous turn) and the behaviour logprobs are still the trainer's of the whole sequence within 1e-4 (ratio 1),
+    for the base model and an adapter, batched and alone; a freed adapter version's entries go with it."""
+    engine = HFEngine.from_spec(tiny_spec, max_batch_size=4, merge_adapters=merge, prefix_cache_mb=64)
+    engine.load_adapter("fixed", str(fixed_adapter))
+    tok = engine.tokenizer
+    dist = dict(temperature=0.8, top_p=0.95, top_k=30)
+    history: dict[tuple[str | None, int], list[tuple[str, list[int]]]] = {}
+    questions = ["Tell me about cats.", "And dogs?", "Which is older?"]
+    for turn, question in enumerate(questions):
+        jobs = []
+        for adapter in (None, "fixed"):
+            for conv in range(2):
+                prompt = _conversation(tok, history.get((adapter, conv), []), f"{question} ({conv})")
+                jobs.append((prompt, SamplingParams(max_tokens=10 + 3 * conv, **dist), adapter))
+        results = _concurrently(engine, engine.generate, engine._pending, jobs)
+        for i, (prompt, params, adapter) in enumerate(jobs):
+            (out,) = results[i]
+            theirs = recompute(policy, prompt, out.token_ids, 0.8, adapter is None, top_p=0.95, top_k=30)
+            assert (torch.tensor(out.logprobs) - theirs).abs().max().item() <= 1e-4
+            history.setdefault((adapter, i % 2), []).append((f"{questions[turn]} ({i % 2})", out.token_ids))
+    stats = engine.prefix.stats
+    # turns 2 and 3 of four conversations find their previous turn; the first turns share the template's header
+    assert stats["hits"] >= 8 and stats["reused_tokens"] > stats["prompt_tokens"] / 3, stats
+    assert 0 < engine.prefix.bytes <= 64 * 2**20
+    held = len(engine.prefix)
+    engine.load_adapter("fixed", str(fixed_adapter))  # a new version: the old one's entries are freed with it
+    assert 0 < len(engine.prefix) < held
+    one = engine.generate(jobs[0][0], SamplingParams(max_tokens=6, **dist))[0]  # alone, a cache hit
+    theirs = recompute(policy, jobs[0][0], one.token_ids, 0.8, True, top_p=0.95, top_k=30)
+    assert (torch.tensor(one.logprobs) - theirs).abs().max().item() <= 1e-4
+
+
+def test_prefix_cache_is_bounded_and_keeps_the_longest_turn():
+    """The cache holds at most its byte budget (least recently used out) and one entry per conversation: a turn
+    that extends a cached one replaces it; lookups return the longest common prefix, per model."""
+    from metaclaw.serving.prefix_cache import PrefixCache
+
+    def kv(n: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        return [(torch.full((2, n, 4), float(n)), torch.full((2, n, 4), -float(n))) for _ in range(3)]
+
+    per_token = 3 * 2 * 2 * 4 * 4  # layers x (k, v) x heads x dim x bytes
+    cache = PrefixCache(max_bytes=100 * per_token, min_tokens=4)
+    cache.store("m", list(range(20)), kv(20))
+    cache.store("m", list(range(30)), kv(30))  # the same conversation, one turn on: replaces the first
+    assert len(cache) == 1 and cache.bytes == 30 * per_token
+    cache.store("m", list(range(10)), kv(10))  # already covered by the longer entry
+    assert len(cache) == 1
+    n, layers = cache.lookup("m", list(range(25)) + [99, 98], limit=26)
+    assert n == 25 and layers is not None and layers[0][0].shape == (2, 25, 4)
+    assert cache.lookup("other", list(range(25)), limit=25) == (0, None)  # another model's keys never serve
+    assert cache.lookup("m", [7, 7, 7, 7, 7], limit=5) == (0, None)
+    assert cache.lookup("m", [0, 1, 2, 9], limit=4) == (0, None)  # 3 common tokens: under min_tokens
+    cache.store("m", [50 + i for i in range(40)], kv(40))
+    cache.store("m", [200 + i for i in range(40)], kv(40))  # 110 tokens > 100: the least recent goes
+    assert cache.bytes <= 100 * per_token and cache.stats["evicted"] == 1
+    assert cache.lookup("m", list(range(30)), limit=30) == (0, None)
+    cache.forget("m")
+    assert len(cache) == 0 and cache.bytes == 0
+    with pytest.raises(ValueError, match="prefix_cache_mb"):
+        PrefixCache(-1)

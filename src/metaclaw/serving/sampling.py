@@ -9,17 +9,19 @@ from __future__ import annotations
 
 import queue
 import threading
-from collections.abc import Sequence
+from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, field
 
 import torch
 from torch import nn
+from transformers.cache_utils import DynamicCache, DynamicLayer
 from transformers.generation.logits_process import LogitsProcessor, LogitsProcessorList
 from transformers.generation.stopping_criteria import StoppingCriteria, StoppingCriteriaList
 from transformers.generation.streamers import BaseStreamer
 
 from metaclaw.distribution import Dist, top_k_or_off
 from metaclaw.distribution.logprobs import token_logprobs
+from metaclaw.serving.prefix_cache import LayerKV, PrefixCache
 
 
 @dataclass
@@ -205,13 +207,23 @@ def batch_key(params: SamplingParams) -> tuple | None:
 
 @torch.no_grad()
 def generate_batch(
-    model: nn.Module, tokenizer, prompts: Sequence[Sequence[int]], params: Sequence[SamplingParams]
+    model: nn.Module,
+    tokenizer,
+    prompts: Sequence[Sequence[int]],
+    params: Sequence[SamplingParams],
+    prefix: tuple[PrefixCache, Hashable] | None = None,
 ) -> list[SequenceOutput]:
     """One left-padded `generate` for several requests with the same `batch_key`: one output per request.
 
     Padding is masked out (positions follow the attention mask), so each row's logits are its own prompt's, and
     each row's behaviour logprobs are taken with `token_logprobs` under the shared distribution exactly as
     `generate` does. Rows run to the longest `max_tokens` and are cut at their own.
+
+    `prefix` = (cache, this model's key in it): each row's prompt but its last token is read on top of the longest
+    prefix the cache holds for this model (a conversation's previous turn, the shared system prompt), on its own,
+    without padding; the rows' keys and values are then left-padded into one cache and `generate` reads only the
+    last prompt token of each row. Each row's prompt and reply go back into the cache
+    (`metaclaw.serving.prefix_cache`).
     """
     keys = {batch_key(p) for p in params}
     if len(keys) != 1 or None in keys or len(prompts) != len(params) or not prompts:
@@ -227,8 +239,73 @@ def generate_batch(
     for i, ids in enumerate(prompts):
         input_ids[i, width - len(ids) :] = torch.tensor(list(ids), device=device)
         mask[i, width - len(ids) :] = 1
+    cache = _prefilled(model, prompts, width, prefix) if prefix is not None else None
+    if cache is not None:
+        kwargs["past_key_values"] = cache
     out = model.generate(input_ids, attention_mask=mask, **kwargs)
     new = out.sequences[:, width:]
     lps = token_logprobs(torch.stack(out.logits, dim=1), new, *params[0].distribution())
     rows = zip(new.tolist(), lps.tolist(), params, strict=True)
-    return [_finish(tokenizer, row, lp, eos, p) for row, lp, p in rows]
+    outputs = [_finish(tokenizer, row, lp, eos, p) for row, lp, p in rows]
+    if cache is not None and prefix is not None:
+        _keep(prefix, prompts, outputs, width, out.past_key_values)
+    return outputs
+
+
+def _full_attention(model: nn.Module) -> bool:
+    """Whether every layer's cache keeps every position (sliding-window layers drop old ones: no reuse there)."""
+    config = getattr(model, "config", None)
+    if config is None:
+        return False
+    try:
+        layers = DynamicCache(config=config).layers
+    except Exception:  # noqa: BLE001 - a config the cache cannot lay out: no reuse
+        return False
+    return bool(layers) and all(type(layer) is DynamicLayer for layer in layers)
+
+
+def _prefilled(
+    model: nn.Module, prompts: Sequence[Sequence[int]], width: int, prefix: tuple[PrefixCache, Hashable]
+) -> DynamicCache | None:
+    """The batch's cache of every prompt token but each row's last, left-padded to `width - 1` positions (the
+    layout of `generate_batch`'s input ids); None when the model's layers cannot reuse a prefix or a prompt has
+    one token (nothing to read ahead)."""
+    if min(len(ids) for ids in prompts) < 2 or not _full_attention(model):
+        return None
+    store, key = prefix
+    device = next(model.parameters()).device
+    rows: list[list[LayerKV]] = []
+    for ids in prompts:
+        known, kv = store.lookup(key, ids, len(ids) - 1)
+        row = DynamicCache(ddp_cache_data=[(k[None], v[None]) for k, v in kv] if kv else None, config=model.config)
+        if known < len(ids) - 1:
+            x = torch.tensor([list(ids[known:-1])], device=device)
+            model(input_ids=x, past_key_values=row, use_cache=True, logits_to_keep=1)
+        rows.append([(layer.keys[0], layer.values[0]) for layer in row.layers])
+    span = width - 1
+    layers = []
+    for n in range(len(rows[0])):
+        k0, v0 = rows[0][n]
+        keys = k0.new_zeros((len(rows), k0.shape[0], span, k0.shape[2]))
+        values = v0.new_zeros((len(rows), v0.shape[0], span, v0.shape[2]))
+        for i, row in enumerate(rows):
+            k, v = row[n]
+            keys[i, :, span - k.shape[1] :] = k
+            values[i, :, span - v.shape[1] :] = v
+        layers.append((keys, values))
+    return DynamicCache(ddp_cache_data=layers, config=model.config)
+
+
+def _keep(
+    prefix: tuple[PrefixCache, Hashable],
+    prompts: Sequence[Sequence[int]],
+    outputs: Sequence[SequenceOutput],
+    width: int,
+    cache: DynamicCache,
+) -> None:
+    """Store each row's prompt and reply but its last token (never read back) from the finished batch's cache."""
+    store, key = prefix
+    for i, (ids, out) in enumerate(zip(prompts, outputs, strict=True)):
+        start, end = width - len(ids), width + len(out.token_ids) - 1
+        kv = [(layer.keys[i, :, start:end].clone(), layer.values[i, :, start:end].clone()) for layer in cache.layers]
+        store.store(key, list(ids) + out.token_ids[:-1], kv)

@@ -59,6 +59,7 @@ from metaclaw.serving.engines.base import (
     TokenStream,
 )
 from metaclaw.serving.engines.merged import MergedSlots
+from metaclaw.serving.prefix_cache import PrefixCache
 from metaclaw.wire import ADAPTER_WEIGHTS
 
 log = logging.getLogger(__name__)
@@ -153,6 +154,8 @@ class HFEngine(ServedAdapters):
             answered (the module docstring; 0: never waits).
         merge_adapters: serve each adapter version merged into a copy of the weights (see the module docstring);
             not for a `model` that is already a `PeftModel` (its adapters are served as they are).
+        prefix_cache_mb: keys and values of recent conversations kept for their next turn, per model (see the module
+            docstring; 0: every prompt is read in full).
     """
 
     def __init__(
@@ -164,6 +167,7 @@ class HFEngine(ServedAdapters):
         max_batch_size: int = 1,
         merge_adapters: bool = False,
         batch_linger_s: float = 0.0,
+        prefix_cache_mb: float = 0.0,
     ) -> None:
         if max_batch_size < 1:
             raise ValueError(f"backend.max_batch_size must be >= 1, got {max_batch_size}")
@@ -173,6 +177,7 @@ class HFEngine(ServedAdapters):
             raise ValueError("backend.merge_adapters needs a plain base model, not a PeftModel")
         self.max_batch_size = max_batch_size
         self.merge_adapters = merge_adapters
+        self.prefix = PrefixCache(int(prefix_cache_mb * 2**20)) if prefix_cache_mb else None
         self._merged: dict[str, nn.Module] = {}  # internal name -> merged copy (merge_adapters)
         self._slots = MergedSlots(model) if merge_adapters else None
         if merge_adapters:
@@ -206,12 +211,14 @@ class HFEngine(ServedAdapters):
         max_batch_size: int = 1,
         merge_adapters: bool = False,
         batch_linger_s: float = 0.0,
+        prefix_cache_mb: float = 0.0,
     ) -> HFEngine:
         """Load `spec` (a `metaclaw.modules.loading.ModelSpec`) onto `device` for inference."""
         model = spec.load_model(device).eval()
         return cls(
             model, spec.load_tokenizer(), model_name=spec.name, max_seq_len=spec.max_seq_len,
             max_batch_size=max_batch_size, merge_adapters=merge_adapters, batch_linger_s=batch_linger_s,
+            prefix_cache_mb=prefix_cache_mb,
         )  # fmt: skip
 
     @classmethod
@@ -222,6 +229,7 @@ class HFEngine(ServedAdapters):
         max_batch_size: int = 1,
         merge_adapters: bool | str = False,
         batch_linger_s: float = 0.0,
+        prefix_cache_mb: float = 0.0,
         **vllm_only: Any,
     ) -> HFEngine:
         """The `backend` node's constructor: the first inference GPU, else CPU. The vLLM options `backend=auto`
@@ -235,7 +243,9 @@ class HFEngine(ServedAdapters):
         if merge_adapters not in (True, False, "auto"):
             raise ValueError(f"backend.merge_adapters must be true, false or auto, got {merge_adapters!r}")
         merge = device == "cpu" if merge_adapters == "auto" else bool(merge_adapters)
-        return cls.from_spec(spec, device, int(max_batch_size), merge, float(batch_linger_s))
+        if not 0 <= float(prefix_cache_mb) <= 2**20:
+            raise ValueError(f"backend.prefix_cache_mb must be in [0, 1048576] MiB, got {prefix_cache_mb!r}")
+        return cls.from_spec(spec, device, int(max_batch_size), merge, float(batch_linger_s), float(prefix_cache_mb))
 
     @property
     def device(self) -> torch.device:
@@ -279,6 +289,8 @@ class HFEngine(ServedAdapters):
         self._peft.eval()
 
     def _free(self, slot: LoadedAdapter) -> None:
+        if self.prefix is not None:
+            self.prefix.forget(slot.internal)
         merged = self._merged.pop(slot.internal, None)
         if merged is not None:  # no request holds it (refs 0): the next load may overwrite it
             assert self._slots is not None
@@ -377,11 +389,15 @@ class HFEngine(ServedAdapters):
                         self._pending.remove(p)
 
                 def work() -> list[list[SequenceOutput]]:
+                    prefix = None if self.prefix is None else (self.prefix, mine.key[0])
+                    reused = 0 if self.prefix is None else self.prefix.stats["reused_tokens"]
                     with self._model(slot) as model, profiling.phase(f"generate:{profiling.purpose()}") as ph:
                         outs = sampling.generate_batch(
-                            model, self.tokenizer, [p.prompt_ids for p in batch], [p.params for p in batch]
+                            model, self.tokenizer, [p.prompt_ids for p in batch], [p.params for p in batch], prefix
                         )
                         ph["tokens"] = sum(len(o.token_ids) for o in outs)
+                    if self.prefix is not None:  # prompt tokens read from the cache instead of computed
+                        profiling.record("prefix_reused", 0.0, 0.0, self.prefix.stats["reused_tokens"] - reused)
                     self._count(len(batch))
                     with self._arrived:
                         self._last_batch = (time.monotonic(), self._arrivals, len(batch))

@@ -94,6 +94,7 @@ class VLLMEngine(ServedAdapters):
             options["max_num_seqs"] = options.pop("max_batch_size")
         options.pop("merge_adapters", None)  # the HF engine's (vLLM applies LoRA in its own kernels)
         options.pop("batch_linger_s", None)  # the HF engine's (vLLM's scheduler adds requests to running batches)
+        options.pop("prefix_cache_mb", None)  # the HF engine's (vLLM caches prefixes in its own paged KV blocks)
         dtype = "auto" if spec.dtype == "auto" else spec.dtype
         return cls(str(spec.local_dir()), spec.load_tokenizer(), spec.name, spec.max_seq_len, dtype=dtype, **options)
 
