@@ -175,6 +175,7 @@ def main() -> None:
     evals = [json.loads(line) for line in (run_dir / "eval.jsonl").read_text().splitlines()] if (
         run_dir / "eval.jsonl").exists() else []  # fmt: skip
     gen = rows["generation"]
+    looked, reused = (phase(profiles, "server-worker", n) for n in ("prefix_lookup", "prefix_reused"))
     trained = samples["tokens"] if samples["n"] else summary.get("samples_trained")  # a checkout without profiling
     result = {
         "command": " ".join(cmd[1:]),
@@ -204,6 +205,8 @@ def main() -> None:
             "trained_samples_per_min": round(trained / args.minutes, 2) if trained is not None else None,
             "train_positions_per_token": round(positions / tokens, 3) if tokens else None,
             "train_step_wall_s_mean": round(step["wall_s"] / step["n"], 2) if step["n"] else None,
+            # prompt tokens the servers read from their prefix caches (backend.prefix_cache_mb), of those looked up
+            "prefix_reused_share": round(reused["tokens"] / looked["tokens"], 3) if looked["tokens"] else None,
         },
         "profiles": str(prof_dir),
     }

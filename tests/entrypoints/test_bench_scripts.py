@@ -41,3 +41,11 @@ def test_decode_precision_bench_measures_speed_and_the_logprob_gap():
     assert all(v["b1"] > 0 for v in out["tokens_per_s"].values())
     for gap in out["logprob_gap"].values():  # 2 replies of 4 tokens each, every one compared
         assert gap["tokens"] == 8 and 0.0 <= gap["mean"] <= gap["max"]
+
+
+def test_prefix_reuse_bench_compares_the_cache_off_and_on():
+    out = _bench("bench/prefix_reuse.py", "--model", "tiny", "--rounds", "1", "--clients", "2", "--max-tokens", "4")
+    off, on = out["engines"]["off"], out["engines"]["on"]
+    assert off["turns"] == on["turns"] == 2 * 3  # two conversations of three turns through each engine
+    assert out["cache"]["hits"] >= 4 and 0 < out["cache"]["reused_share"] < 1  # turns 2 and 3 find turn 1's keys
+    assert out["speedup_wall"] > 0 and out["prefix_cache_mb"] == 256

@@ -334,7 +334,7 @@ def test_clients_at_machine_pace_share_batches_instead_of_taking_turns(tiny_spec
     calls: list[int] = []
     b_results: list = []
 
-    def first_batch_lets_b_arrive(model, tokenizer, prompts, params_list):
+    def first_batch_lets_b_arrive(model, tokenizer, prompts, params_list, prefix=None):
         calls.append(len(prompts))
         if len(calls) == 1:  # A's first turn is running: B's turn arrives and waits
             b = threading.Thread(target=lambda: b_results.append(engine.generate(prompt, params)))
@@ -344,7 +344,7 @@ def test_clients_at_machine_pace_share_batches_instead_of_taking_turns(tiny_spec
                 time.sleep(0.005)
             assert len(engine._pending) == 1
             first_batch_lets_b_arrive.b = b
-        return real(model, tokenizer, prompts, params_list)
+        return real(model, tokenizer, prompts, params_list, prefix)
 
     monkeypatch.setattr(sampling, "generate_batch", first_batch_lets_b_arrive)
     engine.generate(prompt, params)  # A's first turn
@@ -394,7 +394,7 @@ def test_prefix_reuse_across_turns_keeps_the_trainers_logprobs(tiny_spec, policy
                 prompt = _conversation(tok, history.get((adapter, conv), []), f"{question} ({conv})")
                 jobs.append((prompt, SamplingParams(max_tokens=10 + 3 * conv, **dist), adapter))
         results = _concurrently(engine, engine.generate, engine._pending, jobs)
-        for i, (prompt, params, adapter) in enumerate(jobs):
+        for i, (prompt, _params, adapter) in enumerate(jobs):
             (out,) = results[i]
             theirs = recompute(policy, prompt, out.token_ids, 0.8, adapter is None, top_p=0.95, top_k=30)
             assert (torch.tensor(out.logprobs) - theirs).abs().max().item() <= 1e-4
@@ -406,9 +406,20 @@ def test_prefix_reuse_across_turns_keeps_the_trainers_logprobs(tiny_spec, policy
     held = len(engine.prefix)
     engine.load_adapter("fixed", str(fixed_adapter))  # a new version: the old one's entries are freed with it
     assert 0 < len(engine.prefix) < held
-    one = engine.generate(jobs[0][0], SamplingParams(max_tokens=6, **dist))[0]  # alone, a cache hit
+    hits = stats["hits"]
+    one = engine.generate(jobs[0][0], SamplingParams(max_tokens=6, seed=3, **dist))[0]  # alone (a seed), a hit
     theirs = recompute(policy, jobs[0][0], one.token_ids, 0.8, True, top_p=0.95, top_k=30)
     assert (torch.tensor(one.logprobs) - theirs).abs().max().item() <= 1e-4
+    stream = engine.stream(jobs[2][0], SamplingParams(max_tokens=6, **dist), "fixed")  # streamed: a miss (new version)
+    deltas = list(stream)
+    assert stream.output is not None and [d.token_id for d in deltas] == stream.output.token_ids
+    theirs = recompute(policy, jobs[2][0], stream.output.token_ids, 0.8, False, top_p=0.95, top_k=30)
+    assert (torch.tensor([d.logprob for d in deltas]) - theirs).abs().max().item() <= 1e-4
+    again = engine.stream(jobs[2][0] + stream.output.token_ids, SamplingParams(max_tokens=4, **dist), "fixed")
+    tokens = [d.token_id for d in again]
+    theirs = recompute(policy, jobs[2][0] + stream.output.token_ids, tokens, 0.8, False, top_p=0.95, top_k=30)
+    assert (torch.tensor(again.output.logprobs) - theirs).abs().max().item() <= 1e-4
+    assert stats["hits"] >= hits + 2  # the seeded request and the stream that continues the streamed one
 
 
 def test_prefix_cache_is_bounded_and_keeps_the_longest_turn():

@@ -21,6 +21,8 @@ from dataclasses import dataclass
 
 import torch
 
+from metaclaw import profiling
+
 #: one layer's (keys, values), each [heads, tokens, head_dim] (one row, no batch axis)
 LayerKV = tuple[torch.Tensor, torch.Tensor]
 
@@ -59,6 +61,7 @@ class PrefixCache:
         it, views that must not be written to); (0, None) when none reaches `min_tokens`."""
         query = torch.as_tensor(list(ids[:limit]), dtype=torch.long)
         best, found = 0, None
+        profiling.record("prefix_lookup", 0.0, 0.0, len(ids))  # prompts looked up, their tokens (cycle_profile)
         with self._lock:
             self.stats["lookups"] += 1
             self.stats["prompt_tokens"] += len(ids)
@@ -78,6 +81,7 @@ class PrefixCache:
             entry = self._entries[found]
             self.stats["hits"] += 1
             self.stats["reused_tokens"] += best
+            profiling.record("prefix_reused", 0.0, 0.0, best)  # prompt tokens not computed again (cycle_profile)
             return best, [(k[:, :best], v[:, :best]) for k, v in entry.kv]
 
     def store(self, model: Hashable, ids: Sequence[int], kv: list[LayerKV]) -> None:

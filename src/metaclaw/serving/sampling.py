@@ -176,8 +176,10 @@ def generate(
     prompt_ids: Sequence[int],
     params: SamplingParams,
     streamer: BaseStreamer | None = None,
+    prefix: tuple[PrefixCache, Hashable] | None = None,
 ) -> list[SequenceOutput]:
-    """Sample `params.n` continuations of `prompt_ids` with the model as it is now (adapter included)."""
+    """Sample `params.n` continuations of `prompt_ids` with the model as it is now (adapter included); `prefix`
+    as in `generate_batch` (one continuation only: `n` > 1 reads the whole prompt)."""
     params.validate()
     device = next(model.parameters()).device
     input_ids = torch.tensor([list(prompt_ids)], device=device)
@@ -191,10 +193,17 @@ def generate(
             logits_processor=LogitsProcessorList([streamer.recorder]),
             stopping_criteria=StoppingCriteriaList([streamer.stopper]),
         )
+    cache = _prefilled(model, [prompt_ids], len(prompt_ids), prefix) if prefix is not None and params.n == 1 else None
+    if cache is not None:
+        kwargs["past_key_values"] = cache
     out = model.generate(input_ids, **kwargs)
     new = out.sequences[:, input_ids.shape[1] :]
     lps = token_logprobs(torch.stack(out.logits, dim=1), new, *params.distribution())  # raw logits [n, T_new, V]
-    return [_finish(tokenizer, row, lp, eos, params) for row, lp in zip(new.tolist(), lps.tolist(), strict=True)]
+    rows = zip(new.tolist(), lps.tolist(), strict=True)
+    outputs = [_finish(tokenizer, row, lp, eos, params) for row, lp in rows]
+    if cache is not None and prefix is not None:
+        _keep(prefix, [prompt_ids], outputs, len(prompt_ids), out.past_key_values)
+    return outputs
 
 
 def batch_key(params: SamplingParams) -> tuple | None:

@@ -360,12 +360,17 @@ class HFEngine(ServedAdapters):
             else:
                 tag = f"generate:{profiling.purpose()}"
                 with self._lock, self._model(slot) as model, profiling.phase(tag) as ph:
-                    outputs = sampling.generate(model, self.tokenizer, prompt_ids, params)
+                    prefix = self._prefix_of(slot)
+                    outputs = sampling.generate(model, self.tokenizer, prompt_ids, params, prefix=prefix)
                     ph["tokens"] = sum(len(o.token_ids) for o in outputs)
                     self._count(1)
         for out in outputs:
             out.adapter_version = None if slot is None else slot.version
         return outputs
+
+    def _prefix_of(self, slot: LoadedAdapter | None) -> tuple[PrefixCache, str | None] | None:
+        """The prefix cache and this model's key in it (the adapter version's internal name; None: the base)."""
+        return None if self.prefix is None else (self.prefix, None if slot is None else slot.internal)
 
     def _count(self, size: int) -> None:
         self.batches[size] = self.batches.get(size, 0) + 1
@@ -389,15 +394,12 @@ class HFEngine(ServedAdapters):
                         self._pending.remove(p)
 
                 def work() -> list[list[SequenceOutput]]:
-                    prefix = None if self.prefix is None else (self.prefix, mine.key[0])
-                    reused = 0 if self.prefix is None else self.prefix.stats["reused_tokens"]
+                    prefix = self._prefix_of(slot)
                     with self._model(slot) as model, profiling.phase(f"generate:{profiling.purpose()}") as ph:
                         outs = sampling.generate_batch(
                             model, self.tokenizer, [p.prompt_ids for p in batch], [p.params for p in batch], prefix
                         )
                         ph["tokens"] = sum(len(o.token_ids) for o in outs)
-                    if self.prefix is not None:  # prompt tokens read from the cache instead of computed
-                        profiling.record("prefix_reused", 0.0, 0.0, self.prefix.stats["reused_tokens"] - reused)
                     self._count(len(batch))
                     with self._arrived:
                         self._last_batch = (time.monotonic(), self._arrivals, len(batch))
@@ -534,8 +536,9 @@ class _HFTokenStream(TokenStream):
             engine = self._engine
             with engine._lock, engine._model(self._slot) as model, profiling.phase("generate:stream") as ph:
                 outputs = sampling.generate(
-                    model, self._engine.tokenizer, self._prompt_ids, self._params, streamer=self._streamer
-                )
+                    model, self._engine.tokenizer, self._prompt_ids, self._params, streamer=self._streamer,
+                    prefix=engine._prefix_of(self._slot),
+                )  # fmt: skip
                 ph["tokens"] = len(outputs[0].token_ids)
             self.output = outputs[0]
             self.output.adapter_version = self.adapter_version
