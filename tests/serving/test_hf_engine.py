@@ -387,18 +387,19 @@ def test_prefix_reuse_across_turns_keeps_the_trainers_logprobs(tiny_spec, policy
     dist = dict(temperature=0.8, top_p=0.95, top_k=30)
     history: dict[tuple[str | None, int], list[tuple[str, list[int]]]] = {}
     questions = ["Tell me about cats.", "And dogs?", "Which is older?"]
-    for turn, question in enumerate(questions):
-        jobs = []
+    for question in questions:
+        jobs, texts = [], []
         for adapter in (None, "fixed"):
             for conv in range(2):
-                prompt = _conversation(tok, history.get((adapter, conv), []), f"{question} ({conv})")
+                texts.append(f"{question} ({conv})" + " Tell me more, please." * conv)  # rows of different lengths
+                prompt = _conversation(tok, history.get((adapter, conv), []), texts[-1])
                 jobs.append((prompt, SamplingParams(max_tokens=10 + 3 * conv, **dist), adapter))
         results = _concurrently(engine, engine.generate, engine._pending, jobs)
         for i, (prompt, _params, adapter) in enumerate(jobs):
             (out,) = results[i]
             theirs = recompute(policy, prompt, out.token_ids, 0.8, adapter is None, top_p=0.95, top_k=30)
             assert (torch.tensor(out.logprobs) - theirs).abs().max().item() <= 1e-4
-            history.setdefault((adapter, i % 2), []).append((f"{questions[turn]} ({i % 2})", out.token_ids))
+            history.setdefault((adapter, i % 2), []).append((texts[i], out.token_ids))
     stats = engine.prefix.stats
     # turns 2 and 3 of four conversations find their previous turn; the first turns share the template's header
     assert stats["hits"] >= 8 and stats["reused_tokens"] > stats["prompt_tokens"] / 3, stats

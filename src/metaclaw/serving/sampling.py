@@ -283,26 +283,51 @@ def _prefilled(
         return None
     store, key = prefix
     device = next(model.parameters()).device
-    rows: list[list[LayerKV]] = []
-    for ids in prompts:
-        known, kv = store.lookup(key, ids, len(ids) - 1)
-        row = DynamicCache(ddp_cache_data=[(k[None], v[None]) for k, v in kv] if kv else None, config=model.config)
-        if known < len(ids) - 1:
-            x = torch.tensor([list(ids[known:-1])], device=device)
-            model(input_ids=x, past_key_values=row, use_cache=True, logits_to_keep=1)
-        rows.append([(layer.keys[0], layer.values[0]) for layer in row.layers])
+    found = [store.lookup(key, ids, len(ids) - 1) for ids in prompts]
+    rows: list[list[LayerKV] | None] = [None] * len(prompts)
+    cold = [i for i, (known, _) in enumerate(found) if known == 0]
+    if len(cold) > 1:  # rows no entry helps: one left-padded forward, as `generate` would read them
+        for i, kv in zip(cold, _read_together(model, [list(prompts[i][:-1]) for i in cold], device), strict=True):
+            rows[i] = kv
+    for i, ids in enumerate(prompts):
+        if rows[i] is None:  # on top of its cached prefix, alone, unpadded
+            known, kv = found[i]
+            row = DynamicCache(ddp_cache_data=[(k[None], v[None]) for k, v in kv] if kv else None, config=model.config)
+            if known < len(ids) - 1:
+                model(input_ids=torch.tensor([list(ids[known:-1])], device=device), past_key_values=row,
+                      use_cache=True, logits_to_keep=1)  # fmt: skip
+            rows[i] = [(layer.keys[0], layer.values[0]) for layer in row.layers]
+    read = [row for row in rows if row is not None]
+    assert len(read) == len(rows)
     span = width - 1
     layers = []
-    for n in range(len(rows[0])):
-        k0, v0 = rows[0][n]
-        keys = k0.new_zeros((len(rows), k0.shape[0], span, k0.shape[2]))
-        values = v0.new_zeros((len(rows), v0.shape[0], span, v0.shape[2]))
-        for i, row in enumerate(rows):
+    for n in range(len(read[0])):
+        k0, v0 = read[0][n]
+        keys = k0.new_zeros((len(read), k0.shape[0], span, k0.shape[2]))
+        values = v0.new_zeros((len(read), v0.shape[0], span, v0.shape[2]))
+        for i, row in enumerate(read):
             k, v = row[n]
             keys[i, :, span - k.shape[1] :] = k
             values[i, :, span - v.shape[1] :] = v
         layers.append((keys, values))
     return DynamicCache(ddp_cache_data=layers, config=model.config)
+
+
+def _read_together(model: nn.Module, seqs: list[list[int]], device: torch.device) -> list[list[LayerKV]]:
+    """Each sequence's keys and values [heads, its length, head_dim] per layer, from one left-padded forward
+    (padding masked, positions from the mask, as `generate_batch`)."""
+    width = max(len(s) for s in seqs)
+    x = torch.zeros((len(seqs), width), dtype=torch.long, device=device)
+    mask = torch.zeros_like(x)
+    for j, s in enumerate(seqs):
+        x[j, width - len(s) :] = torch.tensor(s, device=device)
+        mask[j, width - len(s) :] = 1
+    cache = DynamicCache(config=model.config)
+    positions = (mask.cumsum(-1) - 1).clamp(min=0)
+    model(input_ids=x, attention_mask=mask, position_ids=positions, past_key_values=cache, use_cache=True,
+          logits_to_keep=1)  # fmt: skip
+    return [[(layer.keys[j, :, width - len(s) :], layer.values[j, :, width - len(s) :]) for layer in cache.layers]
+            for j, s in enumerate(seqs)]  # fmt: skip
 
 
 def _keep(
