@@ -60,7 +60,9 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=6)
     p.add_argument("--turns", type=int, default=3, help="turns per conversation (the main job: 2 tasks + closing)")
     p.add_argument("--max-tokens", type=int, default=24, help="the simulated user's rollout.max_tokens")
+    p.add_argument("--threads", type=int, default=1, help="torch threads (train.py's server on 2 cores: 1)")
     args = p.parse_args()
+    torch.set_num_threads(args.threads)
     register_resolvers()
     with initialize_config_dir(str(CONFIG_DIR), version_base=None):
         cfg = compose("train", overrides=[f"model={args.model}", "backend=hf"])
