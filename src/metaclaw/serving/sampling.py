@@ -11,6 +11,7 @@ import queue
 import threading
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, field
+from typing import Any, cast
 
 import torch
 from torch import nn
@@ -230,9 +231,9 @@ def generate_batch(
 
     `prefix` = (cache, this model's key in it): each row's prompt but its last token is read on top of the longest
     prefix the cache holds for this model (a conversation's previous turn, the shared system prompt), on its own,
-    without padding; the rows' keys and values are then left-padded into one cache and `generate` reads only the
-    last prompt token of each row. Each row's prompt and reply go back into the cache
-    (`metaclaw.serving.prefix_cache`).
+    without padding (rows that no entry helps: together, in one left-padded forward); the rows' keys and values
+    are then left-padded into one cache and `generate` reads only the last prompt token of each row. Each row's
+    prompt and reply go back into the cache (`metaclaw.serving.prefix_cache`).
     """
     keys = {batch_key(p) for p in params}
     if len(keys) != 1 or None in keys or len(prompts) != len(params) or not prompts:
@@ -282,7 +283,7 @@ def _prefilled(
     if min(len(ids) for ids in prompts) < 2 or not _full_attention(model):
         return None
     store, key = prefix
-    device = next(model.parameters()).device
+    device, config = next(model.parameters()).device, cast(Any, model).config
     found = [store.lookup(key, ids, len(ids) - 1) for ids in prompts]
     rows: list[list[LayerKV] | None] = [None] * len(prompts)
     cold = [i for i, (known, _) in enumerate(found) if known == 0]
@@ -291,12 +292,13 @@ def _prefilled(
             rows[i] = kv
     for i, ids in enumerate(prompts):
         if rows[i] is None:  # on top of its cached prefix, alone, unpadded
-            known, kv = found[i]
-            row = DynamicCache(ddp_cache_data=[(k[None], v[None]) for k, v in kv] if kv else None, config=model.config)
+            known, cached = found[i]
+            alone = DynamicCache(ddp_cache_data=[(k[None], v[None]) for k, v in cached] if cached else None,
+                                 config=config)  # fmt: skip
             if known < len(ids) - 1:
-                model(input_ids=torch.tensor([list(ids[known:-1])], device=device), past_key_values=row,
+                model(input_ids=torch.tensor([list(ids[known:-1])], device=device), past_key_values=alone,
                       use_cache=True, logits_to_keep=1)  # fmt: skip
-            rows[i] = [(layer.keys[0], layer.values[0]) for layer in row.layers]
+            rows[i] = [(k[0], v[0]) for k, v in _layers(alone)]
     read = [row for row in rows if row is not None]
     assert len(read) == len(rows)
     span = width - 1
@@ -310,7 +312,13 @@ def _prefilled(
             keys[i, :, span - k.shape[1] :] = k
             values[i, :, span - v.shape[1] :] = v
         layers.append((keys, values))
-    return DynamicCache(ddp_cache_data=layers, config=model.config)
+    return DynamicCache(ddp_cache_data=layers, config=config)
+
+
+def _layers(cache: DynamicCache) -> list[LayerKV]:
+    """Each layer's (keys, values) [batch, heads, tokens, head_dim] (`_full_attention` models: plain layers)."""
+    return [(cast(torch.Tensor, layer.keys), cast(torch.Tensor, layer.values))
+            for layer in cast(list[DynamicLayer], cache.layers)]  # fmt: skip
 
 
 def _read_together(model: nn.Module, seqs: list[list[int]], device: torch.device) -> list[list[LayerKV]]:
@@ -322,11 +330,11 @@ def _read_together(model: nn.Module, seqs: list[list[int]], device: torch.device
     for j, s in enumerate(seqs):
         x[j, width - len(s) :] = torch.tensor(s, device=device)
         mask[j, width - len(s) :] = 1
-    cache = DynamicCache(config=model.config)
+    cache = DynamicCache(config=cast(Any, model).config)
     positions = (mask.cumsum(-1) - 1).clamp(min=0)
     model(input_ids=x, attention_mask=mask, position_ids=positions, past_key_values=cache, use_cache=True,
           logits_to_keep=1)  # fmt: skip
-    return [[(layer.keys[j, :, width - len(s) :], layer.values[j, :, width - len(s) :]) for layer in cache.layers]
+    return [[(k[j, :, width - len(s) :], v[j, :, width - len(s) :]) for k, v in _layers(cache)]
             for j, s in enumerate(seqs)]  # fmt: skip
 
 
@@ -341,5 +349,5 @@ def _keep(
     store, key = prefix
     for i, (ids, out) in enumerate(zip(prompts, outputs, strict=True)):
         start, end = width - len(ids), width + len(out.token_ids) - 1
-        kv = [(layer.keys[i, :, start:end].clone(), layer.values[i, :, start:end].clone()) for layer in cache.layers]
+        kv = [(k[i, :, start:end].clone(), v[i, :, start:end].clone()) for k, v in _layers(cache)]
         store.store(key, list(ids) + out.token_ids[:-1], kv)
