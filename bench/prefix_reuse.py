@@ -78,8 +78,9 @@ def main() -> None:
     wall = dict.fromkeys(engines, 0.0)
     load = [os.getloadavg()[0]]
     for r in range(args.rounds):
-        convs = [tasks[(r * args.clients + c) * args.turns % len(tasks):][: args.turns] for c in range(args.clients)]
-        convs = [c if len(c) == args.turns else tasks[: args.turns] for c in convs]
+        first = r * args.clients * args.turns  # each conversation its own tasks, in order, wrapping around
+        starts = range(first, first + args.clients * args.turns, args.turns)
+        convs = [[tasks[i % len(tasks)] for i in range(s, s + args.turns)] for s in starts]
         for name, engine in engines.items():
             t0 = time.perf_counter()
             threads = [threading.Thread(target=conversation, args=(engine, c, args.max_tokens, times[name]))

@@ -207,6 +207,22 @@ def generate(
     return outputs
 
 
+def left_pad(rows: Sequence[Sequence[int]], pad: int, device: torch.device | str) -> tuple[torch.Tensor, torch.Tensor]:
+    """`(ids, mask)` [B, longest]: each row's tokens at the right end, `pad` before them, masked out (mask 0)."""
+    width = max(len(r) for r in rows)
+    ids = torch.full((len(rows), width), pad, dtype=torch.long, device=device)
+    mask = torch.zeros_like(ids)
+    for i, r in enumerate(rows):
+        ids[i, width - len(r) :] = torch.tensor(list(r), device=device)
+        mask[i, width - len(r) :] = 1
+    return ids, mask
+
+
+def mask_positions(mask: torch.Tensor) -> torch.Tensor:
+    """Position ids that follow the attention mask: each row's first real token is position 0."""
+    return (mask.cumsum(-1) - 1).clamp(min=0)
+
+
 def batch_key(params: SamplingParams) -> tuple | None:
     """Requests with equal keys can share one `generate_batch` call (their `max_tokens` may differ); None: this
     request runs alone (`n` > 1, or a `seed`, whose draws must not depend on what else is in the batch)."""
@@ -243,12 +259,8 @@ def generate_batch(
     device = next(model.parameters()).device
     eos = _eos_ids(model, tokenizer, params[0])
     kwargs = _generate_kwargs(tokenizer, params[0], eos, max(p.max_tokens for p in params))
-    width = max(len(ids) for ids in prompts)
-    input_ids = torch.full((len(prompts), width), kwargs["pad_token_id"], dtype=torch.long, device=device)
-    mask = torch.zeros_like(input_ids)
-    for i, ids in enumerate(prompts):
-        input_ids[i, width - len(ids) :] = torch.tensor(list(ids), device=device)
-        mask[i, width - len(ids) :] = 1
+    input_ids, mask = left_pad(prompts, kwargs["pad_token_id"], device)
+    width = input_ids.shape[1]
     cache = _prefilled(model, prompts, width, prefix) if prefix is not None else None
     if cache is not None:
         kwargs["past_key_values"] = cache
@@ -324,15 +336,10 @@ def _layers(cache: DynamicCache) -> list[LayerKV]:
 def _read_together(model: nn.Module, seqs: list[list[int]], device: torch.device) -> list[list[LayerKV]]:
     """Each sequence's keys and values [heads, its length, head_dim] per layer, from one left-padded forward
     (padding masked, positions from the mask, as `generate_batch`)."""
-    width = max(len(s) for s in seqs)
-    x = torch.zeros((len(seqs), width), dtype=torch.long, device=device)
-    mask = torch.zeros_like(x)
-    for j, s in enumerate(seqs):
-        x[j, width - len(s) :] = torch.tensor(s, device=device)
-        mask[j, width - len(s) :] = 1
+    x, mask = left_pad(seqs, 0, device)
+    width = x.shape[1]
     cache = DynamicCache(config=cast(Any, model).config)
-    positions = (mask.cumsum(-1) - 1).clamp(min=0)
-    model(input_ids=x, attention_mask=mask, position_ids=positions, past_key_values=cache, use_cache=True,
+    model(input_ids=x, attention_mask=mask, position_ids=mask_positions(mask), past_key_values=cache, use_cache=True,
           logits_to_keep=1)  # fmt: skip
     return [[(k[j, :, width - len(s) :], v[j, :, width - len(s) :]) for k, v in _layers(cache)]
             for j, s in enumerate(seqs)]  # fmt: skip

@@ -501,15 +501,9 @@ class HFEngine(ServedAdapters):
         if len(rows) == 1:
             x = torch.tensor(rows, device=self.device)
             return model(input_ids=x, use_cache=False, logits_to_keep=keep).logits
-        width = max(len(r) for r in rows)
         pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else self.tokenizer.eos_token_id
-        x = torch.full((len(rows), width), pad or 0, dtype=torch.long, device=self.device)
-        mask = torch.zeros_like(x)
-        for i, r in enumerate(rows):
-            x[i, width - len(r) :] = torch.tensor(r, device=self.device)
-            mask[i, width - len(r) :] = 1
-        positions = (mask.cumsum(-1) - 1).clamp(min=0)
-        return model(input_ids=x, attention_mask=mask, position_ids=positions, use_cache=False,
+        x, mask = sampling.left_pad(rows, pad or 0, self.device)
+        return model(input_ids=x, attention_mask=mask, position_ids=sampling.mask_positions(mask), use_cache=False,
                      logits_to_keep=keep).logits  # fmt: skip
 
     def close(self) -> None:
