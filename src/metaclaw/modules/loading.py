@@ -19,6 +19,7 @@ from pathlib import Path
 import torch
 
 from metaclaw.atomic import write_dir_atomically
+from metaclaw.thinking import Thinking
 
 log = logging.getLogger(__name__)
 
@@ -157,6 +158,7 @@ class ModelSpec:
         dtype: `auto` (bf16 on CUDA, fp32 on CPU), `float32`, `bfloat16` or `float16`.
         max_seq_len: longest prompt + response the trainer and servers accept.
         tiny: the tiny model's shape when `path == "tiny"`.
+        thinking: how metaclaw's own callers ask this model for an answer (`metaclaw.thinking.Thinking`).
     """
 
     name: str
@@ -166,10 +168,12 @@ class ModelSpec:
     dtype: str = "auto"
     max_seq_len: int = 2048
     tiny: TinyQwen3 = field(default_factory=TinyQwen3)
+    thinking: Thinking = field(default_factory=Thinking)
 
     def __post_init__(self) -> None:
         if isinstance(self.tiny, dict):  # from a Hydra/OmegaConf mapping
             self.tiny = TinyQwen3(**self.tiny)
+        self.thinking = Thinking.of(self.thinking)
 
     def local_dir(self) -> Path:
         """A local Hugging Face directory (config, safetensors, tokenizer) for this model, built if needed."""
