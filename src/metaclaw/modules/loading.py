@@ -15,6 +15,7 @@ import logging
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -159,6 +160,7 @@ class ModelSpec:
         max_seq_len: longest prompt + response the trainer and servers accept.
         tiny: the tiny model's shape when `path == "tiny"`.
         thinking: how metaclaw's own callers ask this model for an answer (`metaclaw.thinking.Thinking`).
+        shape: the config.json numbers the memory plan reads before the weights are here (`metaclaw.memory_plan`).
     """
 
     name: str
@@ -169,6 +171,7 @@ class ModelSpec:
     max_seq_len: int = 2048
     tiny: TinyQwen3 = field(default_factory=TinyQwen3)
     thinking: Thinking = field(default_factory=Thinking)
+    shape: dict[str, Any] | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.tiny, dict):  # from a Hydra/OmegaConf mapping
