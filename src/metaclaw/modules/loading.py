@@ -146,6 +146,25 @@ class TinyQwen3:
         model.save_pretrained(out)
 
 
+def hub_snapshot(repo_id: str) -> Path:
+    """The local copy of Hugging Face model `repo_id`: nothing is downloaded at run time, the download is a step of
+    its own (`hf download`, docs/gpu.md).
+
+    Raises:
+        FileNotFoundError: one line naming the `hf download` command, when the model is not in the local cache.
+    """
+    from huggingface_hub import snapshot_download
+
+    try:
+        return Path(snapshot_download(repo_id, local_files_only=True))
+    except (FileNotFoundError, ValueError):  # LocalEntryNotFoundError; HFValidationError: not a repo id either
+        local = f"~/models/{repo_id.rstrip('/').rsplit('/', 1)[-1]}"
+        raise FileNotFoundError(
+            f"model.path={repo_id} is not a local directory nor in the Hugging Face cache, and metaclaw downloads "
+            f"nothing at run time: hf download {repo_id} --local-dir {local}  (then model.path={local})"
+        ) from None
+
+
 @dataclass
 class ModelSpec:
     """Where a base model comes from.
@@ -211,7 +230,7 @@ class ModelSpec:
             return _materialise(target, convert)
         if self.package:
             return src_dir / self.path
-        return src_dir if src_dir.exists() else Path(self.path)  # a hub id: resolved by transformers' cache
+        return src_dir if src_dir.exists() else hub_snapshot(self.path)
 
     def torch_dtype(self, device: torch.device | str = "cpu") -> torch.dtype:
         if self.dtype == "auto":
