@@ -129,6 +129,8 @@ def to_openai_request(body: Any) -> dict[str, Any]:
             out[dst] = body[src]
     if body.get("tools"):
         out["tools"] = body["tools"]  # normalised to OpenAI tools by the proxy
+    if body.get("chat_template_kwargs") is not None:  # vLLM's extension (Qwen3's enable_thinking); checked as OpenAI's
+        out["chat_template_kwargs"] = body["chat_template_kwargs"]
     choice = body.get("tool_choice")
     if choice is not None and not isinstance(choice, dict):
         raise RequestError("tool_choice must be an object")
