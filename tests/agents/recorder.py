@@ -26,7 +26,7 @@ HOP_HEADERS = {"host", "content-length", "connection", "transfer-encoding", "acc
 # Machine-specific text in the agents' prompts: home folders, temp dirs, user names, dates, uuids.
 _SCRUB = [
     (re.compile(r"/(?:tmp|root|home/[^/\s\"']+)(?:/[^\s\"'`)]*)?"), "/workspace"),
-    (re.compile(r"\b[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}\b"), "00000000-0000-4000-8000-000000000000"),
+    (re.compile(r"\b[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}\b"), "00000000-0000-0000-0000-0"),
 ]
 
 

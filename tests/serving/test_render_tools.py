@@ -61,7 +61,8 @@ def test_a_template_that_renders_tools_is_left_alone(tiny_tokenizer):
 
 
 def test_smollm2s_list_of_calls_in_one_block_is_parsed():
-    reply = '<tool_call>[{"name": "read_file", "arguments": {"path": "a"}}, {"name": "ls", "arguments": {}}]</tool_call>'
+    reply = '<tool_call>[{"name": "read_file", "arguments": {"path": "a"}}, {"name": "ls", "arguments": {}}]'
+    reply += "</tool_call>"
     content, calls = PARSERS["hermes"].split(reply)
     assert content == "" and [c["function"]["name"] for c in calls] == ["read_file", "ls"]
     assert PARSERS["hermes"].split("<tool_call>[1, 2]</tool_call>")[1] == []  # not calls: stays content

@@ -5,6 +5,7 @@ behaviour, training and teacher logprobs are taken over the same prompt. Light: 
 
 from __future__ import annotations
 
+import contextlib
 import json
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -40,20 +41,16 @@ def template_tool_support(tokenizer: Any) -> tuple[bool, bool]:
 
     support = (renders([user], [{"type": "function", "function": fn}]),
                renders([user, call, {"role": "tool", "tool_call_id": "c0", "content": "r"}], None))  # fmt: skip
-    try:
+    with contextlib.suppress(AttributeError):  # a tokenizer that takes no attributes is probed each time
         tokenizer._metaclaw_tool_support = support
-    except AttributeError:  # pragma: no cover - a tokenizer that takes no attributes is probed each time
-        pass
     return support
 
 
 def _hermes_call(call: Mapping[str, Any]) -> str:
     fn = call.get("function") or {}
     args: Any = fn.get("arguments", "{}")
-    try:
+    with contextlib.suppress(ValueError):  # else kept as the string the model wrote
         args = json.loads(args) if isinstance(args, str) else args
-    except ValueError:
-        pass  # kept as the string the model wrote
     return "<tool_call>\n" + json.dumps({"name": fn.get("name"), "arguments": args}) + "\n</tool_call>"
 
 
