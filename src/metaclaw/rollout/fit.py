@@ -112,7 +112,8 @@ class ContextPolicy:
         max_context_tokens: the model's context; None: the upstream card's `max_model_len`.
         reserve_tokens: room kept for the reply: the request's `max_tokens`, at most the larger of this and an
             eighth of the context (an agent asking for 32,000 tokens of a 8,192-token model still gets its
-            prompt in; the server stops the reply at the context's end, `finish_reason: length`).
+            prompt in; the server stops the reply at the context's end, `finish_reason: length`). A request that
+            sets no `max_tokens` is given this as its reply budget (the proxy sends it upstream).
         tool_result_placeholder: what an elided tool result says instead.
         trim_quantum_tokens: trims are rounded up to a multiple of this, so that the same system prompt is cut
             the same way on every turn of a conversation and the server reuses its cached prefix.
@@ -121,7 +122,7 @@ class ContextPolicy:
 
     mode: str = "truncate"
     max_context_tokens: int | None = None
-    reserve_tokens: int = 512
+    reserve_tokens: int = 1024
     tool_result_placeholder: str = "[tool result omitted: context limit]"
     trim_quantum_tokens: int = 512
     tokenizer: Any = None

@@ -291,13 +291,18 @@ class RolloutProxy:
             meta.skills, meta.skill_generation = names, self.skills.generation(agent_id)
         keep_lp, keep_ids = bool(body.get("logprobs")), bool(body.get("return_token_ids"))
         model = self.upstream_model(body.get("model"), profile)
+        reply_budget = None
         if has_image or self.fit.context.active:
             limit = body.get("max_completion_tokens", body.get("max_tokens"))
             limit = limit if isinstance(limit, int) and not isinstance(limit, bool) and limit > 0 else None
+            if limit is None and self.fit.context.active:  # Codex sends none: the rest of an 8k context is minutes
+                limit = reply_budget = self.fit.context.reserve_tokens  # of CPU, past the agent's own timeout
             card = self.upstream_cards.get(model) if isinstance(model, str) else None
             messages, tools = await asyncio.to_thread(self.fit.apply, messages, tools, has_image, card, limit, meta)
         upstream = {k: v for k, v in body.items() if k not in ("messages", "tools", *BODY_EXTRAS)}
         upstream.update(messages=messages, temperature=temperature, model=model)
+        if reply_budget is not None:
+            upstream["max_tokens"] = reply_budget
         if tools:
             upstream["tools"] = tools
             meta.tools = tools
