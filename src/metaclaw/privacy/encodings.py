@@ -16,7 +16,7 @@ import unicodedata
 from collections.abc import Callable, Iterator
 
 ZERO_WIDTH = re.compile("[\u00ad\u180e\u200b-\u200f\u202a-\u202e\u2060-\u2064\ufeff]")
-_SPACED = re.compile(r"(?<!\S)(?:[A-Za-z0-9_\-+/=.][ \t]){20,}[A-Za-z0-9_\-+/=.](?!\S)")
+_SPACED = re.compile(r"(?<!\S)(?:[A-Za-z0-9_\-+/=.][ \t]){15,}[A-Za-z0-9_\-+/=.](?!\S)")
 _HEX = re.compile(r"(?<![0-9A-Za-z])(?:[0-9a-fA-F]{2}){12,}(?![0-9A-Za-z])")
 _HEX_ESCAPED = re.compile(r"(?:\\x[0-9a-fA-F]{2}){12,}")
 _HEX_SPACED = re.compile(r"(?<![0-9A-Za-z])[0-9a-fA-F]{2}(?:[ :][0-9a-fA-F]{2}){11,}(?![0-9A-Za-z])")
@@ -88,7 +88,7 @@ def decoded_views(text: str) -> Iterator[tuple[int, int, str]]:
 
 
 def spaced_views(text: str) -> Iterator[tuple[int, int, str]]:
-    """`(start, end, collapsed)` for each run of 21+ single characters separated by blanks (`s k - p r o j ...`)."""
+    """`(start, end, collapsed)` for each run of 16+ single characters separated by blanks (`s k - p r o j ...`)."""
     for m in _SPACED.finditer(text):
         yield m.start(), m.end(), re.sub(r"[ \t]", "", m.group())
 
