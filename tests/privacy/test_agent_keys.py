@@ -9,6 +9,7 @@ import httpx
 import openai
 import pytest
 
+from metaclaw.agents import AgentProfiles
 from metaclaw.privacy.access import AgentKeyMiddleware, check_agent_keys
 from metaclaw.rollout.proxy import RolloutProxy
 from metaclaw.rollout.proxy_app import create_app
@@ -76,3 +77,25 @@ def test_an_agent_key_refused_on_anthropic_routes_gets_anthropic_shape(proxy):
                                extra_headers={"X-Agent-Id": "bob"})  # fmt: skip
     error = {"type": "permission_error", "message": "this key is for agent 'alice', not 'bob'"}
     assert e.value.body == {"type": "error", "error": error}
+
+
+def test_an_agent_key_is_answered_by_its_own_adapter_on_legacy_completions(tmp_path):
+    """Issue 43 (finding 4): `/v1/completions` with Alice's key is served by Alice's adapter, never the shared one
+    (whose prompt logprobs would score any text against other agents' data)."""
+    store = SampleStore(tmp_path / "samples.sqlite")
+    keys = check_agent_keys({ALICE_KEY: "alice"}, OWNER)
+    agents = AgentProfiles({"alice": {"mode": "rl"}}, "policy")
+    with ThreadedServer(scripted_upstream()) as upstream:
+        for name in ("policy", "policy:alice"):
+            httpx.post(f"{upstream.url}/v1/load_lora_adapter", json={"lora_name": name, "lora_path": "/x"})
+        proxy = RolloutProxy(store, upstream.url, base_model="tiny", policy_model="policy", agents=agents)
+        with ThreadedServer(AgentKeyMiddleware(create_app(proxy, api_key=OWNER), OWNER, keys, store)) as srv:
+            body = {"model": "metaclaw", "prompt": [1, 2, 3], "max_tokens": 1, "echo": True, "logprobs": 1,
+                    "agent_id": "default"}  # fmt: skip
+            r = httpx.post(f"{srv.url}/v1/completions", json=body, headers={"Authorization": f"Bearer {ALICE_KEY}"})
+            assert r.status_code == 200, r.text
+            r = httpx.post(f"{srv.url}/v1/completions", json=body, headers={"Authorization": f"Bearer {OWNER}"})
+            assert r.status_code == 200, r.text
+        seen = [c["model"] for c in upstream.server.config.app.state.scripted["completions"]]
+    assert seen == ["policy:alice", "policy"]
+    store.close()

@@ -432,9 +432,12 @@ class RolloutProxy:
 
         return chunks(), self._headers(turn)
 
-    async def legacy_completions(self, body: Any) -> httpx.Response:
+    async def legacy_completions(self, body: Any, agent_id: str | None = None) -> httpx.Response:
         """`/v1/completions` forwarded as is (the model id mapped as for chat; streamed or not), never captured:
         a raw prompt has no conversation to score, no session and no chat template (docs/clients.md).
+
+        The caller's agent (`agent_of`: a per-agent key pins it) is answered by its own adapter, as in chat: a
+        prompt's logprobs under the shared adapter would score text against other agents' data.
 
         Returns the open upstream response (the caller streams or reads it, then closes it). Raises
         `RequestError` for a body that is not an object, `UpstreamError` when the upstream fails."""
@@ -443,7 +446,8 @@ class RolloutProxy:
         if not isinstance(body.get("prompt"), str | list):
             raise RequestError("prompt must be a string or a list (of strings or token ids)", param="prompt")
         upstream = {k: v for k, v in body.items() if k not in BODY_EXTRAS}
-        upstream["model"] = self.upstream_model(body.get("model"))
+        profile = self.agents.resolve(agent_id or self.default_agent_id)
+        upstream["model"] = self.upstream_model(body.get("model"), profile)
         self.stats["turns"] += 1
         client = next(self._next_client)
         req = client.build_request("POST", f"{self.upstream_url}/v1/completions", json=upstream)

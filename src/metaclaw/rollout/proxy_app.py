@@ -262,8 +262,9 @@ def create_app(
     async def completions(request: Request) -> Response:
         """Legacy completions, passed through to the policy server and not captured (docs/clients.md)."""
         body = await _json(request)
+        agent_id = proxy.agent_of(body if isinstance(body, dict) else {}, _headers(request))
         try:
-            resp = await proxy.legacy_completions(body)
+            resp = await proxy.legacy_completions(body, agent_id)
         except UpstreamError as e:
             return _upstream_error(e)
         client_model = body.get("model")
