@@ -99,3 +99,30 @@ def test_an_agent_key_is_answered_by_its_own_adapter_on_legacy_completions(tmp_p
         seen = [c["model"] for c in upstream.server.config.app.state.scripted["completions"]]
     assert seen == ["policy:alice", "policy"]
     store.close()
+
+
+def test_explicit_session_ids_are_partitioned_by_key(tmp_path):
+    """Issue 43 (finding 8): a second key of the same agent that knows a session id writes into, and ends, a session
+    of its own, never the first key's; the first key's session keeps its own next state."""
+    store = SampleStore(tmp_path / "samples.sqlite")
+    phone = "alice-phone-0123456789"
+    keys = check_agent_keys({ALICE_KEY: "alice", phone: "alice"}, OWNER)
+    with ThreadedServer(scripted_upstream()) as upstream:
+        app_proxy = RolloutProxy(store, upstream.url, base_model="tiny")
+        app = create_app(app_proxy, api_key=OWNER)
+        with ThreadedServer(AgentKeyMiddleware(app, OWNER, keys, store)) as srv:
+            first = ask(srv.url, ALICE_KEY, **{"X-Session-Id": "s1"})
+            mine = first.headers["x-metaclaw-session-id"]
+            other = ask(srv.url, phone, **{"X-Session-Id": "s1", "X-Metaclaw-Client": "forged"})
+            assert other.headers["x-metaclaw-session-id"] != mine
+            done = httpx.post(f"{srv.url}/v1/sessions/done", json={"session_id": "s1"},
+                              headers={"Authorization": f"Bearer {phone}"})  # fmt: skip
+            assert done.status_code == 200 and done.json()["session_id"] != mine
+            assert ("alice", mine) not in app_proxy.sessions.log.done_sessions()
+            again = ask(srv.url, ALICE_KEY, **{"X-Session-Id": mine})  # the id it was given back works too
+            assert again.headers["x-metaclaw-session-id"] == mine
+    by_session: dict[str, int] = {}
+    for s in store.select():
+        by_session[s.session_id] = by_session.get(s.session_id, 0) + 1
+    assert by_session[mine] == 2 and len(by_session) == 2
+    store.close()

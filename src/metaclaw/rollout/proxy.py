@@ -38,6 +38,7 @@ from metaclaw.rollout.session_tracker import (
     SessionState,
     SessionTracker,
     new_messages_since_last_assistant,
+    scoped_session_id,
     session_keys,
 )
 from metaclaw.skills.hooks import SkillInjectorLike
@@ -45,6 +46,7 @@ from metaclaw.store import GroupCommitWriter, Sample, SampleMeta, SampleStore, o
 from metaclaw.wire import (
     ADAPTER_NAME_HEADER,
     ADAPTER_VERSION_HEADER,
+    CLIENT_HEADER,
     RESPONSE_ID_HEADER,
     SESSION_HEADER,
     TURN_HEADER,
@@ -259,7 +261,8 @@ class RolloutProxy:
         agent_id = self.agent_of(body, headers)
         profile = self.agents.resolve(agent_id)
         keys = session_keys(body, headers)
-        turn_type, session_id = keys.turn_type, keys.session_id or ""
+        turn_type = keys.turn_type
+        session_id = scoped_session_id(keys.session_id, headers.get(CLIENT_HEADER)) if keys.session_id else ""
         temperature = body.get("temperature")
         if temperature is None:
             temperature = self.default_temperature

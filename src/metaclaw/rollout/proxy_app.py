@@ -37,13 +37,13 @@ from metaclaw.rollout.errors import error_response, is_anthropic, openai_error, 
 from metaclaw.rollout.fit import build_fit
 from metaclaw.rollout.proxy import SSE_DONE, RolloutProxy, Turn, UpstreamError, dumps
 from metaclaw.rollout.responses import ResponseShell, ResponsesStream, to_chat_request, to_response
-from metaclaw.rollout.session_tracker import BODY_EXTRAS
+from metaclaw.rollout.session_tracker import BODY_EXTRAS, scoped_session_id
 from metaclaw.serving.bodies import BodyError, load_json
 from metaclaw.serving.openapi import PROXY_BODIES, publish_request_bodies
 from metaclaw.serving.security import BearerAuthMiddleware, BodySizeLimitMiddleware, BrowserGuard
 from metaclaw.skills.hooks import SkillInjectorLike
 from metaclaw.store import SampleStore
-from metaclaw.wire import RequestError
+from metaclaw.wire import CLIENT_HEADER, RequestError
 from metaclaw.wire.normalize import normalize_messages, normalize_tools
 
 log = logging.getLogger(__name__)
@@ -129,8 +129,9 @@ def client_of(request: Request) -> str:
     Sessions derived from the conversation are partitioned by it, so one client's message never continues
     another client's session (docs/security.md). Only a digest: the key itself is never kept.
     """
+    scope = request.headers.get(CLIENT_HEADER)  # an agent key's digest (the key itself was swapped for the owner's)
     key = request.headers.get("authorization") or request.headers.get("x-api-key")
-    return hashlib.blake2b(key.encode(), digest_size=8).hexdigest() if key else ""
+    return scope or (hashlib.blake2b(key.encode(), digest_size=8).hexdigest() if key else "")
 
 
 def create_app(
@@ -337,6 +338,7 @@ def create_app(
         agent_id = proxy.agent_of(body, hdr)
         if not isinstance(session_id, str) or not session_id:
             raise RequestError("session_id is required (body field or X-Session-Id header)")
+        session_id = scoped_session_id(session_id, hdr.get(CLIENT_HEADER))  # another key's session: unknown here
         if not await proxy.mark_done(str(agent_id), session_id):
             return _error(404, f"unknown session {session_id!r} for agent {agent_id!r}", "not_found_error",
                           code="not_found")  # fmt: skip
