@@ -302,3 +302,27 @@ def test_merged_smollm2_export_gives_the_served_logprobs_in_plain_transformers(t
     assert compare(base, served)["mean_abs_diff"] > 1e-3  # the adapter changes the replies' logprobs
     gguf_parity = export(str(run_dir), "latest", "default", "gguf-lora", str(tmp_path / "g"))["parity"]
     assert gguf_parity["max_abs_diff"] == 0.0 and gguf_parity["tensors"] == 2 * 7 * 30  # 30 layers, 7 modules
+
+
+def test_export_never_deletes_what_it_did_not_create(tiny_run, tmp_path, monkeypatch):
+    """Issue 43 (finding 8): `--out` filled by someone else during the export, and an unrelated `.NAME.old`
+    sibling, are left as they are; the export is refused."""
+    import metaclaw.export.cli as export_cli
+
+    out = tmp_path / "out"
+    sibling = tmp_path / ".out.old"
+    sibling.mkdir()
+    (sibling / "keep.txt").write_text("not the exporter's")
+
+    def racing_export(adapter_dir, tmp, spec):
+        out.mkdir()
+        (out / "theirs.txt").write_text("created meanwhile")
+        return {"check": "stub", "max_abs_diff": 0.0, "tolerance": 1.0}
+
+    monkeypatch.setattr(export_cli, "export_peft", racing_export)
+    with pytest.raises(ExportError, match="created or filled by something else"):
+        export(str(tiny_run), "latest", "default", "peft", str(out))
+    assert (out / "theirs.txt").read_text() == "created meanwhile" and sorted(p.name for p in out.iterdir()) == [
+        "theirs.txt"]  # fmt: skip
+    assert (sibling / "keep.txt").read_text() == "not the exporter's"
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".out.old", "out"]  # no temporary left behind
