@@ -140,8 +140,12 @@ def create_app(
     max_body_bytes: int = 8 * 1024 * 1024,
     served_model: str = "metaclaw",
     guard: BrowserGuard | None = None,
+    api_docs: bool = False,
 ):
     """The ASGI app for `proxy`; `api_key` (if set) is required on every route but `/health`.
+
+    `api_docs`: serve FastAPI's `/docs` and `/redoc` (off by default: they load scripts from a CDN, on the origin
+    the dashboard shares); `/openapi.json` is always served.
 
     `guard` (default: a server bound to loopback) refuses what a web page could send: a foreign `Host` or
     `Origin`, a state-changing request that is not `application/json` (`metaclaw.serving.security`).
@@ -156,7 +160,8 @@ def create_app(
         yield
         await proxy.stop()
 
-    app = FastAPI(title="metaclaw rollout proxy", lifespan=lifespan)
+    docs = {} if api_docs else {"docs_url": None, "redoc_url": None}
+    app = FastAPI(title="metaclaw rollout proxy", lifespan=lifespan, **docs)
     publish_request_bodies(app, {**PROXY_BODIES, "/v1/feedback": feedback.FeedbackRequest.model_json_schema()})
 
     def anthropic(request: Request) -> bool:
@@ -364,7 +369,7 @@ class ProxyService:
         allowed_hosts / allowed_origins: names (beyond the bound address and loopback) the proxy may be reached
             as, and web origins (beyond its own) that may call it (`metaclaw.serving.security.BrowserGuard`).
         api_key: the key clients must send (None: open, said loudly at start).
-        max_body_bytes / served_model: as `create_app`'s.
+        max_body_bytes / served_model / api_docs: as `create_app`'s.
         images / context: the proxy's image and context policies (`metaclaw.rollout.fit`).
         sessions: the session table's bounds (`max_open`, `idle_s`).
         policy_model / base_model / default_temperature / default_agent_id / request_timeout_s / agents: as
@@ -396,6 +401,7 @@ class ProxyService:
         agents: AgentProfiles | None = None,
         allowed_hosts: Sequence[str] = (),
         allowed_origins: Sequence[str] = (),
+        api_docs: bool = False,
     ) -> None:
         self.host, self.port, self.api_key = host, port, api_key
         self.proxy = RolloutProxy(
@@ -415,4 +421,4 @@ class ProxyService:
             agents=agents,
         )
         guard = BrowserGuard(host, tuple(allowed_hosts or ()), tuple(allowed_origins or ()))
-        self.app = create_app(self.proxy, api_key, max_body_bytes, served_model, guard)
+        self.app = create_app(self.proxy, api_key, max_body_bytes, served_model, guard, api_docs)
