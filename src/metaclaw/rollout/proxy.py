@@ -14,6 +14,7 @@ id must be restored; writes go to a `GroupCommitWriter`, so concurrent turns sha
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import itertools
 import json
 import logging
@@ -297,6 +298,7 @@ class RolloutProxy:
             messages = await asyncio.to_thread(self.fit.apply, messages, tools, has_image, card, limit, meta)
         upstream = {k: v for k, v in body.items() if k not in ("messages", "tools", *BODY_EXTRAS)}
         upstream.update(messages=messages, temperature=temperature, model=model)
+        self._salt(upstream, agent_id, client)
         if tools:
             upstream["tools"] = tools
             meta.tools = tools
@@ -435,7 +437,15 @@ class RolloutProxy:
 
         return chunks(), self._headers(turn)
 
-    async def legacy_completions(self, body: Any, agent_id: str | None = None) -> httpx.Response:
+    def _salt(self, upstream: dict[str, Any], agent_id: str, client: str) -> None:
+        """Our policy server reuses cached prompt prefixes only within one agent and client key (`cache_salt`,
+        vLLM's field): how fast a prompt is answered never says what another tenant asked. A client's own
+        `cache_salt` is replaced; an upstream of someone else's (`skills_only`) is sent none."""
+        upstream.pop("cache_salt", None)
+        if self.capture:
+            upstream["cache_salt"] = hashlib.blake2b(f"{agent_id}\x1f{client}".encode(), digest_size=12).hexdigest()
+
+    async def legacy_completions(self, body: Any, agent_id: str | None = None, client: str = "") -> httpx.Response:
         """`/v1/completions` forwarded as is (the model id mapped as for chat; streamed or not), never captured:
         a raw prompt has no conversation to score, no session and no chat template (docs/clients.md).
 
@@ -451,6 +461,7 @@ class RolloutProxy:
         upstream = {k: v for k, v in body.items() if k not in BODY_EXTRAS}
         profile = self.agents.resolve(agent_id or self.default_agent_id)
         upstream["model"] = self.upstream_model(body.get("model"), profile)
+        self._salt(upstream, agent_id or self.default_agent_id, client)
         self.stats["turns"] += 1
         client = next(self._next_client)
         req = client.build_request("POST", f"{self.upstream_url}/v1/completions", json=upstream)

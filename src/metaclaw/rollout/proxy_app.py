@@ -270,7 +270,7 @@ def create_app(
         body = await _json(request)
         agent_id = proxy.agent_of(body if isinstance(body, dict) else {}, _headers(request))
         try:
-            resp = await proxy.legacy_completions(body, agent_id)
+            resp = await proxy.legacy_completions(body, agent_id, client_of(request))
         except UpstreamError as e:
             return _upstream_error(e)
         client_model = body.get("model")
