@@ -295,3 +295,9 @@ def test_a_session_id_that_cannot_be_a_header_is_refused_before_capture(h, sessi
     r = httpx.post(f"{h.url}/v1/chat/completions", json=body, timeout=30)
     assert r.status_code == 400 and "session_id" in r.json()["error"]["message"]
     assert h.store.select() == []
+
+
+def test_an_end_user_name_in_any_script_is_still_accepted(h):
+    """`user` is never sent back as a header: only session ids need to be header-safe."""
+    body = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "user": "\u738b\u5c0f\u660e \U0001f600"}
+    assert httpx.post(f"{h.url}/v1/chat/completions", json=body, timeout=30).status_code == 200

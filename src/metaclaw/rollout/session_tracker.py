@@ -47,7 +47,13 @@ def _flag(value: Any, name: str) -> bool:
 def _id(value: Any, name: str) -> str:
     if not isinstance(value, str) or not value.strip() or len(value) > MAX_ID_CHARS:
         raise RequestError(f"{name} must be a non-empty string of at most {MAX_ID_CHARS} characters")
-    if not HEADER_SAFE.match(value):  # it is sent back in a response header (`x-metaclaw-session-id`)
+    return value
+
+
+def _session_id(value: Any, name: str) -> str:
+    """A client's session id: also sent back in a response header (`x-metaclaw-session-id`), so it must be one."""
+    value = _id(value, name)
+    if not HEADER_SAFE.match(value):
         raise RequestError(f"{name} must be printable Latin-1 without control characters (CR, LF, ...): it is "
                            "sent back as a header")  # fmt: skip
     return value
@@ -70,9 +76,9 @@ def session_keys(body: dict[str, Any], headers: dict[str, str]) -> SessionKeys:
     """
     end_user = _id(body["user"], "user") if body.get("user") is not None else None
     if headers.get("x-session-id"):
-        session_id, source = _id(headers["x-session-id"], "X-Session-Id"), "header"
+        session_id, source = _session_id(headers["x-session-id"], "X-Session-Id"), "header"
     elif body.get("session_id") is not None:
-        session_id, source = _id(body["session_id"], "session_id"), "body"
+        session_id, source = _session_id(body["session_id"], "session_id"), "body"
     else:
         session_id, source = None, "derived" if end_user is None else "user"
     if headers.get("x-turn-type"):
