@@ -26,6 +26,7 @@ from metaclaw.export.apply import ApplyImport
 from metaclaw.loop.eval_wiring import build_evaluator, build_watch
 from metaclaw.loop.live import Live, live_loop, run_skills_only
 from metaclaw.loop.wiring import build_privacy
+from metaclaw.memory_plan import check_memory
 from metaclaw.modules.online_rl import OnlineRLModule
 from metaclaw.modules.progress import LoopProgressBar
 from metaclaw.runfiles import protect_run
@@ -130,7 +131,7 @@ def train(cfg: DictConfig) -> tuple[dict[str, Any], dict[str, Any]]:
     protect_run(cfg)  # 0700 / 0600 run files; keys given as overrides leave the .hydra/ dumps
     if cfg.mode.train:  # the server this run starts shares the CPU with training: devices.cpu_threads
         serves_here = bool(cfg.rollout.get("proxy")) and not cfg.serving.get("url")
-        resolve_devices(cfg, serves_here=serves_here)
+        check_memory(cfg, resolve_devices(cfg, serves_here=serves_here))  # GPUs: fits, or refused with numbers
     validate_train_config(cfg)
     if not cfg.mode.train:  # mode=skills_only: proxy + skills, no policy, no training
         return run_skills_only(cfg)

@@ -54,9 +54,18 @@ def turn() -> Sample:
     return Sample([1, 2], [3], [-0.1], next_state="No, wrong.", messages=msgs, response_text="It is Munich.")
 
 
+def qwen3_conf(node: str) -> dict[str, Any]:
+    """A node of the composed config for `model=qwen3_8b` (its `thinking` interpolated from the model's)."""
+    from hydra import compose, initialize_config_dir
+
+    with initialize_config_dir(str(CONFIG_DIR), version_base=None):
+        cfg = compose("train", overrides=["model=qwen3_8b", "judge=llm", "skills.enabled=true"])
+    return OmegaConf.to_container(OmegaConf.select(cfg, node), resolve=True)
+
+
 def judge_conf() -> dict[str, Any]:
-    conf = OmegaConf.to_container(OmegaConf.load(CONFIG_DIR / "judge/llm.yaml"))
-    return {k: v for k, v in conf.items() if k in ("votes", "temperature", "max_tokens", "chat_template_kwargs")}
+    conf = qwen3_conf("judge")
+    return {k: v for k, v in conf.items() if k in ("votes", "temperature", "max_tokens", "thinking")}
 
 
 def test_the_configured_judge_asks_for_no_thinking_and_gets_its_verdict_and_hint():
@@ -70,27 +79,27 @@ def test_the_configured_judge_asks_for_no_thinking_and_gets_its_verdict_and_hint
 
 def test_a_judge_that_thinks_anyway_is_read_from_its_reasoning(caplog):
     with ThreadedServer(thinking_upstream("field")) as srv, caplog.at_level(logging.WARNING):
-        judge = LLMJudge(srv.url, "qwen3", votes=3, chat_template_kwargs=None)
+        judge = LLMJudge(srv.url, "qwen3", votes=3, thinking=None)
         verdict = asyncio.run(judge.reward(turn()))
         hint = asyncio.run(judge.hint(turn()))
     assert verdict.reward == 1.0 and verdict.detail["votes"] == [1, 1, 1]  # the reasoning's last \boxed{}
     assert hint == "Berlin"
-    assert "judge.max_tokens" in caplog.text and "enable_thinking" in caplog.text  # said, not silent
+    assert all(w in caplog.text for w in ("judge.max_tokens", "model.thinking", "enable_thinking"))  # said, not silent
 
 
 def test_reasoning_never_passes_for_the_answer():
     with ThreadedServer(thinking_upstream("inline")) as srv:
-        judge = LLMJudge(srv.url, "qwen3", votes=1, chat_template_kwargs=None)
+        judge = LLMJudge(srv.url, "qwen3", votes=1, thinking=None)
         assert asyncio.run(judge.reward(turn())).reward == -1.0  # the answer's \boxed{-1}, not the think block's
         assert asyncio.run(judge.hint(turn())) == "Berlin is the capital."
 
 
 @pytest.mark.parametrize("style", ["field", "inline"])
 def test_the_evolver_asks_for_no_thinking_and_never_reads_reasoning_as_its_reply(tmp_path, style):
-    conf = OmegaConf.to_container(OmegaConf.load(CONFIG_DIR / "train.yaml"))["skills"]["evolver"]
+    conf = qwen3_conf("skills.evolver")
     with ThreadedServer(thinking_upstream(style)) as srv:
         asked = SkillEvolver(tmp_path, base_url=f"{srv.url}/v1", model="qwen3",
-                             chat_template_kwargs=conf["chat_template_kwargs"])  # fmt: skip
+                             thinking=conf["thinking"])  # fmt: skip
         assert asked.complete([{"role": "user", "content": "go"}]) == "\\boxed{-1}"
         assert srv.server.config.app.state.bodies[-1]["chat_template_kwargs"] == {"enable_thinking": False}
         thinking = SkillEvolver(tmp_path, base_url=f"{srv.url}/v1", model="qwen3")

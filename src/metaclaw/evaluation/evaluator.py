@@ -24,6 +24,7 @@ from metaclaw.evaluation.cache import BaselineCache
 from metaclaw.evaluation.quality import base_nll, fluency, text_stats
 from metaclaw.simulate.preferences import PreferenceSet
 from metaclaw.simulate.tasks import load_tasks
+from metaclaw.thinking import Thinking, read_answer
 
 EVAL_USER = "metaclaw-eval"  # the OpenAI `user` field of evaluation requests: the server counts their cost apart
 
@@ -92,6 +93,8 @@ class ComplianceEvaluator:
         cache_parts: what identifies the served base model beyond its name (model files' hash, engine, dtype);
             the cache is used only when given.
         baseline_name: the model name whose replies are cached (the server's base model name).
+        thinking: `model.thinking` (`metaclaw.thinking.Thinking`), as the simulated user sends it; the verifier
+            reads the answer, never the reasoning.
     """
 
     def __init__(
@@ -117,6 +120,7 @@ class ComplianceEvaluator:
         cache: BaselineCache | None = None,
         cache_parts: dict[str, Any] | None = None,
         baseline_name: str | None = None,
+        thinking: Thinking | Mapping[str, Any] | None = None,
     ) -> None:
         if n_prompts < 1 or samples_per_prompt < 1 or concurrency < 1:
             raise ValueError("eval: n_prompts, samples_per_prompt and concurrency must be >= 1")
@@ -132,6 +136,7 @@ class ComplianceEvaluator:
         self.reference_nll: float | None = None  # the base model's mean NLL of its own replies (first scored)
         self.cache, self.cache_parts = cache, cache_parts
         self.baseline_name = baseline_name or base_model
+        self.thinking = Thinking.of(thinking)
 
     def rebind(self, server_url: str) -> None:
         """Ask `server_url` (a policy server's base URL) from now on."""
@@ -157,7 +162,7 @@ class ComplianceEvaluator:
             "model": model,
             **self.cache_parts,
             "messages": [self._messages(p) for p in jobs],
-            "max_tokens": self.max_tokens,
+            **self.thinking.fields(self.max_tokens),
             "temperature": self.temperature,
             "quality": bool(self.base_model),
         }
@@ -197,15 +202,17 @@ class ComplianceEvaluator:
         """`model`'s reply to `prompt`: its text and, when replies are scored, the prompt's and reply's token ids
         (None: the request failed, counted as an error, never as a compliant or failing reply)."""
         try:
+            fields = self.thinking.fields(self.max_tokens)
             out = self.client.chat.completions.create(
                 model=model,
                 messages=self._messages(prompt),
-                max_tokens=self.max_tokens,
+                max_tokens=fields.pop("max_tokens"),
                 temperature=self.temperature,
                 user=EVAL_USER,
-                extra_body={"return_token_ids": True} if self.base_model else None,
+                extra_body={**fields, **({"return_token_ids": True} if self.base_model else {})} or None,
             )
-            text = out.choices[0].message.content or ""
+            choice = out.choices[0]
+            text = read_answer(choice.message.model_dump(), choice.finish_reason, "evaluator", self.max_tokens)
             if not self.base_model:
                 return text, [], []
             raw = out.model_dump()

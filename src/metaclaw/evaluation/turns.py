@@ -159,6 +159,8 @@ class HeldoutTurnsEvaluator:
             return None
         body = {"model": model, "messages": s.messages, "max_tokens": max_tokens, "temperature": s.temperature,
                 "return_token_ids": True}  # fmt: skip
+        if s.meta.chat_template_kwargs:  # rendered as the got reply's prompt was (Qwen3: the same thinking switch)
+            body["chat_template_kwargs"] = dict(s.meta.chat_template_kwargs)
         r = httpx.post(f"{self.server_url}/v1/chat/completions", json=body, headers=bearer_headers(self.api_key),
                        timeout=self.timeout_s)  # fmt: skip
         r.raise_for_status()

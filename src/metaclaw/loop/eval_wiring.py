@@ -184,6 +184,7 @@ def bind_evaluator(
                 cache=cache,
                 cache_parts=cache_parts,
                 baseline_name=cfg.model.name,
+                thinking=cfg.model.get("thinking"),
             ),
             lora_name=profile.lora_name,
             owner=(lambda a, mine=mine: profiles.adapter_of(a) == mine) if profiles.many else None,

@@ -20,7 +20,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from metaclaw.loop.policy_server import SERVER_NODES, PolicyServerProcess
 from metaclaw.loop.wiring import Upstream, build_proxy, build_worker
-from metaclaw.rollout.probe import probe_capture
+from metaclaw.rollout.probe import probe_attach, probe_capture
 from metaclaw.rollout.proxy import RolloutProxy
 from metaclaw.rollout.proxy_app import warn_open
 from metaclaw.rollout.replay import ReplayDriver
@@ -161,6 +161,8 @@ def live_loop(
         p = rollout.proxy
         if cfg.mode.train:  # refuse a run the upstream cannot feed, before any agent is pointed at the proxy
             probe_capture(server.url, server.api_key, p.get("base_model"), p.request_timeout_s)
+            if cfg.serving.get("url"):  # a server this run did not start: the flags adapters need (docs/gpu.md)
+                probe_attach(server.url, server.api_key, p.get("base_model") or cfg.model.name, cfg.model.max_seq_len)
         service = build_proxy(cfg, store, tokenizer, server)
         live.proxy = service.proxy
         app = wrap_app(service.app) if wrap_app else service.app

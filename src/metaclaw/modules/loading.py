@@ -15,10 +15,12 @@ import logging
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import torch
 
 from metaclaw.atomic import write_dir_atomically
+from metaclaw.thinking import Thinking
 
 log = logging.getLogger(__name__)
 
@@ -144,6 +146,25 @@ class TinyQwen3:
         model.save_pretrained(out)
 
 
+def hub_snapshot(repo_id: str) -> Path:
+    """The local copy of Hugging Face model `repo_id`: nothing is downloaded at run time, the download is a step of
+    its own (`hf download`, docs/gpu.md).
+
+    Raises:
+        FileNotFoundError: one line naming the `hf download` command, when the model is not in the local cache.
+    """
+    from huggingface_hub import snapshot_download
+
+    try:
+        return Path(snapshot_download(repo_id, local_files_only=True))
+    except (FileNotFoundError, ValueError):  # LocalEntryNotFoundError; HFValidationError: not a repo id either
+        local = f"~/models/{repo_id.rstrip('/').rsplit('/', 1)[-1]}"
+        raise FileNotFoundError(
+            f"model.path={repo_id} is not a local directory nor in the Hugging Face cache, and metaclaw downloads "
+            f"nothing at run time: hf download {repo_id} --local-dir {local}  (then model.path={local})"
+        ) from None
+
+
 @dataclass
 class ModelSpec:
     """Where a base model comes from.
@@ -157,6 +178,8 @@ class ModelSpec:
         dtype: `auto` (bf16 on CUDA, fp32 on CPU), `float32`, `bfloat16` or `float16`.
         max_seq_len: longest prompt + response the trainer and servers accept.
         tiny: the tiny model's shape when `path == "tiny"`.
+        thinking: how metaclaw's own callers ask this model for an answer (`metaclaw.thinking.Thinking`).
+        shape: the config.json numbers the memory plan reads before the weights are here (`metaclaw.memory_plan`).
     """
 
     name: str
@@ -166,10 +189,13 @@ class ModelSpec:
     dtype: str = "auto"
     max_seq_len: int = 2048
     tiny: TinyQwen3 = field(default_factory=TinyQwen3)
+    thinking: Thinking = field(default_factory=Thinking)
+    shape: dict[str, Any] | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.tiny, dict):  # from a Hydra/OmegaConf mapping
             self.tiny = TinyQwen3(**self.tiny)
+        self.thinking = Thinking.of(self.thinking)
 
     def local_dir(self) -> Path:
         """A local Hugging Face directory (config, safetensors, tokenizer) for this model, built if needed."""
@@ -204,7 +230,7 @@ class ModelSpec:
             return _materialise(target, convert)
         if self.package:
             return src_dir / self.path
-        return src_dir if src_dir.exists() else Path(self.path)  # a hub id: resolved by transformers' cache
+        return src_dir if src_dir.exists() else hub_snapshot(self.path)
 
     def torch_dtype(self, device: torch.device | str = "cpu") -> torch.dtype:
         if self.dtype == "auto":

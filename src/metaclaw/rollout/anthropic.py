@@ -91,8 +91,11 @@ def to_openai_messages(body: dict[str, Any]) -> list[dict[str, Any]]:
     if body.get("system"):
         messages.append({"role": "system", "content": _system_text(body["system"])})
     for i, m in enumerate(body["messages"]):
-        if not isinstance(m, dict) or m.get("role") not in ("user", "assistant"):
-            raise RequestError(f"messages[{i}].role must be user or assistant")
+        if not isinstance(m, dict) or m.get("role") not in ("user", "assistant", "system"):
+            raise RequestError(f"messages[{i}].role must be user, assistant or system")
+        if m["role"] == "system":  # Claude Code 2.x sends its environment notes as a system turn mid-conversation
+            messages.append({"role": "system", "content": _system_text(m.get("content"))})
+            continue
         messages.extend(_blocks_to_messages(m["role"], m.get("content"), f"messages[{i}]"))
     return messages
 
@@ -126,6 +129,8 @@ def to_openai_request(body: Any) -> dict[str, Any]:
             out[dst] = body[src]
     if body.get("tools"):
         out["tools"] = body["tools"]  # normalised to OpenAI tools by the proxy
+    if body.get("chat_template_kwargs") is not None:  # vLLM's extension (Qwen3's enable_thinking); checked as OpenAI's
+        out["chat_template_kwargs"] = body["chat_template_kwargs"]
     choice = body.get("tool_choice")
     if choice is not None and not isinstance(choice, dict):
         raise RequestError("tool_choice must be an object")

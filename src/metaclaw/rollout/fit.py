@@ -74,6 +74,35 @@ class ImagePolicy:
         return out, {"images": "placeholder", "images_replaced": n, "dropped": reason}
 
 
+def slim_tools(tools: list[dict[str, Any]], level: int) -> list[dict[str, Any]]:
+    """Tool definitions with less prose and the same names and argument schemas (what a call needs).
+
+    Level 1 drops every description inside the parameters' schemas and keeps each tool's first sentence
+    (at most 200 characters); level 2 drops the tools' descriptions too.
+    """
+
+    def strip(schema: Any, names: bool = False) -> Any:  # names: the keys are property names, all kept
+        if isinstance(schema, dict):
+            return {k: strip(v, k in ("properties", "patternProperties", "$defs", "definitions") and not names)
+                    for k, v in schema.items() if names or k not in ("description", "examples", "title")}
+        if isinstance(schema, list):
+            return [strip(v) for v in schema]
+        return schema
+
+    out = []
+    for tool in tools:
+        fn = tool.get("function") if isinstance(tool.get("function"), dict) else None
+        if fn is None:
+            out.append(tool)
+            continue
+        fn = {**fn, "parameters": strip(fn.get("parameters"))} if "parameters" in fn else dict(fn)
+        text = fn.pop("description", None)
+        if level < 2 and isinstance(text, str) and text:
+            fn["description"] = text.split(". ")[0].split("\n")[0][:200]
+        out.append({**tool, "function": fn})
+    return out
+
+
 @dataclass
 class ContextPolicy:
     """Fit the prompt into the model's context.
@@ -81,15 +110,20 @@ class ContextPolicy:
     Args:
         mode: `truncate` or `off`.
         max_context_tokens: the model's context; None: the upstream card's `max_model_len`.
-        reserve_tokens: room kept for the reply when the request sets no `max_tokens` (capped at half the context).
+        reserve_tokens: room kept for the reply: the request's `max_tokens`, at most the larger of this and an
+            eighth of the context (an agent asking for 32,000 tokens of a 8,192-token model still gets its
+            prompt in; the server stops the reply at the context's end, `finish_reason: length`).
         tool_result_placeholder: what an elided tool result says instead.
+        trim_quantum_tokens: trims are rounded up to a multiple of this, so that the same system prompt is cut
+            the same way on every turn of a conversation and the server reuses its cached prefix.
         tokenizer: the served model's tokenizer (its chat template counts the tokens); None disables the policy.
     """
 
     mode: str = "truncate"
     max_context_tokens: int | None = None
-    reserve_tokens: int = 256
+    reserve_tokens: int = 512
     tool_result_placeholder: str = "[tool result omitted: context limit]"
+    trim_quantum_tokens: int = 512
     tokenizer: Any = None
 
     def __post_init__(self) -> None:
@@ -116,44 +150,82 @@ class ContextPolicy:
     def fit(
         self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None, card: dict[str, Any] | None,
         max_tokens: int | None,
-    ) -> tuple[list[dict[str, Any]], dict[str, Any] | None]:  # fmt: skip
-        """The messages to send and what the policy did (None when nothing was needed)."""
+    ) -> tuple[list[dict[str, Any]], list[dict[str, Any]] | None, dict[str, Any] | None]:  # fmt: skip
+        """The messages and tools to send and what the policy did (None when nothing was needed)."""
         limit = self.limit(card)
         if not self.active or limit is None:
-            return messages, None
-        reserve = min(max_tokens or self.reserve_tokens, limit // 2)
+            return messages, tools, None
+        reserve = min(max_tokens or self.reserve_tokens, max(self.reserve_tokens, limit // 8), limit // 2)
         budget = limit - reserve
         # An upper bound without tokenising: a token is at least one byte (byte-level BPE, byte fallback) and ASCII
         # JSON escapes are at least as long as UTF-8; 64 tokens a message for the template's own markup.
         rough = sum(len(json.dumps(m)) for m in messages) + (len(json.dumps(tools)) if tools else 0)
         if rough + 64 * (len(messages) + 1) + (512 if tools else 0) < budget:  # + the template's tools preamble
-            return messages, None
+            return messages, tools, None
         try:
             before = self.count(messages, tools)
         except Exception as e:  # noqa: BLE001 - the server renders the same template and answers 400 itself
             log.warning("Context policy: cannot render the conversation (%s); forwarded as is", e)
-            return messages, None
+            return messages, tools, None
         if before <= budget:
-            return messages, None
+            return messages, tools, None
         action: dict[str, Any] = {"action": "truncated", "prompt_tokens_before": before, "limit": limit,
                                   "budget": budget}  # fmt: skip
         msgs = [dict(m) for m in messages]
-        n_sys = next((i for i, m in enumerate(msgs) if m.get("role") != "system"), len(msgs))
-        last_user = max((i for i, m in enumerate(msgs) if m.get("role") == "user"), default=len(msgs) - 1)
-        n = before
-        # 1. the oldest tool results (never the newest message) become a placeholder, oldest first
+        n = self._elide_tool_results(msgs, tools, before, budget, action)
+        tools, n = self._slim_tools(msgs, tools, n, budget, action)
+        n = self._drop_old_exchanges(msgs, tools, n, budget, action)
+        n = self._trim_ends(msgs, tools, n, budget, action)
+        action["prompt_tokens_after"] = n
+        if n > budget:
+            action["action"] = "unfit"  # forwarded: the server answers 400 context_length_exceeded
+            log.warning("Context policy could not fit the prompt: %s", action)
+        else:
+            log.info("Context policy fitted a %d-token prompt into %d (of %d): %s", before, n, limit,
+                     {k: v for k, v in action.items() if k not in ("action", "limit", "budget")})  # fmt: skip
+        return msgs, tools, action
+
+    @staticmethod
+    def _first_turn(msgs: list[dict[str, Any]]) -> int:
+        return next((i for i, m in enumerate(msgs) if m.get("role") != "system"), len(msgs))
+
+    def _elide_tool_results(
+        self, msgs: list[dict[str, Any]], tools: list[dict[str, Any]] | None, n: int, budget: int,
+        action: dict[str, Any],
+    ) -> int:  # fmt: skip
+        """1. The oldest tool results (never the newest message) become a placeholder, oldest first."""
         elided, estimate = 0, n
         placeholder_len = len(self._tokens(self.tool_result_placeholder))
-        for i in range(n_sys, len(msgs) - 1):
+        for i in range(self._first_turn(msgs), len(msgs) - 1):
             if estimate <= budget:
                 break
             if msgs[i].get("role") == "tool" and msgs[i].get("content") != self.tool_result_placeholder:
                 estimate -= len(self._tokens(content_text(msgs[i].get("content")))) - placeholder_len
                 msgs[i]["content"] = self.tool_result_placeholder
                 elided += 1
-        if elided:
+        action["tool_results_elided"] = elided
+        return self.count(msgs, tools) if elided else n
+
+    def _slim_tools(
+        self, msgs: list[dict[str, Any]], tools: list[dict[str, Any]] | None, n: int, budget: int,
+        action: dict[str, Any],
+    ) -> tuple[list[dict[str, Any]] | None, int]:  # fmt: skip
+        """2. Tool definitions lose their prose (names and argument schemas stay: the tools stay usable)."""
+        for level in (1, 2):
+            if n <= budget or not tools:
+                break
+            tools = slim_tools(tools, level)
             n = self.count(msgs, tools)
-        # 2. the oldest exchanges dropped whole (up to the next user message), never the newest user message
+            action["tools_slimmed"] = level
+        return tools, n
+
+    def _drop_old_exchanges(
+        self, msgs: list[dict[str, Any]], tools: list[dict[str, Any]] | None, n: int, budget: int,
+        action: dict[str, Any],
+    ) -> int:  # fmt: skip
+        """3. The oldest exchanges dropped whole (up to the next user message), never the newest user message."""
+        n_sys = self._first_turn(msgs)
+        last_user = max((i for i, m in enumerate(msgs) if m.get("role") == "user"), default=len(msgs) - 1)
         dropped = 0
         while n > budget and n_sys < last_user:
             end = next((j for j in range(n_sys + 1, last_user + 1) if msgs[j].get("role") == "user"), last_user)
@@ -161,26 +233,37 @@ class ContextPolicy:
             del msgs[n_sys:end]
             last_user -= end - n_sys
             n = self.count(msgs, tools)
-        # 3. the system prompt's tail, then 4. the newest message's head (re-tokenising is not additive: repeat)
+        action["messages_dropped"] = dropped
+        return n
+
+    def _trim_ends(
+        self, msgs: list[dict[str, Any]], tools: list[dict[str, Any]] | None, n: int, budget: int,
+        action: dict[str, Any],
+    ) -> int:  # fmt: skip
+        """4. The system prompt's tail, then 5. the newest message's head (re-tokenising is not additive: repeat).
+
+        Cuts are whole multiples of `trim_quantum_tokens`, so a long conversation's system prompt is cut the same
+        way turn after turn (a stable prefix for the server's cache) until it needs the next quantum.
+        """
+        q = max(1, self.trim_quantum_tokens)
+        n_sys = self._first_turn(msgs)
         for idx, keep_head, key in ((n_sys - 1, True, "system_trimmed_tokens"),
                                     (len(msgs) - 1, False, "last_trimmed_tokens")):  # fmt: skip
             if idx < 0 or not isinstance(msgs[idx].get("content"), str):
                 continue
-            original, cut = self._tokens(msgs[idx]["content"]), 0
-            for _ in range(4):
+            text, original, cut = msgs[idx]["content"], self._tokens(msgs[idx]["content"]), 0
+            for _ in range(6):
                 if n <= budget or cut >= len(original):
                     break
-                cut = min(len(original), cut + n - budget + 8)
+                cut = min(len(original), -(-(cut + n - budget + 8) // q) * q)
                 kept = self.tokenizer.decode(original[: len(original) - cut] if keep_head else original[cut:])
                 note = f"[{cut} tokens omitted: context limit]"
                 msgs[idx]["content"] = f"{kept}\n{note}" if keep_head else f"{note}\n{kept}"
                 action[key] = cut
                 n = self.count(msgs, tools)
-        action.update(tool_results_elided=elided, messages_dropped=dropped, prompt_tokens_after=n)
-        if n > budget:
-            action["action"] = "unfit"  # forwarded: the server answers 400 context_length_exceeded
-            log.warning("Context policy could not fit the prompt: %s", action)
-        return msgs, action
+            if cut and msgs[idx]["content"] == text:  # pragma: no cover - decode changed nothing
+                break
+        return n
 
 
 @dataclass
@@ -193,20 +276,20 @@ class ClientFit:
     def apply(
         self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None, has_image: bool,
         card: dict[str, Any] | None, max_tokens: int | None, meta: dict[str, Any],
-    ) -> list[dict[str, Any]]:  # fmt: skip
-        """Fitted messages; `meta` gains `images`/`dropped` and `context` entries when a policy acted."""
+    ) -> tuple[list[dict[str, Any]], list[dict[str, Any]] | None]:  # fmt: skip
+        """Fitted messages and tools; `meta` gains `images`/`dropped` and `context` entries when a policy acted."""
         if has_image:
             messages, image_meta = self.images.apply(messages, card)
             meta.update(image_meta)
         if not any(isinstance(m.get("content"), list) for m in messages):
             try:
-                messages, action = self.context.fit(messages, tools, card, max_tokens)
+                messages, tools, action = self.context.fit(messages, tools, card, max_tokens)
             except Exception as e:  # noqa: BLE001 - the policy must never fail a turn: forward it as is
                 log.exception("Context policy failed; the turn is forwarded unchanged")
                 action = {"action": "error", "error": f"{type(e).__name__}: {e}"}
             if action is not None:
                 meta["context"] = action
-        return messages
+        return messages, tools
 
 
 def build_fit(proxy_cfg: Any, tokenizer: Any) -> ClientFit:

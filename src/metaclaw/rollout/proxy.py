@@ -239,6 +239,10 @@ class RolloutProxy:
             return name
         return self.base_model or requested
 
+    def context_limit(self) -> int | None:
+        """The context a client may budget for: the context policy's limit on the served base model's card."""
+        return self.fit.context.limit(self.upstream_cards.get(self.base_model) if self.base_model else None)
+
     def agent_of(self, body: dict[str, Any], headers: dict[str, str]) -> str:
         """The agent: `X-Agent-Id`, else the body field `agent_id`, else the default; a bad id is a 400."""
         for value, field_name in ((headers.get("x-agent-id"), "X-Agent-Id"), (body.get("agent_id"), "agent_id")):
@@ -295,7 +299,7 @@ class RolloutProxy:
             limit = body.get("max_completion_tokens", body.get("max_tokens"))
             limit = limit if isinstance(limit, int) and not isinstance(limit, bool) and limit > 0 else None
             card = self.upstream_cards.get(model) if isinstance(model, str) else None
-            messages = await asyncio.to_thread(self.fit.apply, messages, tools, has_image, card, limit, meta)
+            messages, tools = await asyncio.to_thread(self.fit.apply, messages, tools, has_image, card, limit, meta)
         upstream = {k: v for k, v in body.items() if k not in ("messages", "tools", *BODY_EXTRAS)}
         upstream.update(messages=messages, temperature=temperature, model=model)
         self._salt(upstream, agent_id, client)

@@ -197,18 +197,26 @@ def create_app(
     async def health() -> dict[str, Any]:
         return {"status": "ok", "capture": proxy.capture, **proxy.stats}  # no internal URLs: this route is open
 
-    model_card = {"id": served_model, "object": "model", "created": int(time.time()), "owned_by": "metaclaw"}
+    created = int(time.time())
+
+    def model_card() -> dict[str, Any]:
+        """The served model's card; `max_model_len` (vLLM's field) is the context the agent may budget for."""
+        card = {"id": served_model, "object": "model", "created": created, "owned_by": "metaclaw"}
+        limit = proxy.context_limit()
+        if limit:
+            card["max_model_len"] = limit
+        return card
 
     @app.get("/v1/models")
     async def models() -> dict[str, Any]:
-        return {"object": "list", "data": [model_card]}
+        return {"object": "list", "data": [model_card()]}
 
     @app.get("/v1/models/{model_id:path}")
     async def model(model_id: str) -> JSONResponse:
         if model_id != served_model:
             return error_response(404, f"The model {model_id!r} does not exist (this proxy serves {served_model!r})",
                                   anthropic=False, code="model_not_found", param="model")  # fmt: skip
-        return JSONResponse(model_card)
+        return JSONResponse(model_card())
 
     @app.post("/v1/chat/completions")
     async def chat(request: Request) -> Response:

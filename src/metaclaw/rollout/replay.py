@@ -14,8 +14,11 @@ from __future__ import annotations
 import json
 import logging
 import threading
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
+
+from metaclaw.thinking import Thinking
 
 log = logging.getLogger(__name__)
 
@@ -41,6 +44,7 @@ class ReplayDriver:
         api_key: the proxy's key, if it has one.
         pause_s: pause between turns.
         timeout_s: per request.
+        thinking: `model.thinking` (`metaclaw.thinking.Thinking`): `chat_template_kwargs` sent, budget added.
     """
 
     def __init__(
@@ -54,13 +58,14 @@ class ReplayDriver:
         api_key: str | None = None,
         pause_s: float = 0.0,
         timeout_s: float = 300.0,
+        thinking: Thinking | Mapping[str, Any] | None = None,
     ) -> None:
         from openai import OpenAI
 
         self.conversations = load_conversations(file)
         self.client = OpenAI(base_url=base_url, api_key=api_key or "unused", timeout=timeout_s, max_retries=1)
         self.cycles, self.model, self.max_tokens, self.temperature = cycles, model, max_tokens, temperature
-        self.pause_s = pause_s
+        self.pause_s, self.thinking = pause_s, Thinking.of(thinking)
         self.turns_sent = 0
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -94,12 +99,14 @@ class ReplayDriver:
             self._stop.wait(self.pause_s)
 
     def _ask(self, messages: list[dict[str, Any]], tools: Any, headers: dict[str, str], stream: bool) -> dict:
+        fields = self.thinking.fields(self.max_tokens)
         kwargs: dict[str, Any] = dict(
             model=self.model,
             messages=messages,
-            max_tokens=self.max_tokens,
+            max_tokens=fields.pop("max_tokens"),
             temperature=self.temperature,
             extra_headers=headers,
+            extra_body=fields or None,
         )
         if tools:
             kwargs["tools"] = tools

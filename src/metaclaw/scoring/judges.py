@@ -21,6 +21,7 @@ from omegaconf import DictConfig
 
 from metaclaw.messages import answer_and_reasoning, content_text
 from metaclaw.store import Sample
+from metaclaw.thinking import Thinking
 from metaclaw.wire import bearer_headers
 
 log = logging.getLogger(__name__)
@@ -144,9 +145,10 @@ class LLMJudge:
         max_tokens: per judge reply.
         timeout_s: per request.
         max_retries: retries on transport errors / 5xx.
-        chat_template_kwargs: sent with every request (`{enable_thinking: false}` for Qwen3: a thinking judge
-            can spend its whole budget before the verdict); a verdict or hint found only in the reasoning is
-            used when the answer has none.
+        thinking: `model.thinking` (`metaclaw.thinking.Thinking`): its `chat_template_kwargs` go with every request
+            (`{enable_thinking: false}` for Qwen3: a thinking judge can spend its whole budget before the verdict)
+            and its budget is added to `max_tokens`; a verdict or hint found only in the reasoning is used when the
+            answer has none.
     """
 
     def __init__(
@@ -159,14 +161,14 @@ class LLMJudge:
         max_tokens: int = 512,
         timeout_s: float = 60.0,
         max_retries: int = 2,
-        chat_template_kwargs: dict[str, Any] | None = None,
+        thinking: Thinking | Mapping[str, Any] | None = None,
     ) -> None:
         if votes < 1:
             raise ValueError(f"judge.votes must be >= 1, got {votes}")
         self.base_url, self.model, self.api_key = (base_url or "").rstrip("/") or None, model, api_key
         self.votes, self.temperature, self.max_tokens = votes, temperature, max_tokens
         self.timeout_s, self.max_retries = timeout_s, max_retries
-        self.chat_template_kwargs = {str(k): v for k, v in (chat_template_kwargs or {}).items()}
+        self.thinking = Thinking.of(thinking)
 
     def bind(self, server_url: str) -> None:
         """Point a judge configured with `base_url: null` at the policy server."""
@@ -180,10 +182,8 @@ class LLMJudge:
             "model": self.model,
             "messages": [{"role": "system", "content": system}, {"role": "user", "content": user}],
             "temperature": temperature,
-            "max_tokens": self.max_tokens,
+            **self.thinking.fields(self.max_tokens),  # e.g. {enable_thinking: false}: Qwen3 answers without thinking
         }
-        if self.chat_template_kwargs:  # e.g. {enable_thinking: false}: Qwen3 answers without thinking first
-            body["chat_template_kwargs"] = self.chat_template_kwargs
         last: Exception | None = None
         async with httpx.AsyncClient(timeout=self.timeout_s, headers=headers) as client:
             for attempt in range(self.max_retries + 1):
@@ -197,9 +197,10 @@ class LLMJudge:
                         answer, reasoning = answer_and_reasoning(choice.get("message"))
                         if not answer and choice.get("finish_reason") == "length":
                             log.warning(
-                                "The judge used its whole budget (judge.max_tokens=%d) %s; raise judge.max_tokens "
-                                "or ask for no thinking (judge.chat_template_kwargs: {enable_thinking: false})",
-                                self.max_tokens, "thinking" if reasoning else "without an answer",
+                                "The judge used its whole budget (judge.max_tokens=%d + model.thinking.budget=%d) %s; "
+                                "raise model.thinking.budget or ask for no thinking "
+                                "(model.thinking.template_kwargs: {enable_thinking: false})",
+                                self.max_tokens, self.thinking.budget, "thinking" if reasoning else "without an answer",
                             )  # fmt: skip
                         return answer, reasoning
                     last = httpx.HTTPStatusError(f"HTTP {r.status_code}", request=r.request, response=r)

@@ -15,6 +15,7 @@ from metaclaw.serving.engines.base import Engine, SequenceOutput, TokenDelta
 from metaclaw.serving.parsing import StreamParser, parse_completion
 from metaclaw.serving.protocol import ChatRequest
 from metaclaw.serving.render import chat_prompt_ids
+from metaclaw.thinking import say_no_answer
 from metaclaw.wire import RequestError, version_headers
 
 _END_TOKENS = ("<|im_end|>", "<|endoftext|>", "<|eot_id|>", "<|eom_id|>", "<|end_of_text|>", "</s>")
@@ -97,6 +98,8 @@ def chat_choice(
     if parsed.tool_calls:
         message["tool_calls"] = parsed.tool_calls
     finish = "tool_calls" if parsed.tool_calls and out.finish_reason == "stop" else out.finish_reason
+    if finish == "length" and parsed.reasoning_content and not (parsed.content or "").strip():
+        say_no_answer("policy server", True, finish, req.params.max_tokens)  # cut inside <think>: said, not silent
     stop = decoder.matched_stop(out.token_ids) if finish == "stop" else None
     choice: dict[str, Any] = {"index": index, "message": message, "logprobs": None, "finish_reason": finish,
                               "stop_reason": stop}  # fmt: skip

@@ -56,7 +56,16 @@ class HermesToolCalls:
 
     def parse(self, body: str) -> list[dict[str, Any]] | None:
         call = tool_call_from_json(body)
-        return None if call is None else [call]
+        if call is not None:
+            return [call]
+        try:  # SmolLM2 was tuned to write a list of calls in one block: `<tool_call>[{...}, {...}]</tool_call>`
+            items = json.loads(body.strip())
+        except json.JSONDecodeError:
+            return None
+        if not isinstance(items, list) or not items:
+            return None
+        calls = [tool_call_from_json(json.dumps(item)) for item in items]
+        return None if any(c is None for c in calls) else calls  # type: ignore[misc]
 
     def split(self, text: str) -> tuple[str, list[dict[str, Any]]]:
         """(content, calls) of a whole reply (after its reasoning); malformed blocks stay in the content."""

@@ -29,6 +29,7 @@ import httpx
 from metaclaw import profiling
 from metaclaw.simulate.preferences import PreferenceSet, Violation
 from metaclaw.simulate.tasks import Task, load_tasks
+from metaclaw.thinking import Thinking, read_answer
 
 log = logging.getLogger(__name__)
 
@@ -70,6 +71,8 @@ class SimulatedUser:
         max_ahead: no new session starts while this many captured turns wait to be trained (`backlog()`, set by
             the live loop to the store's): on a CPU the user then leaves the cores to training and the samples
             stay on-policy, instead of piling up; None: never waits.
+        thinking: `model.thinking` (`metaclaw.thinking.Thinking`): `chat_template_kwargs` sent on both routes,
+            budget added to `max_tokens`; the verifier reads the answer, never the reasoning.
     """
 
     def __init__(
@@ -92,6 +95,7 @@ class SimulatedUser:
         agent_id: str = "simulated-user",
         window: int = 50,
         max_ahead: int | None = None,
+        thinking: Thinking | Mapping[str, Any] | None = None,
     ) -> None:
         from openai import OpenAI
 
@@ -106,6 +110,7 @@ class SimulatedUser:
         self.http = httpx.Client(timeout=timeout_s)
         self.concurrency, self.turns_per_session, self.anthropic_share = concurrency, turns_per_session, anthropic_share
         self.model, self.max_tokens, self.temperature, self.system = model, max_tokens, temperature, system
+        self.thinking = Thinking.of(thinking)
         self.max_sessions, self.seed, self.agent_id = max_sessions, seed, agent_id
         self._lock = threading.Lock()
         self._recent: deque[bool] = deque(maxlen=window)
@@ -126,21 +131,24 @@ class SimulatedUser:
 
     # ---- one request ----------------------------------------------------------------------------------------
     def ask(self, messages: list[dict[str, str]], headers: dict[str, str], anthropic: bool, max_tokens: int) -> str:
-        """Send the conversation; the assistant's text."""
+        """Send the conversation; the assistant's answer (its reasoning, if any, left out)."""
+        fields = self.thinking.fields(max_tokens)
         if not anthropic:
             out = self.client.chat.completions.create(
                 model=self.model,
                 messages=messages,
-                max_tokens=max_tokens,
+                max_tokens=fields.pop("max_tokens"),
                 temperature=self.temperature,
                 extra_headers=headers,
+                extra_body=fields or None,
             )
-            return out.choices[0].message.content or ""
+            choice = out.choices[0]
+            return read_answer(choice.message.model_dump(), choice.finish_reason, "simulated user", max_tokens)
         body: dict[str, Any] = {
             "model": self.model,
-            "max_tokens": max_tokens,
             "temperature": self.temperature,
             "messages": [m for m in messages if m["role"] != "system"],
+            **fields,
         }
         if messages and messages[0]["role"] == "system":
             body["system"] = messages[0]["content"]
@@ -149,7 +157,10 @@ class SimulatedUser:
             hdrs["x-api-key"] = self.api_key
         r = self.http.post(f"{self.base_url}/messages", json=body, headers=hdrs)
         r.raise_for_status()
-        return "".join(b.get("text", "") for b in r.json().get("content", []) if b.get("type") == "text")
+        data = r.json()
+        text = "".join(b.get("text", "") for b in data.get("content", []) if b.get("type") == "text")
+        finish = "length" if data.get("stop_reason") == "max_tokens" else data.get("stop_reason")
+        return read_answer({"content": text}, finish, "simulated user (Anthropic route)", max_tokens)
 
     # ---- one session ----------------------------------------------------------------------------------------
     def session(self, rng: random.Random, index: int) -> None:

@@ -31,6 +31,7 @@ from metaclaw.skills.query import content_text
 from metaclaw.skills.ranking import BM25Ranker, SkillRanker
 from metaclaw.skills.skill import Skill
 from metaclaw.skills.untrusted import UntrustedContentError, check_untrusted, turn_text
+from metaclaw.thinking import Thinking
 from metaclaw.wire import bearer_headers
 
 logger = logging.getLogger(__name__)
@@ -153,8 +154,9 @@ class SkillEvolver:
         temperature: sampling temperature of the request.
         max_tokens: cap on the reply's length (bounds the time the endpoint spends); None sends no cap.
         seed_bank: seed `_shared/` from the starter bank on first use.
-        chat_template_kwargs: sent with the request (`{enable_thinking: false}`: a thinking model answers without
-            spending `max_tokens` on reasoning first); a reply with reasoning but no answer is read from it.
+        thinking: `model.thinking` (`metaclaw.thinking.Thinking`): its `chat_template_kwargs` go with the request
+            (`{enable_thinking: false}`: a thinking model answers without spending `max_tokens` on reasoning first),
+            its budget is added to `max_tokens`; a reply with reasoning but no answer is read from it.
         approval: `manual` (every accepted proposal waits in quarantine for a human) or `auto_safe` (one that
             passed the untrusted-content rule is served at once, except for the shared `default` agent).
         max_agents: agent folders the skills root may hold; evolution for a new agent beyond it is refused.
@@ -178,7 +180,7 @@ class SkillEvolver:
         temperature: float = 0.2,
         max_tokens: int | None = 2048,
         seed_bank: bool = True,
-        chat_template_kwargs: dict[str, Any] | None = None,
+        thinking: Thinking | Mapping[str, Any] | None = None,
         approval: str = "manual",
         max_agents: int = 1024,
     ) -> None:
@@ -195,7 +197,7 @@ class SkillEvolver:
         self.max_proposals, self.max_turns, self.max_turn_chars = max_proposals, max_turns, max_turn_chars
         self.max_description_chars, self.max_body_chars = max_description_chars, max_body_chars
         self.seed_bank = seed_bank
-        self.chat_template_kwargs = {str(k): v for k, v in (chat_template_kwargs or {}).items()}
+        self.thinking = Thinking.of(thinking)
 
     # ------------------------------------------------------------------ LLM call
     def build_messages(
@@ -219,11 +221,8 @@ class SkillEvolver:
             RuntimeError: when every attempt failed or the response has no message content.
         """
         headers = bearer_headers(self.api_key)
-        payload: dict[str, Any] = {"model": self.model, "messages": messages, "temperature": self.temperature}
-        if self.max_tokens is not None:
-            payload["max_tokens"] = self.max_tokens
-        if self.chat_template_kwargs:
-            payload["chat_template_kwargs"] = self.chat_template_kwargs
+        payload: dict[str, Any] = {"model": self.model, "messages": messages, "temperature": self.temperature,
+                                   **self.thinking.fields(self.max_tokens)}  # fmt: skip
         last = "no attempt made"
         with httpx.Client(timeout=self.timeout_s) as client:
             for attempt in range(self.max_retries + 1):

@@ -10,6 +10,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from metaclaw.serving.sampling import SequenceOutput
+from metaclaw.thinking import say_no_answer
 from metaclaw.training_server.errors import bad_request
 from metaclaw.training_server.schemas import ChatCompletionRequest
 
@@ -42,7 +43,8 @@ def split_reasoning(text: str) -> tuple[str, str | None]:
     match = _THINK.match(text)
     if match:
         return match.group(2), match.group(1).strip()
-    if text.lstrip().startswith("<think>"):  # cut off while thinking
+    if text.lstrip().startswith("<think>"):  # cut off while thinking: no answer, said in the log
+        say_no_answer("training server chat", True, None, None)
         return "", text.lstrip()[len("<think>") :].strip()
     return text, None
 
