@@ -46,11 +46,14 @@ def write_file_atomically(target: Path, data: bytes | str, mode: int = 0o600) ->
     return target
 
 
-def write_dir_atomically(target: Path, fill: Callable[[Path], None], replace: bool = True) -> Path:
+def write_dir_atomically(target: Path, fill: Callable[[Path], None], replace: bool = True,
+                         exclusive: bool = False) -> Path:  # fmt: skip
     """Call `fill(tmp_dir)`, fsync what it wrote, then rename `tmp_dir` to `target`.
 
     Readers see either the old directory or the complete new one, never a half-written one. With
     `replace=False` an existing `target` wins (a concurrent writer built the same thing) and the copy is dropped.
+    With `exclusive=True` a non-empty `target` that exists at the rename (created meanwhile by someone else) is
+    left alone and `FileExistsError` raised: nothing this call did not create is ever removed.
     """
     target = Path(target)
     target.parent.mkdir(parents=True, exist_ok=True)
@@ -64,9 +67,13 @@ def write_dir_atomically(target: Path, fill: Callable[[Path], None], replace: bo
             elif f.is_dir():
                 fsync_dir(f)
         fsync_dir(tmp)
-        if target.exists() and replace:
-            old = target.with_name(f".{target.name}.old")
-            shutil.rmtree(old, ignore_errors=True)
+        if exclusive:
+            try:
+                os.rename(tmp, target)  # fails on a non-empty directory or a file: never replaced
+            except OSError as e:
+                raise FileExistsError(f"{target} appeared while it was being written; left as it is") from e
+        elif target.exists() and replace:
+            old = Path(tempfile.mkdtemp(prefix=f".{target.name}.old-", dir=target.parent))  # ours alone
             os.rename(target, old)
             os.rename(tmp, target)
             shutil.rmtree(old, ignore_errors=True)

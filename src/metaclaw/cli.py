@@ -151,6 +151,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if command.startswith("-"):  # options first (`metaclaw --run-dir DIR status`): the command is a later word
         command = next((a for a in argv if a in CONTROL_COMMANDS or a in EXPORT_COMMANDS), command)
+    if command in EXPORT_COMMANDS or command in CONTROL_COMMANDS:
+        private_umask()  # what import / export / forget write (adapters, records, logs) is the user's alone
     if command in EXPORT_COMMANDS:
         from metaclaw.export.cli import main as export_main
 

@@ -110,6 +110,7 @@ def loop(tmp_path_factory) -> Iterator[SkillsLoop]:
             "skills.injector.max_chars=500",  # the tiny model's context is 1024 tokens
             f"skills.evolver.base_url={evolver.url}/v1",
             "skills.evolver.model=scripted",
+            "skills.evolver.approval=auto_safe",  # the owner's choice: evolved skills served at once
             "skills.evolve_every_n_turns=0",
         )
         store = SampleStore(cfg.store_path)

@@ -3,6 +3,7 @@ server started through the package, the sweep objective; the wheel check (slow).
 
 from __future__ import annotations
 
+import contextlib
 import importlib.metadata
 import os
 import shutil
@@ -118,3 +119,17 @@ def test_the_optuna_sweep_example_composes_and_maximises_the_objective():
     assert sweeper._target_.endswith("OptunaSweeper") and sweeper.direction == "maximize"
     assert set(sweeper.params) == {"optimizer.lr", "policy.rank"}  # both are real fields of train.yaml
     assert "lr" in cfg.optimizer and "rank" in cfg.policy
+
+
+@pytest.mark.parametrize("argv", [["import", "/nonexistent", "--run-dir", "/nonexistent"],
+                                  ["export", "latest", "--run-dir", "/nonexistent", "--format", "peft", "--out", "/x"],
+                                  ["forget", "--help"]])  # fmt: skip
+def test_import_export_and_forget_write_private_files(argv, capsys):
+    """Issue 43 (finding 8): what `import`, `export` and `forget` create is 0600 / 0700 (umask 077)."""
+    before = os.umask(0o022)
+    try:
+        with contextlib.suppress(SystemExit):  # `--help`
+            main(argv)
+        assert os.umask(0o022) == 0o077
+    finally:
+        os.umask(before)

@@ -167,6 +167,82 @@ def test_import_refuses_what_does_not_fit(tiny_run, tiny_spec, tmp_path):
     assert not (tiny_run / "adapters" / IMPORT_FILE).exists()  # nothing installed by a refusal
 
 
+def _variant(ext: Path, where: Path, weights_scale: float = 1.0, **config_changes) -> Path:
+    """A copy of adapter `ext` with config fields changed (a value of `...` removes the field)."""
+    where.mkdir()
+    config = json.loads((ext / "adapter_config.json").read_text())
+    config.update(config_changes)
+    (where / "adapter_config.json").write_text(json.dumps(config))
+    weights = load_file(str(ext / "adapter_model.safetensors"))
+    save_file({k: v * weights_scale for k, v in weights.items()}, str(where / "adapter_model.safetensors"))
+    return where
+
+
+@pytest.mark.parametrize(
+    ("change", "refused"),
+    [
+        ({"megatron_config": {"tensor_model_parallel_size": 1}, "megatron_core": "megatron"}, "megatron_config"),
+        ({"loftq_config": {"loftq_bits": 4}}, "loftq_config"),
+        ({"init_lora_weights": "pissa"}, "init_lora_weights"),
+        ({"init_lora_weights": "olora"}, "init_lora_weights"),
+        ({"layer_replication": [[0, 1], [0, 1]]}, "layer_replication"),
+        ({"use_dora": True}, "use_dora"),
+        ({"auto_mapping": {"base_model_class": "os.system"}}, "auto_mapping"),
+        ({"lora_alpha": 1e38}, "lora_alpha"),
+        ({"lora_alpha": 0}, "lora_alpha"),
+    ],
+)
+def test_import_reads_only_the_lora_fields_it_supports(tiny_run, tiny_spec, tmp_path, monkeypatch, change, refused):
+    """Issue 43 (findings 6, 7): an adapter is data. A field that would reach PEFT code (megatron's import by name,
+    loftq / pissa / olora initialisation, layer replication) is refused by name, as is an alpha that computes inf."""
+    ext = external_adapter(tiny_spec, tmp_path / "ext")
+    bad = _variant(ext, tmp_path / "bad", **change)
+    (bad / "megatron").mkdir()
+    (bad / "megatron" / "__init__.py").write_text(f"open({str(tmp_path / 'ran')!r}, 'w').write('code ran')\n")
+    monkeypatch.chdir(bad)
+    monkeypatch.syspath_prepend(str(bad))  # as `python -m metaclaw import .` run from inside the adapter
+    with pytest.raises(ExportError, match=refused):
+        import_adapter(bad, tiny_run)
+    assert not (tmp_path / "ran").exists()
+    assert not (tiny_run / "adapters" / IMPORT_FILE).exists()
+
+
+def test_import_refuses_non_finite_numbers_huge_weights_and_links(tiny_run, tiny_spec, tmp_path):
+    """Issue 43 (findings 6, 7): NaN alpha, weights of 1e18, a config that is a link (to /dev/zero) or huge."""
+    ext = external_adapter(tiny_spec, tmp_path / "ext")
+    nan = _variant(ext, tmp_path / "nan")
+    (nan / "adapter_config.json").write_text((nan / "adapter_config.json").read_text().replace(
+        '"lora_alpha": 8', '"lora_alpha": NaN'))  # fmt: skip
+    with pytest.raises(ExportError, match="NaN"):
+        import_adapter(nan, tiny_run)
+    with pytest.raises(ExportError, match="over 1000"):
+        import_adapter(_variant(ext, tmp_path / "huge", weights_scale=1e18), tiny_run)
+    linked = _variant(ext, tmp_path / "linked")
+    (linked / "adapter_config.json").unlink()
+    (linked / "adapter_config.json").symlink_to("/dev/zero")
+    with pytest.raises(ExportError, match="link is not followed"):
+        import_adapter(linked, tiny_run)
+    big = _variant(ext, tmp_path / "big", padding="x" * 70_000)
+    with pytest.raises(ExportError, match="bytes, over"):
+        import_adapter(big, tiny_run)
+    weights_link = _variant(ext, tmp_path / "wlink")
+    (weights_link / "adapter_model.safetensors").unlink()
+    (weights_link / "adapter_model.safetensors").symlink_to(ext / "adapter_model.safetensors")
+    with pytest.raises(ExportError, match="link is not followed"):
+        import_adapter(weights_link, tiny_run)
+    assert not (tiny_run / "adapters" / IMPORT_FILE).exists()
+
+
+def test_a_real_peft_adapter_still_imports_with_parity(tiny_run, tiny_spec, tmp_path):
+    """Every field PEFT writes at its default passes the field screen; parity is measured on a clean config."""
+    import shutil
+
+    run = tmp_path / "run"
+    shutil.copytree(tiny_run, run)
+    record = import_adapter(external_adapter(tiny_spec, tmp_path / "ext"), run)
+    assert 0 <= record["parity"]["max_abs_diff"] <= 1e-4 and record["parity"]["tokens"] > 0
+
+
 @pytest.mark.slow  # three train.py runs and a serve.py (~40 s): `make test-slow`; its refusals and parity stay fast
 def test_imported_adapter_is_served_and_trained_on(tiny_spec, tmp_path):
     from metaclaw.loop.live import reload_latest_adapter
@@ -226,3 +302,27 @@ def test_merged_smollm2_export_gives_the_served_logprobs_in_plain_transformers(t
     assert compare(base, served)["mean_abs_diff"] > 1e-3  # the adapter changes the replies' logprobs
     gguf_parity = export(str(run_dir), "latest", "default", "gguf-lora", str(tmp_path / "g"))["parity"]
     assert gguf_parity["max_abs_diff"] == 0.0 and gguf_parity["tensors"] == 2 * 7 * 30  # 30 layers, 7 modules
+
+
+def test_export_never_deletes_what_it_did_not_create(tiny_run, tmp_path, monkeypatch):
+    """Issue 43 (finding 8): `--out` filled by someone else during the export, and an unrelated `.NAME.old`
+    sibling, are left as they are; the export is refused."""
+    import metaclaw.export.cli as export_cli
+
+    out = tmp_path / "out"
+    sibling = tmp_path / ".out.old"
+    sibling.mkdir()
+    (sibling / "keep.txt").write_text("not the exporter's")
+
+    def racing_export(adapter_dir, tmp, spec):
+        out.mkdir()
+        (out / "theirs.txt").write_text("created meanwhile")
+        return {"check": "stub", "max_abs_diff": 0.0, "tolerance": 1.0}
+
+    monkeypatch.setattr(export_cli, "export_peft", racing_export)
+    with pytest.raises(ExportError, match="created or filled by something else"):
+        export(str(tiny_run), "latest", "default", "peft", str(out))
+    assert (out / "theirs.txt").read_text() == "created meanwhile" and sorted(p.name for p in out.iterdir()) == [
+        "theirs.txt"]  # fmt: skip
+    assert (sibling / "keep.txt").read_text() == "not the exporter's"
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".out.old", "out"]  # no temporary left behind

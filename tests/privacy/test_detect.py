@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import base64
+
 import pytest
 
 from metaclaw.privacy import find_pii, find_secrets, redact
 from metaclaw.privacy.corpus import clean, planted
+from metaclaw.privacy.detect import split_secrets
 
 PLANTED = planted(seed=0, per_kind=10)
 CLEAN = clean(seed=1, n=240)
@@ -57,3 +60,37 @@ def test_redaction_names_the_kind_and_keeps_the_rest():
     text = "export GITHUB_TOKEN=ghp_" + "aB3" * 12 + " && gh pr list"
     out = redact(text, find_secrets(text))
     assert "ghp_" not in out and out.startswith("export GITHUB_TOKEN=[REDACTED:") and out.endswith(" && gh pr list")
+
+
+_KEY = "ghp_" + "aB3x9Qz7Lm" * 4
+_PEM = "-----BEGIN RSA PRIVATE KEY-----\nMIIEowIBAAKCAQEA" + "x" * 40 + "\n-----END RSA PRIVATE KEY-----\n"
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "my key " + "\u200b".join(_KEY),  # zero-width-joined
+        "key: " + " ".join(_KEY),  # spelt out with spaces
+        "key " + "".join(chr(ord(c) + 0xFEE0) if c.isalnum() else c for c in _KEY),  # fullwidth lookalikes
+        "blob " + _KEY.encode().hex(),
+        "s = '" + "".join(f"\\x{b:02x}" for b in _KEY.encode()) + "'",
+        "see data:text/plain;base64," + base64.b64encode(f"TOKEN={_KEY}".encode()).decode(),
+        "data:\n  tls.key: " + base64.b64encode(("# cert\n" * 100 + _PEM).encode()).decode(),  # a Kubernetes secret
+    ],
+)
+def test_encoded_keys_are_found(text):
+    assert find_secrets(text), text
+
+
+def test_encodings_do_not_flag_clean_look_alikes():
+    png = base64.b64encode(bytes(range(256)) * 4).decode()
+    for text in (f"data:image/png;base64,{png}", "sha256 " + "ab12" * 16, "a b c d e f g h i j k l m n o p q r s t u v",
+                 "hex dump 48656c6c6f2c20746869732069732061206275696c64206e6f7465"):
+        assert find_secrets(text) == [], text
+
+
+def test_a_key_split_across_two_messages_is_found_in_both():
+    a, b = f"my token is {_KEY[:20]}", f"{_KEY[20:]} thanks"
+    found = split_secrets([a, b])
+    assert redact(a, found[a]).endswith("[REDACTED:github_token]") and redact(b, found[b]).endswith(" thanks")
+    assert split_secrets([i.text for i in CLEAN]) == {}

@@ -10,7 +10,7 @@ from metaclaw.control.cli import main
 from metaclaw.privacy.forget import apply_retention
 from metaclaw.skills import SkillLibrary
 from metaclaw.skills.skill import Skill
-from metaclaw.store import Sample, SampleStore, SessionLog
+from metaclaw.store import Sample, SampleMeta, SampleStore, SessionLog
 
 ALICE = "Alice plans tulips along the north fence of Lindenweg 14"
 BOB = "Bob asks how to rebase a branch onto main"
@@ -87,3 +87,49 @@ def test_retention_deletes_trained_and_dropped_samples_older_than_n_days(tmp_pat
     assert apply_retention(store.path, days=30, now=time.time() + 31 * 86400) == 1
     assert [s.id for s in store.select()] == [waiting] and old_trained != waiting
     assert b"tulips" not in on_disk(store.path)
+
+
+MARKER = "Kestrel-7q3Zx Lindenweg tulip plan for the north fence beds"
+
+
+def test_forget_reaches_the_copies_outside_the_rows(tmp_path, capsys):
+    """Issue 43 (finding 2): a quarantined skill made from the forgotten turn, the history quoting it, an approved
+    skill's copy in another session's stored prompt, `train.log` and `eval.jsonl` lines quoting the turn, a batch
+    the trainer already claimed; afterwards the marker is in no file under the run dir or the skills root (byte by
+    byte), the other agent's data stays, and the report names what forget cannot erase (W&B, checkpoints)."""
+    run_dir, skills = tmp_path / "run", tmp_path / "skills"
+    store = SampleStore(run_dir / "samples.sqlite")
+    first = add(store, "alice", "a1", MARKER)
+    add(store, "bob", "b1", BOB)
+    assert store.claim_batch(step=2, max_samples=10)  # claimed, not yet consumed: the trainer holds it
+    store.insert(Sample(prompt_ids=[3], response_ids=[5], behaviour_logprobs=[-0.1], agent_id="alice",
+                                session_id="a2", messages=[{"role": "system", "content": "## Active skills\n"
+                                "### fence-beds\nPlan the beds along the fence first."}, {"role": "user",
+                                "content": "Water schedule?"}], response_text="Daily.", status="pending",
+                                meta=SampleMeta(skills=["fence-beds"])))  # fmt: skip
+    library = SkillLibrary(skills, "alice", seed_bank=False)
+    provenance = {"provenance": {"source_sample_ids": [first]}}
+    library.add(Skill("fence-beds", "Plan the beds along the fence first.", body="Beds first.", extra=provenance))
+    library.quarantine(Skill("north-fence", "Kestrel-7q3Zx style planning.", body="Plan.", extra=provenance))
+    library.append_history({"action": "add", "name": "north-fence", "source_sample_ids": [first], "accepted": False,
+                            "reason": f"untrusted: repeats 8+ words ('{MARKER}')"})  # fmt: skip
+    (run_dir / "train.log").write_text(f"INFO start\nWARNING skill evolution refused: '{MARKER}'\nINFO step 2\n")
+    (run_dir / "eval.jsonl").write_text(json.dumps({"reply": f"About {MARKER}"}) + "\n" + json.dumps({"ok": 1}) + "\n")
+    (run_dir / "wandb").mkdir()
+    (run_dir / "wandb" / "output.log").write_text(f"console: {MARKER}\n")
+
+    rc = main(["forget", "--session", "a1", "--run-dir", str(run_dir), "--skills-root", str(skills), "--json"])
+    assert rc == 0
+    report = json.loads(capsys.readouterr().out)
+    assert sorted(report["skills_removed"]) == ["alice/fence-beds", "alice/north-fence"]
+    assert report["injected_copies_deleted"] == 1 and [s.id for s in store.select(agent_id="alice")] == []
+    assert report["claimed_now"] == [first] and any("already claimed" in n for n in report["notes"])
+    assert any("W&B" in n and "wandb artifact rm" in n for n in report["notes"])
+    assert (run_dir / "train.log").read_text() == "INFO start\nINFO step 2\n"
+    store.close()
+    for root in (run_dir, skills):
+        for path in root.rglob("*"):
+            if path.is_file():
+                assert b"Kestrel-7q3Zx" not in path.read_bytes() and b"tulip plan" not in path.read_bytes(), path
+    assert BOB.encode() in on_disk(run_dir / "samples.sqlite")
+    assert library.pending() == [] and library.get("fence-beds") is None

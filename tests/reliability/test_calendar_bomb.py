@@ -137,3 +137,46 @@ def test_an_endless_calendar_url_is_cut_off_at_max_bytes() -> None:
         server.shutdown()
         server.server_close()
     assert _Endless.sent < 64 << 20  # the reader stopped: what the server got out is the limit plus socket buffers
+
+
+def _zone(rule: str, tzid: str = "Bomb/Zone") -> str:
+    return (f"BEGIN:VTIMEZONE\r\nTZID:{tzid}\r\nBEGIN:STANDARD\r\nDTSTART:20260101T000000\r\nTZOFFSETFROM:+0100\r\n"
+            f"TZOFFSETTO:+0100\r\nRRULE:{rule}\r\nEND:STANDARD\r\nEND:VTIMEZONE\r\n")  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "bomb",
+    [
+        _zone("FREQ=SECONDLY"),  # issue 43, finding 5: parsed (and expanded) before any event bound looked at it
+        _zone("FREQ=YEARLY;BYMONTH=1,2,3,4,5,6,7,8,9,10,11,12;BYMONTHDAY=1,2,3,4,5,6,7,8,9,10;BYHOUR=1,2,3,4,5,6"),
+        _zone("FREQ=DAILY;COUNT=100000000"),
+        _event("exrule", "FREQ=DAILY").replace("RRULE:FREQ=DAILY", "RRULE:FREQ=DAILY\r\nEXRULE:FREQ=SECONDLY"),
+        _event("alarm", "FREQ=WEEKLY").replace("END:VEVENT", "BEGIN:VALARM\r\nTRIGGER:-PT5M\r\nACTION:DISPLAY\r\n"
+                                               "RRULE:FREQ=SECONDLY\r\nEND:VALARM\r\nEND:VEVENT"),
+    ],
+    ids=["vtimezone_secondly", "vtimezone_many_per_year", "vtimezone_daily", "exrule_secondly", "valarm_secondly"],
+)
+def test_a_recurrence_anywhere_in_the_calendar_is_bounded(tmp_path, bomb: str) -> None:
+    """Issue 43, finding 5: `RRULE:FREQ=SECONDLY` inside a VTIMEZONE (503 bytes in the issue) took the service down;
+    a recurrence is bounded wherever it appears (time zones, EXRULE, alarms), and the real meeting keeps its window."""
+    path = tmp_path / "zone.ics"
+    event = _event("tz-meeting", "FREQ=WEEKLY", "20261005T140000").replace("DTSTART:", "DTSTART;TZID=Bomb/Zone:")
+    path.write_text(_calendar(bomb, event.replace("Z\r\n", "\r\n", 1) if "VTIMEZONE" in bomb else "", WEEKLY),
+                    newline="")  # fmt: skip
+    assert path.stat().st_size < 1200
+    cal = _in_thread(lambda: CalendarWindows(str(path), BERLIN, clock_now=NOW), timeout=20.0)
+    assert len(cal.ignored) == 1, cal.ignored
+    assert any("Weekly sync" in i.reason for i in cal.intervals(NOW))
+
+
+def test_real_time_zones_are_kept(tmp_path) -> None:
+    """A VTIMEZONE as calendar programs write it (yearly DST rules) passes the screen and places the meeting."""
+    zone = ("BEGIN:VTIMEZONE\r\nTZID:Custom/Berlin\r\nBEGIN:DAYLIGHT\r\nDTSTART:19700329T020000\r\nTZOFFSETFROM:+0100"
+            "\r\nTZOFFSETTO:+0200\r\nRRULE:FREQ=YEARLY;BYMONTH=3;BYDAY=-1SU\r\nEND:DAYLIGHT\r\nBEGIN:STANDARD\r\n"
+            "DTSTART:19701025T030000\r\nTZOFFSETFROM:+0200\r\nTZOFFSETTO:+0100\r\nRRULE:FREQ=YEARLY;BYMONTH=10;"
+            "BYDAY=-1SU\r\nEND:STANDARD\r\nEND:VTIMEZONE\r\n")  # fmt: skip
+    event = WEEKLY.replace("Europe/Berlin", "Custom/Berlin").replace("Weekly sync", "Custom sync")
+    path = tmp_path / "ok.ics"
+    path.write_text(_calendar(zone, event), newline="")
+    cal = _in_thread(lambda: CalendarWindows(str(path), UTC, clock_now=NOW))
+    assert cal.ignored == [] and any("Custom sync" in i.reason for i in cal.intervals(NOW))

@@ -285,3 +285,19 @@ def test_any_interleaving_keeps_conversations_apart(order, same_replies):
                 assert owner.setdefault(c, state) is state
         per_conversation = sorted(len(h) // 2 for h in history.values() if h)
         assert sorted(turns.values()) == per_conversation
+
+
+@pytest.mark.parametrize("session_id", ["a\r\nSet-Cookie: x=1", "line\nbreak", "caf\u00e9\u2603", "nul\x00"])
+def test_a_session_id_that_cannot_be_a_header_is_refused_before_capture(h, session_id):
+    """Issue 43 (finding 8): the id is sent back as a header; one that cannot be (CR/LF, non-Latin-1) is a 400, and
+    the turn is not captured (it was a 500 or a dropped connection, with the turn stored)."""
+    body = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "session_id": session_id}
+    r = httpx.post(f"{h.url}/v1/chat/completions", json=body, timeout=30)
+    assert r.status_code == 400 and "session_id" in r.json()["error"]["message"]
+    assert h.store.select() == []
+
+
+def test_an_end_user_name_in_any_script_is_still_accepted(h):
+    """`user` is never sent back as a header: only session ids need to be header-safe."""
+    body = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "user": "\u738b\u5c0f\u660e \U0001f600"}
+    assert httpx.post(f"{h.url}/v1/chat/completions", json=body, timeout=30).status_code == 200

@@ -36,7 +36,8 @@ def fenced(*skills: dict) -> str:
 
 
 def make(root, llm, **kw) -> SkillEvolver:
-    return SkillEvolver(root, base_url=llm.base_url, model="judge", api_key="k", **{"timeout_s": 5, **kw})
+    kw = {"timeout_s": 5, "approval": "auto_safe", **kw}  # what these tests check: accepted skills served at once
+    return SkillEvolver(root, base_url=llm.base_url, model="judge", api_key="k", **kw)
 
 
 def test_accepted_skill_written_logged_and_generation_bumped(root, llm):

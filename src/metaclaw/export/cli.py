@@ -69,9 +69,11 @@ def export(run_dir: str, step: str, agent: str, fmt: str, out: str, dtype: str =
         })  # fmt: skip
         (tmp / PROVENANCE_FILE).write_text(json.dumps(record, indent=1))
 
-    if target.is_dir():
-        target.rmdir()  # empty: replaced by the finished export
-    write_dir_atomically(target, fill)
+    try:  # an empty --out is replaced by the finished export; one filled meanwhile is left as it is
+        write_dir_atomically(target, fill, exclusive=True)
+    except FileExistsError as e:
+        raise ExportError(f"--out {target} was created or filled by something else during the export: {e}; "
+                          "nothing of it was touched") from e  # fmt: skip
     return record
 
 

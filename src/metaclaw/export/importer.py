@@ -15,15 +15,17 @@ with fresh optimizer moments, serves it, and trains on from it: `ApplyImport`).
 
 from __future__ import annotations
 
-import json
+import math
 import re
 import time
 from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors import safe_open
+from peft import LoraConfig, PeftModel, set_peft_model_state_dict
+from safetensors.torch import load as safetensors_load
 
+from metaclaw.export import untrusted
 from metaclaw.export.parity import compare, reply_logprobs, served_model
 from metaclaw.export.runs import ExportError, RunAdapters, file_sha256, write_json_atomically
 from metaclaw.runfiles.layout import IMPORT_RECORD
@@ -44,13 +46,9 @@ def _read_config(peft_dir: Path) -> dict[str, Any]:
             raise ExportError(f"{peft_dir} holds only adapter_model.bin: pickled weights are never loaded; "
                               "save the adapter with safe_serialization=True")  # fmt: skip
         raise ExportError(f"{ADAPTER_WEIGHTS} is missing in {peft_dir}")
-    try:
-        config = json.loads((peft_dir / ADAPTER_CONFIG).read_text())
-    except (OSError, ValueError) as e:
-        raise ExportError(f"{ADAPTER_CONFIG} in {peft_dir} is missing or not JSON: {e}") from e
-    if not isinstance(config, dict):
-        raise ExportError(f"{ADAPTER_CONFIG} must be a JSON object")
-    return config
+    if not (peft_dir / ADAPTER_CONFIG).exists():
+        raise ExportError(f"{ADAPTER_CONFIG} is missing in {peft_dir}")
+    return untrusted.read_config(peft_dir / ADAPTER_CONFIG)
 
 
 def check_config(config: dict[str, Any], run: RunAdapters, any_base: bool) -> tuple[int, float]:
@@ -58,20 +56,17 @@ def check_config(config: dict[str, Any], run: RunAdapters, any_base: bool) -> tu
     lora = run.lora
     if str(config.get("peft_type", "")).upper() != "LORA":
         raise ExportError(f"peft_type is {config.get('peft_type')!r}: only LoRA adapters can be imported")
-    for key, ok in (("use_dora", False), ("modules_to_save", None), ("layers_to_transform", None)):
-        if config.get(key) not in (ok, [], {}) and not (ok is False and config.get(key) is None):
-            raise ExportError(f"{key}={config.get(key)!r} is not supported (the run's adapters are plain LoRA)")
+    untrusted.check_fields(config)
     if config.get("bias", "none") != "none":
         raise ExportError(f"bias={config.get('bias')!r}: only bias='none' adapters can be imported")
+    if config.get("use_rslora") not in (None, False, True):
+        raise ExportError(f"use_rslora={config.get('use_rslora')!r} must be true or false")
     r, alpha = config.get("r"), config.get("lora_alpha")
-    if not isinstance(r, int) or r < 1 or not isinstance(alpha, int | float):
-        raise ExportError(f"r={r!r} / lora_alpha={alpha!r} must be a positive integer and a number")
+    scale = untrusted.check_numbers(r, alpha, bool(config.get("use_rslora")))
     if r > lora["rank"]:
         raise ExportError(f"rank {r} is above this run's policy.rank {lora['rank']} (the rank limit)")
-    if config.get("rank_pattern") or config.get("alpha_pattern"):
-        raise ExportError("rank_pattern / alpha_pattern are not supported: one rank and alpha for every module")
     targets = config.get("target_modules")
-    if isinstance(targets, str) or not isinstance(targets, list):
+    if not isinstance(targets, list) or not all(isinstance(t, str) for t in targets):
         raise ExportError(f"target_modules must be a list of module names, got {targets!r}")
     extra = sorted(set(targets) - set(lora["target_modules"]))
     if extra:
@@ -83,29 +78,36 @@ def check_config(config: dict[str, Any], run: RunAdapters, any_base: bool) -> tu
     if base and not any_base and Path(base).name.lower() not in known and base != str(spec.local_dir()):
         raise ExportError(f"the adapter was trained on {base!r}, this run's base model is {spec.name!r} "
                           "(pass --any-base if they are the same weights under another name)")  # fmt: skip
-    scale = alpha / r**0.5 if config.get("use_rslora") else alpha / r
-    return r, float(scale)
+    return int(config["r"]), scale
 
 
 def _read_tensors(peft_dir: Path, base: torch.nn.Module, r: int) -> dict[str, dict[str, torch.Tensor]]:
     """`{module path: {"A": [r, in], "B": [out, r]}}`, every key and shape checked against the base model."""
     modules = dict(base.named_modules())
+    linear = [getattr(m, "base_layer", m) for m in modules.values()]
+    limit = 8 * r * sum(m.in_features + m.out_features for m in linear if isinstance(m, torch.nn.Linear)) + (1 << 20)
+    try:  # read whole (bounded by the largest LoRA of rank r this model can hold), never through a link
+        tensors = safetensors_load(untrusted.read_capped(peft_dir / ADAPTER_WEIGHTS, limit))
+    except ExportError:
+        raise
+    except Exception as e:  # noqa: BLE001 - any parse failure is the file's fault
+        raise ExportError(f"{ADAPTER_WEIGHTS} is not a valid safetensors file: {e}") from e
     pairs: dict[str, dict[str, torch.Tensor]] = {}
-    with safe_open(str(peft_dir / ADAPTER_WEIGHTS), framework="pt") as f:
-        for key in f.keys():  # noqa: SIM118 - safe_open has keys(), not __iter__
-            m = _KEY.match(key)
-            if not m:
-                raise ExportError(f"unexpected tensor {key!r} (a LoRA holds only ...lora_A/lora_B.weight)")
-            module = getattr(modules.get(m["module"]), "base_layer", modules.get(m["module"]))  # PEFT wraps it
-            if not isinstance(module, torch.nn.Linear):
-                raise ExportError(f"{key}: the base model has no linear module {m['module']!r}")
-            t = f.get_tensor(key)
-            want = (r, module.in_features) if m["part"] == "A" else (module.out_features, r)
-            if tuple(t.shape) != want:
-                raise ExportError(f"{key}: shape {tuple(t.shape)}, the base model needs {want}")
-            if not t.is_floating_point() or not torch.isfinite(t).all():
-                raise ExportError(f"{key}: weights must be finite floating-point numbers")
-            pairs.setdefault(m["module"], {})[m["part"]] = t.float()
+    for key, t in tensors.items():
+        m = _KEY.match(key)
+        if not m:
+            raise ExportError(f"unexpected tensor {key!r} (a LoRA holds only ...lora_A/lora_B.weight)")
+        module = getattr(modules.get(m["module"]), "base_layer", modules.get(m["module"]))  # PEFT wraps it
+        if not isinstance(module, torch.nn.Linear):
+            raise ExportError(f"{key}: the base model has no linear module {m['module']!r}")
+        want = (r, module.in_features) if m["part"] == "A" else (module.out_features, r)
+        if tuple(t.shape) != want:
+            raise ExportError(f"{key}: shape {tuple(t.shape)}, the base model needs {want}")
+        if not t.is_floating_point() or not torch.isfinite(t).all():
+            raise ExportError(f"{key}: weights must be finite floating-point numbers")
+        if float(t.abs().max()) > untrusted.MAX_ABS_WEIGHT:
+            raise ExportError(f"{key}: a weight of {float(t.abs().max()):.3g} is over {untrusted.MAX_ABS_WEIGHT:g}")
+        pairs.setdefault(m["module"], {})[m["part"]] = t.float()
     half = [k for k, v in pairs.items() if len(v) != 2]
     if half:
         raise ExportError(f"modules with only one of lora_A / lora_B: {half[:3]}")
@@ -114,11 +116,22 @@ def _read_tensors(peft_dir: Path, base: torch.nn.Module, r: int) -> dict[str, di
     return pairs
 
 
+def _original(spec: Any, config: dict[str, Any], pairs: dict[str, dict[str, torch.Tensor]]) -> Any:
+    """The adapter as its author trained it (its rank, alpha and weights) over the fp32 base, for the parity check;
+    built from the fields `check_config` read, never from the file."""
+    clean = LoraConfig(r=config["r"], lora_alpha=config["lora_alpha"], target_modules=list(config["target_modules"]),
+                       use_rslora=bool(config.get("use_rslora")), bias="none", lora_dropout=0.0)  # fmt: skip
+    model = PeftModel(spec.load_model("cpu").float(), clean)
+    state = {f"base_model.model.{m}.lora_{p}.weight": t for m, parts in pairs.items() for p, t in parts.items()}
+    result: Any = set_peft_model_state_dict(model, state)
+    if result.unexpected_keys:
+        raise ExportError(f"the adapter has keys the base model lacks: {result.unexpected_keys[:3]}")
+    return model.eval()
+
+
 def import_adapter(peft_dir: str | Path, run_dir: str | Path, agent: str = "default", any_base: bool = False,
                    ) -> dict[str, Any]:  # fmt: skip
     """Check, rewrite, verify and install `peft_dir` as `agent`'s adapter in `run_dir`; returns the record."""
-    from peft import PeftModel
-
     from metaclaw.modules.policy import LoraPolicy
 
     peft_dir = Path(peft_dir).expanduser()
@@ -144,9 +157,9 @@ def import_adapter(peft_dir: str | Path, run_dir: str | Path, agent: str = "defa
     target = run.folder.imported_dir(stamp)
     policy.save_adapter(target)
     tokenizer = spec.load_tokenizer()
-    original = PeftModel.from_pretrained(spec.load_model("cpu").float(), str(peft_dir)).eval()
+    original = _original(spec, config, pairs)  # a clean config of the fields read: PEFT never sees the file's
     parity = compare(reply_logprobs(original, tokenizer), reply_logprobs(served_model(spec, target), tokenizer))
-    if parity["max_abs_diff"] > IMPORT_TOLERANCE:
+    if not math.isfinite(parity["max_abs_diff"]) or parity["max_abs_diff"] > IMPORT_TOLERANCE:
         import shutil
 
         shutil.rmtree(target, ignore_errors=True)

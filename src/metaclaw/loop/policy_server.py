@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -64,6 +65,19 @@ def server_config(nodes: Mapping[str, Any], run_dir: Path, port: int, role: str 
         "run_dir": folder,
         "hydra": {"run": {"dir": folder}, "job": {"name": "serve", "chdir": False}},
     }
+
+
+def server_env(api_key: str | None) -> dict[str, str]:
+    """The environment serve.py starts with: this process's, less every other key it holds (the proxy owner's,
+    the judge's, the evolver's, ...: a server process has no use for them), plus its own `METACLAW_API_KEY`."""
+    env = {k: v for k, v in os.environ.items() if not _SECRET_ENV.match(k)}
+    env[PARENT_ENV] = str(os.getpid())
+    if api_key:
+        env["METACLAW_API_KEY"] = api_key
+    return env
+
+
+_SECRET_ENV = re.compile(r"^METACLAW_\w*(?:KEY|TOKEN|SECRET)$")
 
 
 class PolicyServerProcess:
@@ -139,10 +153,7 @@ class PolicyServerProcess:
     def launch(self) -> PolicyServerProcess:
         """Start the server's process and return at once (`wait_ready` waits for it): two servers load together."""
         self._write_config()
-        env = {**os.environ, PARENT_ENV: str(os.getpid())}
-        env.pop("METACLAW_API_KEY", None)
-        if self.api_key:
-            env["METACLAW_API_KEY"] = self.api_key
+        env = server_env(self.api_key)
         with open(self.logfile, "ab") as logfile:
             log.info("Starting %s: %s (config %s, log %s)", self.label, " ".join(self.args), self.config_path,
                      self.logfile)  # fmt: skip

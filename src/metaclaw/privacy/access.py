@@ -12,6 +12,7 @@ Inside, the request then carries the proxy's key, so the routes behind behave as
 
 from __future__ import annotations
 
+import hashlib
 import hmac
 import json
 from collections.abc import Mapping
@@ -20,6 +21,7 @@ from typing import Any
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from metaclaw.serving.security import send_json_error
+from metaclaw.wire import CLIENT_HEADER
 
 OWNER_ONLY = ("/control", "/dashboard")
 MAX_FEEDBACK_BYTES = 1 << 20
@@ -56,11 +58,19 @@ class AgentKeyMiddleware:
         self.app, self.api_key, self.store = app, api_key, store
         self.agent_keys = [(k.encode(), a) for k, a in agent_keys.items()]
 
-    def _pinned(self, scope: Scope) -> str | None:
+    @staticmethod
+    def _token(scope: Scope) -> bytes:
         headers = dict(scope.get("headers") or [])
         auth = headers.get(b"authorization") or headers.get(b"x-api-key") or b""
-        token = auth[7:] if auth[:7].lower() == b"bearer " else auth
-        token = token.strip()
+        return (auth[7:] if auth[:7].lower() == b"bearer " else auth).strip()
+
+    @staticmethod
+    def _scope(token: bytes) -> str:
+        """The caller's partition (`CLIENT_HEADER`): a digest of its key, never the key."""
+        return "k" + hashlib.blake2b(token, digest_size=8, person=b"metaclaw-client").hexdigest()
+
+    def _pinned(self, scope: Scope) -> str | None:
+        token = self._token(scope)
         found = None
         for key, agent in self.agent_keys:  # every key compared: the time taken does not say which one matched
             if hmac.compare_digest(token, key):
@@ -73,6 +83,7 @@ class AgentKeyMiddleware:
         agent = self._pinned(scope)
         if agent is None:
             return await self.app(scope, receive, send)
+        token = self._token(scope)
         path = scope["path"]
         if path.startswith(OWNER_ONLY):
             return await send_json_error(send, 403, "an agent key cannot use the control or dashboard routes",
@@ -83,8 +94,9 @@ class AgentKeyMiddleware:
             anthropic = path == "/v1/messages" or path.startswith("/v1/messages/")  # Anthropic's error shape there
             return await send_json_error(send, 403, f"this key is for agent {agent!r}, not {named[0]!r}",
                                          "permission_error", anthropic)  # fmt: skip
-        headers = [(k, v) for k, v in headers if k != b"x-agent-id"]
-        headers += [(b"authorization", b"Bearer " + self.api_key.encode()), (b"x-agent-id", agent.encode())]
+        headers = [(k, v) for k, v in headers if k not in (b"x-agent-id", CLIENT_HEADER.encode())]
+        headers += [(b"authorization", b"Bearer " + self.api_key.encode()), (b"x-agent-id", agent.encode()),
+                    (CLIENT_HEADER.encode(), self._scope(token).encode())]  # fmt: skip
         scope = {**scope, "headers": headers}
         if path == "/v1/feedback" and scope["method"] == "POST":
             body, receive = await _read_body(receive)

@@ -22,16 +22,19 @@ offline CPU box cannot fetch.
 from __future__ import annotations
 
 import ipaddress
+import itertools
 import math
 import re
 from collections import Counter
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 
 import phonenumbers
 from stdnum import iban as stdnum_iban
 from stdnum import luhn
+
+from metaclaw.privacy.encodings import encoded_secrets
 
 SECRET = "secret"
 PII_CATEGORIES = ("email", "phone", "card", "iban", "ip")
@@ -278,14 +281,46 @@ _PII = {"email": _emails, "card": _cards, "iban": _ibans, "ip": _ips}
 
 
 # ---- the detector -------------------------------------------------------------------------------------------
-def find_secrets(text: str, entropy: bool = True) -> list[Finding]:
-    """The secrets in `text` (spans may overlap; `redact` merges them)."""
-    if not text:
-        return []
+def _plain_secrets(text: str, entropy: bool) -> list[Finding]:
     found = [*_own_secrets(text), *_detect_secrets(text)]
     if entropy:
         found += _entropy_secrets(text)
+    return found
+
+
+def find_secrets(text: str, entropy: bool = True) -> list[Finding]:
+    """The secrets in `text`, as written or encoded (`metaclaw.privacy.encodings`: zero-width-joined, spaced, hex,
+    base64); spans may overlap (`redact` merges them)."""
+    if not text:
+        return []
+    found = _plain_secrets(text, entropy)
+
+    def scan(view: str) -> list[tuple[int, int, str]]:
+        return [(f.start, f.end, f.kind) for f in _plain_secrets(view, entropy)]
+
+    found += [Finding(start, end, SECRET, kind) for start, end, kind in encoded_secrets(text, scan)]
     return sorted(set(found))
+
+
+SPLIT_WINDOW = 96  # characters each side of a boundary between two texts that a split key may span
+_CONTEXT_KINDS = frozenset({"assigned_secret", "connection_string_password", "ds_keyword"})
+
+
+def split_secrets(texts: Sequence[str]) -> dict[str, list[Finding]]:
+    """Secrets split across consecutive texts (a key whose halves are sent in two messages): the pair's end and
+    start joined are scanned for the known key formats, and a key that spans the joint is reported in both texts
+    (text -> findings). Entropy and `KEY=value` rules are not applied at a joint: two ordinary texts joined without
+    a space read as one long token too often."""
+    out: dict[str, list[Finding]] = {}
+    for a, b in itertools.pairwise(texts):
+        head, tail = a[-SPLIT_WINDOW:].rstrip(), b[:SPLIT_WINDOW].lstrip()
+        joint = head + tail
+        for f in find_secrets(joint, entropy=False):
+            if f.start < len(head) < f.end and f.kind not in _CONTEXT_KINDS:
+                cut_a, cut_b = len(a.rstrip()) - (len(head) - f.start), len(b) - len(b.lstrip()) + f.end - len(head)
+                out.setdefault(a, []).append(Finding(cut_a, len(a.rstrip()), SECRET, f.kind))
+                out.setdefault(b, []).append(Finding(len(b) - len(b.lstrip()), cut_b, SECRET, f.kind))
+    return out
 
 
 def find_pii(text: str, categories: Iterable[str] = PII_CATEGORIES, phone_region: str = "US") -> list[Finding]:

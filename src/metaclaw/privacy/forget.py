@@ -10,9 +10,7 @@ hold what they learnt, with the last adapter trained before them (the one to rol
 
 from __future__ import annotations
 
-import json
 import logging
-import shutil
 import sqlite3
 import time
 from dataclasses import asdict, dataclass, field
@@ -20,6 +18,15 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from metaclaw.privacy.forget_copies import (
+    MAX_SCRUB_BYTES,
+    Quotes,
+    injected_copies,
+    remove_skills,
+    sample_texts,
+    scrub_text_files,
+    skills_from,
+)
 from metaclaw.runfiles.layout import RunLayout
 
 log = logging.getLogger(__name__)
@@ -36,6 +43,9 @@ class ForgetReport:
     adapters_trained_on_them: dict[str, list[int]] = field(default_factory=dict)
     rollback_to: dict[str, int | None] = field(default_factory=dict)
     skills_removed: list[str] = field(default_factory=list)
+    injected_copies_deleted: int = 0  # other turns whose prompt carried a skill made from the forgotten ones
+    files_scrubbed: list[str] = field(default_factory=list)  # text files whose quoting lines were dropped
+    claimed_now: list[int] = field(default_factory=list)  # forgotten samples the trainer held in a claimed batch
     wal_checkpoint: list[int] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
 
@@ -114,14 +124,21 @@ def forget(
         where, args = _where(agent, session, before, "created_at")
         conn.execute("BEGIN IMMEDIATE")
         try:
-            rows = conn.execute(f"SELECT id, agent_id, status, claimed_step FROM samples WHERE {where}", args)
-            rows = rows.fetchall()
+            rows = conn.execute(f"SELECT id, agent_id, status, claimed_step, messages, response_text, next_state "
+                                f"FROM samples WHERE {where}", args).fetchall()  # fmt: skip
             ids = {r[0] for r in rows}
             by_agent: dict[str, set[int]] = {}
-            for _id, agent_id, _status, _step in rows:
-                by_agent.setdefault(agent_id, set()).add(_id)
-            trained = [(a, k) for _i, a, status, k in rows if status in ("claimed", "consumed") and k is not None]
+            for r in rows:
+                by_agent.setdefault(r[1], set()).add(r[0])
+            quotes = Quotes(t for r in rows for t in sample_texts(r[4], r[5], r[6]))
+            skills = skills_from(Path(skills_root), by_agent) if skills_root is not None and ids else {}
+            copies = _injected(conn, skills) - ids  # other turns whose prompt carried such a skill
+            rows += conn.execute(f"SELECT id, agent_id, status, claimed_step, NULL, NULL, NULL FROM samples WHERE id "
+                                 f"IN ({','.join('?' * len(copies))})", sorted(copies)).fetchall() if copies else []
+            trained = [(r[1], r[3]) for r in rows if r[2] in ("claimed", "consumed") and r[3] is not None]
+            report.claimed_now = sorted(r[0] for r in rows if r[2] == "claimed")
             report.samples_deleted = conn.execute(f"DELETE FROM samples WHERE {where}", args).rowcount
+            report.injected_copies_deleted = _delete_ids(conn, copies)
             has_sessions = conn.execute(
                 "SELECT 1 FROM sqlite_master WHERE type='table' AND name='rollout_sessions'"
             ).fetchone()
@@ -149,9 +166,55 @@ def forget(
         _adapters(Path(run_dir), trained, report)
     elif trained:
         report.notes.append("no --run-dir: the adapters trained on these turns were not looked up")
-    if skills_root is not None and ids:
-        report.skills_removed = remove_evolved_skills(Path(skills_root), by_agent)
+    if skills:
+        report.skills_removed = remove_skills(Path(str(skills_root)), skills, by_agent)
+    _scrub(report, quotes, run_dir, skills_root, store_path)
+    _unreachable(report, run_dir)
     return report
+
+
+def _injected(conn: sqlite3.Connection, skills: dict[str, set[str]]) -> set[int]:
+    if not skills:
+        return set()
+    marks = ",".join("?" * len(skills))
+    rows = conn.execute(f"SELECT id, agent_id, meta FROM samples WHERE agent_id IN ({marks})", sorted(skills))
+    return injected_copies(rows.fetchall(), skills)
+
+
+def _delete_ids(conn: sqlite3.Connection, ids: set[int]) -> int:
+    if not ids:
+        return 0
+    return conn.execute(f"DELETE FROM samples WHERE id IN ({','.join('?' * len(ids))})", sorted(ids)).rowcount
+
+
+def _scrub(report: ForgetReport, quotes: Quotes, run_dir: Any, skills_root: Any, store_path: Path) -> None:
+    """Lines quoting the forgotten turns leave the run's text files (train.log, eval.jsonl, ...) and the skills
+    root's; the store itself was purged above."""
+    for root in {Path(p).resolve() for p in (run_dir, skills_root) if p is not None}:
+        changed, too_large = scrub_text_files(root, quotes, skip=[store_path])
+        report.files_scrubbed += changed
+        report.notes += [f"{f}: over {MAX_SCRUB_BYTES >> 20} MiB, not rewritten: delete it" for f in too_large]
+
+
+def _unreachable(report: ForgetReport, run_dir: Any) -> None:
+    """Say what `forget` cannot erase here, and how to erase it there."""
+    if report.claimed_now:
+        report.notes.append(f"samples {report.claimed_now[:10]} were in a batch the trainer had already claimed: they "
+                            "are deleted here, and that step may still train on them; roll back past it "
+                            "(--rollback) after the next publish")  # fmt: skip
+    if run_dir is None:
+        return
+    run = Path(run_dir)
+    wandb = run / "wandb"
+    if wandb.is_dir():
+        report.notes.append(f"W&B: runs under {wandb} that were uploaded (online, or `wandb sync`) keep their copy "
+                            "(logged metrics, media, artifacts) on the W&B server: delete the run or artifact there "
+                            "(the run's page, or `wandb artifact rm ENTITY/PROJECT/NAME:VERSION`); the local "
+                            "files were scrubbed above")  # fmt: skip
+    checkpoints = sorted((run / "checkpoints").glob("*.ckpt")) if (run / "checkpoints").is_dir() else []
+    if checkpoints and report.trained_at_steps:
+        report.notes.append(f"checkpoints {[c.name for c in checkpoints][-5:]} hold weights trained on these turns; "
+                            "they are replaced as training goes on from the rolled-back adapter")  # fmt: skip
 
 
 def _adapters(run_dir: Path, trained: list[tuple[str, int]], report: ForgetReport) -> None:
@@ -175,55 +238,6 @@ def _adapters(run_dir: Path, trained: list[tuple[str, int]], report: ForgetRepor
         report.adapters_trained_on_them[name] = [s for s in steps if s > k]
         before = [s for s in steps if s <= k]
         report.rollback_to[name] = before[-1] if before else None
-
-
-def remove_evolved_skills(skills_root: Path, by_agent: dict[str, set[int]]) -> list[str]:
-    """Remove each agent's skills that an accepted evolution made from (or edited with) a forgotten sample.
-
-    Provenance comes from the agent's `history.jsonl` (`source_sample_ids` of accepted `add`/`edit` entries) and,
-    where present, `source_sample_ids` in the skill's own front matter. Sample ids are per store: a skills root
-    shared by several runs' stores may match another run's turn with the same id (the safe side: removed)."""
-    from metaclaw.skills.library import SkillLibrary
-
-    removed = []
-    for agent, ids in by_agent.items():
-        if not (skills_root / agent).is_dir():
-            continue
-        library = SkillLibrary(skills_root, agent, seed_bank=False)
-        names = set()
-        for entry in library.history():
-            sources = entry.get("source_sample_ids") or []
-            from_forgotten = ids.intersection(s for s in sources if isinstance(s, int))
-            if entry.get("accepted") and entry.get("name") and from_forgotten:
-                names.add(entry["name"])
-        for skill_dir in (skills_root / agent).iterdir():
-            md = skill_dir / "SKILL.md"
-            if md.is_file() and _front_matter_sources(md) & ids:
-                names.add(skill_dir.name)
-        for name in sorted(names):
-            if (skills_root / agent / name).is_dir():
-                try:
-                    library.remove(name)
-                except KeyError:
-                    shutil.rmtree(skills_root / agent / name, ignore_errors=True)
-                removed.append(f"{agent}/{name}")
-    return removed
-
-
-def _front_matter_sources(path: Path) -> set[int]:
-    """`source_sample_ids` from a SKILL.md front matter (provenance written by the evolver, where it is)."""
-    try:
-        text = path.read_text(encoding="utf-8")
-    except OSError:
-        return set()
-    for line in text.split("---", 2)[1].splitlines() if text.startswith("---") else []:
-        key, _, value = line.partition(":")
-        if key.strip() in ("source_sample_ids", "sample_ids"):
-            try:
-                return {int(v) for v in json.loads(value.strip())}
-            except (ValueError, TypeError):
-                return set()
-    return set()
 
 
 def apply_retention(store_path: str | Path, days: float, now: float | None = None) -> int:

@@ -26,7 +26,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 from urllib.parse import urlsplit
 
-from metaclaw.privacy.detect import PII_CATEGORIES, Finding, find_pii, find_secrets, redact
+from metaclaw.privacy.detect import PII_CATEGORIES, Finding, find_pii, find_secrets, redact, split_secrets
 from metaclaw.store import Sample, SampleMeta
 
 log = logging.getLogger(__name__)
@@ -35,6 +35,7 @@ ACTIONS = ("drop", "redact_text", "keep")
 OUTBOUND = ("redact_external", "redact_all", "off")
 DEFAULT_PII = {"email": "redact_text", "phone": "redact_text", "card": "drop", "iban": "drop", "ip": "keep"}
 _NOT_TEXT = frozenset({"role", "type", "id", "tool_call_id", "name"})  # message fields that hold no user text
+_LABELS = _NOT_TEXT | {"call_id"}  # screened for secret formats only (`PrivacyPolicy._found`)
 _CACHE_SIZE = 4096
 
 
@@ -80,20 +81,27 @@ class PrivacyPolicy:
         self.stats = {"screened": 0, "dropped_secret": 0, "dropped_pii": 0, "redacted_pii": 0}
 
     # ---- finding ------------------------------------------------------------------------------------------
-    def findings(self, text: str) -> tuple[Finding, ...]:
+    def findings(self, text: str, label: bool = False) -> tuple[Finding, ...]:
         """Secrets and personal data (every category) in `text`; cached by content (a conversation's earlier
-        messages come back with every turn)."""
+        messages and its tools come back with every turn).
+
+        A `label` (an id, a name, a role, an object key) is matched against the secret formats only: random ids
+        such as `call_Xk3j...` are high-entropy by nature and carry no personal data."""
         if not text:
             return ()
-        key = hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=16).digest()
+        key = hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=16, person=b"L" if label else b"T")
+        digest = key.digest()
         with self._lock:
-            hit = self._cache.get(key)
+            hit = self._cache.get(digest)
             if hit is not None:
-                self._cache.move_to_end(key)
+                self._cache.move_to_end(digest)
                 return hit
-        found = tuple(find_secrets(text, self.entropy) + find_pii(text, PII_CATEGORIES, self.phone_region))
+        if label:
+            found = tuple(find_secrets(text, entropy=False))
+        else:
+            found = tuple(find_secrets(text, self.entropy) + find_pii(text, PII_CATEGORIES, self.phone_region))
         with self._lock:
-            self._cache[key] = found
+            self._cache[digest] = found
             while len(self._cache) > _CACHE_SIZE:
                 self._cache.popitem(last=False)
         return found
@@ -113,10 +121,12 @@ class PrivacyPolicy:
     def screen(self, sample: Sample) -> Sample:
         """Apply the policy to `sample` in place (see the module doc); returns it."""
         self.stats["screened"] += 1
-        found: list[Finding] = []
-        for text in _texts(sample.messages):
-            found += self.findings(text)
-        found += self.findings(sample.response_text or "")
+        carried = {"messages": sample.messages, "tools": sample.meta.tools,
+                   "chat_template_kwargs": sample.meta.chat_template_kwargs}  # fmt: skip
+        pieces = [*_strings(carried), (sample.response_text or "", False)]
+        found = [f for text, label in pieces for f in self.findings(text, label)]
+        across = split_secrets([t for t, label in pieces if not label and t])
+        found += [f for fs in across.values() for f in fs]
         if not found:
             return sample
         secrets = sorted({f.kind for f in found if f.category == "secret"})
@@ -140,8 +150,14 @@ class PrivacyPolicy:
             sample.teacher_logprobs = None
             log.warning("Turn %s/%d dropped (%s): never stored verbatim, scored or trained on",
                         sample.session_id, sample.turn_index, sample.meta.dropped)  # fmt: skip
-        sample.messages = _map_texts(sample.messages, self.redact_text)
-        sample.response_text = self.redact_text(sample.response_text)
+        def redact_one(text: str, label: bool) -> str:
+            found = [f for f in (*self.findings(text, label), *across.get(text, ())) if self._redacts(f)]
+            return redact(text, found) if found else text
+
+        sample.messages = _map_strings(sample.messages, redact_one)
+        sample.meta.tools = _map_strings(sample.meta.tools, redact_one)
+        sample.meta.chat_template_kwargs = _map_strings(sample.meta.chat_template_kwargs, redact_one)
+        sample.response_text = redact_one(sample.response_text, False) if sample.response_text else sample.response_text
         sample.next_state = self.redact_text(sample.next_state)
         sample.meta.privacy = info
         return sample
@@ -164,6 +180,7 @@ class PrivacyPolicy:
         out.response_text = self.redact_text(sample.response_text, everything=True)
         out.next_state = self.redact_text(sample.next_state, everything=True)
         out.meta = SampleMeta.of(sample.meta)
+        out.meta.tools = _map_texts(out.meta.tools, lambda t: self.redact_text(t, everything=True))
         if isinstance(out.meta.feedback, dict):
             fb = out.meta.feedback = dict(out.meta.feedback)
             fb["text"] = self.redact_text(fb.get("text"), everything=True)
@@ -194,15 +211,27 @@ def is_loopback_url(url: str) -> bool:
         return False
 
 
-def _texts(value: Any, key: str | None = None) -> list[str]:
-    """Every string in messages (contents, parts, tool-call arguments) except fields that hold no user text."""
+def _strings(value: Any, key: str | None = None) -> list[tuple[str, bool]]:
+    """Every string a request carries (message contents, parts, tool-call arguments, tool definitions, template
+    arguments), each with whether it is a label (an id, name, role or object key: `_LABELS`)."""
     if isinstance(value, str):
-        return [value] if key not in _NOT_TEXT else []
+        return [(value, key in _LABELS)]
     if isinstance(value, Mapping):
-        return [t for k, v in value.items() for t in _texts(v, k)]
+        return [p for k, v in value.items() for p in [(str(k), True), *_strings(v, k)]]
     if isinstance(value, list | tuple):
-        return [t for v in value for t in _texts(v, key)]
+        return [p for v in value for p in _strings(v, key)]
     return []
+
+
+def _map_strings(value: Any, fn: Callable[[str, bool], str], key: str | None = None) -> Any:
+    """`value` with every string (object keys included) replaced by `fn(string, is_label)`."""
+    if isinstance(value, str):
+        return fn(value, key in _LABELS)
+    if isinstance(value, Mapping):
+        return {fn(str(k), True): _map_strings(v, fn, k) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_map_strings(v, fn, key) for v in value]
+    return value
 
 
 def _map_texts(value: Any, fn: Callable[[str], str | None], key: str | None = None) -> Any:

@@ -22,7 +22,8 @@ Every fingerprint is seeded with a *partition*: the agent, the client (a digest 
 user it names, and its system messages; a session is never continued across any of them. Digits in system
 messages are left out (a clock in the system prompt does not split a session; a different prompt does).
 Messages are compared in a canonical form: role, text (stripped), tool calls by name and JSON-normalised
-arguments (ids left out, clients rewrite them).
+arguments (ids left out, clients rewrite them); the `prompt` match compares tool-call arguments too. A reply that
+was empty (no text, no tool call) continues nothing: a stranger who knows the prompt knows that reply too.
 """
 
 from __future__ import annotations
@@ -63,12 +64,18 @@ def canonical(message: dict[str, Any]) -> bytes:
 
 
 def loose(message: dict[str, Any] | None) -> str:
-    """A reply as the `prompt` match compares it: letters and digits of its text and tool names, lowercased."""
+    """A reply as the `prompt` match compares it: letters and digits of its text and of its tool calls (names and
+    JSON-normalised arguments: two calls of one tool with other arguments are other replies), lowercased."""
     if not message:
         return ""
-    names = " ".join(str((tc.get("function") or {}).get("name", "")) for tc in message.get("tool_calls") or ()
-                     if isinstance(tc, dict))  # fmt: skip
-    return NOT_WORD.sub("", f"{content_text(message.get('content'))} {names}".lower())
+    calls = [
+        [str((tc.get("function") or {}).get("name", "")), _arguments((tc.get("function") or {}).get("arguments"))]
+        for tc in message.get("tool_calls") or ()
+        if isinstance(tc, dict)
+    ]
+    text = content_text(message.get("content")) + (json.dumps(calls, sort_keys=True, ensure_ascii=False) if calls
+                                                   else "")  # fmt: skip
+    return NOT_WORD.sub("", text.lower())
 
 
 def edited(recorded: str, sent: str) -> bool:
@@ -141,7 +148,10 @@ class Query:
 
     def continues(self, kind: str, tail: Tail) -> bool:
         """Whether a session whose `tail` matched this request's `kind` fingerprint may take it: `full` and `last`
-        include the reply; a `prompt` match needs a light edit of the recorded reply (`lax`: see the tracker)."""
+        include the reply; a `prompt` match needs a light edit of the recorded reply (`lax`: see the tracker).
+        An empty reply (no text, no tool call) is known to anyone who knows the prompt: it never continues."""
+        if not tail.reply or not self.reply:
+            return False
         return kind != "prompt" or edited(tail.reply, self.reply)
 
     def candidates(self) -> tuple[tuple[str, str], ...]:

@@ -14,6 +14,7 @@ id must be restored; writes go to a `GroupCommitWriter`, so concurrent turns sha
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import itertools
 import json
 import logging
@@ -38,6 +39,7 @@ from metaclaw.rollout.session_tracker import (
     SessionState,
     SessionTracker,
     new_messages_since_last_assistant,
+    scoped_session_id,
     session_keys,
 )
 from metaclaw.skills.hooks import SkillInjectorLike
@@ -45,6 +47,7 @@ from metaclaw.store import GroupCommitWriter, Sample, SampleMeta, SampleStore, o
 from metaclaw.wire import (
     ADAPTER_NAME_HEADER,
     ADAPTER_VERSION_HEADER,
+    CLIENT_HEADER,
     RESPONSE_ID_HEADER,
     SESSION_HEADER,
     TURN_HEADER,
@@ -263,7 +266,8 @@ class RolloutProxy:
         agent_id = self.agent_of(body, headers)
         profile = self.agents.resolve(agent_id)
         keys = session_keys(body, headers)
-        turn_type, session_id = keys.turn_type, keys.session_id or ""
+        turn_type = keys.turn_type
+        session_id = scoped_session_id(keys.session_id, headers.get(CLIENT_HEADER)) if keys.session_id else ""
         temperature = body.get("temperature")
         if temperature is None:
             temperature = self.default_temperature
@@ -303,6 +307,7 @@ class RolloutProxy:
         upstream.update(messages=messages, temperature=temperature, model=model)
         if reply_budget is not None:
             upstream["max_tokens"] = reply_budget
+        self._salt(upstream, agent_id, client)
         if tools:
             upstream["tools"] = tools
             meta.tools = tools
@@ -441,9 +446,20 @@ class RolloutProxy:
 
         return chunks(), self._headers(turn)
 
-    async def legacy_completions(self, body: Any) -> httpx.Response:
+    def _salt(self, upstream: dict[str, Any], agent_id: str, client: str) -> None:
+        """Our policy server reuses cached prompt prefixes only within one agent and client key (`cache_salt`,
+        vLLM's field): how fast a prompt is answered never says what another tenant asked. A client's own
+        `cache_salt` is replaced; an upstream of someone else's (`skills_only`) is sent none."""
+        upstream.pop("cache_salt", None)
+        if self.capture:
+            upstream["cache_salt"] = hashlib.blake2b(f"{agent_id}\x1f{client}".encode(), digest_size=12).hexdigest()
+
+    async def legacy_completions(self, body: Any, agent_id: str | None = None, client: str = "") -> httpx.Response:
         """`/v1/completions` forwarded as is (the model id mapped as for chat; streamed or not), never captured:
         a raw prompt has no conversation to score, no session and no chat template (docs/clients.md).
+
+        The caller's agent (`agent_of`: a per-agent key pins it) is answered by its own adapter, as in chat: a
+        prompt's logprobs under the shared adapter would score text against other agents' data.
 
         Returns the open upstream response (the caller streams or reads it, then closes it). Raises
         `RequestError` for a body that is not an object, `UpstreamError` when the upstream fails."""
@@ -452,7 +468,9 @@ class RolloutProxy:
         if not isinstance(body.get("prompt"), str | list):
             raise RequestError("prompt must be a string or a list (of strings or token ids)", param="prompt")
         upstream = {k: v for k, v in body.items() if k not in BODY_EXTRAS}
-        upstream["model"] = self.upstream_model(body.get("model"))
+        profile = self.agents.resolve(agent_id or self.default_agent_id)
+        upstream["model"] = self.upstream_model(body.get("model"), profile)
+        self._salt(upstream, agent_id or self.default_agent_id, client)
         self.stats["turns"] += 1
         client = next(self._next_client)
         req = client.build_request("POST", f"{self.upstream_url}/v1/completions", json=upstream)

@@ -37,13 +37,13 @@ from metaclaw.rollout.errors import error_response, is_anthropic, openai_error, 
 from metaclaw.rollout.fit import build_fit
 from metaclaw.rollout.proxy import SSE_DONE, RolloutProxy, Turn, UpstreamError, dumps
 from metaclaw.rollout.responses import ResponseShell, ResponsesStream, to_chat_request, to_response
-from metaclaw.rollout.session_tracker import BODY_EXTRAS
+from metaclaw.rollout.session_tracker import BODY_EXTRAS, scoped_session_id
 from metaclaw.serving.bodies import BodyError, load_json
 from metaclaw.serving.openapi import PROXY_BODIES, publish_request_bodies
 from metaclaw.serving.security import BearerAuthMiddleware, BodySizeLimitMiddleware, BrowserGuard
 from metaclaw.skills.hooks import SkillInjectorLike
 from metaclaw.store import SampleStore
-from metaclaw.wire import RequestError
+from metaclaw.wire import CLIENT_HEADER, RequestError
 from metaclaw.wire.normalize import normalize_messages, normalize_tools
 
 log = logging.getLogger(__name__)
@@ -129,8 +129,9 @@ def client_of(request: Request) -> str:
     Sessions derived from the conversation are partitioned by it, so one client's message never continues
     another client's session (docs/security.md). Only a digest: the key itself is never kept.
     """
+    scope = request.headers.get(CLIENT_HEADER)  # an agent key's digest (the key itself was swapped for the owner's)
     key = request.headers.get("authorization") or request.headers.get("x-api-key")
-    return hashlib.blake2b(key.encode(), digest_size=8).hexdigest() if key else ""
+    return scope or (hashlib.blake2b(key.encode(), digest_size=8).hexdigest() if key else "")
 
 
 def create_app(
@@ -139,8 +140,12 @@ def create_app(
     max_body_bytes: int = 8 * 1024 * 1024,
     served_model: str = "metaclaw",
     guard: BrowserGuard | None = None,
+    api_docs: bool = False,
 ):
     """The ASGI app for `proxy`; `api_key` (if set) is required on every route but `/health`.
+
+    `api_docs`: serve FastAPI's `/docs` and `/redoc` (off by default: they load scripts from a CDN, on the origin
+    the dashboard shares); `/openapi.json` is always served.
 
     `guard` (default: a server bound to loopback) refuses what a web page could send: a foreign `Host` or
     `Origin`, a state-changing request that is not `application/json` (`metaclaw.serving.security`).
@@ -155,7 +160,8 @@ def create_app(
         yield
         await proxy.stop()
 
-    app = FastAPI(title="metaclaw rollout proxy", lifespan=lifespan)
+    docs = {} if api_docs else {"docs_url": None, "redoc_url": None}
+    app = FastAPI(title="metaclaw rollout proxy", lifespan=lifespan, **docs)
     publish_request_bodies(app, {**PROXY_BODIES, "/v1/feedback": feedback.FeedbackRequest.model_json_schema()})
 
     def anthropic(request: Request) -> bool:
@@ -270,8 +276,9 @@ def create_app(
     async def completions(request: Request) -> Response:
         """Legacy completions, passed through to the policy server and not captured (docs/clients.md)."""
         body = await _json(request)
+        agent_id = proxy.agent_of(body if isinstance(body, dict) else {}, _headers(request))
         try:
-            resp = await proxy.legacy_completions(body)
+            resp = await proxy.legacy_completions(body, agent_id, client_of(request))
         except UpstreamError as e:
             return _upstream_error(e)
         client_model = body.get("model")
@@ -344,6 +351,7 @@ def create_app(
         agent_id = proxy.agent_of(body, hdr)
         if not isinstance(session_id, str) or not session_id:
             raise RequestError("session_id is required (body field or X-Session-Id header)")
+        session_id = scoped_session_id(session_id, hdr.get(CLIENT_HEADER))  # another key's session: unknown here
         if not await proxy.mark_done(str(agent_id), session_id):
             return _error(404, f"unknown session {session_id!r} for agent {agent_id!r}", "not_found_error",
                           code="not_found")  # fmt: skip
@@ -369,7 +377,7 @@ class ProxyService:
         allowed_hosts / allowed_origins: names (beyond the bound address and loopback) the proxy may be reached
             as, and web origins (beyond its own) that may call it (`metaclaw.serving.security.BrowserGuard`).
         api_key: the key clients must send (None: open, said loudly at start).
-        max_body_bytes / served_model: as `create_app`'s.
+        max_body_bytes / served_model / api_docs: as `create_app`'s.
         images / context: the proxy's image and context policies (`metaclaw.rollout.fit`).
         sessions: the session table's bounds (`max_open`, `idle_s`).
         policy_model / base_model / default_temperature / default_agent_id / request_timeout_s / agents: as
@@ -401,6 +409,7 @@ class ProxyService:
         agents: AgentProfiles | None = None,
         allowed_hosts: Sequence[str] = (),
         allowed_origins: Sequence[str] = (),
+        api_docs: bool = False,
     ) -> None:
         self.host, self.port, self.api_key = host, port, api_key
         self.proxy = RolloutProxy(
@@ -420,4 +429,4 @@ class ProxyService:
             agents=agents,
         )
         guard = BrowserGuard(host, tuple(allowed_hosts or ()), tuple(allowed_origins or ()))
-        self.app = create_app(self.proxy, api_key, max_body_bytes, served_model, guard)
+        self.app = create_app(self.proxy, api_key, max_body_bytes, served_model, guard, api_docs)

@@ -7,6 +7,7 @@ table beside the samples (`metaclaw.store.SessionLog`), so the scorer (another t
 
 from __future__ import annotations
 
+import re
 import threading
 import time
 import uuid
@@ -21,6 +22,7 @@ from metaclaw.wire import RequestError
 BODY_EXTRAS = ("session_id", "turn_type", "session_done", "agent_id")  # read by the proxy, never forwarded upstream
 TRUE, FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off", "")
 MAX_ID_CHARS = 256
+HEADER_SAFE = re.compile(r"^[\x20-\x7e\xa0-\xff]+$")  # printable Latin-1: what an HTTP header value can carry
 
 
 @dataclass(frozen=True)
@@ -48,6 +50,23 @@ def _id(value: Any, name: str) -> str:
     return value
 
 
+def _session_id(value: Any, name: str) -> str:
+    """A client's session id: also sent back in a response header (`x-metaclaw-session-id`), so it must be one."""
+    value = _id(value, name)
+    if not HEADER_SAFE.match(value):
+        raise RequestError(f"{name} must be printable Latin-1 without control characters (CR, LF, ...): it is "
+                           "sent back as a header")  # fmt: skip
+    return value
+
+
+def scoped_session_id(session_id: str, client_scope: str | None) -> str:
+    """An explicit session id as stored: inside the caller's partition when it has one (an agent key's digest,
+    `CLIENT_HEADER`), so another key that knows the id reaches a session of its own, never this one."""
+    if not client_scope or session_id.startswith(f"{client_scope}:"):
+        return session_id
+    return f"{client_scope}:{session_id}"
+
+
 def session_keys(body: dict[str, Any], headers: dict[str, str]) -> SessionKeys:
     """Session id, turn type and done flag; precedence: `X-*` headers > body fields > derived.
 
@@ -57,9 +76,9 @@ def session_keys(body: dict[str, Any], headers: dict[str, str]) -> SessionKeys:
     """
     end_user = _id(body["user"], "user") if body.get("user") is not None else None
     if headers.get("x-session-id"):
-        session_id, source = _id(headers["x-session-id"], "X-Session-Id"), "header"
+        session_id, source = _session_id(headers["x-session-id"], "X-Session-Id"), "header"
     elif body.get("session_id") is not None:
-        session_id, source = _id(body["session_id"], "session_id"), "body"
+        session_id, source = _session_id(body["session_id"], "session_id"), "body"
     else:
         session_id, source = None, "derived" if end_user is None else "user"
     if headers.get("x-turn-type"):
@@ -186,8 +205,8 @@ class SessionTracker:
             for st in bucket:  # the oldest of equals first: identical conversations pair up in order
                 if st.tail is not None and query.continues(kind, st.tail):
                     return st
-            if kind == "prompt" and query.lax and bucket:  # the end user's own session, the reply rewritten
-                return bucket[0]
+            if kind == "prompt" and query.lax and query.reply:  # the end user's own session, the reply rewritten
+                return next((st for st in bucket if st.tail is not None and st.tail.reply), None)
         return None
 
     def claim(self, query: Query, create: bool = True) -> tuple[SessionState | None, Tail | None]:
@@ -217,7 +236,7 @@ class SessionTracker:
         when that turn is still its session's last and the session is not live here (else it is a fork).
         """
         full = next((fp for kind, fp in query.candidates() if kind == "full"), None)
-        if full is None:
+        if full is None or not query.reply:  # an empty reply continues nothing (`Query.continues`)
             return None
         for sample in reversed(self.store.by_conv_tail(full)):
             if (sample.agent_id, sample.session_id) in self._sessions:

@@ -30,6 +30,7 @@ try:  # metaclaw[calendar]
 except ModuleNotFoundError:  # the scheduler works without it; a configured calendar says what to install
     icalendar = recurring_ical_events = None  # type: ignore[assignment]
 
+from metaclaw.scheduler.ical_guard import screen_recurrences
 from metaclaw.scheduler.sources import UTC, Interval
 
 log = logging.getLogger(__name__)
@@ -60,13 +61,17 @@ def rule_cost(event: icalendar.cal.Component, until: datetime, zone: tzinfo) -> 
     DTSTART to `until` (or the rule's UNTIL) over its INTERVAL, times the days walked per period, times the times
     of day each day expands to (BYHOUR x BYMINUTE x BYSECOND). `inf` for FREQ=SECONDLY/MINUTELY.
     """
-    rules = event.get("RRULE")
-    if rules is None:
+    rules = [r for key in ("RRULE", "EXRULE") for r in _as_list(event.get(key))]  # an EXRULE is expanded too
+    if not rules:
         return 0.0
     try:
-        return _cost(rules if isinstance(rules, list) else [rules], _utc(event.decoded("DTSTART"), zone), until, zone)
+        return _cost(rules, _utc(event.decoded("DTSTART"), zone), until, zone)
     except (ValueError, TypeError, KeyError, IndexError, OverflowError):
         return math.inf  # a rule we cannot size is a rule we do not expand
+
+
+def _as_list(value: object) -> list:
+    return [] if value is None else value if isinstance(value, list) else [value]
 
 
 def _cost(rules: list, start: datetime | None, until: datetime, zone: tzinfo) -> float:
@@ -135,6 +140,7 @@ class CalendarWindows:
             timedelta(days=horizon_days), max_bytes, max_events, timeout_s)  # fmt: skip
         self.max_rule_expansion, self.max_total_expansion = max_rule_expansion, max_total_expansion
         self.ignored: list[str] = []  # recurring events left out by the expansion bounds, for `status`
+        self._screened_out: list[str] = []  # components `screen_recurrences` left out of the last file read
         self._fetch: threading.Thread | None = None  # a URL refresh in flight
         self._fetched: icalendar.Calendar | CalendarError | None = None
         self._calendar: icalendar.Calendar | None = None
@@ -185,7 +191,7 @@ class CalendarWindows:
         return b"".join(chunks)
 
     def _load(self) -> icalendar.Calendar:
-        data = self._read()
+        data, self._screened_out = screen_recurrences(self._read())  # before icalendar expands any VTIMEZONE
         try:
             cal = icalendar.Calendar.from_ical(data)
         except (ValueError, IndexError, KeyError, TypeError) as e:
@@ -217,15 +223,19 @@ class CalendarWindows:
         ignored = []
         for i in sorted(dropped):
             ev = self._calendar.subcomponents[i]
-            rules = ev.get("RRULE")
-            rule = (rules[0] if isinstance(rules, list) else rules).to_ical().decode(errors="replace")[:80]
-            ignored.append(f"{str(ev.get('SUMMARY', '?'))[:60]!r} (RRULE:{rule})")
+            key = "RRULE" if ev.get("RRULE") is not None else "EXRULE"
+            rule = _as_list(ev.get(key))[0].to_ical().decode(errors="replace")[:80]
+            ignored.append(f"{str(ev.get('SUMMARY', '?'))[:60]!r} ({key}:{rule})")
         if ignored != self.ignored and ignored:
             log.warning(
                 "scheduler.calendar %s: ignoring %d recurring event(s) whose expansion is unbounded or too costly "
                 "(FREQ=SECONDLY/MINUTELY, or over %d candidates each / %d in all): %s",
                 self.source, len(ignored), self.max_rule_expansion, self.max_total_expansion, "; ".join(ignored),
             )  # fmt: skip
+        ignored = self._screened_out + ignored
+        if ignored != self.ignored and self._screened_out:
+            log.warning("scheduler.calendar %s: left out before parsing (unbounded recurrences): %s", self.source,
+                        "; ".join(self._screened_out))  # fmt: skip
         self.ignored = ignored
         if not dropped:
             return self._calendar

@@ -8,8 +8,10 @@ row's prompt + reply back when it is done. One distribution: the cached keys and
 weights computed for the same tokens at the same positions, so a row's logits differ from a full prefill's only by
 float rounding (the ratio-is-1 tests hold the behaviour logprobs to the trainer's within 1e-4).
 
-Bounded and fresh: at most `max_bytes` of tensors, least recently used first out; an adapter version's entries go
-when the engine frees that version; an entry that another one extends is replaced by it.
+Per tenant: an entry is found only by requests of the same tenant (the request's `cache_salt`, vLLM's field; the
+proxy sets it per agent and client key), so how fast a prompt is answered never says what another tenant asked
+(CVE-2025-46570). Bounded and fresh: at most `max_bytes` of tensors, least recently used first out; an adapter
+version's entries go when the engine frees that version; an entry that another one extends is replaced by it.
 """
 
 from __future__ import annotations
@@ -39,7 +41,7 @@ def kv_bytes(kv: Sequence[LayerKV]) -> int:
 
 
 class PrefixCache:
-    """LRU of per-row KV caches keyed by (model, token ids); thread-safe.
+    """LRU of per-row KV caches keyed by (model, tenant, token ids); thread-safe.
 
     Args:
         max_bytes: the most tensor bytes kept (0: nothing is kept; `lookup` always misses).
@@ -50,15 +52,17 @@ class PrefixCache:
         if max_bytes < 0:
             raise ValueError(f"backend.prefix_cache_mb must be >= 0, got {max_bytes}")
         self.max_bytes, self.min_tokens = int(max_bytes), max(1, int(min_tokens))
-        self._entries: OrderedDict[tuple[Hashable, int], _Entry] = OrderedDict()
+        self._entries: OrderedDict[tuple[tuple[Hashable, Hashable], int], _Entry] = OrderedDict()
         self._ids = 0
         self._lock = threading.Lock()
         self.bytes = 0
         self.stats = {"lookups": 0, "hits": 0, "reused_tokens": 0, "prompt_tokens": 0, "stored": 0, "evicted": 0}
 
-    def lookup(self, model: Hashable, ids: Sequence[int], limit: int) -> tuple[int, list[LayerKV] | None]:
-        """The longest cached prefix of `ids[:limit]` for `model`: (its length, the layers' keys and values cut to
-        it, views that must not be written to); (0, None) when none reaches `min_tokens`."""
+    def lookup(self, model: Hashable, ids: Sequence[int], limit: int, tenant: Hashable = None,
+               ) -> tuple[int, list[LayerKV] | None]:  # fmt: skip
+        """The longest cached prefix of `ids[:limit]` for `model` and `tenant`: (its length, the layers' keys and
+        values cut to it, views that must not be written to); (0, None) when none reaches `min_tokens`."""
+        model = (model, tenant)
         query = torch.as_tensor(list(ids[:limit]), dtype=torch.long)
         best, found = 0, None
         profiling.record("prefix_lookup", 0.0, 0.0, len(ids))  # prompts looked up, their tokens (cycle_profile)
@@ -84,9 +88,11 @@ class PrefixCache:
             profiling.record("prefix_reused", 0.0, 0.0, best)  # prompt tokens not computed again (cycle_profile)
             return best, [(k[:, :best], v[:, :best]) for k, v in entry.kv]
 
-    def store(self, model: Hashable, ids: Sequence[int], kv: list[LayerKV]) -> None:
-        """Keep `kv` (the keys and values of `ids`, tensors this cache may keep) for `model`; entries it extends
-        are dropped, and nothing is stored when an entry already extends it or it alone exceeds `max_bytes`."""
+    def store(self, model: Hashable, ids: Sequence[int], kv: list[LayerKV], tenant: Hashable = None) -> None:
+        """Keep `kv` (the keys and values of `ids`, tensors this cache may keep) for `model` and `tenant`; entries
+        it extends are dropped, and nothing is stored when an entry already extends it or it alone exceeds
+        `max_bytes`."""
+        model = (model, tenant)
         nbytes = kv_bytes(kv)
         if nbytes > self.max_bytes or len(ids) < self.min_tokens:
             return
@@ -113,12 +119,12 @@ class PrefixCache:
     def forget(self, model: Hashable) -> None:
         """Drop every entry of `model` (an adapter version the engine freed)."""
         with self._lock:
-            for key in [k for k in self._entries if k[0] == model]:
+            for key in [k for k in self._entries if k[0][0] == model]:  # every tenant's
                 self._drop(key)
 
     def __len__(self) -> int:
         with self._lock:
             return len(self._entries)
 
-    def _drop(self, key: tuple[Hashable, int]) -> None:
+    def _drop(self, key: tuple[tuple[Hashable, Hashable], int]) -> None:
         self.bytes -= self._entries.pop(key).nbytes

@@ -81,7 +81,17 @@ def sampling_params(body: dict, default_max_tokens: int, allow_zero: bool = Fals
         n=_int(body, "n", 1, 1, 16),
         seed=_int(body, "seed", None, -(2**63), 2**63 - 1),
         stop=_stop(body),
+        cache_salt=_salt(body),
     )
+
+
+def _salt(body: dict) -> str | None:
+    """vLLM's `cache_salt`: the tenant whose cached prefixes a request may reuse (the proxy sets one per agent and
+    client key; docs/security.md)."""
+    salt = body.get("cache_salt")
+    if salt is not None and (not isinstance(salt, str) or not 0 < len(salt) <= 256):
+        raise RequestError("cache_salt must be a string of 1 to 256 characters", param="cache_salt")
+    return salt
 
 
 @dataclass

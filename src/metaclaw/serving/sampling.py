@@ -37,6 +37,7 @@ class SamplingParams:
     seed: int | None = None
     stop: list[str] = field(default_factory=list)
     stop_token_ids: list[int] = field(default_factory=list)
+    cache_salt: str | None = None  # the prefix-cache tenant (vLLM's field): prefixes are reused only within it
 
     def __post_init__(self) -> None:
         self.top_k = top_k_or_off(self.top_k)
@@ -194,7 +195,9 @@ def generate(
             logits_processor=LogitsProcessorList([streamer.recorder]),
             stopping_criteria=StoppingCriteriaList([streamer.stopper]),
         )
-    cache = _prefilled(model, [prompt_ids], len(prompt_ids), prefix) if prefix is not None and params.n == 1 else None
+    salts = [params.cache_salt]
+    reuse = prefix if params.n == 1 else None
+    cache = _prefilled(model, [prompt_ids], len(prompt_ids), reuse, salts) if reuse is not None else None
     if cache is not None:
         kwargs["past_key_values"] = cache
     out = model.generate(input_ids, **kwargs)
@@ -203,7 +206,7 @@ def generate(
     rows = zip(new.tolist(), lps.tolist(), strict=True)
     outputs = [_finish(tokenizer, row, lp, eos, params) for row, lp in rows]
     if cache is not None and prefix is not None:
-        _keep(prefix, [prompt_ids], outputs, len(prompt_ids), out.past_key_values)
+        _keep(prefix, [prompt_ids], outputs, len(prompt_ids), out.past_key_values, salts)
     return outputs
 
 
@@ -261,7 +264,8 @@ def generate_batch(
     kwargs = _generate_kwargs(tokenizer, params[0], eos, max(p.max_tokens for p in params))
     input_ids, mask = left_pad(prompts, kwargs["pad_token_id"], device)
     width = input_ids.shape[1]
-    cache = _prefilled(model, prompts, width, prefix) if prefix is not None else None
+    salts = [p.cache_salt for p in params]
+    cache = _prefilled(model, prompts, width, prefix, salts) if prefix is not None else None
     if cache is not None:
         kwargs["past_key_values"] = cache
     out = model.generate(input_ids, attention_mask=mask, **kwargs)
@@ -270,7 +274,7 @@ def generate_batch(
     rows = zip(new.tolist(), lps.tolist(), params, strict=True)
     outputs = [_finish(tokenizer, row, lp, eos, p) for row, lp, p in rows]
     if cache is not None and prefix is not None:
-        _keep(prefix, prompts, outputs, width, out.past_key_values)
+        _keep(prefix, prompts, outputs, width, out.past_key_values, salts)
     return outputs
 
 
@@ -287,7 +291,11 @@ def _full_attention(model: nn.Module) -> bool:
 
 
 def _prefilled(
-    model: nn.Module, prompts: Sequence[Sequence[int]], width: int, prefix: tuple[PrefixCache, Hashable]
+    model: nn.Module,
+    prompts: Sequence[Sequence[int]],
+    width: int,
+    prefix: tuple[PrefixCache, Hashable],
+    salts: Sequence[str | None],
 ) -> DynamicCache | None:
     """The batch's cache of every prompt token but each row's last, left-padded to `width - 1` positions (the
     layout of `generate_batch`'s input ids); None when the model's layers cannot reuse a prefix or a prompt has
@@ -296,7 +304,7 @@ def _prefilled(
         return None
     store, key = prefix
     device, config = next(model.parameters()).device, cast(Any, model).config
-    found = [store.lookup(key, ids, len(ids) - 1) for ids in prompts]
+    found = [store.lookup(key, ids, len(ids) - 1, salt) for ids, salt in zip(prompts, salts, strict=True)]
     rows: list[list[LayerKV] | None] = [None] * len(prompts)
     cold = [i for i, (known, _) in enumerate(found) if known == 0]
     if len(cold) > 1:  # rows no entry helps: one left-padded forward, as `generate` would read them
@@ -351,10 +359,11 @@ def _keep(
     outputs: Sequence[SequenceOutput],
     width: int,
     cache: DynamicCache,
+    salts: Sequence[str | None],
 ) -> None:
     """Store each row's prompt and reply but its last token (never read back) from the finished batch's cache."""
     store, key = prefix
     for i, (ids, out) in enumerate(zip(prompts, outputs, strict=True)):
         start, end = width - len(ids), width + len(out.token_ids) - 1
         kv = [(k[i, :, start:end].clone(), v[i, :, start:end].clone()) for k, v in _layers(cache)]
-        store.store(key, list(ids) + out.token_ids[:-1], kv)
+        store.store(key, list(ids) + out.token_ids[:-1], kv, salts[i])

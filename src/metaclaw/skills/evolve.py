@@ -5,8 +5,9 @@ driven by the scoring worker) and calls `SkillEvolver.evolve`. Every proposal,
 accepted or not, is logged in the agent's JSONL history; every accepted change bumps the agent's generation.
 
 Proposals are untrusted (`metaclaw.skills.untrusted`): one that copies the conversation or carries a link or a
-command is refused; one that passes is served at once only under `approval: auto_safe` for an agent of its own
-(never `default`, which every header-less client shares), and otherwise waits in quarantine for
+command is refused; one that passes waits in quarantine (`approval: manual`, the default: on a keyless proxy any
+local caller can name an agent) unless the owner sets `approval: auto_safe`, which serves it at once for an agent
+of its own (never `default`, which every header-less client shares); a quarantined one waits for
 `python -m metaclaw skills approve NAME --agent ID`. Each skill file keeps its provenance (agent, source sample and
 session ids) in its front matter, so forgetting a sample can find the skills it led to.
 """
@@ -180,7 +181,7 @@ class SkillEvolver:
         max_tokens: int | None = 2048,
         seed_bank: bool = True,
         thinking: Thinking | Mapping[str, Any] | None = None,
-        approval: str = "auto_safe",
+        approval: str = "manual",
         max_agents: int = 1024,
     ) -> None:
         if approval not in APPROVALS:

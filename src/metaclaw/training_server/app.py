@@ -76,7 +76,8 @@ def create_app(engine: TrainingEngine, vllm: EngineSampler | None = None) -> Fas
         owner.shutdown()
         infer.shutdown()
 
-    app = FastAPI(title="MetaClaw training server", version=VERSION, lifespan=lifespan)
+    app = FastAPI(title="MetaClaw training server", version=VERSION, lifespan=lifespan, docs_url=None,
+                  redoc_url=None)  # no CDN-scripted pages; /openapi.json stays  # fmt: skip
     install_error_handlers(app)
     drop_422(app)
     tinker_key = f"tml-{settings.api_key}" if settings.api_key and not settings.api_key.startswith("tml-") else ""

@@ -24,6 +24,10 @@ SESSION_HEADER = "x-metaclaw-session-id"
 TURN_HEADER = "x-metaclaw-turn-index"
 """Response header of the proxy: the main turn's index within its session."""
 
+CLIENT_HEADER = "x-metaclaw-client"
+"""Request header set inside the proxy (`privacy.access.AgentKeyMiddleware`) for a caller with an agent key: a
+digest of that key, which partitions its sessions (explicit ids and derived ones) from every other key's."""
+
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
 """A PEFT adapter directory's weights file (safetensors only: loading never unpickles)."""
 
