@@ -171,7 +171,7 @@ def _train(cfg: DictConfig) -> tuple[dict[str, Any], dict[str, Any]]:
         if live.server_url:
             publisher.connect(live.server_url, live.server_key, live.server.unavailable if live.server else None)
         if health is not None:
-            health.attach(proxy=live.proxy, worker=live.worker, capture_store=store)
+            health.attach(proxy=live.proxy, worker=live.worker, capture_store=store, served=served)
         if control:
             control.attach(live, trainer)
         fit(cfg, trainer, module, datamodule, ckpt, stop, publisher)

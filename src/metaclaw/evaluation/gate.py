@@ -26,6 +26,7 @@ import httpx
 from metaclaw.agents import DEFAULT_PROFILE
 from metaclaw.evaluation.evaluator import EvalResult
 from metaclaw.evaluation.stats import newcombe, wilson
+from metaclaw.ops import metrics
 from metaclaw.serving.client import load_adapter
 from metaclaw.wire import bearer_headers
 
@@ -146,6 +147,7 @@ class GateDecisions:
         return out
 
     def _gate_log(self, record: dict[str, Any]) -> None:
+        metrics.count_gate(record)  # metaclaw_gate_decisions, metaclaw_rollbacks
         self.gate_path.parent.mkdir(parents=True, exist_ok=True)
         with self.gate_path.open("a") as f:
             f.write(json.dumps(record, default=str) + "\n")

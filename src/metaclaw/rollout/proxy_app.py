@@ -1,7 +1,8 @@
 """The proxy's HTTP surface: OpenAI `/v1/chat/completions`, `/v1/responses` (the Responses API: Codex),
 `/v1/completions` (passed through, not captured), Anthropic `/v1/messages` (+ `/count_tokens`), `/v1/models`
-(+ `/{id}`), `/health`, `/v1/feedback` and `/v1/sessions/done`; wrapped in the shared browser-guard (Host, Origin,
-JSON content type: docs/security.md), auth and body-limit middlewares.
+(+ `/{id}`), `/health`, `/metrics` (Prometheus: `metaclaw.ops.metrics`), `/v1/feedback` and `/v1/sessions/done`;
+wrapped in the shared browser-guard (Host, Origin, JSON content type: docs/security.md), auth and body-limit
+middlewares, and the request counters.
 
 Error contract (`metaclaw.rollout.errors`): a client's mistake is a 4xx JSON body naming the problem in its API
 family's shape (OpenAI's `{"error": {"message", "type", "param", "code"}}` with a string or null `code`, on every
@@ -31,6 +32,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import Send
 
 from metaclaw.agents import AgentProfiles
+from metaclaw.ops import metrics
 from metaclaw.rollout import feedback
 from metaclaw.rollout.anthropic import AnthropicStream, to_anthropic_response, to_openai_messages, to_openai_request
 from metaclaw.rollout.errors import error_response, is_anthropic, openai_error, stream_error, upstream_response
@@ -139,8 +141,10 @@ def create_app(
     max_body_bytes: int = 8 * 1024 * 1024,
     served_model: str = "metaclaw",
     guard: BrowserGuard | None = None,
+    metrics_open: bool = False,
 ):
-    """The ASGI app for `proxy`; `api_key` (if set) is required on every route but `/health`.
+    """The ASGI app for `proxy`; `api_key` (if set) is required on every route but `/health` (and `/metrics` when
+    `metrics_open`).
 
     `guard` (default: a server bound to loopback) refuses what a web page could send: a foreign `Host` or
     `Origin`, a state-changing request that is not `application/json` (`metaclaw.serving.security`).
@@ -190,6 +194,11 @@ def create_app(
     @app.get("/health")
     async def health() -> dict[str, Any]:
         return {"status": "ok", "capture": proxy.capture, **proxy.stats}  # no internal URLs: this route is open
+
+    @app.get("/metrics")
+    async def prometheus() -> Response:
+        body, content_type = metrics.exposition()  # the whole process: proxy, scorer, trainer (docs/operate.md)
+        return Response(body, media_type=content_type)
 
     model_card = {"id": served_model, "object": "model", "created": int(time.time()), "owned_by": "metaclaw"}
 
@@ -342,9 +351,18 @@ def create_app(
         return JSONResponse({"session_id": session_id, "agent_id": agent_id, "done": True})
 
     guard = (guard or BrowserGuard()).with_anthropic_paths(*ANTHROPIC_PATHS)
+    open_paths = ("/health", "/metrics") if metrics_open else ("/health",)
+    paths = [str(getattr(r, "path", "")) for r in app.routes]
+    routes = [p.replace("{model_id:path}", "*") for p in paths if p.startswith(("/v1/", "/health"))]
+
+    def agent_of(headers: dict[str, str]) -> str:  # a configured profile's name: a bounded label
+        return metrics.AGENTS(proxy.agents.resolve(headers.get("x-agent-id", "")).name)
+
     return guard.around_auth(
         BodySizeLimitMiddleware(app, max_body_bytes, anthropic_paths=ANTHROPIC_PATHS),
-        lambda inner: BearerAuthMiddleware(inner, api_key, open_paths=("/health",), anthropic_paths=ANTHROPIC_PATHS),
+        lambda inner: metrics.MetricsMiddleware(  # counts refused keys (401) too
+            BearerAuthMiddleware(inner, api_key, open_paths=open_paths, anthropic_paths=ANTHROPIC_PATHS),
+            "proxy", [*routes, "/metrics"], agent_of),
     )
 
 
@@ -358,6 +376,7 @@ class ProxyService:
         store / upstream_url / upstream_api_key / capture / skills: as `RolloutProxy`'s.
         tokenizer: the served model's tokenizer (the context policy counts prompt tokens with it), or None.
         host / port: where the proxy listens (port 0: a free one).
+        metrics_open: `/metrics` answers without the key (a scraper on a trusted network; default: behind it).
         allowed_hosts / allowed_origins: names (beyond the bound address and loopback) the proxy may be reached
             as, and web origins (beyond its own) that may call it (`metaclaw.serving.security.BrowserGuard`).
         api_key: the key clients must send (None: open, said loudly at start).
@@ -393,6 +412,7 @@ class ProxyService:
         agents: AgentProfiles | None = None,
         allowed_hosts: Sequence[str] = (),
         allowed_origins: Sequence[str] = (),
+        metrics_open: bool = False,
     ) -> None:
         self.host, self.port, self.api_key = host, port, api_key
         self.proxy = RolloutProxy(
@@ -412,4 +432,4 @@ class ProxyService:
             agents=agents,
         )
         guard = BrowserGuard(host, tuple(allowed_hosts or ()), tuple(allowed_origins or ()))
-        self.app = create_app(self.proxy, api_key, max_body_bytes, served_model, guard)
+        self.app = create_app(self.proxy, api_key, max_body_bytes, served_model, guard, metrics_open)
