@@ -25,6 +25,7 @@ The training side (`train/skipped_*`, `train/zero_advantage_frac`, `train/publis
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 import lightning as L
@@ -32,6 +33,7 @@ import lightning as L
 from metaclaw.ops import metrics
 from metaclaw.store import SampleStore, open_store
 
+log = logging.getLogger(__name__)
 PROGRESS_BAR = ("rollout/captured", "rollout/capture_failures", "rollout/judge_failures", "rollout/backlog")
 
 
@@ -64,6 +66,7 @@ class HealthMonitor(L.Callback):
         if capture_store is not None and self._unwatch is None:
             collector = metrics.LoopCollector(capture_store, served, self.rate_window_s, metrics.AGENTS)
             self._unwatch = metrics.watch_loop(collector)
+            log.debug("Loop metrics registered (GET /metrics on the proxy's port)")
 
     def snapshot(self) -> dict[str, float]:
         """The counters now."""
@@ -108,6 +111,7 @@ class HealthMonitor(L.Callback):
 
     def teardown(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         if self._unwatch is not None:
+            log.debug("Loop metrics unregistered (%s)", stage)
             self._unwatch()
             self._unwatch = None
         if self._store is not None:
