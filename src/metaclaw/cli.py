@@ -17,6 +17,7 @@ import hydra
 from omegaconf import DictConfig
 
 from metaclaw.config import CONFIG_DIR, CONFIG_PATH, register_resolvers
+from metaclaw.ops.logs import configure_logging
 from metaclaw.runfiles import private_umask
 
 HYDRA_COMMANDS = ("train", "serve")
@@ -46,7 +47,7 @@ def train_main(cfg: DictConfig) -> float | None:
     from metaclaw.training import train
 
     _restore_argv()
-    logging.getLogger("metaclaw").setLevel(logging.INFO)
+    configure_logging(cfg.get("log"))  # Lightning once, no adverts, log=json (metaclaw.ops.logs)
     if os.environ.get("LOCAL_RANK", "0") != "0" and "TORCHELASTIC_RUN_ID" not in os.environ:
         die_with_parent()  # a DDP rank Lightning started: it goes when rank 0 goes
     start_from_env("train")
@@ -69,7 +70,7 @@ def serve_main(cfg: DictConfig) -> None:
     from metaclaw.runfiles import protect_run
 
     _restore_argv()
-    logging.getLogger("metaclaw").setLevel(logging.INFO)
+    configure_logging(cfg.get("log"))
     bind_to_launcher()  # started by `metaclaw train`: die with it
     bind_children()  # LitServe's forked children die with this process (its spawned worker binds in setup())
     start_from_env("server")  # bench/cycle_profile.py

@@ -209,6 +209,9 @@ class GateDecisions:
                         decision["note"], "the regression watch (publish.gate.rollback) rolls it back if the user's "
                         "verdicts on its turns drop" if guard else "NOTHING watches it after serving: "
                         "no regression watch (publish.gate.rollback.enabled is false)")  # fmt: skip
+        else:  # one INFO line per gate decision (a refusal is a warning in `_refuse`)
+            log.info("Gate: %s adapter v%d served (%s)", track.agent, step, f"compliance {test['candidate']:.2f} vs "
+                     f"served {test['served']:.2f}: {test['finding']}" if test else "measured")  # fmt: skip
         out = {"decision": "accepted", **decision}
         self._gate_log({"time": time.time(), "kind": "gate", "agent_id": track.agent, "step": step,
                         "adapter": path.name, "path": str(path), "margin": self.margin, **out})  # fmt: skip

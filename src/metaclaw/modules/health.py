@@ -37,6 +37,21 @@ log = logging.getLogger(__name__)
 PROGRESS_BAR = ("rollout/captured", "rollout/capture_failures", "rollout/judge_failures", "rollout/backlog")
 
 
+def _floats(values: Any) -> dict[str, float]:
+    return {k: float(v) for k, v in dict(values).items() if getattr(v, "numel", lambda: 1)() == 1}
+
+
+def step_line(step: int, m: dict[str, float]) -> str:
+    """The one INFO line of an optimizer step: what it trained on and how, and what waits (docs/operate.md)."""
+    parts = [f"Step {step}:"]
+    figures = (("loss", "loss/total", "{:.4f}"), ("reward", "rollout/reward_mean", "{:+.2f}"),
+               ("lr", "train/lr", "{:.2g}"), ("grad norm", "train/grad_norm", "{:.3g}"),
+               ("backlog", "rollout/backlog", "{:.0f}"), ("samples/min", "train/samples_per_min", "{:.1f}"),
+               ("sample age", "train/sample_age_s", "{:.0f} s"))  # fmt: skip
+    parts += [f"{label} {fmt.format(m[key])}" for label, key, fmt in figures if key in m]
+    return " ".join(parts[:1]) + " " + ", ".join(parts[1:])
+
+
 class HealthMonitor(L.Callback):
     """Logs the loop's counters every `every_n_steps` optimizer steps (rank 0 only).
 
@@ -106,8 +121,10 @@ class HealthMonitor(L.Callback):
             metrics.STEPS.inc()
         if not trainer.is_global_zero or trainer.global_step % self.every_n_steps:
             return
-        for name, value in self.snapshot().items():
+        snapshot = self.snapshot()
+        for name, value in snapshot.items():
             pl_module.log(name, value, prog_bar=name in PROGRESS_BAR, rank_zero_only=True, batch_size=1)
+        log.info("%s", step_line(trainer.global_step, {**_floats(trainer.callback_metrics), **snapshot}))
 
     def teardown(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         if self._unwatch is not None:
