@@ -16,7 +16,7 @@ from pathlib import Path
 import hydra
 from omegaconf import DictConfig
 
-from metaclaw.config import CONFIG_DIR, CONFIG_PATH, register_resolvers
+from metaclaw.config import CONFIG_DIR, CONFIG_PATH, ConfigError, register_resolvers
 from metaclaw.ops.logs import configure_logging
 from metaclaw.runfiles import private_umask
 
@@ -27,8 +27,15 @@ OBJECTIVE = "heldout/final_compliance"  # train()'s metric a sweep maximises
 _ARGV: list[str] | None = None  # the command line as typed, given back to sys.argv once Hydra has parsed it
 
 
-def hydra_setup() -> None:
+def hydra_setup(config_name: str | None = None) -> None:
+    """Resolvers and a private umask; with `config_name` (`train`, `serve`), the command line's overrides are
+    checked first: a mistyped key, an unknown option, a wrong type or a busy port is one line (exit 2), before
+    Hydra runs and before any model loads (`metaclaw.ops.precheck`)."""
     register_resolvers()
+    if config_name and os.environ.get("LOCAL_RANK", "0") == "0":  # a DDP rank re-runs the command: checked once
+        from metaclaw.ops.precheck import check_command_line
+
+        check_command_line(config_name, sys.argv[1:], config_groups())
     private_umask()  # the run dir Hydra is about to create, and all in it, is the user's alone (0700 / 0600)
 
 
@@ -56,6 +63,9 @@ def train_main(cfg: DictConfig) -> float | None:
     except RunFailed as err:
         logging.getLogger("metaclaw").error("Run stopped: %s", err)
         sys.exit(1)
+    except ConfigError as err:  # rules between fields, the device plan: one line, no traceback
+        logging.getLogger("metaclaw").error("Config: %s", err)
+        sys.exit(2)
     return objective(metrics)
 
 
@@ -141,10 +151,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"metaclaw {__version__}")
         return 0
     if command in HYDRA_COMMANDS:
-        hydra_setup()
         _ARGV = [sys.argv[0], *argv]
         sys.argv[:] = [sys.argv[0], *argv[1:]]  # Hydra parses the overrides from sys.argv
         try:
+            hydra_setup(command)
             (train_main if command == "train" else serve_main)()
         finally:
             _restore_argv()

@@ -68,10 +68,23 @@ def finished_run(tmp_path) -> Path:
 
 @pytest.fixture
 def read_only_dashboard(finished_run) -> Iterator[tuple[str, str, Path]]:
-    """`(url, key, run_dir)` of `python -m metaclaw dashboard --run-dir DIR` (a real server on 127.0.0.1)."""
+    """`(url, key, run_dir)` of `python -m metaclaw dashboard --run-dir DIR --key K` (a real server on 127.0.0.1)."""
+    yield from dashboard_server(finished_run, "--key", DASHBOARD_KEY)
+
+
+@pytest.fixture
+def keyless_dashboard(finished_run) -> Iterator[tuple[str, str, Path]]:
+    """`python -m metaclaw dashboard --run-dir DIR`: a finished run's page, no key (loopback only)."""
+    yield from dashboard_server(finished_run)
+
+
+DASHBOARD_KEY = "dashboard-test-key"
+
+
+def dashboard_server(finished_run: Path, *args: str) -> Iterator[tuple[str, str, Path]]:
     env = {**os.environ, "PYTHONPATH": str(REPO / "src")}
-    proc = subprocess.Popen([sys.executable, "-m", "metaclaw", "dashboard", "--run-dir", str(finished_run)], cwd=REPO,
-                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    proc = subprocess.Popen([sys.executable, "-m", "metaclaw", "dashboard", "--run-dir", str(finished_run), *args],
+                            cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             start_new_session=True)  # fmt: skip
     try:
         info = json.loads(proc.stdout.readline())

@@ -61,3 +61,11 @@ def test_text_only_with_the_flag_and_status_watch_draws_the_figures(finished_run
 def test_curve_point_interval_from_n():
     p = curve_point({"step": 3, "adapter": "v3", "compliance": 1.0, "n": 0})
     assert (p["ci_low"], p["ci_high"]) == (0.0, 1.0)  # nothing measured: the whole range
+
+
+def test_a_finished_runs_dashboard_opens_without_a_key(keyless_dashboard):
+    base, key, _ = keyless_dashboard
+    assert key is None  # none printed, none asked for: a finished run, read-only, loopback clients only
+    r = httpx.get(f"{base}/dashboard/api/state")
+    assert r.status_code == 200 and r.json()["live"] is False
+    assert httpx.post(f"{base}/control/pause", json={}).status_code == 404  # still read-only

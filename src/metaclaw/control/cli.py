@@ -20,6 +20,7 @@ import httpx
 
 from metaclaw.control.keys import read_control_key
 from metaclaw.control.plane import CONTROL_FILE
+from metaclaw.ops.finished import check_run_dir, finished_status
 from metaclaw.privacy.cli import add_forget_parser, forget_main
 from metaclaw.wire import bearer_headers
 
@@ -45,7 +46,7 @@ def resolve_url(url: str | None, run_dir: str | None) -> str:
     if not run_dir:
         raise SystemExit("which service? Give --run-dir DIR (the run directory the service logged at start) or --url "
                          "URL; there is no default, so no key goes to whatever listens on a port")  # fmt: skip
-    path = Path(run_dir) / CONTROL_FILE
+    path = check_run_dir(run_dir) / CONTROL_FILE
     try:
         announced = json.loads(path.read_text())
         found = str(announced["url"]).rstrip("/")
@@ -190,6 +191,11 @@ def main(argv: list[str] | None = None) -> int:
         url = resolve_url(args.url, None) if args.url else _running(run_dir)
         args.run_dir = run_dir
         return forget_main(args, url, bearer_headers(resolve_key(args.key, run_dir)))
+    if args.command == "status" and args.run_dir and not (args.url or os.environ.get("METACLAW_CONTROL_URL")):
+        text = finished_status(args.run_dir)  # a stopped service: its run directory's summary (metaclaw.ops.finished)
+        if text is not None:
+            print(text)
+            return 0
     if args.command == "dashboard" or (args.command == "status" and args.watch):  # docs/dashboard.md
         from metaclaw.control.dashboard import cli as dash
 

@@ -31,7 +31,7 @@
 
   function key() { return sessionStorage.getItem(KEY); }
   function headers(json) {
-    const h = { Authorization: "Bearer " + key() };
+    const h = key() ? { Authorization: "Bearer " + key() } : {};  // a finished run's page on loopback needs none
     if (json) h["Content-Type"] = "application/json";
     return h;
   }
@@ -202,10 +202,12 @@
 
   async function refresh() {
     if (timer) { clearTimeout(timer); timer = null; }
-    if (!key()) { askKey(); return; }
     try {
       const r = await fetch("/dashboard/api/state", { headers: headers(false), credentials: "omit", cache: "no-store" });
-      if (r.status === 401) { sessionStorage.removeItem(KEY); say("wrong key", true); askKey(); return; }
+      if (r.status === 401) {
+        if (key()) say("wrong key", true);
+        sessionStorage.removeItem(KEY); askKey(); return;
+      }
       if (!r.ok) throw new Error("HTTP " + r.status);
       render(await r.json());
       $("key-form").hidden = true; $("main").hidden = false;
