@@ -84,7 +84,8 @@ def build_trainer(cfg: DictConfig, agents: AgentProfiles, adapters: Path, callba
     before the progress bar, the W&B adapter artifacts of `adapters` (with a W&B logger) and `callbacks:`."""
     bar = [LoopProgressBar()] if cfg.trainer.get("enable_progress_bar", True) else []
     loggers = build_loggers(cfg)
-    artifacts = [AdapterArtifacts(adapters)] if any(is_wandb(lg) for lg in loggers) else []
+    every = (cfg.get("artifacts") or {}).get("every_n_steps")  # W&B: the served adapters, and every N-th step's
+    artifacts = [AdapterArtifacts(adapters, every_n_steps=every)] if any(is_wandb(lg) for lg in loggers) else []
     trainer = L.Trainer(
         **cfg.trainer,
         **trainer_device_kwargs(cfg.devices, several_adapters=agents.many),  # DDP: docs/agents.md
