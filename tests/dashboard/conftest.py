@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import sqlite3
 import subprocess
 import sys
 import time
@@ -58,6 +59,13 @@ def make_run(run_dir: Path) -> Path:
                             status=status, meta=meta, response_text="SECRET-REPLY-TEXT", next_state="thanks",
                             messages=[{"role": "user", "content": "hello"}]))  # fmt: skip
     store.close()
+    with sqlite3.connect(run_dir / "samples.sqlite") as db:  # the two trained samples: step 4's batch
+        db.execute("UPDATE samples SET claimed_step=4 WHERE status='consumed'")
+    (run_dir / "csv").mkdir()
+    rows = ["step,loss/total,rollout/reward_mean,train/lr,train/grad_norm,train/samples_per_min,"
+            "rollout/replies_per_min,train/sample_age_s,train/version_lag,epoch"]
+    rows += [f"{s},{0.5 - 0.05 * s},{0.1 * s},0.0003,{1.0 + s},{2.0},{3.0},{60 + s},{1},0" for s in range(1, 9)]
+    (run_dir / "csv" / "metrics.csv").write_text("\n".join(rows) + "\n")
     return run_dir
 
 

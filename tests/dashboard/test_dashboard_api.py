@@ -46,6 +46,11 @@ def test_the_page_loads_without_the_key_and_its_data_needs_it(read_only_dashboar
     turns = [t for sess in state["sessions"] for t in sess["turns"]]
     assert {t["source"] for t in turns} >= {"rule:positive", "rule:negative", "feedback"}
     assert "SECRET-REPLY-TEXT" not in r.text and "hello" not in r.text  # text only with the local flag
+    series = state["training"]["series"]  # the trainer's metrics.csv: the curves beside held-out compliance
+    assert set(series) == {"loss", "reward", "samples_per_min", "replies_per_min", "sample_age_s", "trainer_lag",
+                           "lr", "grad_norm"}  # fmt: skip
+    assert series["loss"][0] == [1, 0.45] and series["grad_norm"][-1] == [8, 9.0] and len(series["lr"]) == 8
+    assert state["training"]["reward_mix"] == [{"step": 4, "positive": 1, "negative": 1, "zero": 0}]
 
 
 def test_text_only_with_the_flag_and_status_watch_draws_the_figures(finished_run, capsys):

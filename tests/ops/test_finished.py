@@ -35,3 +35,13 @@ def test_status_and_watch_of_a_finished_run_print_its_summary(tmp_path):
         assert "finished run" in out.stdout and "not running any more" not in out.stderr
         assert "ended:      8 steps, 32 samples trained in 10.0 min; held-out compliance 25% -> 80%" in out.stdout
         assert "samples    captured 6" in out.stdout  # the store's figures, from the directory
+
+
+def test_the_curves_read_only_the_tail_of_a_long_metrics_file(tmp_path):
+    from metaclaw.control.dashboard.series import metric_series
+
+    (tmp_path / "csv").mkdir()
+    lines = ["step,loss/total,train/lr"] + [f"{s},{s / 1000},0.001" for s in range(200_000)]
+    (tmp_path / "csv" / "metrics.csv").write_text("\n".join(lines) + "\n")
+    series = metric_series(tmp_path, max_points=5)
+    assert series["loss"] == [[s, s / 1000] for s in range(199_995, 200_000)] and "reward" not in series
