@@ -98,3 +98,8 @@ def test_the_units_command_answers_health_and_metrics(tmp_path):
         captured = sum(s.value for s in families["metaclaw_samples"].samples)
         assert captured >= 1
         assert any(s.labels.get("kind") == "completion" and s.value > 0 for s in families["metaclaw_tokens"].samples)
+    lines = (tmp_path / "service.log").read_text().splitlines()
+    assert not [line for line in lines if "litlogger" in line or "litmodels" in line]  # no adverts
+    assert not [line for line in lines if line.startswith("INFO: ")]  # Lightning's own handler: no second copy
+    assert not [line for line in lines if "[INFO] - Scored " in line]  # the scorer's running counts: DEBUG
+    assert [line for line in lines if "GPU available" in line] == [next(ln for ln in lines if "GPU available" in ln)]
