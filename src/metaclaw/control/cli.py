@@ -18,23 +18,12 @@ from typing import Any
 
 import httpx
 
+from metaclaw.control.finished import check_run_dir, finished_status
+from metaclaw.control.finished import pid_alive as _alive
 from metaclaw.control.keys import read_control_key
 from metaclaw.control.plane import CONTROL_FILE
-from metaclaw.ops.finished import check_run_dir, finished_status
 from metaclaw.privacy.cli import add_forget_parser, forget_main
 from metaclaw.wire import bearer_headers
-
-
-def _alive(pid: Any) -> bool:
-    if not isinstance(pid, int) or pid <= 0:
-        return True  # not recorded: cannot tell
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except OSError:  # e.g. another user's process: it exists
-        return True
-    return True
 
 
 def resolve_url(url: str | None, run_dir: str | None) -> str:
@@ -192,7 +181,7 @@ def main(argv: list[str] | None = None) -> int:
         args.run_dir = run_dir
         return forget_main(args, url, bearer_headers(resolve_key(args.key, run_dir)))
     if args.command == "status" and args.run_dir and not (args.url or os.environ.get("METACLAW_CONTROL_URL")):
-        text = finished_status(args.run_dir)  # a stopped service: its run directory's summary (metaclaw.ops.finished)
+        text = finished_status(args.run_dir)  # a stopped service: its run directory's summary (control.finished)
         if text is not None:
             print(text)
             return 0

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -20,15 +21,26 @@ def check_run_dir(run_dir: str) -> Path:
     return path
 
 
+def pid_alive(pid: Any) -> bool:
+    """Whether process `pid` exists (True when it cannot be told: not recorded, another user's)."""
+    if not isinstance(pid, int) or pid <= 0:
+        return True  # not recorded: cannot tell
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # e.g. another user's process: it exists
+        return True
+    return True
+
+
 def service_running(run_dir: Path) -> bool:
     """Whether the service that wrote `run_dir/control.json` is still running (False when it never wrote one)."""
-    from metaclaw.control.cli import _alive
-
     try:
         pid = json.loads((run_dir / CONTROL_FILE).read_text()).get("pid")
     except (OSError, ValueError, AttributeError):
         return False
-    return _alive(pid)
+    return pid_alive(pid)
 
 
 def summary_line(summary: dict[str, Any]) -> str:
