@@ -48,6 +48,7 @@ def _restore_argv() -> None:
 @hydra.main(version_base="1.3", config_path=CONFIG_PATH, config_name="train")
 def train_main(cfg: DictConfig) -> float | None:
     """`metaclaw train` / `python train.py`: `train(cfg)`; the held-out objective is what a sweeper optimises."""
+    from metaclaw.devices import DevicePlanError
     from metaclaw.lifecycle import die_with_parent
     from metaclaw.profiling import start_from_env
     from metaclaw.stopping import RunFailed
@@ -63,7 +64,7 @@ def train_main(cfg: DictConfig) -> float | None:
     except RunFailed as err:
         logging.getLogger("metaclaw").error("Run stopped: %s", err)
         sys.exit(1)
-    except ConfigError as err:  # rules between fields, the device plan: one line, no traceback
+    except (ConfigError, DevicePlanError) as err:  # rules between fields, the device plan: one line, no traceback
         logging.getLogger("metaclaw").error("Config: %s", err)
         sys.exit(2)
     return objective(metrics)
@@ -74,7 +75,7 @@ def serve_main(cfg: DictConfig) -> None:
     """`metaclaw serve` / `python serve.py`: the policy server, or `app=training_server`."""
     from hydra.utils import get_method
 
-    from metaclaw.devices import resolve_devices
+    from metaclaw.devices import DevicePlanError, resolve_devices
     from metaclaw.lifecycle import bind_children, bind_to_launcher
     from metaclaw.profiling import start_from_env
     from metaclaw.runfiles import protect_run
@@ -84,7 +85,11 @@ def serve_main(cfg: DictConfig) -> None:
     bind_to_launcher()  # started by `metaclaw train`: die with it
     bind_children()  # LitServe's forked children die with this process (its spawned worker binds in setup())
     start_from_env("server")  # bench/cycle_profile.py
-    resolve_devices(cfg)
+    try:
+        resolve_devices(cfg)
+    except DevicePlanError as err:
+        logging.getLogger("metaclaw").error("Config: %s", err)
+        sys.exit(2)
     protect_run(cfg)  # keys given as overrides leave the .hydra/ dumps
     get_method(cfg.app.entry)(cfg)
 

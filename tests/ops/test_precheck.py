@@ -61,3 +61,17 @@ def test_valid_overrides_and_hydra_options_pass(monkeypatch):
     check_command_line("train", ["model=tiny", "data.batch_size=8", "+foo.bar=1", "hydra.run.dir=/tmp/x",
                                  "rollout.proxy.port=0", "trainer.max_time=null"], config_groups())  # fmt: skip
     check_command_line("train", ["--cfg", "job", "data.batch_sise=1"], config_groups())  # Hydra's own command line
+
+
+@pytest.mark.slow  # ~20 s: the train command imports torch before its device plan
+def test_a_device_plan_mistake_is_one_line_without_a_traceback(tmp_path):
+    import subprocess
+    import sys
+
+    from tests.procs import REPO
+
+    out = subprocess.run([sys.executable, "-m", "metaclaw", "train", "model=tiny", "devices.train=[0,0]",
+                          f"hydra.run.dir={tmp_path}"], capture_output=True, text=True, timeout=120,
+                         env={"PYTHONPATH": str(REPO / "src"), "HF_HUB_OFFLINE": "1", "PATH": "/usr/bin:/bin"})  # fmt: skip
+    assert out.returncode == 2 and "Traceback" not in out.stderr + out.stdout
+    assert "Config: devices.train lists a GPU twice: [0, 0]" in out.stderr + out.stdout
