@@ -70,8 +70,8 @@ def test_a_device_plan_mistake_is_one_line_without_a_traceback(tmp_path):
 
     from tests.procs import REPO
 
+    env = {"PYTHONPATH": str(REPO / "src"), "HF_HUB_OFFLINE": "1", "PATH": "/usr/bin:/bin"}
     out = subprocess.run([sys.executable, "-m", "metaclaw", "train", "model=tiny", "devices.train=[0,0]",
-                          f"hydra.run.dir={tmp_path}"], capture_output=True, text=True, timeout=120,
-                         env={"PYTHONPATH": str(REPO / "src"), "HF_HUB_OFFLINE": "1", "PATH": "/usr/bin:/bin"})  # fmt: skip
+                          f"hydra.run.dir={tmp_path}"], capture_output=True, text=True, timeout=120, env=env)
     assert out.returncode == 2 and "Traceback" not in out.stderr + out.stdout
     assert "Config: devices.train lists a GPU twice: [0, 0]" in out.stderr + out.stdout
