@@ -38,9 +38,11 @@ def test_a_busy_port_is_found_before_any_model_loads():
         port = s.getsockname()[1]
         t0 = time.monotonic()
         message = one_line(["train", "model=tiny", "rollout=proxy", f"rollout.proxy.port={port}"])
+        serve = one_line(["serve", "model=tiny", f"serve.port={port}"])
     assert time.monotonic() - t0 < 10  # composed and checked, nothing loaded
     assert f"port {port} on 127.0.0.1 (the rollout proxy) is in use" in message
     assert "rollout.proxy.port=N" in message
+    assert f"port {port} on 127.0.0.1 (the policy server) is in use" in serve and "serve.port=N" in serve
 
 
 def test_a_missing_run_directory(tmp_path):
@@ -58,7 +60,7 @@ def test_valid_overrides_and_hydra_options_pass(monkeypatch):
     from metaclaw.cli import config_groups
     from metaclaw.ops.precheck import check_command_line
 
-    check_command_line("train", ["model=tiny", "data.batch_size=8", "+foo.bar=1", "hydra.run.dir=/tmp/x",
+    check_command_line("train", ["model=tiny", "data.batch_size=8", "+foo.bar=1", "++baz=2", "hydra.run.dir=/tmp/x",
                                  "rollout.proxy.port=0", "trainer.max_time=null"], config_groups())  # fmt: skip
     check_command_line("train", ["--cfg", "job", "data.batch_sise=1"], config_groups())  # Hydra's own command line
 

@@ -49,7 +49,7 @@ def check_command_line(config_name: str, args: Sequence[str], groups: dict[str, 
             hint = f"did you mean {o.key_or_group}={near[0]}? " if near else ""
             raise StartError(f"unknown {o.key_or_group} {value!r}: {hint}(options: {', '.join(options)})")
     cfg = _compose(config_name, [o.input_line for o in choices])
-    plain = [o for o in parsed if o not in choices and not o.is_add() and not o.is_delete()]
+    plain = [o for o in parsed if o not in choices and not (o.is_add() or o.is_force_add() or o.is_delete())]
     for o in plain:
         key = o.key_or_group
         if key.startswith("hydra") or "/" in key or _exists(cfg, key):
@@ -122,11 +122,16 @@ def _types(annotation: Any) -> tuple[Any, ...]:
 
 def check_ports(cfg: DictConfig, config_name: str) -> None:
     """The ports this command binds, free now (before the model loads, not after)."""
-    wanted = [("serve", "serve.host", "serve.port")] if config_name == "serve" else []
+    wanted = []
+    if config_name == "serve":  # the training server listens on app.port (METACLAW_PORT or serve.port)
+        app = "app" if OmegaConf.select(cfg, "app.port", default=None) is not None else "serve"
+        name = str(OmegaConf.select(cfg, "app.name", default="training_server")).replace("_", " ")
+        wanted.append((f"the {name}", f"{app}.host", f"{app}.port"))
     if config_name == "train" and OmegaConf.select(cfg, "rollout.proxy", default=None) is not None:
         wanted.append(("the rollout proxy", "rollout.proxy.host", "rollout.proxy.port"))
     for what, host_key, port_key in wanted:
         host, port = OmegaConf.select(cfg, host_key), OmegaConf.select(cfg, port_key)
+        port = int(port) if isinstance(port, str) and port.isdigit() else port  # oc.env gives a string
         if isinstance(port, int) and port > 0 and isinstance(host, str):
             busy = port_in_use(host, port)
             if busy:
