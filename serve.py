@@ -6,5 +6,5 @@ The same as `metaclaw serve ...` (`metaclaw.cli.serve_main`, config tree `src/me
 from metaclaw.cli import hydra_setup, serve_main
 
 if __name__ == "__main__":
-    hydra_setup()  # resolvers; private umask before Hydra creates the run dir
+    hydra_setup("serve")  # resolvers; the overrides checked; private umask before Hydra creates the run dir
     serve_main()

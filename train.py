@@ -6,5 +6,5 @@ The same as `metaclaw train ...` (`metaclaw.cli.train_main`, config tree `src/me
 from metaclaw.cli import hydra_setup, train_main
 
 if __name__ == "__main__":
-    hydra_setup()  # resolvers; private umask before Hydra creates the run dir
+    hydra_setup("train")  # resolvers; the overrides checked; private umask before Hydra creates the run dir
     train_main()

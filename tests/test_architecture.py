@@ -20,7 +20,7 @@ ROOT = Path(__file__).resolve().parents[1] / "src" / "metaclaw"
 # Floor by floor, lowest first: a unit imports only units of the floors below its own.
 LAYERS: list[tuple[str, frozenset[str]]] = [
     ("ground", frozenset({"store", "messages", "atomic", "devices", "lifecycle", "stopping", "agents", "profiling",
-                          "distribution", "conf", "__init__"})),  # fmt: skip (conf: the YAML tree, no imports)
+                          "distribution", "conf", "ops", "__init__"})),  # fmt: skip (conf: the YAML tree, no imports)
     ("vocabulary", frozenset({"wire", "config", "runfiles"})),
     ("libraries", frozenset({"losses", "advantages", "skills", "simulate", "scheduler", "tracking"})),
     ("serving", frozenset({"serving"})),

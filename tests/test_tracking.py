@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -78,3 +79,34 @@ def test_csv_and_wandb_offline_get_the_hyperparameters_without_the_key_and_wandb
     assert REDACTED.encode() in records  # the config record: the key's field is there, its value is not
     assert SECRET.encode() not in records
     assert SECRET not in (run / "csv" / "hparams.yaml").read_text()
+
+
+class _Run:
+    def __init__(self) -> None:
+        self.logged: list[tuple[dict, list[str]]] = []
+        self.experiment = self
+
+    def log_artifact(self, artifact, aliases) -> None:
+        self.logged.append((dict(artifact.metadata), list(aliases)))
+
+
+def test_only_served_adapters_become_artifact_versions_unless_every_n(tmp_path, monkeypatch):
+    """Five published adapters, the server serving step 4: one version (step 4); every_n_steps=2 adds step 2."""
+    from types import SimpleNamespace
+
+    from metaclaw import tracking
+
+    monkeypatch.setattr(tracking, "is_wandb", lambda lg: isinstance(lg, _Run))
+    for step in range(1, 6):
+        folder = tmp_path / f"step-{step:06d}"
+        folder.mkdir()
+        (folder / "adapter_model.safetensors").write_bytes(b"x" * step)
+    (tmp_path / "latest.json").write_text(json.dumps({"path": str(tmp_path / "step-000004")}))
+    for every, expected in ((None, [4]), (2, [2, 4])):
+        run = _Run()
+        trainer = SimpleNamespace(loggers=[run], is_global_zero=True)
+        callback = tracking.AdapterArtifacts(tmp_path, every_n_steps=every)
+        callback.sync(trainer)
+        callback.sync(trainer)  # nothing new: nothing logged twice
+        assert [m["step"] for m, _ in run.logged] == expected
+        assert [a for m, a in run.logged if m["step"] == 4] == [["step-000004", "served"]]

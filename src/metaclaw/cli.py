@@ -16,7 +16,8 @@ from pathlib import Path
 import hydra
 from omegaconf import DictConfig
 
-from metaclaw.config import CONFIG_DIR, CONFIG_PATH, register_resolvers
+from metaclaw.config import CONFIG_DIR, CONFIG_PATH, ConfigError, register_resolvers
+from metaclaw.ops.logs import configure_logging
 from metaclaw.runfiles import private_umask
 
 HYDRA_COMMANDS = ("train", "serve")
@@ -26,8 +27,15 @@ OBJECTIVE = "heldout/final_compliance"  # train()'s metric a sweep maximises
 _ARGV: list[str] | None = None  # the command line as typed, given back to sys.argv once Hydra has parsed it
 
 
-def hydra_setup() -> None:
+def hydra_setup(config_name: str | None = None) -> None:
+    """Resolvers and a private umask; with `config_name` (`train`, `serve`), the command line's overrides are
+    checked first: a mistyped key, an unknown option, a wrong type or a busy port is one line (exit 2), before
+    Hydra runs and before any model loads (`metaclaw.ops.precheck`)."""
     register_resolvers()
+    if config_name and os.environ.get("LOCAL_RANK", "0") == "0":  # a DDP rank re-runs the command: checked once
+        from metaclaw.ops.precheck import check_command_line
+
+        check_command_line(config_name, sys.argv[1:], config_groups())
     private_umask()  # the run dir Hydra is about to create, and all in it, is the user's alone (0700 / 0600)
 
 
@@ -40,13 +48,14 @@ def _restore_argv() -> None:
 @hydra.main(version_base="1.3", config_path=CONFIG_PATH, config_name="train")
 def train_main(cfg: DictConfig) -> float | None:
     """`metaclaw train` / `python train.py`: `train(cfg)`; the held-out objective is what a sweeper optimises."""
+    from metaclaw.devices import DevicePlanError
     from metaclaw.lifecycle import die_with_parent
     from metaclaw.profiling import start_from_env
     from metaclaw.stopping import RunFailed
     from metaclaw.training import train
 
     _restore_argv()
-    logging.getLogger("metaclaw").setLevel(logging.INFO)
+    configure_logging(cfg.get("log"))  # Lightning once, no adverts, log=json (metaclaw.ops.logs)
     if os.environ.get("LOCAL_RANK", "0") != "0" and "TORCHELASTIC_RUN_ID" not in os.environ:
         die_with_parent()  # a DDP rank Lightning started: it goes when rank 0 goes
     start_from_env("train")
@@ -55,6 +64,9 @@ def train_main(cfg: DictConfig) -> float | None:
     except RunFailed as err:
         logging.getLogger("metaclaw").error("Run stopped: %s", err)
         sys.exit(1)
+    except (ConfigError, DevicePlanError) as err:  # rules between fields, the device plan: one line, no traceback
+        logging.getLogger("metaclaw").error("Config: %s", err)
+        sys.exit(2)
     return objective(metrics)
 
 
@@ -63,17 +75,21 @@ def serve_main(cfg: DictConfig) -> None:
     """`metaclaw serve` / `python serve.py`: the policy server, or `app=training_server`."""
     from hydra.utils import get_method
 
-    from metaclaw.devices import resolve_devices
+    from metaclaw.devices import DevicePlanError, resolve_devices
     from metaclaw.lifecycle import bind_children, bind_to_launcher
     from metaclaw.profiling import start_from_env
     from metaclaw.runfiles import protect_run
 
     _restore_argv()
-    logging.getLogger("metaclaw").setLevel(logging.INFO)
+    configure_logging(cfg.get("log"))
     bind_to_launcher()  # started by `metaclaw train`: die with it
     bind_children()  # LitServe's forked children die with this process (its spawned worker binds in setup())
     start_from_env("server")  # bench/cycle_profile.py
-    resolve_devices(cfg)
+    try:
+        resolve_devices(cfg)
+    except DevicePlanError as err:
+        logging.getLogger("metaclaw").error("Config: %s", err)
+        sys.exit(2)
     protect_run(cfg)  # keys given as overrides leave the .hydra/ dumps
     get_method(cfg.app.entry)(cfg)
 
@@ -140,10 +156,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"metaclaw {__version__}")
         return 0
     if command in HYDRA_COMMANDS:
-        hydra_setup()
         _ARGV = [sys.argv[0], *argv]
         sys.argv[:] = [sys.argv[0], *argv[1:]]  # Hydra parses the overrides from sys.argv
         try:
+            hydra_setup(command)
             (train_main if command == "train" else serve_main)()
         finally:
             _restore_argv()

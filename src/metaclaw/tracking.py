@@ -4,9 +4,10 @@
   `{name: {_target_: ...}}` node): each is instantiated; Lightning logs every metric to all of them.
 - `log_hyperparams`: the resolved config goes to every logger, keys left out (any field whose name says it holds a
   credential, as `metaclaw.runfiles` defines it: `api_key`, `*_key`, `token`, `secret`, `password`).
-- `AdapterArtifacts` (only with a W&B logger): each published adapter becomes a version of the `adapter` artifact
-  (aliases `step-N`, `latest`), and the one the policy server serves carries the alias `served` (W&B moves it to
-  the newest version logged with it). Works offline: `wandb sync` uploads them later.
+- `AdapterArtifacts` (only with a W&B logger): each adapter the policy server serves (the gate let it through)
+  becomes a version of the `adapter` artifact (aliases `step-N`, `latest`, `served`; W&B moves `served` to the
+  newest version logged with it); `artifacts.every_n_steps=N` also logs every N-th step's. Not every step: a
+  Qwen3-8B rank-16 adapter is ~175 MB. Works offline: `wandb sync` uploads them later.
 """
 
 from __future__ import annotations
@@ -84,15 +85,18 @@ def is_wandb(lg: Any) -> bool:
 
 
 class AdapterArtifacts(L.Callback):
-    """Log each published adapter (`<adapters>/step-N`) as a version of the W&B artifact `artifact_name`.
+    """Log each served adapter (`<adapters>/step-N`) as a version of the W&B artifact `artifact_name`.
 
     Args:
         adapters: the run's adapter directory (`publish.root`).
         artifact_name: the artifact's name in the W&B project.
+        every_n_steps: also log the adapter of every N-th step, served or not (None: only the served ones).
     """
 
-    def __init__(self, adapters: str | Path, artifact_name: str = "adapter") -> None:
-        self.adapters, self.artifact_name = Path(adapters), artifact_name
+    def __init__(self, adapters: str | Path, artifact_name: str = "adapter", every_n_steps: int | None = None) -> None:
+        if every_n_steps is not None and every_n_steps < 1:
+            raise ValueError(f"artifacts.every_n_steps must be >= 1 or null, got {every_n_steps}")
+        self.adapters, self.artifact_name, self.every_n_steps = Path(adapters), artifact_name, every_n_steps
         self.logged: set[str] = set()
         self.served: str | None = None
 
@@ -114,7 +118,9 @@ class AdapterArtifacts(L.Callback):
         served = self._served_path()
         steps = sorted(p for p in self.adapters.glob("step-*") if (p / "adapter_model.safetensors").exists())
         for path in steps:
-            key = str(path.resolve())
+            key, step = str(path.resolve()), int(path.name.split("-")[-1])
+            if key != served and not (self.every_n_steps and step % self.every_n_steps == 0):
+                continue
             aliases = [path.name]
             if key in self.logged and not (key == served and served != self.served):
                 continue
@@ -123,7 +129,7 @@ class AdapterArtifacts(L.Callback):
             if key == served:
                 aliases.append("served")
             artifact = wandb.Artifact(self.artifact_name, type="lora-adapter",
-                                      metadata={"step": int(path.name.split("-")[-1]), "path": key})  # fmt: skip
+                                      metadata={"step": step, "path": key, "served": key == served})  # fmt: skip
             artifact.add_dir(str(path))
             for lg in runs:
                 lg.experiment.log_artifact(artifact, aliases=aliases)

@@ -85,7 +85,8 @@ def build_trainer(cfg: DictConfig, agents: AgentProfiles, adapters: Path, callba
     before the progress bar, the W&B adapter artifacts of `adapters` (with a W&B logger) and `callbacks:`."""
     bar = [LoopProgressBar()] if cfg.trainer.get("enable_progress_bar", True) else []
     loggers = build_loggers(cfg)
-    artifacts = [AdapterArtifacts(adapters)] if any(is_wandb(lg) for lg in loggers) else []
+    every = (cfg.get("artifacts") or {}).get("every_n_steps")  # W&B: the served adapters, and every N-th step's
+    artifacts = [AdapterArtifacts(adapters, every_n_steps=every)] if any(is_wandb(lg) for lg in loggers) else []
     trainer = L.Trainer(
         **cfg.trainer,
         **trainer_device_kwargs(cfg.devices, several_adapters=agents.many),  # DDP: docs/agents.md
@@ -172,7 +173,7 @@ def _train(cfg: DictConfig) -> tuple[dict[str, Any], dict[str, Any]]:
         if live.server_url:
             publisher.connect(live.server_url, live.server_key, live.server.unavailable if live.server else None)
         if health is not None:
-            health.attach(proxy=live.proxy, worker=live.worker, capture_store=store)
+            health.attach(proxy=live.proxy, worker=live.worker, capture_store=store, served=served)
         if control:
             control.attach(live, trainer)
         fit(cfg, trainer, module, datamodule, ckpt, stop, publisher)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import sqlite3
 import subprocess
 import sys
 import time
@@ -58,6 +59,13 @@ def make_run(run_dir: Path) -> Path:
                             status=status, meta=meta, response_text="SECRET-REPLY-TEXT", next_state="thanks",
                             messages=[{"role": "user", "content": "hello"}]))  # fmt: skip
     store.close()
+    with sqlite3.connect(run_dir / "samples.sqlite") as db:  # the two trained samples: step 4's batch
+        db.execute("UPDATE samples SET claimed_step=4 WHERE status='consumed'")
+    (run_dir / "csv").mkdir()
+    rows = ["step,loss/total,rollout/reward_mean,train/lr,train/grad_norm,train/samples_per_min,"
+            "rollout/replies_per_min,train/sample_age_s,train/version_lag,epoch"]
+    rows += [f"{s},{0.5 - 0.05 * s},{0.1 * s},0.0003,{1.0 + s},{2.0},{3.0},{60 + s},{1},0" for s in range(1, 9)]
+    (run_dir / "csv" / "metrics.csv").write_text("\n".join(rows) + "\n")
     return run_dir
 
 
@@ -68,10 +76,23 @@ def finished_run(tmp_path) -> Path:
 
 @pytest.fixture
 def read_only_dashboard(finished_run) -> Iterator[tuple[str, str, Path]]:
-    """`(url, key, run_dir)` of `python -m metaclaw dashboard --run-dir DIR` (a real server on 127.0.0.1)."""
+    """`(url, key, run_dir)` of `python -m metaclaw dashboard --run-dir DIR --key K` (a real server on 127.0.0.1)."""
+    yield from dashboard_server(finished_run, "--key", DASHBOARD_KEY)
+
+
+@pytest.fixture
+def keyless_dashboard(finished_run) -> Iterator[tuple[str, str, Path]]:
+    """`python -m metaclaw dashboard --run-dir DIR`: a finished run's page, no key (loopback only)."""
+    yield from dashboard_server(finished_run)
+
+
+DASHBOARD_KEY = "dashboard-test-key"
+
+
+def dashboard_server(finished_run: Path, *args: str) -> Iterator[tuple[str, str, Path]]:
     env = {**os.environ, "PYTHONPATH": str(REPO / "src")}
-    proc = subprocess.Popen([sys.executable, "-m", "metaclaw", "dashboard", "--run-dir", str(finished_run)], cwd=REPO,
-                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    proc = subprocess.Popen([sys.executable, "-m", "metaclaw", "dashboard", "--run-dir", str(finished_run), *args],
+                            cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             start_new_session=True)  # fmt: skip
     try:
         info = json.loads(proc.stdout.readline())

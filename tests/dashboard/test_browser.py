@@ -59,7 +59,23 @@ def test_a_finished_runs_dashboard_in_the_browser(browser, read_only_dashboard, 
     assert browser.js("document.getElementById('mode').textContent") == "finished run"
     assert browser.js("document.getElementById('actions').hidden")  # read-only: no buttons
     assert browser.js("document.querySelectorAll('#gate tr').length") == 4  # header + 3 decisions
+    curves = browser.js("Array.from(document.querySelectorAll('#series svg')).map(s => s.id)")
+    assert curves == [f"series-{n}" for n in ("loss", "reward", "samples_per_min", "replies_per_min", "sample_age_s",
+                                              "trainer_lag", "lr", "grad_norm", "reward_positive",
+                                              "reward_negative")]  # fmt: skip
+    assert browser.js("document.querySelectorAll('#series-loss line.gate-mark').length") == 3  # the gate beside them
+    assert browser.js("document.querySelectorAll('#series-loss polyline.line').length") == 1
+    assert "privacy.show_text is off" in browser.js("document.getElementById('sessions').textContent")
     browser.screenshot(tmp_path / "finished.png")
+    assert browser.console_errors() == []
+
+
+def test_a_finished_runs_dashboard_opens_without_a_key(browser, keyless_dashboard):
+    base, _, _ = keyless_dashboard
+    browser.goto(f"{base}/dashboard")
+    browser.wait_for("!document.getElementById('main').hidden")  # no key asked for: loopback, read-only
+    assert browser.js("document.getElementById('key-form').hidden")
+    assert browser.wait_for("document.querySelectorAll('#series svg').length") == 10
     assert browser.console_errors() == []
 
 
@@ -134,6 +150,8 @@ def test_a_live_service_seen_and_steered_from_the_browser(browser, tmp_path):
         user.talk_until(lambda: served_root(run_dir))  # an adapter passed the gate
         assert "accepted" in [r["decision"] for r in cards(url)["gate"] if r.get("kind") == "gate"]
         browser.wait_for("document.querySelectorAll('#curves circle.point').length >= 1", timeout_s=90)
+        for curve in ("loss", "lr", "grad_norm", "samples_per_min"):  # the trainer's curves, live from metrics.csv
+            browser.wait_for(f"document.querySelectorAll('#series-{curve} polyline.line').length === 1", timeout_s=60)
         steps = "Array.from(document.querySelectorAll('button.rollback')).map(b => b.dataset.step)"
         rows = browser.wait_for(f"{steps}.length >= 2 && {steps}", timeout_s=60)
         served = served_root(run_dir)

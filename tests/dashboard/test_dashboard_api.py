@@ -46,6 +46,11 @@ def test_the_page_loads_without_the_key_and_its_data_needs_it(read_only_dashboar
     turns = [t for sess in state["sessions"] for t in sess["turns"]]
     assert {t["source"] for t in turns} >= {"rule:positive", "rule:negative", "feedback"}
     assert "SECRET-REPLY-TEXT" not in r.text and "hello" not in r.text  # text only with the local flag
+    series = state["training"]["series"]  # the trainer's metrics.csv: the curves beside held-out compliance
+    assert set(series) == {"loss", "reward", "samples_per_min", "replies_per_min", "sample_age_s", "trainer_lag",
+                           "lr", "grad_norm"}  # fmt: skip
+    assert series["loss"][0] == [1, 0.45] and series["grad_norm"][-1] == [8, 9.0] and len(series["lr"]) == 8
+    assert state["training"]["reward_mix"] == [{"step": 4, "positive": 1, "negative": 1, "zero": 0}]
 
 
 def test_text_only_with_the_flag_and_status_watch_draws_the_figures(finished_run, capsys):
@@ -61,3 +66,11 @@ def test_text_only_with_the_flag_and_status_watch_draws_the_figures(finished_run
 def test_curve_point_interval_from_n():
     p = curve_point({"step": 3, "adapter": "v3", "compliance": 1.0, "n": 0})
     assert (p["ci_low"], p["ci_high"]) == (0.0, 1.0)  # nothing measured: the whole range
+
+
+def test_a_finished_runs_dashboard_opens_without_a_key(keyless_dashboard):
+    base, key, _ = keyless_dashboard
+    assert key is None  # none printed, none asked for: a finished run, read-only, loopback clients only
+    r = httpx.get(f"{base}/dashboard/api/state")
+    assert r.status_code == 200 and r.json()["live"] is False
+    assert httpx.post(f"{base}/control/pause", json={}).status_code == 404  # still read-only

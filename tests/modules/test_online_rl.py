@@ -133,3 +133,12 @@ def test_ppo_epochs_take_several_steps_per_batch_and_count_its_samples_once(tmp_
     assert metrics["train/samples"] == 0  # the last step was the second epoch of a batch: no new sample
     bar = next(c for c in objs["trainer"].callbacks if type(c).__name__ == "LoopProgressBar")
     assert bar.samples == 8
+
+
+def test_learning_rate_and_gradient_norm_are_logged_every_step(tiny_policy):
+    """`train/lr` is the optimizer's; `train/grad_norm` the gradient's 2-norm before clipping (0 for a refused step)."""
+    module, trainer = _fit(tiny_policy, [_batch([1.0, -1.0])])
+    assert trainer.callback_metrics["train/lr"] == pytest.approx(1e-2)
+    assert float(trainer.callback_metrics["train/grad_norm"]) > 0
+    module, trainer = _fit(tiny_policy, [_batch([0.0, 0.0])])  # all-zero advantage: no gradient, no step
+    assert float(trainer.callback_metrics.get("train/grad_norm", 0.0)) == 0.0  # never the previous step's

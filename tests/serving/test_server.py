@@ -229,3 +229,23 @@ def test_merged_adapters_through_the_real_server(tmp_path, adapter_root, fixed_a
         assert greedy("policy") == FIXED_ANSWER and greedy("tiny") == base
         assert post(live, "/v1/unload_lora_adapter", {"lora_name": "policy"}).status_code == 200
     assert "adapters served merged" in live.log.read_text()
+
+
+def test_metrics_behind_the_key_parse_and_count_requests_and_tokens(server, client):
+    from prometheus_client.parser import text_string_to_metric_families
+
+    def scrape() -> dict[tuple[str, tuple], float]:
+        r = httpx.get(f"{server.url}/metrics", headers=server.headers())
+        assert r.status_code == 200 and r.headers["content-type"].startswith("text/plain")
+        return {(s.name, tuple(sorted(s.labels.items()))): s.value
+                for f in text_string_to_metric_families(r.text) for s in f.samples}  # fmt: skip
+
+    assert httpx.get(f"{server.url}/metrics").status_code == 401  # behind the key (serve.metrics_open=false)
+    before = scrape()
+    client.chat.completions.create(model="tiny", messages=USER, max_tokens=4)
+    after = scrape()
+    chat = (("agent", "all"), ("code", "200"), ("route", "/v1/chat/completions"), ("server", "policy"))
+    assert after[("metaclaw_requests_total", chat)] == before.get(("metaclaw_requests_total", chat), 0) + 1
+    completion = ("metaclaw_tokens_total", (("agent", "tiny"), ("kind", "completion"), ("server", "policy")))
+    assert after[completion] >= before.get(completion, 0) + 1
+    assert any(name == "process_resident_memory_bytes" for name, _ in after)

@@ -18,22 +18,12 @@ from typing import Any
 
 import httpx
 
+from metaclaw.control.finished import check_run_dir, finished_status
+from metaclaw.control.finished import pid_alive as _alive
 from metaclaw.control.keys import read_control_key
 from metaclaw.control.plane import CONTROL_FILE
 from metaclaw.privacy.cli import add_forget_parser, forget_main
 from metaclaw.wire import bearer_headers
-
-
-def _alive(pid: Any) -> bool:
-    if not isinstance(pid, int) or pid <= 0:
-        return True  # not recorded: cannot tell
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except OSError:  # e.g. another user's process: it exists
-        return True
-    return True
 
 
 def resolve_url(url: str | None, run_dir: str | None) -> str:
@@ -45,7 +35,7 @@ def resolve_url(url: str | None, run_dir: str | None) -> str:
     if not run_dir:
         raise SystemExit("which service? Give --run-dir DIR (the run directory the service logged at start) or --url "
                          "URL; there is no default, so no key goes to whatever listens on a port")  # fmt: skip
-    path = Path(run_dir) / CONTROL_FILE
+    path = check_run_dir(run_dir) / CONTROL_FILE
     try:
         announced = json.loads(path.read_text())
         found = str(announced["url"]).rstrip("/")
@@ -190,6 +180,11 @@ def main(argv: list[str] | None = None) -> int:
         url = resolve_url(args.url, None) if args.url else _running(run_dir)
         args.run_dir = run_dir
         return forget_main(args, url, bearer_headers(resolve_key(args.key, run_dir)))
+    if args.command == "status" and args.run_dir and not (args.url or os.environ.get("METACLAW_CONTROL_URL")):
+        text = finished_status(args.run_dir)  # a stopped service: its run directory's summary (control.finished)
+        if text is not None:
+            print(text)
+            return 0
     if args.command == "dashboard" or (args.command == "status" and args.watch):  # docs/dashboard.md
         from metaclaw.control.dashboard import cli as dash
 

@@ -26,6 +26,7 @@ import httpx
 from metaclaw.agents import DEFAULT_PROFILE
 from metaclaw.evaluation.evaluator import EvalResult
 from metaclaw.evaluation.stats import newcombe, wilson
+from metaclaw.ops import metrics
 from metaclaw.serving.client import load_adapter
 from metaclaw.wire import bearer_headers
 
@@ -146,6 +147,7 @@ class GateDecisions:
         return out
 
     def _gate_log(self, record: dict[str, Any]) -> None:
+        metrics.count_gate(record)  # metaclaw_gate_decisions, metaclaw_rollbacks
         self.gate_path.parent.mkdir(parents=True, exist_ok=True)
         with self.gate_path.open("a") as f:
             f.write(json.dumps(record, default=str) + "\n")
@@ -207,6 +209,9 @@ class GateDecisions:
                         decision["note"], "the regression watch (publish.gate.rollback) rolls it back if the user's "
                         "verdicts on its turns drop" if guard else "NOTHING watches it after serving: "
                         "no regression watch (publish.gate.rollback.enabled is false)")  # fmt: skip
+        else:  # one INFO line per gate decision (a refusal is a warning in `_refuse`)
+            log.info("Gate: %s adapter v%d served (%s)", track.agent, step, f"compliance {test['candidate']:.2f} vs "
+                     f"served {test['served']:.2f}: {test['finding']}" if test else "measured")  # fmt: skip
         out = {"decision": "accepted", **decision}
         self._gate_log({"time": time.time(), "kind": "gate", "agent_id": track.agent, "step": step,
                         "adapter": path.name, "path": str(path), "margin": self.margin, **out})  # fmt: skip

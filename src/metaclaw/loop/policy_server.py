@@ -31,7 +31,7 @@ from metaclaw.runfiles.layout import SERVER_CONFIG_NAME, SERVER_LOG, RunLayout
 log = logging.getLogger(__name__)
 
 CONFIG_NAME = SERVER_CONFIG_NAME
-SERVER_NODES = ("model", "backend", "devices", "serve")  # every field of these reaches the server
+SERVER_NODES = ("model", "backend", "devices", "serve", "log")  # every field of these reaches the server
 
 
 def server_command(script: str | Path | None = None) -> list[str]:

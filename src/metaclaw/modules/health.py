@@ -16,19 +16,40 @@ pace), and the median age (capture → training) and adapter-version lag of thos
 | `skills/evolutions`, `skills/accepted`, `skills/unusable`, `skills/skipped` | the skill evolver (skills on): \
 calls, skills written, calls that gave nothing usable, calls skipped while it backs off |
 
+The same counters are Prometheus series at scrape time (`/metrics`, `metaclaw.ops.metrics.LoopCollector`), and
+each step counts `metaclaw_train_steps`.
+
 The training side (`train/skipped_*`, `train/zero_advantage_frac`, `train/publish_failures`) is logged by
 `OnlineRLModule` and `AdapterPublisher`. Live sources are attached by `training.train` once the loop started.
 """
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 import lightning as L
 
+from metaclaw.ops import metrics
 from metaclaw.store import SampleStore, open_store
 
+log = logging.getLogger(__name__)
 PROGRESS_BAR = ("rollout/captured", "rollout/capture_failures", "rollout/judge_failures", "rollout/backlog")
+
+
+def _floats(values: Any) -> dict[str, float]:
+    return {k: float(v) for k, v in dict(values).items() if getattr(v, "numel", lambda: 1)() == 1}
+
+
+def step_line(step: int, m: dict[str, float]) -> str:
+    """The one INFO line of an optimizer step: what it trained on and how, and what waits (docs/operate.md)."""
+    parts = [f"Step {step}:"]
+    figures = (("loss", "loss/total", "{:.4f}"), ("reward", "rollout/reward_mean", "{:+.2f}"),
+               ("lr", "train/lr", "{:.2g}"), ("grad norm", "train/grad_norm", "{:.3g}"),
+               ("backlog", "rollout/backlog", "{:.0f}"), ("samples/min", "train/samples_per_min", "{:.1f}"),
+               ("sample age", "train/sample_age_s", "{:.0f} s"))  # fmt: skip
+    parts += [f"{label} {fmt.format(m[key])}" for label, key, fmt in figures if key in m]
+    return " ".join(parts[:1]) + " " + ", ".join(parts[1:])
 
 
 class HealthMonitor(L.Callback):
@@ -50,10 +71,17 @@ class HealthMonitor(L.Callback):
         self.worker: Any = None
         self.capture_store: SampleStore | None = None
         self._store: SampleStore | None = None
+        self._unwatch: Any = None
 
-    def attach(self, proxy: Any = None, worker: Any = None, capture_store: SampleStore | None = None) -> None:
-        """The live loop's proxy, scoring worker and the store instance the proxy writes through."""
+    def attach(self, proxy: Any = None, worker: Any = None, capture_store: SampleStore | None = None,
+               served: Any = None) -> None:  # fmt: skip
+        """The live loop's proxy, scoring worker and the store instance the proxy writes through; with `served`
+        (what the server serves), the loop's Prometheus series are registered until `teardown`."""
         self.proxy, self.worker, self.capture_store = proxy, worker, capture_store
+        if capture_store is not None and self._unwatch is None:
+            collector = metrics.LoopCollector(capture_store, served, self.rate_window_s, metrics.AGENTS)
+            self._unwatch = metrics.watch_loop(collector)
+            log.debug("Loop metrics registered (GET /metrics on the proxy's port)")
 
     def snapshot(self) -> dict[str, float]:
         """The counters now."""
@@ -89,12 +117,20 @@ class HealthMonitor(L.Callback):
         return {k: float(v) for k, v in out.items()}
 
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, *args: Any) -> None:
+        if trainer.is_global_zero:
+            metrics.STEPS.inc()
         if not trainer.is_global_zero or trainer.global_step % self.every_n_steps:
             return
-        for name, value in self.snapshot().items():
+        snapshot = self.snapshot()
+        for name, value in snapshot.items():
             pl_module.log(name, value, prog_bar=name in PROGRESS_BAR, rank_zero_only=True, batch_size=1)
+        log.info("%s", step_line(trainer.global_step, {**_floats(trainer.callback_metrics), **snapshot}))
 
     def teardown(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        if self._unwatch is not None:
+            log.debug("Loop metrics unregistered (%s)", stage)
+            self._unwatch()
+            self._unwatch = None
         if self._store is not None:
             self._store.close()
             self._store = None

@@ -181,6 +181,14 @@ class OnlineRLModule(L.LightningModule):
         with profiling.phase("train_step"):
             super().optimizer_step(*args, **kwargs)
 
+    def on_before_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
+        """`train/grad_norm` (the global 2-norm before clipping; 0 for a refused step, which has no gradient) and
+        `train/lr`, every optimizer step."""
+        grads = [] if self._refused else [p.grad for p in self.parameters() if p.grad is not None]
+        norm = torch.nn.utils.get_total_norm(grads, norm_type=2.0) if grads else torch.zeros(())
+        self.log("train/grad_norm", norm, on_step=True, on_epoch=False, batch_size=1)
+        self.log("train/lr", float(optimizer.param_groups[0]["lr"]), on_step=True, on_epoch=False, batch_size=1)
+
     def on_after_backward(self) -> None:
         """A refused step under DDP: drop the (all-reduced) gradients, so AdamW leaves every weight as it was."""
         if self._refused:

@@ -30,6 +30,7 @@ import httpx
 
 from metaclaw.agents import AgentProfile, AgentProfiles, check_agent_id
 from metaclaw.distribution import Dist
+from metaclaw.ops import metrics
 from metaclaw.rollout.capture import TurnCapture, split_sse, sse_data, strip_extras
 from metaclaw.rollout.conversation import Query, Tail
 from metaclaw.rollout.errors import openai_error, stream_error
@@ -542,6 +543,11 @@ class RolloutProxy:
         the reply goes out as the upstream gave it, and the loss is logged and counted (`capture_errors`, the
         `rollout/capture_failures` metric).
         """
+        if ok:  # metaclaw_tokens (docs/operate.md): the upstream's usage, else the token ids it returned
+            cap, usage = turn.capture, turn.capture.usage or {}
+            metrics.count_tokens("proxy", self.agents.resolve(turn.agent_id).name,
+                                 int(usage.get("prompt_tokens") or len(cap.prompt_ids)),
+                                 int(usage.get("completion_tokens") or len(cap.response_ids)))  # fmt: skip
         if turn.next_state_write is not None:
             write, turn.next_state_write = turn.next_state_write, None
             try:

@@ -1,7 +1,8 @@
 """The proxy's HTTP surface: OpenAI `/v1/chat/completions`, `/v1/responses` (the Responses API: Codex),
 `/v1/completions` (passed through, not captured), Anthropic `/v1/messages` (+ `/count_tokens`), `/v1/models`
-(+ `/{id}`), `/health`, `/v1/feedback` and `/v1/sessions/done`; wrapped in the shared browser-guard (Host, Origin,
-JSON content type: docs/security.md), auth and body-limit middlewares.
+(+ `/{id}`), `/health`, `/metrics` (Prometheus: `metaclaw.ops.metrics`), `/v1/feedback` and `/v1/sessions/done`;
+wrapped in the shared browser-guard (Host, Origin, JSON content type: docs/security.md), auth and body-limit
+middlewares, and the request counters.
 
 Error contract (`metaclaw.rollout.errors`): a client's mistake is a 4xx JSON body naming the problem in its API
 family's shape (OpenAI's `{"error": {"message", "type", "param", "code"}}` with a string or null `code`, on every
@@ -31,6 +32,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import Send
 
 from metaclaw.agents import AgentProfiles
+from metaclaw.ops import metrics
 from metaclaw.rollout import feedback
 from metaclaw.rollout.anthropic import AnthropicStream, to_anthropic_response, to_openai_messages, to_openai_request
 from metaclaw.rollout.errors import error_response, is_anthropic, openai_error, stream_error, upstream_response
@@ -141,8 +143,10 @@ def create_app(
     served_model: str = "metaclaw",
     guard: BrowserGuard | None = None,
     api_docs: bool = False,
+    metrics_open: bool = False,
 ):
-    """The ASGI app for `proxy`; `api_key` (if set) is required on every route but `/health`.
+    """The ASGI app for `proxy`; `api_key` (if set) is required on every route but `/health` (and `/metrics` when
+    `metrics_open`).
 
     `api_docs`: serve FastAPI's `/docs` and `/redoc` (off by default: they load scripts from a CDN, on the origin
     the dashboard shares); `/openapi.json` is always served.
@@ -196,6 +200,11 @@ def create_app(
     @app.get("/health")
     async def health() -> dict[str, Any]:
         return {"status": "ok", "capture": proxy.capture, **proxy.stats}  # no internal URLs: this route is open
+
+    @app.get("/metrics")
+    async def prometheus() -> Response:
+        body, content_type = metrics.exposition()  # the whole process: proxy, scorer, trainer (docs/operate.md)
+        return Response(body, media_type=content_type)
 
     created = int(time.time())
 
@@ -358,9 +367,18 @@ def create_app(
         return JSONResponse({"session_id": session_id, "agent_id": agent_id, "done": True})
 
     guard = (guard or BrowserGuard()).with_anthropic_paths(*ANTHROPIC_PATHS)
+    open_paths = ("/health", "/metrics") if metrics_open else ("/health",)
+    paths = [str(getattr(r, "path", "")) for r in app.routes]
+    routes = [p.replace("{model_id:path}", "*") for p in paths if p.startswith(("/v1/", "/health"))]
+
+    def agent_of(headers: dict[str, str]) -> str:  # a configured profile's name: a bounded label
+        return metrics.AGENTS(proxy.agents.resolve(headers.get("x-agent-id", "")).name)
+
     return guard.around_auth(
         BodySizeLimitMiddleware(app, max_body_bytes, anthropic_paths=ANTHROPIC_PATHS),
-        lambda inner: BearerAuthMiddleware(inner, api_key, open_paths=("/health",), anthropic_paths=ANTHROPIC_PATHS),
+        lambda inner: metrics.MetricsMiddleware(  # counts refused keys (401) too
+            BearerAuthMiddleware(inner, api_key, open_paths=open_paths, anthropic_paths=ANTHROPIC_PATHS),
+            "proxy", [*routes, "/metrics"], agent_of),
     )
 
 
@@ -374,6 +392,7 @@ class ProxyService:
         store / upstream_url / upstream_api_key / capture / skills: as `RolloutProxy`'s.
         tokenizer: the served model's tokenizer (the context policy counts prompt tokens with it), or None.
         host / port: where the proxy listens (port 0: a free one).
+        metrics_open: `/metrics` answers without the key (a scraper on a trusted network; default: behind it).
         allowed_hosts / allowed_origins: names (beyond the bound address and loopback) the proxy may be reached
             as, and web origins (beyond its own) that may call it (`metaclaw.serving.security.BrowserGuard`).
         api_key: the key clients must send (None: open, said loudly at start).
@@ -410,6 +429,7 @@ class ProxyService:
         allowed_hosts: Sequence[str] = (),
         allowed_origins: Sequence[str] = (),
         api_docs: bool = False,
+        metrics_open: bool = False,
     ) -> None:
         self.host, self.port, self.api_key = host, port, api_key
         self.proxy = RolloutProxy(
@@ -429,4 +449,4 @@ class ProxyService:
             agents=agents,
         )
         guard = BrowserGuard(host, tuple(allowed_hosts or ()), tuple(allowed_origins or ()))
-        self.app = create_app(self.proxy, api_key, max_body_bytes, served_model, guard, api_docs)
+        self.app = create_app(self.proxy, api_key, max_body_bytes, served_model, guard, api_docs, metrics_open)

@@ -279,7 +279,7 @@ class ScoringWorker:
                 try:
                     n = await self.run_once()
                     if n:
-                        log.info("Scored %d samples; store: %s", n, await asyncio.to_thread(self.store.counts))
+                        log.debug("Scored %d samples; store: %s", n, await asyncio.to_thread(self.store.counts))
                 except Exception:  # noqa: BLE001 - keep scoring whatever one pass hit
                     log.exception("Scoring pass failed")
                 await asyncio.sleep(self.poll_s)

@@ -25,6 +25,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from litserve.specs.base import LitSpec
 from litserve.utils import LitAPIStatus
 
+from metaclaw.ops import metrics
 from metaclaw.serving.bodies import BodyError, load_json
 from metaclaw.serving.litserve_compat import submit
 from metaclaw.wire import RequestError
@@ -93,7 +94,7 @@ class PolicySpec(LitSpec):
             except BodyError as exc:
                 return error_response(RequestError(str(exc)))
         deadline = time.monotonic() + self.request_timeout_s
-        events = self._submit(op, body)
+        events = self._count_tokens(self._submit(op, body), body)
         head = await self._next(events, deadline)
         if head is _END or head is None:
             await events.aclose()
@@ -128,6 +129,23 @@ class PolicySpec(LitSpec):
             yield "data: [DONE]\n\n"
         finally:
             await events.aclose()
+
+    @staticmethod
+    async def _count_tokens(events: AsyncIterator[dict], body: Any) -> AsyncIterator[dict]:
+        """`events`, passed on; their usage (else their token ids) is added to `metaclaw_tokens` by model name."""
+        model = body.get("model") if isinstance(body, dict) else None
+        counts = [0, 0]  # prompt, completion
+        try:
+            async for event in events:
+                found = event.get("body") if "body" in event else event.get("chunk")
+                if isinstance(found, dict):
+                    usage = found.get("usage") or {}
+                    choices = found.get("choices") or [{}]
+                    counts[0] = usage.get("prompt_tokens") or len(found.get("prompt_token_ids") or ()) or counts[0]
+                    counts[1] = usage.get("completion_tokens") or counts[1] + len(choices[0].get("token_ids") or ())
+                yield event
+        finally:
+            metrics.count_tokens("policy", model if isinstance(model, str) else "default", *counts)
 
     async def _submit(self, op: str, body: Any) -> AsyncIterator[dict]:
         """Queue `{op, body}` for the worker and yield the events it streams back."""

@@ -1,7 +1,8 @@
 """`python serve.py` (app=policy_server): the LitServe policy server.
 
 Builds `PolicyAPI` (engine in LitServe's inference worker) behind our middlewares (bearer key on every route but
-`/health`, a body-size limit), logs what it loads and where it listens, and serves until interrupted.
+`/health` and, with `serve.metrics_open`, `/metrics`; a body-size limit; the request counters), logs what it loads
+and where it listens, and serves until interrupted.
 """
 
 from __future__ import annotations
@@ -11,11 +12,14 @@ from pathlib import Path
 from typing import Any
 
 import litserve as ls
+from fastapi import Response
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
+from metaclaw.ops import metrics
+from metaclaw.ops.metrics import MetricsMiddleware
 from metaclaw.serving.engines import EngineFactory
-from metaclaw.serving.litapi import PolicyAPI
+from metaclaw.serving.litapi import PolicyAPI, PolicySpec
 from metaclaw.serving.litserve_compat import disable_broken_mcp
 from metaclaw.serving.openapi import POLICY_SERVER_BODIES, publish_request_bodies
 from metaclaw.serving.security import (
@@ -27,6 +31,13 @@ from metaclaw.serving.security import (
 )
 
 log = logging.getLogger(__name__)
+ROUTES = ("/health", "/metrics", *(path for path, _, _ in PolicySpec.ROUTES))
+
+
+async def prometheus() -> Response:
+    """`GET /metrics`: Prometheus text format (`metaclaw.ops.metrics`)."""
+    body, content_type = metrics.exposition()
+    return Response(body, media_type=content_type)
 
 
 def effective_config(cfg: DictConfig, spec: Any, factory: EngineFactory, api_key: str | None) -> dict[str, Any]:
@@ -64,6 +75,7 @@ def build_server(cfg: DictConfig) -> tuple[ls.LitServer, dict]:
         tool_call_format=serve.get("tool_call_format") or "auto",
     )
     # Host / Origin / JSON content type: no web page drives the server (docs/security.md)
+    open_paths = ("/health", "/metrics") if serve.get("metrics_open") else ("/health",)  # docs/operate.md
     guard = {"bind_host": serve.host, "allowed_hosts": serve.get("allowed_hosts") or ()}
     server = ls.LitServer(
         api,
@@ -72,10 +84,12 @@ def build_server(cfg: DictConfig) -> tuple[ls.LitServer, dict]:
         middlewares=[
             (BodySizeLimitMiddleware, {"max_bytes": serve.max_body_bytes}),
             (BrowserGuardMiddleware, {**guard, "checks": "content_type"}),
-            (BearerAuthMiddleware, {"api_key": api_key, "open_paths": ("/health",)}),
+            (BearerAuthMiddleware, {"api_key": api_key, "open_paths": open_paths}),
+            (MetricsMiddleware, {"server": "policy", "routes": ROUTES}),  # counts refused keys (401) too
             (BrowserGuardMiddleware, {**guard, "checks": "origin"}),  # the last one added is the outermost
         ],
     )
+    server.app.add_api_route("/metrics", prometheus, methods=["GET"])  # this API server's requests and tokens
     publish_request_bodies(server.app, POLICY_SERVER_BODIES)  # /openapi.json (behind the key like every route)
     summary = {
         "model": spec.name,
@@ -98,5 +112,5 @@ def run(cfg: DictConfig) -> None:
     )  # fmt: skip
     if summary["auth"].startswith("none"):
         log.warning(open_server_warning("The policy server", host, port, "METACLAW_API_KEY or serve.api_key"))
-    log.info("Listening on http://%s:%d (OpenAI API at /v1, health at /health)", host, port)
+    log.info("Listening on http://%s:%d (OpenAI API at /v1, health at /health, metrics at /metrics)", host, port)
     server.run(host=host, port=port, generate_client_file=False, num_api_servers=1, log_level="warning")

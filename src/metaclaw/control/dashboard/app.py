@@ -35,9 +35,14 @@ def _asset(name: str) -> bytes:
     return resources.files("metaclaw.control.dashboard").joinpath("static", name).read_bytes()
 
 
-def create_dashboard_app(data: DashboardData) -> FastAPI:
-    """The routes (no auth here: `mount_dashboard` adds it to the data route)."""
+def create_dashboard_app(data: DashboardData, key_required: bool = True) -> FastAPI:
+    """The routes (no auth here: `mount_dashboard` adds it to the data route); `GET /dashboard/api/auth` says whether
+    the data needs a key (a finished run's page on loopback needs none), so the page asks only when it does."""
     app = FastAPI(title="metaclaw dashboard", openapi_url=None, docs_url=None, redoc_url=None)
+
+    @app.get("/dashboard/api/auth")
+    async def auth() -> Any:
+        return JSONResponse({"key_required": key_required}, headers=HEADERS)
 
     @app.get("/dashboard")
     async def page() -> Response:
@@ -62,8 +67,8 @@ def mount_dashboard(app: ASGIApp | None, data: DashboardData, api_key: str, guar
     """`app` with `/dashboard*` in front of it (loopback only; Host / Origin checked by `guard`, the proxy's or a
     loopback one; the data route behind `api_key`); `app` None: the dashboard alone (a finished run's read-only
     server)."""
-    routes = create_dashboard_app(data)
-    shell = ("/dashboard", *(f"/dashboard/static/{a}" for a in ASSETS))  # no data in these
+    routes = create_dashboard_app(data, key_required=bool(api_key))
+    shell = ("/dashboard", "/dashboard/api/auth", *(f"/dashboard/static/{a}" for a in ASSETS))  # no data in these
     guarded = (guard or BrowserGuard()).around_auth(
         routes, lambda inner: BearerAuthMiddleware(inner, api_key, open_paths=shell))
 

@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import json
-import secrets
 import shutil
 import sys
 import time
@@ -140,7 +139,8 @@ def local_data(run_dir: str, show_text: bool = False) -> DashboardData:
 
 
 def serve(run_dir: str, port: int = 0, show_text: bool = False, key: str | None = None) -> int:
-    """Serve a finished run's dashboard read-only on 127.0.0.1 (a fresh key, printed here, unless `key`)."""
+    """Serve a finished run's dashboard read-only on 127.0.0.1: no key (loopback clients only, nothing to change),
+    unless `key` asks for one."""
     import socket
 
     import uvicorn
@@ -150,13 +150,13 @@ def serve(run_dir: str, port: int = 0, show_text: bool = False, key: str | None 
     if not (Path(run_dir) / "eval.jsonl").exists() and not (Path(run_dir) / "samples.sqlite").exists():
         print(f"{run_dir} holds no run (no eval.jsonl, no samples.sqlite)", file=sys.stderr)
         return 2
-    key = key or secrets.token_urlsafe(24)
-    app = mount_dashboard(None, local_data(run_dir, show_text), key)
+    app = mount_dashboard(None, local_data(run_dir, show_text), key or "")
     sock = socket.socket()
     sock.bind(("127.0.0.1", port))
     url = f"http://127.0.0.1:{sock.getsockname()[1]}/dashboard"
-    print(json.dumps({"url": url, "key": key}), flush=True)
-    print(f"Open {url} and paste the key above (read-only: a finished run). Ctrl-C stops.", file=sys.stderr, flush=True)
+    print(json.dumps({"url": url, "key": key or None}), flush=True)
+    how = "paste the key above" if key else "no key needed: loopback only"
+    print(f"Open {url} ({how}; read-only: a finished run). Ctrl-C stops.", file=sys.stderr, flush=True)
     server = uvicorn.Server(uvicorn.Config(app, log_level="warning"))
     server.run(sockets=[sock])
     return 0

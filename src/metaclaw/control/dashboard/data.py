@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from metaclaw.control.dashboard.series import metric_series, reward_mix
 from metaclaw.control.plane import tail_jsonl
 from metaclaw.evaluation.stats import wilson
 from metaclaw.runfiles.layout import RunLayout
@@ -189,6 +190,16 @@ class DashboardData:
                                        for h in history]}  # fmt: skip
         return out
 
+    def training(self) -> dict[str, Any]:
+        """The curves over steps (`series`): loss, reward, paces, sample age, trainer lag, lr, grad norm; reward mix."""
+        db = self._db()
+        mix = []
+        if db is not None:
+            with db:
+                mix = reward_mix(db)
+            db.close()
+        return {"series": metric_series(self.run_dir), "reward_mix": mix}
+
     def state(self) -> dict[str, Any]:
         """Everything, at once (the page polls it)."""
         gate = self.gate()
@@ -196,6 +207,7 @@ class DashboardData:
             "time": time.time(), "live": self.live, "run_dir": str(self.run_dir), "show_text": self.show_text,
             "curves": self.curves(), "gate": gate, "adapters": self.adapters(gate), "samples": self.samples(),
             "window": self.window(), "sessions": self.sessions(), "skills": self.skills(),
+            "training": self.training(),
         }  # fmt: skip
         if self.plane is not None:
             out["steps_done"] = self.plane.steps_done()

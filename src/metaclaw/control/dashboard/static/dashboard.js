@@ -7,6 +7,7 @@
   const $ = (id) => document.getElementById(id);
   let live = false;
   let timer = null;
+  let keyRequired = null;  // GET /dashboard/api/auth: a finished run's page on loopback needs no key
 
   function el(tag, attrs, ...children) {
     const node = document.createElement(tag);
@@ -31,7 +32,7 @@
 
   function key() { return sessionStorage.getItem(KEY); }
   function headers(json) {
-    const h = { Authorization: "Bearer " + key() };
+    const h = key() ? { Authorization: "Bearer " + key() } : {};  // a finished run's page on loopback needs none
     if (json) h["Content-Type"] = "application/json";
     return h;
   }
@@ -79,6 +80,43 @@
       c.append(tip); box.append(c);
     }
     return el("div", { class: "chart" }, el("div", {}, agent === "default" ? "default agent" : "agent " + agent), box);
+  }
+
+  // The training curves over steps (state.training.series: [[step, value], ...]); gate decisions as marks.
+  const SERIES = [["loss", "loss"], ["reward", "reward (mean)"], ["samples_per_min", "samples trained / min"],
+    ["replies_per_min", "replies / min"], ["sample_age_s", "sample age (s)"], ["trainer_lag", "trainer lag (versions)"],
+    ["lr", "learning rate"], ["grad_norm", "gradient norm"]];
+  function spark(name, title, points, marks) {
+    const W = 250, H = 110, L = 44, R = 6, T = 16, B = 16;
+    const box = svg("svg", { width: W, height: H, viewBox: `0 0 ${W} ${H}`, id: "series-" + name, role: "img" });
+    const head = svg("text", { x: 4, y: 11, class: "tick" }); head.textContent = title; box.append(head);
+    const steps = points.map((p) => p[0]).concat(marks.map((m) => m[0])), vals = points.map((p) => p[1]);
+    const s0 = Math.min(...steps), s1 = Math.max(...steps), v0 = Math.min(...vals), v1 = Math.max(...vals);
+    const x = (s) => L + ((s - s0) / (s1 - s0 || 1)) * (W - L - R);
+    const y = (v) => T + (1 - (v - v0) / (v1 - v0 || 1)) * (H - T - B);
+    for (const v of [v0, v1]) {
+      const t = svg("text", { x: 2, y: y(v) + 3, class: "tick" }); t.textContent = Number(v.toPrecision(3)); box.append(t);
+    }
+    const foot = svg("text", { x: L, y: H - 3, class: "tick" }); foot.textContent = `steps ${s0}-${s1}`; box.append(foot);
+    box.append(svg("polyline", { class: "line", points: points.map((p) => `${x(p[0])},${y(p[1])}`).join(" ") }));
+    for (const [s, decision] of marks) {
+      const m = svg("line", { x1: x(s), x2: x(s), y1: T, y2: H - B, class: "gate-mark " + decision });
+      const tip = svg("title"); tip.textContent = `gate at step ${s}: ${decision}`; m.append(tip); box.append(m);
+    }
+    return el("div", { class: "chart small" }, box);
+  }
+  function renderTraining(training, gate) {
+    const root = $("series"); root.replaceChildren();
+    const series = (training && training.series) || {};
+    const marks = (gate || []).filter((g) => g.step != null).map((g) => [g.step, g.decision]);
+    for (const [name, title] of SERIES) if (series[name] && series[name].length) root.append(spark(name, title, series[name], marks));
+    const mix = (training && training.reward_mix) || [];
+    if (mix.length) {
+      const share = (k) => mix.map((m) => [m.step, m[k] / Math.max(1, m.positive + m.negative + m.zero)]);
+      root.append(spark("reward_positive", "reward mix: share +", share("positive"), marks),
+                  spark("reward_negative", "reward mix: share \u2212", share("negative"), marks));
+    }
+    if (!root.children.length) root.append(el("p", { class: "muted" }, "no training steps logged yet (csv/metrics.csv)"));
   }
 
   function renderCurves(curves) {
@@ -173,6 +211,8 @@
         line.append(chip);
         if (showText && t.reply != null) line.append(el("div", { class: "text" }, "user: " + t.user + "\nreply: " + t.reply + "\nreaction: " + t.reaction));
       }
+      if (!showText) line.append(el("div", { class: "text muted placeholder" }, "turn text hidden: privacy.show_text " +
+        "is off (" + (live ? "privacy.show_text=true on the service" : "--show-text") + " shows it)"));
       root.append(line);
     }
   }
@@ -197,15 +237,22 @@
     $("actions").hidden = !live;
     renderCurves(state.curves); renderSamples(state.samples); renderWindow(state.window, state);
     renderAdapters(state.adapters); renderGate(state.gate); renderSessions(state.sessions, state.show_text);
-    renderSkills(state.skills);
+    renderSkills(state.skills); renderTraining(state.training, state.gate);
   }
 
   async function refresh() {
     if (timer) { clearTimeout(timer); timer = null; }
-    if (!key()) { askKey(); return; }
     try {
+      if (!key() && keyRequired === null) {
+        const a = await fetch("/dashboard/api/auth", { credentials: "omit", cache: "no-store" });
+        keyRequired = !a.ok || (await a.json()).key_required !== false;
+      }
+      if (!key() && keyRequired) { askKey(); return; }
       const r = await fetch("/dashboard/api/state", { headers: headers(false), credentials: "omit", cache: "no-store" });
-      if (r.status === 401) { sessionStorage.removeItem(KEY); say("wrong key", true); askKey(); return; }
+      if (r.status === 401) {
+        if (key()) say("wrong key", true);
+        sessionStorage.removeItem(KEY); askKey(); return;
+      }
       if (!r.ok) throw new Error("HTTP " + r.status);
       render(await r.json());
       $("key-form").hidden = true; $("main").hidden = false;
