@@ -14,8 +14,9 @@ from metaclaw.config import CONFIG_DIR
 
 def batch(rewards: list[float], adapter: str = "default") -> dict:
     n = len(rewards)
+    nan = torch.full((n, 3), float("nan"))
     return {"mask": torch.ones(n, 3), "reward": torch.tensor(rewards), "adapter": adapter,
-            "behaviour_logprobs": torch.full((n, 3), -1.0), "teacher_logprobs": torch.full((n, 3), float("nan"))}  # fmt: skip
+            "behaviour_logprobs": torch.full((n, 3), -1.0), "teacher_logprobs": nan}  # fmt: skip
 
 
 @pytest.mark.parametrize("cls", [RLAdvantage, CombineAdvantage])

@@ -6,9 +6,9 @@ import torch
 from torch import Tensor
 
 from metaclaw.advantages.base import (
+    RunningBaseline,
     advantage_stats,
     check_normalize,
-    RunningBaseline,
     normalize_rewards,
     require,
     teacher_advantage,
