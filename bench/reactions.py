@@ -201,7 +201,7 @@ def kinds_report(judge: ReactionJudge, path: Path = KINDS_DATA) -> dict[str, Any
             "accuracy": share([r["pred"] == r["label"] for r in mine]),
         }
     return {
-        "data": str(path.relative_to(REPO)),
+        "data": str(path.relative_to(REPO) if path.is_relative_to(REPO) else path),
         "n": len(rows),
         "accuracy": share([r["pred"] == r["label"] for r in rows]),
         "corrections_as_minus1": share([r["pred"] == -1 for r in corr]),
@@ -237,7 +237,8 @@ def main() -> None:
     if args.kinds:
         out = {}
         for form_rule in (True, False):  # the shipped reader, and without the form rule's real-path vocabulary
-            report_ = kinds_report(ReactionJudge(**{**judge_cfg("reactions"), "form_rule": form_rule}), Path(args.data))
+            judge = ReactionJudge(**{**judge_cfg("reactions"), "form_rule": form_rule})
+            report_ = kinds_report(judge, Path(args.data).resolve())
             if not args.misread:
                 report_.pop("misread")
             out["form_rule_on" if form_rule else "form_rule_off"] = report_
