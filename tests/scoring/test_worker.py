@@ -318,3 +318,30 @@ def test_a_non_finite_teacher_logprob_drops_the_turn_naming_the_field(tmp_path):
     first = store.select()[0]
     assert first.status == "dropped" and first.teacher_logprobs is None
     assert first.meta["dropped"] == "invalid_score: teacher_logprobs must be finite numbers"
+
+
+def test_a_reaction_ten_minutes_late_reopens_its_turn_and_is_trained(tmp_path):
+    """Issue 42: the session went idle (300 s) before the person reacted, so the turn was settled `dropped:
+    no_next_state`; the reaction, 10 minutes after the reply, reopens it: scored and ready to train. A reaction
+    older than the bound (`late_reaction_max_age_s`) does not reopen it. Clocks are injected: nothing sleeps."""
+    wall = [1_000.0]
+    store = SampleStore(tmp_path / "s.sqlite", late_reaction_max_age_s=3600.0, clock=lambda: wall[0])
+    (turn,) = add_session(store, "s", [None])
+    (old,) = add_session(store, "o", [None])
+    mono = [0.0]
+    worker = ScoringWorker(store, RuleJudge(), needs_reward=True, at_least_one=False, no_next_state="drop",
+                           session_idle_s=300.0, clock=lambda: mono[0])  # fmt: skip
+    assert asyncio.run(worker.run_once()) == 0  # the sessions are fresh: nothing settles yet
+    mono[0] = wall[0] = 1_000.0 + 301.0
+    assert asyncio.run(worker.run_once()) == 2
+    assert [s.meta["dropped"] for s in store.select("dropped")] == ["no_next_state"] * 2
+    wall[0] = 1_000.0 + 600.0  # the reaction, 10 minutes after the reply
+    store.write_batch(next_states=[(turn, "no, that's wrong")])
+    wall[0] = 1_000.0 + 3601.0  # past the bound: the other turn stays dropped
+    store.set_next_state(old, "thanks, works")
+    reopened = store.get(turn)
+    assert reopened.status == "pending" and reopened.meta["late_reaction"] == 600.0
+    assert "dropped" not in reopened.meta and store.get(old).status == "dropped"
+    assert asyncio.run(worker.run_once()) == 1
+    scored = store.get(turn)
+    assert (scored.status, scored.reward, scored.next_state) == ("ready", -1.0, "no, that's wrong")

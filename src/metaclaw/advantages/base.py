@@ -51,6 +51,43 @@ def normalize_rewards(reward: Tensor, mode: str, eps: float, group: Tensor | Non
     return centred / (stats.std(correction=0) + eps)
 
 
+class RunningBaseline:
+    """A per-agent running mean of batch rewards: the baseline of a batch whose rewards are all equal.
+
+    Centred over its own mean, such a batch has advantage 0 everywhere and trains nothing, yet its samples are
+    consumed. When every reward of the batch is the same approval (> 0) and above the agent's running mean of
+    earlier batches, the advantage is r − that mean instead (REINFORCE with a running baseline): approvals that
+    came four at a time still teach. A batch of equal corrections or no-reactions keeps advantage 0: pushing
+    every sampled token down flattens the language (docs/learning.md, "Every sample teaches").
+
+    Args:
+        momentum: weight of the old mean in the exponential moving average (per agent: the batch's `adapter`).
+        max_agents: agents remembered (bounded; the least recently seen is forgotten).
+    """
+
+    def __init__(self, momentum: float = 0.9, max_agents: int = 1024) -> None:
+        if not 0.0 <= momentum < 1.0:
+            raise ValueError(f"method.advantage.baseline_momentum must be in [0, 1), got {momentum}")
+        self.momentum, self.max_agents = momentum, max_agents
+        self.means: dict[str, float] = {}
+
+    def __call__(self, reward: Tensor, scaled: Tensor, group: Tensor | None, agent: str) -> Tensor:
+        """`scaled` (the batch-centred advantages of `reward` [N]), or r − baseline for an all-equal approved
+        batch above the agent's running mean; the mean is updated with this batch (`group`: the step's rewards)."""
+        stats = reward if group is None else group[~torch.isnan(group)].to(reward)
+        if stats.numel() == 0:
+            return scaled
+        before = self.means.pop(agent, None)
+        mean = float(stats.mean())
+        self.means[agent] = mean if before is None else self.momentum * before + (1 - self.momentum) * mean
+        if len(self.means) > self.max_agents:
+            self.means.pop(next(iter(self.means)))
+        equal = float(stats.max() - stats.min()) == 0.0
+        if before is None or not equal or mean <= 0 or mean <= before:
+            return scaled
+        return reward - before
+
+
 def _warn_batch_of_one(mode: str) -> None:
     """Never silent: a centred reward over one sample is 0, so such a step learns nothing from the reward."""
     global _warned_batch_of_one

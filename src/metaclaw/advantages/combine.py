@@ -6,6 +6,7 @@ import torch
 from torch import Tensor
 
 from metaclaw.advantages.base import (
+    RunningBaseline,
     advantage_stats,
     check_normalize,
     normalize_rewards,
@@ -28,15 +29,25 @@ class CombineAdvantage:
         w_rl: Weight of the reward term.
         normalize: ``"none"``, ``"mean"`` or ``"mean_std"`` applied to the rewards of the samples that have one.
         eps: Added to the std in ``"mean_std"``.
+        baseline_momentum: see `RLAdvantage` (a batch of equal approvals, centred on a running mean).
 
     Metrics: ``n_opd_rl``, ``n_opd_only``, ``n_rl_only`` and ``advantage_mean/std/min/max``.
     """
 
-    def __init__(self, w_opd: float = 1.0, w_rl: float = 1.0, normalize: str = "none", eps: float = 1e-6) -> None:
+    def __init__(
+        self,
+        w_opd: float = 1.0,
+        w_rl: float = 1.0,
+        normalize: str = "none",
+        eps: float = 1e-6,
+        baseline_momentum: float | None = None,
+    ) -> None:
         self.w_opd = w_opd
         self.w_rl = w_rl
         self.normalize = check_normalize(normalize)
         self.eps = eps
+        on = baseline_momentum is not None and normalize != "none"
+        self.baseline = RunningBaseline(baseline_momentum) if on and baseline_momentum is not None else None
 
     def __call__(self, batch: dict[str, Tensor]) -> tuple[Tensor, dict[str, Tensor]]:
         require(batch, "mask", "behaviour_logprobs", "reward", "teacher_logprobs")
@@ -50,6 +61,9 @@ class CombineAdvantage:
 
         scaled = torch.zeros_like(reward)
         scaled[has_reward] = normalize_rewards(reward[has_reward], self.normalize, self.eps, batch.get("group_reward"))
+        if self.baseline is not None:
+            agent = str(batch.get("adapter", "default"))
+            scaled[has_reward] = self.baseline(reward[has_reward], scaled[has_reward], batch.get("group_reward"), agent)
         rl_term = torch.where((mask > 0) & has_reward[:, None], scaled[:, None].expand_as(mask), 0.0)
         advantages = self.w_opd * teacher_advantage(batch, has_teacher) + self.w_rl * rl_term
 

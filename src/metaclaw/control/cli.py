@@ -95,6 +95,8 @@ def format_status(s: dict[str, Any]) -> str:
     if s.get("samples_dropped"):  # why: secret / pii (docs/privacy.md), stale, backlog, ...
         lines.append("dropped:       " + ", ".join(f"{k} {v}" for k, v in sorted(s["samples_dropped"].items())))
     lines.append(f"steps done:    {s.get('steps_done')}")
+    if s.get("trainer_lag") is not None:  # the trainer ahead of what is served (docs/online_loop.md "Freshness")
+        lines.append(f"trainer lag:   {s['trainer_lag']} versions ahead of the served adapter")
     if r := s.get("rates"):  # the two paces over the last few minutes, and how fresh the trained samples were
         age = f", median age {r['trained_age_s']:.0f}s" if r.get("trained_age_s") is not None else ""
         lag = f", lag {r['trained_lag']} versions" if r.get("trained_lag") is not None else ""

@@ -176,6 +176,7 @@ class ControlPlane:
             # both paces (docs/online_loop.md "Training keeps its share"): replies/min served, samples/min trained
             "rates": self.store.rates() if self.store is not None else None,
             "steps_done": self.steps_done(),
+            "trainer_lag": trainer_lag(self.steps_done(), served[DEFAULT_PROFILE]),
             "served_adapter": served.pop(DEFAULT_PROFILE),
             "agents": served,  # every other agent with an adapter of its own: {id: served adapter}
             "rollback_step": state and state.rollback_step,
@@ -297,3 +298,11 @@ def build_control(cfg: Any, store: SampleStore, scheduler: Any) -> ControlPlane 
     plane.dashboard = {"show_text": plane.show_text,
                        "skills_root": skills.get("library_root") if skills.get("enabled") else None}  # fmt: skip
     return plane
+
+
+def trainer_lag(steps_done: int | None, served: dict[str, Any]) -> int | None:
+    """Versions the trainer is ahead of the served adapter (its version is the step that wrote it; the base
+    model is version 0): samples count stale against the newer of the two (`data.max_staleness`)."""
+    if steps_done is None:
+        return None
+    return max(0, int(steps_done) - int(served.get("version") or 0))

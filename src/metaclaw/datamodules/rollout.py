@@ -227,7 +227,8 @@ class RolloutDataModule(L.LightningDataModule):
         max_sample_tokens: samples longer than this are dropped (the model's context).
         wait_timeout_s: how long to wait for new samples before the stream (and so `fit`) ends; None: forever.
         max_staleness: never train a sample from an adapter more than this many versions behind the adapter
-            the policy server serves (settled `dropped`, reason `stale`); None: no bound in versions.
+            the policy server serves or the trainer's own version, whichever is newer (settled `dropped`, reason
+            `stale`); None: no bound in versions.
         max_age_s: never train a sample captured more than this many seconds ago (`stale` too); None: no bound.
             Not applied under a scheduler (mode=auto): samples captured outside a training window wait for one.
             Steps claim the newest ready samples first; both bounds settle the ones left behind
@@ -322,7 +323,14 @@ class RolloutDataModule(L.LightningDataModule):
             return None
         if self.partition is not None:  # each adapter against its own served version
             return {a: v - self.max_staleness for a, v in self.adapter_versions.items()}
-        return self.adapter_version - self.max_staleness
+        return max(self.adapter_version, self.trainer_version()) - self.max_staleness
+
+    def trainer_version(self) -> int:
+        """The version the trainer is at (its global step: the adapter it would publish now); 0 before a trainer
+        is attached. Staleness counts against the newer of it and the served version: a trainer that ran ahead
+        of a slow publisher must not train on samples from many versions back."""
+        trainer = getattr(self, "trainer", None)
+        return int(trainer.global_step) if trainer is not None else 0
 
     def _served_version(self) -> int | dict[str, int]:
         """The adapter version served now (each adapter's, with many): recorded on every claimed sample."""

@@ -55,6 +55,8 @@ from typing import Any
 import numpy as np
 
 from metaclaw.scoring.judges import Verdict, paragraphs
+from metaclaw.scoring.speech_acts import command, follow_up, objection, update
+from metaclaw.scoring.speech_acts import is_question as asks_question
 from metaclaw.store import Sample
 
 log = logging.getLogger(__name__)
@@ -170,6 +172,8 @@ PRAISE = re.compile(
 PRAISE_PREDICATE = re.compile(
     r"(?i)\b(?:is|are|was|were|looks?|reads?|feels?)\s+(?:\w+\s+)?" + PRAISE.pattern.removeprefix("(?i)")
 )
+GO_ON = re.compile(r"(?i)\bkeep\s+(?:doing|going|it\s+up|them\s+coming)\b")  # "keep doing that": praise
+PRONOUN = re.compile(r"(?i)\b(?:it|this|that|them|those|these)\b")  # the reply, referred back to
 FEATURE_WORDS = 7  # the most words a clause naming a praised feature has
 QUOTED = re.compile(r"\"[^\"]*\"|“[^”]*”|«[^»]*»")
 # What makes a "praising" sentence critical or sarcastic: negation, excess, "again", a wish.
@@ -334,6 +338,8 @@ class ReactionClassifier:
         ngram_weight: scale of the character n-gram block beside the (unit) sentence vector.
         l2: ridge penalty of the regression.
         max_paragraphs: paragraphs read per message.
+        form_rule: apply rule 1 (`form_request`, whose vocabulary names the real-path bench's kinds of form); off,
+            only the kind-free speech acts (`speech_acts`) and the regression read requests.
     """
 
     def __init__(
@@ -345,13 +351,14 @@ class ReactionClassifier:
         ngram_weight: float = 1.0,
         l2: float = 3e-4,
         max_paragraphs: int = 3,
+        form_rule: bool = True,
     ) -> None:
         if not 1 / 3 <= threshold < 1:
             raise ValueError(f"reaction threshold must be in [1/3, 1), got {threshold}")
         if not threshold <= approval < 1:
             raise ValueError(f"reaction approval must be in [threshold, 1), got {approval}")
         self.threshold, self.approval, self.max_paragraphs = threshold, approval, max_paragraphs
-        self.ngram_weight, self.l2 = ngram_weight, l2
+        self.ngram_weight, self.l2, self.form_rule = ngram_weight, l2, form_rule
         from metaclaw.skills.embedding import EmbeddingRanker
 
         try:
@@ -437,9 +444,12 @@ class ReactionClassifier:
             prob = dict(zip(segs, p, strict=True))
             sents = sentences(segs[0])
             later: list[str] = []  # form requests after the next question: about the next reply
-            if i == 0:  # a request about the reply's form, before the next question: "shorter please", "lead with"
+            if i == 0:  # what the sentences before the next question do: object, set a new task, update the ask
+                act = self._act(sents, prob)
+                if act is not None:
+                    return act
                 for k, s in enumerate(sents):
-                    if form_request(s):
+                    if self.form_rule and form_request(s):
                         sure = 1 - prob[s][pos] if s in prob else self.threshold
                         return Reaction(-1.0, float(max(sure, self.threshold)), "form", i, k)
                     if (
@@ -487,6 +497,55 @@ class ReactionClassifier:
         if whole[neu] >= self.threshold:
             return Reaction(0.0, float(whole[neu]), "neutral")
         return Reaction(0.0, float(max(p[:, [neg, pos]].max() for _, p in per_para)), "low_confidence")
+
+    def _act(self, sents: list[str], prob: dict[str, np.ndarray]) -> Reaction | None:
+        """The verdict of the first paragraph's speech acts (`speech_acts`), sentence by sentence until the next
+        question: an objection to the reply is -1; a follow-up task is +1 after praise, else 0; an update of the
+        person's own request is 0. A sentence that opens with praise is read clause by clause after the praise
+        ("great, now make it shorter"); None: no act decided (the classifier's rules read the message)."""
+        neg, pos, neu = LABELS.index(-1), LABELS.index(1), LABELS.index(0)
+        praised = False
+        for k, s in enumerate(sents):
+            content, liked = bool(CONTENT.search(s)), s in prob and prob[s][pos] >= self.approval
+            if s.rstrip().endswith((":", "：")):
+                break  # the label of the next question ("Next: How ...?")
+            opens = PRAISE.match(s.lstrip(" \t\"'(*-–—")) is not None and not (CONTRAST.search(s) or CRITICAL.search(s))
+            praised = praised or opens
+            if update(s) or (follow_up(s) and not CONTRAST.search(s)):
+                verdict = 1.0 if praised else 0.0
+                return Reaction(verdict, self.approval if praised else 1.0, "update" if update(s) else "follow_up", 0)
+            if k and asks_question(s) and not objection(s, content):
+                break  # the next question
+            if opens or KEEP.search(s) or (PRAISE.search(s) and not CONTRAST.search(s) and not CRITICAL.search(s)):
+                rest = clauses(s)[1:]
+                if any(self._edit(c) for c in rest):
+                    return Reaction(-1.0, self.threshold, "objection", 0, k)
+                if any(follow_up(c) for c in rest):
+                    return Reaction(1.0, self.approval, "follow_up", 0)
+                praised = praised or liked or praises_feature(s)
+                continue
+            act = objection(s, content)
+            if act == "strong" or (act == "weak" and not liked):
+                return Reaction(-1.0, float(max(1 - prob[s][pos], self.threshold)) if s in prob else 0.5, "objection",
+                                0, k)  # fmt: skip
+            if liked:
+                praised = True
+                continue
+            if asks_question(s) or content or (s in prob and max(prob[s][neu], prob[s][neg]) >= self.threshold):
+                break  # the next question, new content, or a reading the classifier's rules decide
+        return None
+
+    @staticmethod
+    def _edit(clause: str) -> bool:
+        """A clause after praise that asks to change the reply ("great, now make it shorter")."""
+        from metaclaw.scoring.speech_acts import POLITE
+
+        c = clause.strip()
+        return (
+            (command(c) or POLITE.search(c) is not None)
+            and PRONOUN.search(c) is not None
+            and not (KEEP.search(c) or PRAISE.search(c) or follow_up(c) or CONTENT.search(c) or GO_ON.search(c))
+        )
 
     def _excused(self, part: str, excused: list[str], sents: list[str], prob: dict[str, np.ndarray]) -> bool:
         """Whether a part read as a correction is no correction of the reply: it lies in an excused sentence (praise
@@ -558,7 +617,7 @@ class ReactionJudge:
         approval: see `ReactionClassifier`: the probability an approval (+1) needs.
         no_next_state_reward: reward of a turn without a next state (the last turn of a session).
         hint_min_chars: a correction shorter than this is no hint.
-        model_dir / prototypes / ngram_weight / l2 / max_paragraphs: see `ReactionClassifier`.
+        model_dir / prototypes / ngram_weight / l2 / max_paragraphs / form_rule: see `ReactionClassifier`.
     """
 
     def __init__(
@@ -572,10 +631,11 @@ class ReactionJudge:
         ngram_weight: float = 1.0,
         l2: float = 3e-4,
         max_paragraphs: int = 3,
+        form_rule: bool = True,
     ) -> None:
         self.classifier = shared_classifier(
             threshold=threshold, approval=approval, model_dir=model_dir, prototypes=prototypes,
-            ngram_weight=ngram_weight, l2=l2, max_paragraphs=max_paragraphs,
+            ngram_weight=ngram_weight, l2=l2, max_paragraphs=max_paragraphs, form_rule=form_rule,
         )  # fmt: skip
         self.no_next_state_reward, self.hint_min_chars = no_next_state_reward, hint_min_chars
 

@@ -78,7 +78,9 @@ class ScoringWorker:
         no_next_state: a turn nothing reacted to (no next state, no feedback: a session's last turn) is judged
             like any other (`score`: e.g. the rule judge's `no_next_state_reward`) or settled `dropped` with
             reason `no_next_state` (`drop`, the config's default: the judge has no evidence, and a made-up 0
-            centred over a batch of corrected turns is a push towards the unreacted reply).
+            centred over a batch of corrected turns is a push towards the unreacted reply). A reaction that
+            arrives later reopens such a turn (the store: `LATE_REACTION_MAX_AGE_S`) and it is scored then.
+        clock: the monotonic clock of session idleness (tests pass their own).
     """
 
     def __init__(
@@ -100,6 +102,7 @@ class ScoringWorker:
         feedback: FeedbackRule | Any = None,
         heldout_share: float = 0.0,
         no_next_state: str = "score",
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         if not 0.0 <= heldout_share < 1.0:
             raise ValueError(f"eval.judge_fallback.heldout_share must be in [0, 1), got {heldout_share}")
@@ -111,6 +114,7 @@ class ScoringWorker:
         self.store, self.judge, self.teacher, self.render = store, judge, teacher, render_teacher_prompt
         self.needs_reward, self.needs_teacher = needs_reward, needs_teacher
         self.poll_s, self.session_idle_s, self.at_least_one = poll_s, session_idle_s, at_least_one
+        self.clock = clock
         self.timeout_s, self.max_attempts = timeout_s, max_attempts
         self.evolution = EvolutionScheduler(evolver, evolve_every_n_turns) if evolver is not None else None
         self.sessions = open_session_log(store)
@@ -131,7 +135,7 @@ class ScoringWorker:
         groups: dict[tuple[str, str], list[Sample]] = {}
         for s in pending:
             groups.setdefault((s.agent_id, s.session_id), []).append(s)
-        now = time.monotonic()
+        now = self.clock()
         finished: dict[tuple[str, str], bool] = {}
         todo: list[Sample] = []
         for key, samples in groups.items():

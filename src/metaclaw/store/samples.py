@@ -67,6 +67,18 @@ CREATE INDEX IF NOT EXISTS samples_conv_tail ON samples(json_extract(meta, '$.co
 # Explicit feedback (`/v1/feedback`) may reopen a scored sample that was not trained on: ready ones, and ones
 # dropped only because the judge gave no signal or failed (the feedback is a signal).
 REOPENABLE_DROPS = ("no_hint", "no_reward", "no_next_state", "judge_failed")
+# A reaction (next state) that arrives after its turn was settled `dropped: no_next_state` (its session went idle
+# first: `rollout.scoring` `session_idle_s`) reopens the turn when the reply is at most this old: the scorer then
+# judges the late reaction like any other. Older turns stay dropped (their adapter version is long gone).
+LATE_REACTION_MAX_AGE_S = 3600.0
+# Set the next state; a turn dropped for want of one, young enough, goes back to `pending` (meta.late_reaction).
+_SET_NEXT_STATE = """UPDATE samples SET next_state=:text, updated_at=:now,
+ status=CASE WHEN {reopen} THEN 'pending' ELSE status END,
+ meta=CASE WHEN {reopen} THEN json_set(json_remove(meta, '$.dropped'), '$.late_reaction', :now - created_at)
+ ELSE meta END
+WHERE id=:id""".format(
+    reopen="status='dropped' AND json_extract(meta, '$.dropped')='no_next_state' AND :now - created_at <= :max_age"
+)
 
 
 BACKLOG_POLICIES = ("drop_oldest", "pause_capture")
@@ -246,10 +258,13 @@ class SampleStore:
         busy_timeout_s: float = 30.0,
         capture_limit: int | None = None,
         screen: SampleScreen | None = None,
+        late_reaction_max_age_s: float = LATE_REACTION_MAX_AGE_S,
+        clock: Callable[[], float] = time.time,
     ) -> None:
         if capture_limit is not None and capture_limit < 1:
             raise ValueError(f"data.max_backlog must be >= 1 or null, got {capture_limit}")
         self.capture_limit, self.screen = capture_limit, screen
+        self.late_reaction_max_age_s, self.clock = late_reaction_max_age_s, clock
         self.stats = {"capture_paused": 0}
         self._backlog_seen = (0, -1.0)  # (pending + ready, when counted): counted at most every 0.5 s
         self.path = Path(path)
@@ -326,15 +341,12 @@ class SampleStore:
         if self.screen is not None:
             samples = [self.screen.screen(s) for s in samples]
             next_states = [(i, self.screen.screen_next_state(t)) for i, t in next_states]
-        now = time.time()
+        now = self.clock()
         rows = [_insert_row(s, now) for s in samples]  # serialise before taking the write lock
         with self._tx() as c:
             ids = [c.execute(_INSERT, row).lastrowid for row in rows]
             if next_states:
-                c.executemany(
-                    "UPDATE samples SET next_state=?, updated_at=? WHERE id=?",
-                    [(text, now, sample_id) for sample_id, text in next_states],
-                )
+                c.executemany(_SET_NEXT_STATE, [self._next_state_row(i, text, now) for i, text in next_states])
         for sample, sample_id in zip(samples, ids, strict=True):
             sample.id = sample_id
         if any(s.status == "ready" for s in samples):
@@ -346,7 +358,11 @@ class SampleStore:
         if self.screen is not None:
             next_state = self.screen.screen_next_state(next_state)
         with self._tx() as c:
-            c.execute("UPDATE samples SET next_state=?, updated_at=? WHERE id=?", (next_state, time.time(), sample_id))
+            c.execute(_SET_NEXT_STATE, self._next_state_row(sample_id, next_state, self.clock()))
+
+    def _next_state_row(self, sample_id: int, text: str, now: float) -> dict[str, Any]:
+        """Parameters of `_SET_NEXT_STATE`: a late reaction reopens a turn dropped for want of one (bounded age)."""
+        return {"id": sample_id, "text": text, "now": now, "max_age": self.late_reaction_max_age_s}
 
     def set_score(
         self,
