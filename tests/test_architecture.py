@@ -21,7 +21,7 @@ ROOT = Path(__file__).resolve().parents[1] / "src" / "metaclaw"
 LAYERS: list[tuple[str, frozenset[str]]] = [
     ("ground", frozenset({"store", "messages", "atomic", "devices", "lifecycle", "stopping", "agents", "profiling",
                           "distribution", "conf", "ops", "__init__"})),  # fmt: skip (conf: the YAML tree, no imports)
-    ("vocabulary", frozenset({"wire", "config", "runfiles"})),
+    ("vocabulary", frozenset({"wire", "config", "runfiles", "thinking", "memory_plan"})),
     ("libraries", frozenset({"losses", "advantages", "skills", "simulate", "scheduler", "tracking"})),
     ("serving", frozenset({"serving"})),
     ("privacy", frozenset({"privacy"})),

@@ -122,6 +122,7 @@ Self-hosted online learning for LLM agents.
 Run:
   train        train the LoRA adapter (the demo by default; `rollout=proxy` is the live service)
   serve        the policy server (`app=training_server`: the remote training / Tinker API)
+  models       the embedded models (`models install`: the one explicit step after `pip install metaclaw`)
   Both take Hydra overrides (`metaclaw train model=tiny trainer.max_steps=2`, `-m` for a sweep, `--cfg job`
   to print the composed config, `--help` for Hydra's help).
 
@@ -169,6 +170,10 @@ def main(argv: list[str] | None = None) -> int:
         command = next((a for a in argv if a in CONTROL_COMMANDS or a in EXPORT_COMMANDS), command)
     if command in EXPORT_COMMANDS or command in CONTROL_COMMANDS:
         private_umask()  # what import / export / forget write (adapters, records, logs) is the user's alone
+    if command == "models":
+        from metaclaw.ops.embedded import main as models_main
+
+        return models_main(argv)
     if command in EXPORT_COMMANDS:
         from metaclaw.export.cli import main as export_main
 

