@@ -7,10 +7,9 @@ ids and behaviour logprobs. These replace the shapes once written from memory (t
 from __future__ import annotations
 
 import json
-from pathlib import Path
-
 import sys
 from collections.abc import Iterator
+from pathlib import Path
 from types import SimpleNamespace
 
 import httpx
@@ -80,3 +79,6 @@ def test_recorded_requests_are_answered_and_captured(rig, path: Path):
         assert s.response_ids and len(s.behaviour_logprobs) == len(s.response_ids)
         context = s.meta.context or {}
         assert context.get("action") != "unfit", context
+        # the reply budget: what the agent asked for, at most the room the context policy kept (Claude Code asks
+        # for 32,000 tokens, Codex for none: on a CPU either is many minutes, past the agent's own timeout)
+        assert len(s.response_ids) <= ContextPolicy().reserve_tokens

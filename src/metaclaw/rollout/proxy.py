@@ -304,9 +304,14 @@ class RolloutProxy:
                 limit = reply_budget = self.fit.context.reserve_tokens  # of CPU, past the agent's own timeout
             card = self.upstream_cards.get(model) if isinstance(model, str) else None
             messages, tools = await asyncio.to_thread(self.fit.apply, messages, tools, has_image, card, limit, meta)
+            fitted = meta.context if isinstance(meta.context, dict) else {}
+            room = fitted.get("limit", 0) - fitted.get("budget", 0)
+            if fitted.get("action") == "truncated" and (limit or 0) > room > 0:  # a fitted prompt gets the room kept
+                reply_budget = room  # for it (a CPU writes a 32,000-token reply for many minutes; finish: length)
         upstream = {k: v for k, v in body.items() if k not in ("messages", "tools", *BODY_EXTRAS)}
         upstream.update(messages=messages, temperature=temperature, model=model)
         if reply_budget is not None:
+            upstream.pop("max_completion_tokens", None)
             upstream["max_tokens"] = reply_budget
         self._salt(upstream, agent_id, client)
         if tools:
