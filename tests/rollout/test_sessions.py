@@ -133,6 +133,26 @@ def test_trimmed_history_edited_reply_and_tool_turns_continue(h):
     assert tool_turns[0][0].next_state == "[tool result] 18C"
 
 
+def test_openclaws_transient_context_message_does_not_split_its_session(h):
+    """OpenClaw (2026.9.6, recorded in tests/conformance/recorded/openclaw.jsonl) appends a message of runtime
+    context after the person's message on every request and leaves it out of the history it sends next."""
+    client, history, replies = oai(h), [], []
+    for i, text in enumerate(["What is in notes.txt?", "Thanks! A fun fact?", "Keep it shorter.", "Bye."]):
+        history.append({"role": "user", "content": text})
+        extra = {"role": "user", "content": f"<<<BEGIN_OPENCLAW_INTERNAL_CONTEXT>>> run {i} <<<END>>>"}
+        reply = client.chat.completions.create(model="m", messages=[*history, extra]).choices[0].message.content
+        replies.append(reply)
+        history.append({"role": "assistant", "content": reply})
+    [turns] = sessions(h.store).values()
+    assert [s.turn_index for s in turns] == [0, 1, 2, 3]
+    assert [(s.next_state or "").split("\n")[0] for s in turns] == ["Thanks! A fun fact?", "Keep it shorter.", "Bye.",
+                                                                      ""]  # fmt: skip
+    # a stranger who knows the opening but not the reply it got starts a session of its own
+    client.chat.completions.create(model="m", messages=[history[0], {"role": "assistant", "content": "other"},
+                                                         {"role": "user", "content": "hijack"}])  # fmt: skip
+    assert len(sessions(h.store)) == 2
+
+
 def test_a_failed_turn_leaves_the_session_open_for_the_retry(h):
     c = Chat(oai(h))
     c.say("hi")

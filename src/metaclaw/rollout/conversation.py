@@ -9,7 +9,9 @@ strongest first:
    request plus its reply (the ordinary case; two conversations that both opened with "hi" differ in the
    reply each got, so they stay apart).
 2. `last`: the last exchange (the messages after the previous assistant message, plus the reply) is the same,
-   the older history is not (the client trimmed or summarised its context).
+   the older history is not (the client trimmed or summarised its context). `opening` is the same with only the
+   exchange's first message and the reply: OpenClaw appends a message of runtime context to each request and
+   leaves it out of the history it sends next, so its exchanges never compare whole.
 3. `prompt`: everything before the last assistant message is the session's last request and the reply is a
    light edit of the recorded one (one contains the other, at least half its length, compared on letters and
    digits only): the client reformatted or annotated the reply it got. A reply that is not the recorded one
@@ -103,9 +105,11 @@ class Tail:
     last: str
     prompt: str
     reply: str = ""  # the reply, `loose`: a `prompt` match must carry a light edit of it
+    opening: str = ""  # the exchange's first message + the reply ("" when the exchange has no message)
 
     def fingerprints(self) -> tuple[tuple[str, str], ...]:
-        return (("full", self.full), ("last", self.last), ("prompt", self.prompt))
+        found = (("full", self.full), ("last", self.last), ("prompt", self.prompt))
+        return (*found, ("opening", self.opening)) if self.opening else found
 
 
 class Query:
@@ -114,7 +118,7 @@ class Query:
     Built in one pass over the messages (each hashed once; prefixes are copies of the running hash).
     """
 
-    __slots__ = ("agent_id", "last_assistant", "reply", "lax", "_candidates", "_all", "_new")
+    __slots__ = ("agent_id", "last_assistant", "reply", "lax", "_candidates", "_all", "_new", "_opening")
 
     def __init__(
         self, messages: list[dict[str, Any]], agent_id: str, partition: str = "", lax: bool = False
@@ -124,7 +128,7 @@ class Query:
         k = max((i for i, r in enumerate(roles) if r == "assistant"), default=-1)
         prev = max((i for i in range(k) if roles[i] == "assistant"), default=-1)
         seed = _seed(agent_id, partition, messages)
-        everything, exchange, new = seed.copy(), seed.copy(), seed
+        everything, exchange, new, opening = seed.copy(), seed.copy(), seed.copy(), seed
         prompt = full = ""
         for i, m in enumerate(kept):
             part = SEP + canonical(m)
@@ -139,7 +143,16 @@ class Query:
                 new.update(part)
         self.agent_id, self.last_assistant, self._all, self._new = agent_id, k, everything, new
         self.reply, self.lax = (loose(kept[k]) if k >= 0 else ""), lax  # lax: any reply continues (`user` named)
-        self._candidates = () if k < 0 else (("full", full), ("last", exchange.hexdigest()), ("prompt", prompt))
+        self._opening = opening.copy()  # this request's exchange opens with its first new message
+        if k + 1 < len(kept):
+            self._opening.update(SEP + canonical(kept[k + 1]))
+        else:
+            self._opening = None
+        candidates = [("full", full), ("last", exchange.hexdigest()), ("prompt", prompt)]
+        if prev + 1 < k:  # the answered exchange had a message before its reply: its opening + the reply
+            opening.update(SEP + canonical(kept[prev + 1]) + SEP + canonical(kept[k]))
+            candidates.append(("opening", opening.hexdigest()))
+        self._candidates = () if k < 0 else tuple(candidates)
 
     @classmethod
     def of(cls, messages: list[dict[str, Any]], agent_id: str, partition: str = "", lax: bool = False) -> Query:
@@ -164,4 +177,10 @@ class Query:
         full, last = self._all.copy(), self._new.copy()
         full.update(part)
         last.update(part)
-        return Tail(full=full.hexdigest(), last=last.hexdigest(), prompt=self._all.hexdigest(), reply=loose(reply))
+        opening = ""
+        if self._opening is not None:
+            first = self._opening.copy()
+            first.update(part)
+            opening = first.hexdigest()
+        return Tail(full=full.hexdigest(), last=last.hexdigest(), prompt=self._all.hexdigest(), reply=loose(reply),
+                    opening=opening)  # fmt: skip
