@@ -22,9 +22,9 @@ from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 
 CREDENTIAL_HEADERS = {"authorization", "x-api-key", "cookie", "proxy-authorization"}
-# Generated text in a reply's bytes, per API: chat chunks, Anthropic deltas, Responses deltas, whole JSON bodies.
-CONTENT_MARKERS = (b'"content": "', b'"content":"', b'"text_delta"', b'"input_json_delta"', b"output_text.delta",
-                   b"function_call_arguments.delta", b'"tool_calls"')
+# Generated text in a reply's bytes, per API (a non-empty string): chat chunks' `content`, Anthropic's text deltas,
+# Responses' `delta`, tool-call `arguments`.
+CONTENT = re.compile(rb'"(?:content|text|delta|arguments|partial_json)"\s*:\s*"(?!")')
 HOP_HEADERS = {"host", "content-length", "connection", "transfer-encoding", "accept-encoding"}
 # Machine-specific text in the agents' prompts: home folders, temp dirs, user names, dates, uuids.
 _SCRUB = [
@@ -102,7 +102,7 @@ class Recorder:
             timing: dict[str, float] = {"status": upstream.status_code}
             try:
                 async for chunk in upstream.aiter_raw():
-                    if "first_token_s" not in timing and any(m in chunk for m in CONTENT_MARKERS):
+                    if "first_token_s" not in timing and CONTENT.search(chunk):
                         timing["first_token_s"] = round(time.monotonic() - start, 3)
                     yield chunk
             finally:

@@ -18,6 +18,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from metaclaw.rollout.conversation import Query
+from metaclaw.rollout.fit import ClientFit, ContextPolicy, ImagePolicy
 from metaclaw.rollout.server import ThreadedServer
 from metaclaw.rollout.session_tracker import SessionTracker
 from metaclaw.rollout.testing import scripted_upstream
@@ -151,6 +152,19 @@ def test_openclaws_transient_context_message_does_not_split_its_session(h):
     client.chat.completions.create(model="m", messages=[history[0], {"role": "assistant", "content": "other"},
                                                          {"role": "user", "content": "hijack"}])  # fmt: skip
     assert len(sessions(h.store)) == 2
+
+
+def test_a_turn_whose_reply_the_fitted_prompt_dropped_still_gets_its_reaction(tmp_path, upstream, tiny_tokenizer):
+    """The context policy may drop the previous exchange from what the model sees; the previous turn's reaction
+    (its next state) is read from what the client sent (OpenClaw's turns were never trained before)."""
+    fit = ClientFit(ImagePolicy(), ContextPolicy(tokenizer=tiny_tokenizer, max_context_tokens=300, reserve_tokens=16))
+    for h in make_harness(tmp_path, upstream, fit=fit):
+        c = Chat(oai(h), {"role": "system", "content": "You are helpful."})
+        c.say("first question")
+        c.say("No, that is wrong. " + " ".join(f"w{i}" for i in range(120)))
+        [turns] = sessions(h.store).values()
+        assert turns[1].meta.context["messages_dropped"] >= 2  # the first exchange is gone from the prompt
+        assert (turns[0].next_state or "").startswith("No, that is wrong.")
 
 
 def test_a_failed_turn_leaves_the_session_open_for_the_retry(h):

@@ -263,6 +263,7 @@ class RolloutProxy:
         if not isinstance(body, dict):
             raise RequestError("the request body must be a JSON object")
         messages, has_image = normalize_messages(body.get("messages"))
+        sent = messages  # as the client sent them: skills and the context policy change `messages` below
         tools = normalize_tools(body.get("tools"))
         agent_id = self.agent_of(body, headers)
         profile = self.agents.resolve(agent_id)
@@ -347,7 +348,7 @@ class RolloutProxy:
             meta.session_source = keys.source
             turn.response_id = meta.response_id = f"chatcmpl-{uuid.uuid4().hex}"
             turn.turn_index, prev_id = self.sessions.begin_turn(turn.state)
-            new = new_messages_since_last_assistant(messages)
+            new = new_messages_since_last_assistant(sent)  # the fitted prompt may have dropped the last reply
             if prev_id is not None and new:  # committed with the next group; awaited before this turn replies
                 try:
                     turn.next_state_write = self.writer.submit_next_state(prev_id, next_state_text(new))
