@@ -148,7 +148,7 @@ def test_failed_session_evolves_a_skill_that_later_turns_of_that_agent_only_get(
     wait_until(lambda: any(e["accepted"] for e in library.history()), "the evolver to write and log the new skill")
     assert (loop.root / "bea" / NEW_SKILL / "SKILL.md").is_file()
     first, last = loop.samples("bea", "b1")
-    assert first.meta["judge"]["rule"] == "negative"  # the judge read the correction: -1, trained as such
+    assert first.meta["judge"]["rule"] in ("negative", "objection")  # the correction: -1
     assert first.reward == -1.0 and "at_least_one" not in first.meta  # a correction is never lifted
     assert (last.status, last.meta["dropped"]) == ("dropped", "no_next_state")  # nothing reacted to it
     assert first.meta["skill_generation"] == last.meta["skill_generation"] == 0

@@ -48,4 +48,4 @@ def test_prefix_reuse_bench_compares_the_cache_off_and_on():
     off, on = out["engines"]["off"], out["engines"]["on"]
     assert off["turns"] == on["turns"] == 2 * 3  # two conversations of three turns through each engine
     assert out["cache"]["hits"] >= 4 and 0 < out["cache"]["reused_share"] < 1  # turns 2 and 3 find turn 1's keys
-    assert out["speedup_wall"] > 0 and out["prefix_cache_mb"] == 256
+    assert out["speedup_wall"] > 0 and out["prefix_cache_mb"] == 1024  # backend/hf.yaml

@@ -115,7 +115,7 @@ class MetricsMiddleware:
 
     def __init__(self, app: ASGIApp, server: str, routes: Iterable[str],
                  agent_of: Callable[[dict[str, str]], str] | None = None) -> None:  # fmt: skip
-        self.app, self.server, self.routes, self.agent_of = app, server, tuple(routes), agent_of
+        self.app, self.server, self.route_paths, self.agent_of = app, server, tuple(routes), agent_of
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -130,7 +130,7 @@ class MetricsMiddleware:
         try:
             await self.app(scope, receive, send_status)
         finally:
-            route = route_of(scope["path"], self.routes)
+            route = route_of(scope["path"], self.route_paths)
             agent = "all"
             if self.agent_of is not None:
                 headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers") or []}

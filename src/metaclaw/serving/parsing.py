@@ -65,7 +65,8 @@ class HermesToolCalls:
         if not isinstance(items, list) or not items:
             return None
         calls = [tool_call_from_json(json.dumps(item)) for item in items]
-        return None if any(c is None for c in calls) else calls  # type: ignore[misc]
+        found = [c for c in calls if c is not None]
+        return found if len(found) == len(calls) else None
 
     def split(self, text: str) -> tuple[str, list[dict[str, Any]]]:
         """(content, calls) of a whole reply (after its reasoning); malformed blocks stay in the content."""

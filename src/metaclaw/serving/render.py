@@ -24,9 +24,10 @@ def template_tool_support(tokenizer: Any) -> tuple[bool, bool]:
 
     SmolLM2's template, for one, renders neither: the model would never see an agent's tools nor its own calls.
     """
+    template = getattr(tokenizer, "chat_template", None)
     cached = getattr(tokenizer, "_metaclaw_tool_support", None)
-    if cached is not None:
-        return cached
+    if cached is not None and cached[0] == template:
+        return cached[1]
     fn = {"name": _PROBE, "parameters": {"type": "object", "properties": {}}}
     user = {"role": "user", "content": "x"}
     call = {"role": "assistant", "content": "", "tool_calls": [{"id": "c0", "type": "function",
@@ -42,7 +43,7 @@ def template_tool_support(tokenizer: Any) -> tuple[bool, bool]:
     support = (renders([user], [{"type": "function", "function": fn}]),
                renders([user, call, {"role": "tool", "tool_call_id": "c0", "content": "r"}], None))  # fmt: skip
     with contextlib.suppress(AttributeError):  # a tokenizer that takes no attributes is probed each time
-        tokenizer._metaclaw_tool_support = support
+        tokenizer._metaclaw_tool_support = (template, support)
     return support
 
 

@@ -19,8 +19,16 @@ from metaclaw.serving.security import resolve_api_key
 INFERENCE_BACKENDS = ("hf", "vllm")
 
 
+def _precision(value: str, training_devices: list[int]) -> str:
+    """`devices.precision`; `auto` (`metaclaw serve`'s default) is bf16-mixed on GPUs, 32-true on the CPU."""
+    if value.strip().lower() == "auto":
+        return "bf16-mixed" if training_devices else "32-true"
+    return value
+
+
 def parse_devices(value: Any, fallback: Any, name: str) -> list[int]:
-    """`"0,1"` / `[0, 1]` / `null` (→ `fallback`) → `[0, 1]`; `""` or `"cpu"` → `[]` (CPU)."""
+    """`"0,1"` / `[0, 1]` / `null` (→ `fallback`) → `[0, 1]`; `""` or `"cpu"` → `[]` (CPU); `"auto"` → `[0]` on a
+    GPU host, else `[]`."""
     if value is None:
         value = fallback
     if value is None:
@@ -29,6 +37,10 @@ def parse_devices(value: Any, fallback: Any, name: str) -> list[int]:
         text = value.strip()
         if text.lower() in ("", "cpu", "none", "[]"):
             return []
+        if text.lower() == "auto":  # `metaclaw serve`'s default devices: GPU 0 when there is one, else the CPU
+            import torch
+
+            return [0] if torch.cuda.is_available() else []
         value = [part for part in text.strip("[]").split(",") if part.strip()]
     try:
         return [int(v) for v in value]
@@ -138,6 +150,13 @@ class ServerSettings:
 
         app = cfg.app
         backend = str(app.inference_backend).strip().lower()
+        if backend == "auto":  # `metaclaw serve`'s default backend: vLLM on a GPU host that has it, else HF
+            import importlib.util
+
+            import torch
+
+            gpu_vllm = torch.cuda.is_available() and importlib.util.find_spec("vllm") is not None
+            backend = "vllm" if gpu_vllm else "hf"
         if backend not in INFERENCE_BACKENDS:
             raise ConfigError(
                 f"app.inference_backend / METACLAW_INFERENCE_BACKEND must be one of {INFERENCE_BACKENDS}, "
@@ -148,6 +167,9 @@ class ServerSettings:
         except ValueError as exc:
             raise ConfigError(f"app.port / METACLAW_PORT must be an integer, got {app.port!r}") from exc
         model = instantiate(cfg.model)
+        training_devices = parse_devices(
+            app.training_devices, cfg.devices.train, "app.training_devices / METACLAW_TRAINING_DEVICES"
+        )
         return cls(
             allowed_base_models=_allowed_base_models(app),
             model=model,
@@ -155,14 +177,12 @@ class ServerSettings:
             port=port,
             api_key=resolve_api_key(app.api_key),
             checkpoint_dir=Path(str(app.checkpoint_dir)).expanduser(),
-            training_devices=parse_devices(
-                app.training_devices, cfg.devices.train, "app.training_devices / METACLAW_TRAINING_DEVICES"
-            ),
+            training_devices=training_devices,
             inference_devices=parse_devices(
                 app.inference_devices, cfg.devices.infer, "app.inference_devices / METACLAW_INFERENCE_DEVICES"
             ),
             inference_backend=backend,
-            precision=str(cfg.devices.precision),
+            precision=_precision(str(cfg.devices.precision), training_devices),
             log_level=str(app.log_level).upper(),
             max_body_bytes=int(app.max_body_bytes),
             limits=Limits.from_config(app.get("limits")),
