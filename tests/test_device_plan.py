@@ -231,3 +231,13 @@ def test_fsdp_on_cpu_processes_trains_the_adapter_a_single_process_trains(tmp_pa
         for key, value in single.items():
             assert torch.allclose(fsdp[key], value, atol=1e-4), key
     assert any(v.abs().max() > 0 for k, v in single.items() if "lora_B" in k)  # trained: B starts at zero
+
+
+def test_a_token_budget_too_small_for_a_full_batch_of_long_samples_is_refused(tmp_path):
+    """4 fitted agent prompts of ~7.5k tokens never fit 16,384 tokens: the step waited until they went stale."""
+    from metaclaw.config import ConfigError, validate_train_config
+    from tests.entrypoints.test_train import compose_train
+
+    cfg = compose_train(tmp_path, "model.max_seq_len=8192", "data.max_tokens=16384", "data.min_batch_size=4")
+    with pytest.raises(ConfigError, match=r"data\.max_tokens \(16384\) must be >= data\.min_batch_size \(4\)"):
+        validate_train_config(cfg)

@@ -67,6 +67,13 @@ def validate_train_config(cfg: DictConfig) -> None:
             "from devices.train / devices.cpu_processes)"
         )
     max_tokens, max_sample_tokens = cfg.data.max_tokens, cfg.data.max_sample_tokens
+    least = int(OmegaConf.select(cfg, "data.min_batch_size", default=1) or 1)
+    if max_tokens is not None and max_sample_tokens is not None and max_tokens < least * max_sample_tokens:
+        raise ConfigError(  # a step waits for `least` samples, which must fit the budget however long they are
+            f"data.max_tokens ({max_tokens}) must be >= data.min_batch_size ({least}) x data.max_sample_tokens "
+            f"({max_sample_tokens}) = {least * max_sample_tokens}: otherwise long samples (an agent's 6-8k-token "
+            "prompts) never fill a step and wait until they go stale"
+        )
     if max_tokens is not None and max_sample_tokens is not None and max_tokens < procs * max_sample_tokens:
         raise ConfigError(
             f"data.max_tokens ({max_tokens}) must be >= the training processes ({procs}, from devices.train / "
