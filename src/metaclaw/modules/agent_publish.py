@@ -91,7 +91,8 @@ class AgentPublishing:
             for adapter, target in targets.items():
                 writer, loader = self.parts[adapter]
                 log.info("Published adapter %s v%d at %s", loader.lora_name, step, target)
-                serve = partial(_serve_and_point, writer, loader, step=step, fingerprints=fingerprints[adapter])
+                serve = self.publisher.guarded(partial(_serve_and_point, writer, loader, step=step,
+                                                       fingerprints=fingerprints[adapter]))  # fmt: skip
                 release = self.publisher.release
                 if release is not None:  # the live evaluator and gate: per agent (docs/agents.md)
                     agent = self.profiles.by_adapter(adapter).name

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import torch
 from peft import LoraConfig, get_peft_model, set_peft_model_state_dict
+from peft.tuners.lora import LoraLayer
 from safetensors.torch import load_file, save_file
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
@@ -271,6 +272,17 @@ class LoraPolicy(nn.Module):
                 write_adapter_info(tmp, version)
 
         return write_dir_atomically(Path(directory), fill)
+
+    def restore_adapter(self, adapter: str, directory: str | os.PathLike | None) -> None:
+        """Put adapter `adapter` back to the published one in `directory`, or (None) to fresh LoRA weights: A drawn
+        anew, B = 0, so the policy is the base model again and can still learn (A = B = 0 would get no gradient)."""
+        if directory is not None:
+            self.load_adapter(directory, adapter)
+            return
+        with torch.no_grad():
+            for module in self.model.modules():
+                if isinstance(module, LoraLayer) and adapter in module.lora_A:
+                    module.reset_lora_parameters(adapter, init_lora_weights=True)
 
     def load_adapter(self, directory: str | os.PathLike, adapter: str = "default") -> None:
         """Load adapter weights written by `save_adapter` (safetensors only: nothing is unpickled)."""

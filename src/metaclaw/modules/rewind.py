@@ -1,0 +1,123 @@
+"""`Rewind`: the trainer goes back to a clean state, and stays there (`forget --rollback`, issue 43).
+
+A rollback asked with `reset_trainer` (what `python -m metaclaw forget --rollback` sends) serves the clean adapter
+at once (the control plane, under `Rewind.lock`) and asks the trainer to go back to it. `RewindCallback` does so
+before the next optimizer step and before the step in progress is published: it loads the clean adapter's weights
+(the base model's clean state: fresh LoRA weights, B = 0, the base model's outputs) and drops AdamW's moments for
+them (the moments of the clean step are not kept; fresh ones hold nothing of the forgotten turns), so the next step
+trains from the clean state. Every publish carries the generation of the weights it wrote: one written before a
+rewind is never served, and its folder is removed (`AdapterPublisher`). A claimed batch that holds a sample no
+longer in the store (forgotten after the claim) takes no optimizer step (`train/skipped_forgotten`). The next
+publish also writes the checkpoint, so a restart resumes from the clean weights.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import lightning as L
+
+from metaclaw.modules.agent_state import drop_moments
+from metaclaw.store import open_store
+
+log = logging.getLogger(__name__)
+
+
+class Rewind:
+    """What the control plane and the trainer share about rewinds: the lock, the generation, the pending requests.
+
+    `generation` counts rewinds; `weights_generation` is the generation the trainer's weights belong to (set when
+    the trainer takes the pending requests). `quiesce` holds what waits for hot-loads in flight (the publisher's
+    loaders), so that the clean adapter is loaded after them, never before.
+    """
+
+    def __init__(self) -> None:
+        self.lock = threading.RLock()
+        self.generation = 0
+        self.weights_generation = 0
+        self.checkpoint_due = False
+        self.quiesce: list[Callable[[], None]] = []
+        self._pending: dict[str, str | None] = {}
+
+    @contextmanager
+    def rewinding(self) -> Iterator[None]:
+        """Hold the lock, with every hot-load in flight finished: serve the clean adapter inside, then `request`."""
+        with self.lock:
+            for wait in self.quiesce:
+                wait()
+            yield
+
+    def request(self, adapter: str, path: str | Path | None) -> int:
+        """Ask the trainer to load `path` into `adapter` (None: fresh LoRA weights, the base model); from now on
+        nothing published from the older weights is served. Returns the new generation."""
+        with self.lock:
+            self.generation += 1
+            self._pending[adapter] = None if path is None else str(path)
+            return self.generation
+
+    def take(self) -> tuple[dict[str, str | None], int]:
+        """The pending requests (cleared) and the generation the weights belong to once they are applied."""
+        with self.lock:
+            pending, self._pending = self._pending, {}
+            return pending, self.generation
+
+    def serve_if_current(self, generation: int, serve: Callable[[], Any]) -> bool:
+        """Run `serve()` unless a rewind came after weights of `generation` were written; False when refused."""
+        with self.lock:
+            if generation != self.generation:
+                return False
+            serve()
+            return True
+
+
+class RewindCallback(L.Callback):
+    """Applies `Rewind` requests to the trainer's weights (before a step starts and before a step is published)
+    and marks a claimed batch that holds a forgotten sample (the module then takes no optimizer step on it).
+
+    Place it before the publisher: its `on_train_batch_end` runs first, so a step in progress when the rewind was
+    asked publishes the clean weights, not its own update.
+    """
+
+    def __init__(self, rewind: Rewind, store_path: str | Path) -> None:
+        self.rewind, self.store_path = rewind, store_path
+        self._store: Any = None  # opened on the trainer's thread at the first batch
+        self.applied: list[tuple[int, str, str | None]] = []  # (step, adapter, path or None for the base model)
+
+    def on_train_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, idx: int) -> None:
+        self._apply(trainer, pl_module)
+        ids = batch.get("sample_ids") if isinstance(batch, dict) else None
+        if ids is not None and ids.numel():
+            if self._store is None:
+                self._store = open_store(self.store_path)
+            gone = self._store.missing(ids.tolist())
+            if gone:
+                batch["forgotten"] = True  # OnlineRLModule: no optimizer step (`train/skipped_forgotten`)
+                log.warning("Step %d: samples %s were forgotten after they were claimed: the step is dropped",
+                            trainer.global_step, sorted(gone)[:10])  # fmt: skip
+
+    def teardown(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        if self._store is not None:
+            self._store.close()
+            self._store = None
+
+    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, *args: Any) -> None:
+        self._apply(trainer, pl_module)
+
+    def _apply(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        pending, generation = self.rewind.take() if trainer.is_global_zero else ({}, 0)
+        pending, generation = trainer.strategy.broadcast((pending, generation), src=0)  # every rank alike
+        policy: Any = pl_module.policy  # metaclaw.modules.policy.LoraPolicy
+        for adapter, path in pending.items():
+            policy.restore_adapter(adapter, path)
+            drop_moments(trainer.optimizers, policy.adapter_parameters(adapter))
+            self.applied.append((trainer.global_step, adapter, path))
+            log.warning("Rewind: adapter %r is back to %s at step %d, with fresh optimizer moments",
+                        adapter, path or "the base model (fresh LoRA weights)", trainer.global_step)  # fmt: skip
+        if pending:
+            self.rewind.checkpoint_due = True  # the checkpoint on disk holds the weights left behind
+        self.rewind.weights_generation = generation
