@@ -115,7 +115,9 @@ def build_worker(cfg: DictConfig, store: SampleStore, tokenizer: Any, server: Up
     judge, teacher, evolver = build_judge(cfg, server), build_teacher(cfg, server), build_evolver(cfg, server)
     render = lambda sample, hint: hinted_prompt_ids(tokenizer, sample, hint)  # noqa: E731
     privacy = getattr(store, "screen", None)
-    if isinstance(privacy, PrivacyPolicy):  # calls off this machine get redacted text (privacy.outbound)
+    if isinstance(privacy, PrivacyPolicy):  # calls anywhere but our own server get redacted text (privacy.outbound)
+        if server is not None:  # this run's policy server: its address and its key (docs/privacy.md "Outbound")
+            privacy.bind_own_server(server.url, server.api_key)
         judge = RedactingJudge(judge, privacy)
         evolver = RedactingEvolver(evolver, privacy) if evolver is not None else None
         render = teacher_renderer(render, teacher, privacy)
