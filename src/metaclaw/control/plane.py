@@ -15,17 +15,18 @@ import logging
 import os
 from contextlib import nullcontext
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import httpx
 
 from metaclaw.agents import DEFAULT_PROFILE, AgentProfile, AgentProfiles
-from metaclaw.modules.adapter_writer import zero_adapter
-from metaclaw.modules.rewind import Rewind
 from metaclaw.runfiles.layout import AdapterFolder, RunLayout
 from metaclaw.serving.client import load_adapter
 from metaclaw.store import SampleStore
 from metaclaw.wire import ADAPTER_CONFIG, bearer_headers
+
+if TYPE_CHECKING:  # `status` of a finished run must not import torch (tests/control/test_finished.py)
+    from metaclaw.modules.rewind import Rewind
 
 log = logging.getLogger(__name__)
 CONTROL_FILE = "control.json"
@@ -255,6 +256,8 @@ class ControlPlane:
             raise ControlError(409, "no trainer in this process to reset: roll back without reset_trainer")
         target = folder.find(step)
         if target is None and step == 0:
+            from metaclaw.modules.adapter_writer import zero_adapter  # torch: only for this
+
             try:
                 target = zero_adapter(folder)
             except FileNotFoundError as e:
