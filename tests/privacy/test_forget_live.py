@@ -156,13 +156,12 @@ def test_forget_on_a_live_service_leaves_no_byte_and_the_rollback_to_the_base_mo
     assert main(["forget", "--agent", "victim", "--run-dir", str(run), "--skills-root", str(run / "skills"),
                  "--rollback", "--json"]) == 0  # fmt: skip
     report = json.loads(capsys.readouterr().out)
+    # the policy server serves the base model: the zero adapter (step 0), every LoRA weight 0
+    served = service.status()["served_adapter"]
+    assert served["path"].endswith("step-000000"), (served, report["notes"])
     assert report["samples_deleted"] >= 4 and report["trained_at_steps"] == [0, 1], report
     assert len(report["claimed_now"]) == 2, report  # the second session: claimed, not trained yet
     assert report["rollback_to"] == {"default": None} and report["rolled_back"] == {"default": 0}, report
-
-    # the policy server serves the base model: the zero adapter (step 0), every LoRA weight 0
-    served = service.status()["served_adapter"]
-    assert served["path"].endswith("step-000000"), served
     assert all(float(t.abs().max()) == 0 for t in load_file(str(Path(served["path"]) / "adapter_model.safetensors"))
                .values())  # fmt: skip
     assert not (run / "adapters" / "step-000001").exists()  # the weights trained on the turns are gone
