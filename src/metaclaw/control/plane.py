@@ -330,7 +330,8 @@ def build_control(cfg: Any, store: SampleStore, scheduler: Any) -> ControlPlane 
 
 def trainer_lag(steps_done: int | None, served: dict[str, Any]) -> int | None:
     """Versions the trainer is ahead of the served adapter (its version is the step that wrote it; the base
-    model is version 0): samples count stale against the newer of the two (`data.max_staleness`)."""
+    model is version 0). Shown, and bounded in the loss (`loss.max_ratio`); `data.max_staleness` counts against
+    the served version (`RolloutDataModule.trainer_version`)."""
     if steps_done is None:
         return None
     return max(0, int(steps_done) - int(served.get("version") or 0))

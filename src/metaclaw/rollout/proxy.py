@@ -39,7 +39,7 @@ from metaclaw.rollout.session_tracker import (
     BODY_EXTRAS,
     SessionState,
     SessionTracker,
-    new_messages_since_last_assistant,
+    reaction_messages,
     scoped_session_id,
     session_keys,
 )
@@ -348,7 +348,7 @@ class RolloutProxy:
             meta.session_source = keys.source
             turn.response_id = meta.response_id = f"chatcmpl-{uuid.uuid4().hex}"
             turn.turn_index, prev_id = self.sessions.begin_turn(turn.state)
-            new = new_messages_since_last_assistant(sent)  # the fitted prompt may have dropped the last reply
+            new = reaction_messages(sent, turn.state)  # `sent`: the fitted prompt may have dropped the last reply
             if prev_id is not None and new:  # committed with the next group; awaited before this turn replies
                 try:
                     turn.next_state_write = self.writer.submit_next_state(prev_id, next_state_text(new))
