@@ -87,3 +87,25 @@ def test_nothing_published_from_weights_before_a_rewind_is_served(tmp_path):
     fresh.mkdir()
     publisher.guarded(served.append)(fresh)
     assert served == [fresh]
+
+
+def test_a_rewind_no_checkpoint_holds_yet_is_applied_again_after_a_restart(tiny_spec, tmp_path):
+    Rewind(tmp_path / "run").request("default", None)  # asked; the service stopped before its next checkpoint
+    rewind = Rewind(tmp_path / "run")  # the restarted run
+    assert rewind.pending_record("default") == {"path": None, "done": False}
+    policy = LoraPolicy(tiny_spec.load_model(), rank=4, alpha=8)
+    with torch.no_grad():  # the checkpoint it resumes from: weights trained on the forgotten turns
+        for n, p in policy.named_parameters():
+            if "lora_B" in n:
+                p.fill_(0.5)
+    module = OnlineRLModule(policy, ImportanceSamplingLoss(), RLAdvantage(),
+                            functools.partial(torch.optim.AdamW, lr=LR, weight_decay=0.0))  # fmt: skip
+    store = tmp_path / "s.sqlite"
+    trainer = L.Trainer(max_steps=1, logger=False, enable_progress_bar=False, enable_checkpointing=False,
+                        enable_model_summary=False, accelerator="cpu",
+                        callbacks=[RewindCallback(rewind, store)])  # fmt: skip
+    trainer.fit(module, torch.utils.data.DataLoader([_batch(_stored(store))], batch_size=None))
+    b_max = max(float(p.detach().abs().max()) for n, p in policy.named_parameters() if "lora_B" in n)
+    assert 0 < b_max <= LR * (1 + 1e-4)  # one step from the base model, not from 0.5
+    rewind.settle()  # what the publisher does once a checkpoint holds the rewound weights
+    assert rewind.pending_record("default") is None

@@ -88,6 +88,8 @@ class AgentPublishing:
         if trainer.is_global_zero:
             files.commit_checkpoint()
             self.publisher.samples.consume_through(step)
+            if self.publisher.rewind is not None:  # the checkpoint holds the rewound weights
+                self.publisher.rewind.settle()
             for adapter, target in targets.items():
                 writer, loader = self.parts[adapter]
                 log.info("Published adapter %s v%d at %s", loader.lora_name, step, target)

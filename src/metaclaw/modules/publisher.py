@@ -222,6 +222,8 @@ class AdapterPublisher(L.Callback):
                 self.files.commit_checkpoint()
         if trainer.is_global_zero:
             self.samples.consume_through(step)
+            if self.rewind is not None:  # the checkpoint holds the rewound weights: a restart keeps them
+                self.rewind.settle()
         self.checkpointed_step = step
 
     def _publish(self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: bool = True) -> None:
