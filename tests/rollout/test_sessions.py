@@ -361,3 +361,17 @@ def test_an_agents_transient_runtime_message_is_no_reaction():
     plain += [{"role": "assistant", "content": "a1"}, {"role": "user", "content": "No."},
               {"role": "tool", "content": "x"}]
     assert [m["content"] for m in reaction_messages(plain, state)] == ["No.", "x"]  # nothing dropped
+
+
+def test_person_text_is_the_persons_words_without_what_the_agent_wrote():
+    from metaclaw.wire.normalize import person_text
+
+    reminder = ("<system-reminder>\nOutput token limit hit. Resume directly \u2014 no apology, no recap of what you "
+                "were doing.\n</system-reminder>")  # fmt: skip
+    assert person_text(reminder) == ""  # Claude Code's own continuation (recorded)
+    assert person_text(f"{reminder}\nNo, shorter please.") == "No, shorter please."
+    assert person_text("[Sat 2026-11-28 18:12 UTC] Thanks, that's all for now.") == "Thanks, that's all for now."
+    ctx = "<<<BEGIN_OPENCLAW_INTERNAL_CONTEXT>>>\nActive exec sessions: none\n<<<END_OPENCLAW_INTERNAL_CONTEXT>>>"
+    assert person_text(f"Great, thanks.\n\n{ctx}") == "Great, thanks."
+    for kept in ("Use <b>bold</b> here, not <i>.", "[draft] is wrong", "See [2026-11-28 report] above"):
+        assert person_text(kept) == kept  # inline markup and other brackets are the person's

@@ -94,6 +94,9 @@ def session_keys(body: dict[str, Any], headers: dict[str, str]) -> SessionKeys:
     return SessionKeys(session_id, source, turn_type.lower(), done, end_user)
 
 
+AWAITING_MAX = 16  # turns one reaction may answer (an agent's own continuations of one reply), the oldest forgotten
+
+
 def new_messages_since_last_assistant(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """The user/tool messages after the last assistant message: the previous turn's next state."""
     for i in range(len(messages) - 1, -1, -1):
@@ -132,6 +135,7 @@ class SessionState:
     pending: set[int] = field(default_factory=set)  # turn indices in flight
     tail: Tail | None = None  # derived sessions: what the next request of the conversation extends
     prompt_tail: bytes | None = None  # the last prompt's last message (`reaction_messages`)
+    awaiting: list[int] = field(default_factory=list)  # turns the agent continued itself: the next reaction is theirs
     seen_at: float = field(default_factory=time.monotonic)
 
 
