@@ -154,6 +154,7 @@ class OnlineRLModule(L.LightningModule):
     def training_step(self, batch: dict[str, Tensor], batch_idx: int) -> Tensor | None:
         mask = batch["mask"]
         world_size = self.trainer.world_size if self._trainer is not None else 1
+        self.policy.checkpoint_for(int(batch["input_ids"].numel()))
         logprobs = self._logprobs(batch)
         advantages, adv_metrics = self.advantage(batch)
         out = self.loss_fn(logprobs, batch["behaviour_logprobs"], advantages.detach(), mask)
