@@ -147,7 +147,7 @@ def step(policy, batch: dict, path: str) -> torch.Tensor:
 def run(args: argparse.Namespace) -> dict:
     policy, vocab, batch = build(args)
     modes = {"off": [False], "on": [True], "both": [False, True]}[args.checkpointing]
-    cases = [(path, ckpt) for ckpt in modes for path in ("old", "new")]
+    cases = [(path, ckpt) for ckpt in modes for path in args.paths.split(",")]
     name = {c: f"{c[0]}/checkpointing_{'on' if c[1] else 'off'}" for c in cases}
     out: dict[str, dict] = {name[c]: {"step_s": [], "step_cpu_s": []} for c in cases}
     values, grads = {}, {}
@@ -194,9 +194,9 @@ def run(args: argparse.Namespace) -> dict:
             r["peak_memory_old_over_new"] = round(out[old]["peak_step_mib"] / max(out[new]["peak_step_mib"], 1e-9), 2)
         return r
 
-    ratios = {f"checkpointing_{m}": ratio(f"old/checkpointing_{m}", f"new/checkpointing_{m}")
-              for m in ("off", "on") if f"old/checkpointing_{m}" in out}  # fmt: skip
-    if len(modes) == 2:
+    both = [m for m in ("off", "on") if f"old/checkpointing_{m}" in out and f"new/checkpointing_{m}" in out]
+    ratios = {f"checkpointing_{m}": ratio(f"old/checkpointing_{m}", f"new/checkpointing_{m}") for m in both}
+    if len(modes) == 2 and "old/checkpointing_off" in out and "new/checkpointing_on" in out:
         ratios["old_default_over_new_default"] = ratio("old/checkpointing_off", "new/checkpointing_on")
     return {"model": args.model, "prompt_tokens": args.prompt, "response_tokens": args.response,
             "batch": args.batch, "steps": args.steps, "chunk": args.chunk, "vocab": vocab, "device": "cpu",
@@ -213,6 +213,8 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--steps", type=int, default=3, help="timed steps per case (after one profiled step)")
     parser.add_argument("--chunk", type=int, default=512, help="policy.logprob_chunk_size")
     parser.add_argument("--checkpointing", choices=["off", "on", "both"], default="both")
+    parser.add_argument("--paths", default="old,new", choices=["old,new", "new", "old"],
+                        help="new only: an agent-sized batch whose full logits would not fit (four 7k-token turns)")
     parser.add_argument("--no-profile", dest="profile", action="store_false",
                         help="timed steps only (no profiled step: no memory figures)")  # fmt: skip
     result = run(parser.parse_args(argv))
