@@ -79,7 +79,8 @@ def read_adapter(path: str | Path, device: torch.device | str = "cpu") -> tuple[
 
 #: options of `conf/backend/auto.yaml` only the vLLM engine reads
 VLLM_ONLY_OPTIONS = frozenset(
-    {"gpu_memory_utilization", "max_loras", "max_lora_rank", "enforce_eager", "lora_target_modules"}
+    {"gpu_memory_utilization", "max_loras", "max_lora_rank", "enforce_eager", "lora_target_modules", "venv", "command",
+     "extra_args", "log_file", "startup_timeout_s"}
 )
 
 

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-import json
 import logging
 import os
 import queue
@@ -30,6 +29,7 @@ from typing import Any
 from metaclaw.config import LORA_TARGET_MODULES
 from metaclaw.distribution import Dist
 from metaclaw.distribution.logprobs import token_logprobs
+from metaclaw.serving.engines.adapter_checks import check_targets
 from metaclaw.serving.engines.adapters import AdapterRegistry, LoadedAdapter, ServedAdapters, check_adapter_files
 from metaclaw.serving.engines.base import (
     AdapterError,
@@ -39,7 +39,6 @@ from metaclaw.serving.engines.base import (
     TokenScore,
     TokenStream,
 )
-from metaclaw.wire import ADAPTER_CONFIG
 
 log = logging.getLogger(__name__)
 
@@ -107,7 +106,7 @@ class VLLMEngine(ServedAdapters):
 
     def load_adapter(self, name: str, path: str, version: int | None = None) -> int:
         self._check_new_name(name)
-        self._check_targets(check_adapter_files(path))
+        check_targets(check_adapter_files(path), self.lora_target_modules)
         started = time.perf_counter()
         version = self._registry.next_version(name, path, version)
         lora_id = next(self._lora_ids)
@@ -119,21 +118,6 @@ class VLLMEngine(ServedAdapters):
             raise AdapterError(f"vLLM cannot load the adapter in {path!r}: {exc}") from exc
         self._lora_requests[internal] = request
         return self._publish(name, internal, version, path, started)
-
-    def _check_targets(self, directory: Any) -> None:
-        """Refuse an adapter whose modules this engine does not wrap (vLLM would serve it without them)."""
-        try:
-            targets = json.loads((directory / ADAPTER_CONFIG).read_text()).get("target_modules")
-        except (OSError, ValueError, AttributeError) as exc:
-            raise AdapterError(f"cannot read {ADAPTER_CONFIG} in {str(directory)!r}: {exc}") from exc
-        if isinstance(targets, str):  # a PEFT regex or "all-linear": vLLM matches it against what it wraps
-            return
-        extra = sorted(set(targets or ()) - self.lora_target_modules)
-        if extra:
-            raise AdapterError(
-                f"the adapter in {str(directory)!r} adapts {extra}, which this server does not wrap "
-                f"(backend.lora_target_modules: {sorted(self.lora_target_modules)})"
-            )
 
     def _free(self, slot: LoadedAdapter) -> None:
         """Remove a replaced version from vLLM. On the engine loop's own thread (a stream that outlived a swap,
