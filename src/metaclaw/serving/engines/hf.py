@@ -57,6 +57,7 @@ from metaclaw.serving.engines.base import (
     TokenDelta,
     TokenScore,
     TokenStream,
+    scoring_ids,
 )
 from metaclaw.serving.engines.merged import MergedSlots
 from metaclaw.serving.prefix_cache import PrefixCache
@@ -443,13 +444,9 @@ class HFEngine(ServedAdapters):
         top_p: float = 1.0,
         top_k: int = -1,
     ) -> list[TokenScore]:
-        if not prompt_ids:
-            raise ValueError("prompt_ids must hold at least one token")
+        ids = scoring_ids(prompt_ids, target_ids, self.max_seq_len)
         if not target_ids:
             return []
-        ids = list(prompt_ids) + list(target_ids)
-        if len(ids) > self.max_seq_len:
-            raise ValueError(f"prompt + target is {len(ids)} tokens; model.max_seq_len is {self.max_seq_len}")
         dist = Dist.of(temperature, top_p, top_k)
         with self._pinned(adapter) as slot:
             if self.max_batch_size > 1:

@@ -28,7 +28,6 @@ from typing import Any
 
 from metaclaw.config import LORA_TARGET_MODULES
 from metaclaw.distribution import Dist
-from metaclaw.distribution.logprobs import token_logprobs
 from metaclaw.serving.engines.adapter_checks import check_targets
 from metaclaw.serving.engines.adapters import AdapterRegistry, LoadedAdapter, ServedAdapters, check_adapter_files
 from metaclaw.serving.engines.base import (
@@ -38,6 +37,8 @@ from metaclaw.serving.engines.base import (
     TokenDelta,
     TokenScore,
     TokenStream,
+    scores_from_rows,
+    scoring_ids,
 )
 
 log = logging.getLogger(__name__)
@@ -220,13 +221,9 @@ class VLLMEngine(ServedAdapters):
         """Teacher-forced logprobs. vLLM's prompt logprobs are raw (prompt tokens skip the sampler), so under a
         temperature or truncation the raw logprobs of the top-k tokens (or of the whole vocabulary when top-k is
         off) are read and `token_logprobs` applies the distribution, exactly as for sampled tokens."""
-        if not prompt_ids:
-            raise ValueError("prompt_ids must hold at least one token")
+        ids = scoring_ids(prompt_ids, target_ids, self.max_seq_len)
         if not target_ids:
             return []
-        ids = list(prompt_ids) + list(target_ids)
-        if len(ids) > self.max_seq_len:
-            raise ValueError(f"prompt + target is {len(ids)} tokens; model.max_seq_len is {self.max_seq_len}")
         dist = Dist.of(temperature, top_p, top_k)
         raw = dist == Dist()
         width = 0 if raw else dist.top_k
@@ -255,23 +252,13 @@ def _processed_scores(
     flat: Any, start: int, targets: list[int], dist: tuple[float, float, int]
 ) -> list[TokenScore]:
     """Scores of `targets` under `dist` from vLLM's flat raw prompt logprobs (positions `start`...)."""
-    import torch
-
     rows, ranks = [], []
-    for i, target in enumerate(targets):
+    for i in range(len(targets)):
         lo, hi = flat.start_indices[start + i], flat.end_indices[start + i]
         # the target comes first, then the top-k, which may hold it again: one value per token
-        by_token = dict(zip(flat.token_ids[lo:hi], flat.logprobs[lo:hi], strict=True))
-        tokens, values = list(by_token), list(by_token.values())
-        rows.append((tokens.index(target), values))
+        rows.append(dict(zip(flat.token_ids[lo:hi], flat.logprobs[lo:hi], strict=True)))
         ranks.append(int(flat.ranks[lo] or 1))
-    width = max(len(v) for _, v in rows)
-    logits = torch.full((len(rows), width), float("-inf"))
-    for r, (_, values) in enumerate(rows):
-        logits[r, : len(values)] = torch.tensor(values)
-    picked = torch.tensor([j for j, _ in rows])
-    lps = token_logprobs(logits, picked, *dist).tolist()
-    return [TokenScore(lp, rank) for lp, rank in zip(lps, ranks, strict=True)]
+    return scores_from_rows(rows, targets, ranks, dist)
 
 
 class _VLLMTokenStream(TokenStream):

@@ -24,23 +24,28 @@ from __future__ import annotations
 import itertools
 import json
 import logging
-import math
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import httpx
-import torch
 from safetensors import safe_open
 
 from metaclaw.config import LORA_TARGET_MODULES
 from metaclaw.distribution import Dist
-from metaclaw.distribution.logprobs import token_logprobs
 from metaclaw.rollout.server import free_port
 from metaclaw.serving.engines.adapter_checks import check_module_names, check_targets, model_weight_names
 from metaclaw.serving.engines.adapters import AdapterRegistry, LoadedAdapter, ServedAdapters, check_adapter_files
-from metaclaw.serving.engines.base import AdapterError, SamplingParams, SequenceOutput, TokenDelta, TokenScore
+from metaclaw.serving.engines.base import (
+    AdapterError,
+    SamplingParams,
+    SequenceOutput,
+    TokenDelta,
+    TokenScore,
+    scores_from_rows,
+    scoring_ids,
+)
 from metaclaw.serving.engines.base import TokenStream as _TokenStream
 from metaclaw.serving.engines.vllm_server import VLLMServer, server_flags, vllm_command
 from metaclaw.wire import ADAPTER_WEIGHTS, bearer_headers
@@ -240,34 +245,22 @@ class VLLMServerEngine(ServedAdapters):
         top_k: int = -1,
     ) -> list[TokenScore]:
         """Teacher-forced logprobs from vLLM's raw prompt logprobs (see the module docstring)."""
-        if not prompt_ids:
-            raise ValueError("prompt_ids must hold at least one token")
+        ids = scoring_ids(prompt_ids, target_ids, self.max_seq_len)
         if not target_ids:
             return []
-        ids = [int(t) for t in prompt_ids] + [int(t) for t in target_ids]
-        if len(ids) > self.max_seq_len:
-            raise ValueError(f"prompt + target is {len(ids)} tokens; model.max_seq_len is {self.max_seq_len}")
         dist = Dist.of(temperature, top_p, top_k)
         raw = dist == Dist()
         width = 0 if raw else (dist.top_k if dist.top_k > 0 else -1)
         with self._pinned(adapter) as (_, model):
             body = {"model": model, "prompt": ids, "max_tokens": 0, "echo": True, "prompt_logprobs": width}
             entries = self._post("/v1/completions", body)["choices"][0]["prompt_logprobs"]
-        start, targets = len(prompt_ids), ids[len(prompt_ids) :]
-        rows = [entries[start + i] for i in range(len(targets))]
-        ranks = [int(row[str(t)].get("rank") or 1) for row, t in zip(rows, targets, strict=True)]
+        targets = ids[len(prompt_ids) :]
+        rows = [{int(k): v for k, v in entries[len(prompt_ids) + i].items()} for i in range(len(targets))]
+        ranks = [int(row[t].get("rank") or 1) for row, t in zip(rows, targets, strict=True)]
         if raw:
-            return [TokenScore(float(row[str(t)]["logprob"]), r)
-                    for row, t, r in zip(rows, targets, ranks, strict=True)]  # fmt: skip
-        width = max(len(row) for row in rows)
-        logits = torch.full((len(rows), width), -math.inf)
-        picked = []
-        for i, (row, t) in enumerate(zip(rows, targets, strict=True)):
-            tokens = list(row)
-            logits[i, : len(tokens)] = torch.tensor([float(row[k]["logprob"]) for k in tokens])
-            picked.append(tokens.index(str(t)))
-        lps = token_logprobs(logits, torch.tensor(picked), *dist).tolist()
-        return [TokenScore(lp, r) for lp, r in zip(lps, ranks, strict=True)]
+            return [TokenScore(float(row[t]["logprob"]), r) for row, t, r in zip(rows, targets, ranks, strict=True)]
+        return scores_from_rows([{k: float(v["logprob"]) for k, v in row.items()} for row in rows], targets, ranks,
+                                dist)  # fmt: skip
 
     def close(self) -> None:
         self._http.close()
