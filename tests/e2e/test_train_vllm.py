@@ -5,6 +5,7 @@ its OpenAI API. The test watches vLLM's own `/v1/models` (with the key from its 
 from __future__ import annotations
 
 import os
+import signal
 import threading
 import time
 from pathlib import Path
@@ -108,3 +109,25 @@ def test_train_rollout_proxy_backend_vllm_trains_and_hot_swaps_through_vllm(tmp_
     assert any(s.adapter_version >= 1 for s in samples), [s.adapter_version for s in samples]  # sampled by an adapter
     assert (RunLayout(run_dir).server_dir / "vllm.log").is_file()
     assert _vllm_endpoint() is None, "vLLM outlived the run"
+
+
+def test_sigkill_of_train_takes_the_vllm_server_with_it(tmp_path):
+    """vLLM runs below the policy server train.py starts; SIGKILL of train.py leaves no vLLM process behind."""
+    from tests.e2e.lifecycle import kill_tree, launch_train, wait_for, wait_gone
+    from tests.e2e.test_processes import _up
+
+    venv = need_vllm_env()
+    proxy_port = free_port()
+    proc, out = launch_train(tmp_path / "run", "rollout=proxy", f"rollout.proxy.port={proxy_port}", "backend=vllm",
+                             f"backend.venv={venv}", "backend.gpu_memory_utilization=0.1", "backend.enforce_eager=true",
+                             "devices=cpu", "devices.eval_server=false")  # fmt: skip
+    try:
+        wait_for("the proxy", lambda: _up(f"http://127.0.0.1:{proxy_port}/health"), proc=proc, log=out, timeout=600)
+        everything = descendants(proc.pid)
+        vllm = [pid for pid in everything if "vllm.entrypoints.openai.api_server" in cmdline(pid)]
+        assert vllm, "vLLM runs below train.py"
+        os.kill(proc.pid, signal.SIGKILL)  # only train.py
+        assert not wait_gone(everything, timeout=60), "processes of the run (vLLM's among them) outlived train.py"
+    finally:
+        kill_tree(proc)
+
