@@ -24,6 +24,7 @@ from __future__ import annotations
 import itertools
 import json
 import logging
+import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
@@ -139,8 +140,6 @@ class VLLMServerEngine(ServedAdapters):
     # ---------------------------------------------------------------- adapters
 
     def load_adapter(self, name: str, path: str, version: int | None = None) -> int:
-        import time
-
         self._check_new_name(name)
         directory = check_adapter_files(path)
         check_targets(directory, self.lora_target_modules)
