@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import pytest
@@ -37,7 +38,7 @@ def test_the_plan_picks_the_engine_by_its_target_and_the_factory_builds_it(tmp_p
 
     gpu = _compose("train", CARD, tmp_path)
     resolve_devices(gpu, gpu_count=4, vllm_available=True)
-    assert gpu.backend._target_ == "metaclaw.serving.engines.vllm.VLLMEngine.from_backend"
+    assert gpu.backend._target_ == "metaclaw.serving.engines.vllm_http.VLLMServerEngine.from_backend"
     cpu = _compose("train", ["model=tiny"], tmp_path)
     resolve_devices(cpu, gpu_count=0, vllm_available=False)
     assert cpu.backend._target_ == "metaclaw.serving.engines.hf.HFEngine.from_backend"
@@ -82,7 +83,7 @@ def test_auto_rules(gpus, vllm, train, infer, backend, precision):
     plan = plan_devices(AUTO, VLLM, gpus, vllm)
     assert (plan.train, plan.infer, plan.backend, plan.precision) == (train, infer, backend, precision)
     if gpus and not vllm:
-        assert any("vLLM is not installed" in w for w in plan.warnings)
+        assert any("vLLM is not found" in w for w in plan.warnings)
 
 
 def test_explicit_backend_and_devices_win_over_auto():
@@ -98,7 +99,7 @@ def test_explicit_backend_and_devices_win_over_auto():
         ({"infer": [3]}, VLLM, 2, True, r"devices\.infer=\[3\] names GPU 3, but this host has GPUs 0\.\.1"),
         ({"train": [0, 0]}, VLLM, 2, True, r"devices\.train lists a GPU twice"),
         ({"train": "0,1"}, VLLM, 2, True, r"devices\.train must be a list of GPU ids or 'auto'"),
-        ({}, {"name": "vllm"}, 1, False, r"backend=vllm needs the vllm package"),
+        ({}, {"name": "vllm"}, 1, False, r"backend=vllm needs vLLM, which is not found"),
         ({}, {"name": "tgi"}, 1, False, r"backend must be one of"),
         ({"train": []}, VLLM, 0, False, None),  # fine: CPU
         ({"train": [], "strategy": "fsdp"}, VLLM, 0, False, r"devices\.strategy=fsdp needs GPUs in devices\.train"),
@@ -241,3 +242,21 @@ def test_a_token_budget_too_small_for_a_full_batch_of_long_samples_is_refused(tm
     cfg = compose_train(tmp_path, "model.max_seq_len=8192", "data.max_tokens=16384", "data.min_batch_size=4")
     with pytest.raises(ConfigError, match=r"data\.max_tokens \(16384\) must be >= data\.min_batch_size \(4\)"):
         validate_train_config(cfg)
+
+
+def test_backend_vllm_is_found_by_its_own_environment_not_by_an_import(tmp_path):
+    """Issue 41: vLLM runs from its own venv (`backend.venv`) or command (`backend.command`); metaclaw's venv never
+    imports it. backend=vllm_inprocess is the one that asks for the package."""
+    from metaclaw.devices import vllm_installed
+
+    venv = tmp_path / "vllm-env"
+    cfg = _compose("train", ["model=tiny", "backend=vllm", f"backend.venv={venv}"], tmp_path)
+    with pytest.raises(DevicePlanError, match=r"backend=vllm needs vLLM, which is not found: .*setup_vllm_cpu\.sh"):
+        resolve_devices(cfg, gpu_count=0)
+    (venv / "bin").mkdir(parents=True)
+    (venv / "bin" / "python").symlink_to(sys.executable)
+    assert resolve_devices(cfg, gpu_count=0).backend == "vllm"
+    assert vllm_installed({"command": [sys.executable, "-m", "vllm.entrypoints.openai.api_server"]})
+    assert not vllm_installed({"command": ["no-such-vllm-binary", "serve"]})
+    inprocess = _compose("train", ["model=tiny", "backend=vllm_inprocess"], tmp_path)
+    assert inprocess.backend._target_ == "metaclaw.serving.engines.vllm.VLLMEngine.from_backend"

@@ -9,7 +9,8 @@ gets the same resolved values. The rules (docs/training.md, "Device plan"):
 - `devices.infer: auto` serves on the first GPU not used for training; when every GPU trains, it shares
   `devices.train[0]` (colocated: vLLM gets `devices.colocate_infer_memory` of that GPU); CPU when there is no GPU.
 - `backend: auto` is vLLM when inference runs on a GPU and vLLM is installed, else HF `generate` (with a warning
-  on a GPU host). `backend=vllm` without vLLM installed, or a GPU id the host does not have, fails at start.
+  on a GPU host). `backend=vllm` without vLLM (its own environment, `backend.venv`), or a GPU id the host does not
+  have, fails at start.
 - `devices.precision: auto` is bf16-mixed when training on GPUs, 32-true on CPU.
 - `devices.strategy: auto` is DDP for more than one training process (GPUs × nodes, or CPU processes); `fsdp`
   shards the frozen base and the adapter over the training GPUs (Lightning's FSDPStrategy).
@@ -196,13 +197,10 @@ def plan_devices(
             name = "hf"
             if infer:
                 warnings.append(
-                    "backend=auto: vLLM is not installed, serving with HF generate on the GPU "
-                    "(pip install 'metaclaw[vllm]' for batched serving)"
+                    f"backend=auto: vLLM is not found, serving with HF generate on the GPU ({VLLM_HOWTO})"
                 )
     elif name == "vllm" and not vllm_available:
-        raise DevicePlanError(
-            "backend=vllm needs the vllm package, which is not installed: pip install 'metaclaw[vllm]' or backend=hf"
-        )
+        raise DevicePlanError(f"backend=vllm needs vLLM, which is not found: {VLLM_HOWTO}, or use backend=hf")
 
     memory = None
     if set(train) & set(infer):
@@ -251,7 +249,19 @@ def host_gpu_count() -> int:
     return torch.cuda.device_count() if torch.cuda.is_available() else 0
 
 
-def vllm_installed() -> bool:
+VLLM_HOWTO = (
+    "create its own environment (bash scripts/setup_vllm_cpu.sh on CPU; python -m venv .venv-vllm && "
+    ".venv-vllm/bin/pip install vllm on a GPU host) or set backend.command (docs/gpu.md)"
+)
+
+
+def vllm_installed(backend: Mapping[str, Any] | None = None) -> bool:
+    """Whether the vLLM the `backend` node uses can run: a `vllm serve` in its own environment (`backend.venv` /
+    `backend.command`: backend=vllm, backend=auto) or the vllm package in this venv (backend=vllm_inprocess)."""
+    if backend is not None and ("venv" in backend or "command" in backend):
+        from metaclaw.serving.engines.vllm_server import vllm_found
+
+        return vllm_found(dict(backend))
     return importlib.util.find_spec("vllm") is not None
 
 
@@ -266,11 +276,12 @@ def resolve_devices(
 
     `serves_here`: see `plan_devices` (`train.py` sets it when it starts the policy server; `serve.py` alone
     does not, and the server `train.py` starts reads the resolved thread counts from its config)."""
+    backend = OmegaConf.to_container(cfg.backend, resolve=True)
     plan = plan_devices(
         OmegaConf.to_container(cfg.devices, resolve=True),
-        OmegaConf.to_container(cfg.backend, resolve=True),
+        backend,
         host_gpu_count() if gpu_count is None else gpu_count,
-        vllm_installed() if vllm_available is None else vllm_available,
+        vllm_installed(backend) if vllm_available is None else vllm_available,
         host_cpu_count() if cpu_count is None else cpu_count,
         serves_here,
     )

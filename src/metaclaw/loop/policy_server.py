@@ -59,6 +59,9 @@ def server_config(nodes: Mapping[str, Any], run_dir: Path, port: int, role: str 
     serve.update(port=port, api_key=None, adapter_root=str(layout.adapters_root.resolve()))
     cfg["serve"] = serve
     folder = str(layout.server_dir_of(role).resolve())
+    backend = cfg.get("backend")
+    if isinstance(backend, dict) and "log_file" in backend and not backend["log_file"]:  # vLLM's own output
+        cfg["backend"] = {**backend, "log_file": f"{folder}/vllm.log"}
     return {
         "defaults": [{"app": "policy_server"}, "_self_"],
         **cfg,

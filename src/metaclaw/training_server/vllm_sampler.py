@@ -7,7 +7,6 @@ at the new directory.
 
 from __future__ import annotations
 
-import importlib.util
 import logging
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -61,9 +60,11 @@ class EngineSampler:
 
 
 def make_vllm_sampler(spec: Any, devices: Sequence[int], backend: dict[str, Any]) -> EngineSampler:
-    """The policy server's vLLM engine; fails now if vLLM is not installed or its settings are not selected."""
-    if importlib.util.find_spec("vllm") is None:
-        raise SystemExit("inference backend vllm needs the vllm package (pip install 'metaclaw[vllm]')")
+    """The policy server's vLLM engine; fails now if vLLM is not found or its settings are not selected."""
+    from metaclaw.devices import VLLM_HOWTO, vllm_installed
+
+    if not vllm_installed(backend):
+        raise SystemExit(f"inference backend vllm needs vLLM, which is not found: {VLLM_HOWTO}")
     if backend.get("name") != "vllm":
         raise SystemExit(
             "inference backend vllm: select its settings too with `backend=vllm` "

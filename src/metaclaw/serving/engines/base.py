@@ -27,6 +27,8 @@ __all__ = [
     "TokenScore",
     "TokenStream",
     "UnknownAdapterError",
+    "scores_from_rows",
+    "scoring_ids",
 ]
 
 
@@ -77,6 +79,34 @@ class TokenStream(Iterator[TokenDelta]):
 
     def close(self) -> None:  # pragma: no cover - overridden where cancellation is possible
         """Stop generating early (the client went away); safe to call twice."""
+
+
+def scoring_ids(prompt_ids: Sequence[int], target_ids: Sequence[int], max_seq_len: int) -> list[int]:
+    """`prompt + target` for a teacher-forced score, checked: a prompt of one token at least, within `max_seq_len`."""
+    if not prompt_ids:
+        raise ValueError("prompt_ids must hold at least one token")
+    ids = [int(t) for t in prompt_ids] + [int(t) for t in target_ids]
+    if len(ids) > max_seq_len:
+        raise ValueError(f"prompt + target is {len(ids)} tokens; model.max_seq_len is {max_seq_len}")
+    return ids
+
+
+def scores_from_rows(
+    rows: Sequence[dict[int, float]], targets: Sequence[int], ranks: Sequence[int], dist: tuple[float, float, int]
+) -> list[TokenScore]:
+    """Scores of `targets` under `dist` (`token_logprobs`: tempered, truncated, renormalised) from rows of raw
+    logprobs (token id -> logprob; each row holds its target and the top-k, or the whole vocabulary)."""
+    import torch
+
+    from metaclaw.distribution.logprobs import token_logprobs
+
+    width = max(len(row) for row in rows)
+    logits = torch.full((len(rows), width), float("-inf"))
+    for r, row in enumerate(rows):
+        logits[r, : len(row)] = torch.tensor(list(row.values()))
+    picked = torch.tensor([list(row).index(t) for row, t in zip(rows, targets, strict=True)])
+    lps = token_logprobs(logits, picked, *dist).tolist()
+    return [TokenScore(lp, rank) for lp, rank in zip(lps, ranks, strict=True)]
 
 
 @runtime_checkable

@@ -57,6 +57,7 @@ from metaclaw.serving.engines.base import (
     TokenDelta,
     TokenScore,
     TokenStream,
+    scoring_ids,
 )
 from metaclaw.serving.engines.merged import MergedSlots
 from metaclaw.serving.prefix_cache import PrefixCache
@@ -79,7 +80,8 @@ def read_adapter(path: str | Path, device: torch.device | str = "cpu") -> tuple[
 
 #: options of `conf/backend/auto.yaml` only the vLLM engine reads
 VLLM_ONLY_OPTIONS = frozenset(
-    {"gpu_memory_utilization", "max_loras", "max_lora_rank", "enforce_eager", "lora_target_modules"}
+    {"gpu_memory_utilization", "max_loras", "max_lora_rank", "enforce_eager", "lora_target_modules", "venv", "command",
+     "extra_args", "log_file", "startup_timeout_s"}
 )
 
 
@@ -442,13 +444,9 @@ class HFEngine(ServedAdapters):
         top_p: float = 1.0,
         top_k: int = -1,
     ) -> list[TokenScore]:
-        if not prompt_ids:
-            raise ValueError("prompt_ids must hold at least one token")
+        ids = scoring_ids(prompt_ids, target_ids, self.max_seq_len)
         if not target_ids:
             return []
-        ids = list(prompt_ids) + list(target_ids)
-        if len(ids) > self.max_seq_len:
-            raise ValueError(f"prompt + target is {len(ids)} tokens; model.max_seq_len is {self.max_seq_len}")
         dist = Dist.of(temperature, top_p, top_k)
         with self._pinned(adapter) as slot:
             if self.max_batch_size > 1:

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-import json
 import logging
 import os
 import queue
@@ -30,7 +29,7 @@ from typing import Any
 
 from metaclaw.config import LORA_TARGET_MODULES
 from metaclaw.distribution import Dist
-from metaclaw.distribution.logprobs import token_logprobs
+from metaclaw.serving.engines.adapter_checks import check_targets
 from metaclaw.serving.engines.adapters import AdapterRegistry, LoadedAdapter, ServedAdapters, check_adapter_files
 from metaclaw.serving.engines.base import (
     AdapterError,
@@ -39,9 +38,10 @@ from metaclaw.serving.engines.base import (
     TokenDelta,
     TokenScore,
     TokenStream,
+    scores_from_rows,
+    scoring_ids,
 )
 from metaclaw.serving.engines.salt import salted
-from metaclaw.wire import ADAPTER_CONFIG
 
 log = logging.getLogger(__name__)
 
@@ -109,7 +109,7 @@ class VLLMEngine(ServedAdapters):
 
     def load_adapter(self, name: str, path: str, version: int | None = None) -> int:
         self._check_new_name(name)
-        self._check_targets(check_adapter_files(path))
+        check_targets(check_adapter_files(path), self.lora_target_modules)
         started = time.perf_counter()
         version = self._registry.next_version(name, path, version)
         lora_id = next(self._lora_ids)
@@ -121,21 +121,6 @@ class VLLMEngine(ServedAdapters):
             raise AdapterError(f"vLLM cannot load the adapter in {path!r}: {exc}") from exc
         self._lora_requests[internal] = request
         return self._publish(name, internal, version, path, started)
-
-    def _check_targets(self, directory: Any) -> None:
-        """Refuse an adapter whose modules this engine does not wrap (vLLM would serve it without them)."""
-        try:
-            targets = json.loads((directory / ADAPTER_CONFIG).read_text()).get("target_modules")
-        except (OSError, ValueError, AttributeError) as exc:
-            raise AdapterError(f"cannot read {ADAPTER_CONFIG} in {str(directory)!r}: {exc}") from exc
-        if isinstance(targets, str):  # a PEFT regex or "all-linear": vLLM matches it against what it wraps
-            return
-        extra = sorted(set(targets or ()) - self.lora_target_modules)
-        if extra:
-            raise AdapterError(
-                f"the adapter in {str(directory)!r} adapts {extra}, which this server does not wrap "
-                f"(backend.lora_target_modules: {sorted(self.lora_target_modules)})"
-            )
 
     def _free(self, slot: LoadedAdapter) -> None:
         """Remove a replaced version from vLLM. On the engine loop's own thread (a stream that outlived a swap,
@@ -240,13 +225,9 @@ class VLLMEngine(ServedAdapters):
         """Teacher-forced logprobs. vLLM's prompt logprobs are raw (prompt tokens skip the sampler), so under a
         temperature or truncation the raw logprobs of the top-k tokens (or of the whole vocabulary when top-k is
         off) are read and `token_logprobs` applies the distribution, exactly as for sampled tokens."""
-        if not prompt_ids:
-            raise ValueError("prompt_ids must hold at least one token")
+        ids = scoring_ids(prompt_ids, target_ids, self.max_seq_len)
         if not target_ids:
             return []
-        ids = list(prompt_ids) + list(target_ids)
-        if len(ids) > self.max_seq_len:
-            raise ValueError(f"prompt + target is {len(ids)} tokens; model.max_seq_len is {self.max_seq_len}")
         dist = Dist.of(temperature, top_p, top_k)
         raw = dist == Dist()
         width = 0 if raw else dist.top_k
@@ -275,23 +256,13 @@ def _processed_scores(
     flat: Any, start: int, targets: list[int], dist: tuple[float, float, int]
 ) -> list[TokenScore]:
     """Scores of `targets` under `dist` from vLLM's flat raw prompt logprobs (positions `start`...)."""
-    import torch
-
     rows, ranks = [], []
-    for i, target in enumerate(targets):
+    for i in range(len(targets)):
         lo, hi = flat.start_indices[start + i], flat.end_indices[start + i]
         # the target comes first, then the top-k, which may hold it again: one value per token
-        by_token = dict(zip(flat.token_ids[lo:hi], flat.logprobs[lo:hi], strict=True))
-        tokens, values = list(by_token), list(by_token.values())
-        rows.append((tokens.index(target), values))
+        rows.append(dict(zip(flat.token_ids[lo:hi], flat.logprobs[lo:hi], strict=True)))
         ranks.append(int(flat.ranks[lo] or 1))
-    width = max(len(v) for _, v in rows)
-    logits = torch.full((len(rows), width), float("-inf"))
-    for r, (_, values) in enumerate(rows):
-        logits[r, : len(values)] = torch.tensor(values)
-    picked = torch.tensor([j for j, _ in rows])
-    lps = token_logprobs(logits, picked, *dist).tolist()
-    return [TokenScore(lp, rank) for lp, rank in zip(lps, ranks, strict=True)]
+    return scores_from_rows(rows, targets, ranks, dist)
 
 
 class _VLLMTokenStream(TokenStream):
