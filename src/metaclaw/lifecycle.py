@@ -78,3 +78,12 @@ def bind_to_launcher() -> None:
     value = os.environ.pop(PARENT_ENV, None)
     if value and value.isdigit():
         die_with_parent(int(value), sig=signal.SIGTERM)
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A port no one listens on now (the OS's choice); the caller binds it next."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])

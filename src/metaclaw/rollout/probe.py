@@ -14,6 +14,7 @@ import httpx
 
 from metaclaw.rollout.capture import TurnCapture
 from metaclaw.wire import bearer_headers
+from metaclaw.wire.attach import ATTACH, UpstreamCannotTrain, probe_attach  # noqa: F401 - re-exported
 
 log = logging.getLogger(__name__)
 
@@ -23,10 +24,6 @@ FIX = (
     "or a vLLM server that honours `return_token_ids` and `logprobs`; to only proxy and inject skills without "
     "training, run with mode=skills_only."
 )
-
-
-class UpstreamCannotTrain(RuntimeError):
-    """The upstream cannot supply what training needs; the message says why and what to do."""
 
 
 def _first_model(client: httpx.Client) -> str | None:
@@ -77,47 +74,3 @@ def probe_capture(url: str, api_key: str | None = None, model: str | None = None
     if problem is not None:
         raise UpstreamCannotTrain(f"the policy server at {url} cannot be trained from: {problem}. {FIX}")
     log.info("Upstream %s returns token ids and logprobs (model %s): capture will work", url, model)
-
-
-ATTACH = (
-    "A vLLM server needs: VLLM_ALLOW_RUNTIME_LORA_UPDATING=True vllm serve MODEL --served-model-name <model.name> "
-    "--enable-lora --max-lora-rank <policy.rank or more> --logprobs-mode processed_logprobs --max-model-len "
-    "<model.max_seq_len> (docs/gpu.md, 'Attaching to a vllm serve you already run')."
-)
-
-
-def probe_attach(url: str, api_key: str | None, model: str, max_seq_len: int, timeout_s: float = 30.0) -> None:
-    """What a training run needs of a server it attaches to (`serving.url`), asked over HTTP: the base model served
-    under `model` (`--served-model-name`), a context of at least `max_seq_len` (`--max-model-len`), and the runtime
-    LoRA route adapters are published through (`VLLM_ALLOW_RUNTIME_LORA_UPDATING=True`; an empty load request is
-    refused as invalid by a server that has it, 404 where it is off). `--enable-lora`, `--max-lora-rank` and
-    `--logprobs-mode` cannot be read over HTTP: the first publish and the capture probe show them.
-
-    Raises:
-        UpstreamCannotTrain: naming the missing flag.
-    """
-    with httpx.Client(base_url=url.rstrip("/"), headers=bearer_headers(api_key), timeout=timeout_s) as client:
-        try:
-            cards = client.get("/v1/models").json().get("data") or []
-            route = client.post("/v1/load_lora_adapter", json={}).status_code
-        except (httpx.HTTPError, ValueError, AttributeError) as e:
-            raise UpstreamCannotTrain(f"the policy server at {url} did not answer /v1/models ({e!r}). {ATTACH}") from e
-    names = [c.get("id") for c in cards if isinstance(c, dict)]
-    card = next((c for c in cards if isinstance(c, dict) and c.get("id") == model), None)
-    if card is None:
-        raise UpstreamCannotTrain(
-            f"the policy server at {url} serves {names}, not model.name={model!r}: start it with "
-            f"--served-model-name {model} (or set model.name to its name). {ATTACH}"
-        )
-    served_len = card.get("max_model_len")
-    if isinstance(served_len, int) and served_len < max_seq_len:
-        raise UpstreamCannotTrain(
-            f"the policy server at {url} serves {model} with max_model_len={served_len} < model.max_seq_len="
-            f"{max_seq_len}: start it with --max-model-len {max_seq_len} (or lower model.max_seq_len). {ATTACH}"
-        )
-    if route in (404, 405):
-        raise UpstreamCannotTrain(
-            f"the policy server at {url} has no /v1/load_lora_adapter ({route}), so no adapter can be published: "
-            f"start it with VLLM_ALLOW_RUNTIME_LORA_UPDATING=True (and --enable-lora). {ATTACH}"
-        )
-    log.info("Upstream %s serves %s (max_model_len %s) and loads LoRA adapters at run time", url, model, served_len)

@@ -2,17 +2,12 @@
 
 from __future__ import annotations
 
-import socket
 import threading
 import time
 
 import uvicorn
 
-
-def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
+from metaclaw.lifecycle import free_port  # noqa: F401 - re-exported
 
 
 class ThreadedServer:

