@@ -10,6 +10,7 @@ on the people's own training openings/questions and training correction phrasing
 
 - `compliance`: the share of hinted replies the preference's verifier accepts;
 - `gain_complying` / `gain_not`: median of log p(reply | hinted) - log p(reply | plain) per reply token (nats);
+  `total_gain_*` the same over the whole reply; `auc_*`: how well each separates complying replies from the rest;
 - `accepted` / `accepted_compliance`: the share the acceptance rule keeps (`accepts`), and the verifier's figure
   on those (what training would see);
 - `plain_compliance`: the same replies' share without the correction (the base rate on these prompts).
@@ -40,6 +41,13 @@ from metaclaw.serving.render import chat_prompt_ids  # noqa: E402
 from metaclaw.serving.sampling import SamplingParams  # noqa: E402
 from metaclaw.simulate.people import PreferenceKind  # noqa: E402
 from metaclaw.simulate.tasks import load_tasks  # noqa: E402
+
+
+def auc(pos: list[float], neg: list[float]) -> float | None:
+    """P(a complying reply's score > a non-complying one's), ties one half."""
+    if not pos or not neg:
+        return None
+    return round(sum((p > n) + 0.5 * (p == n) for p in pos for n in neg) / (len(pos) * len(neg)), 3)
 
 
 def main() -> None:
@@ -79,7 +87,8 @@ def main() -> None:
                 text = engine.tokenizer.decode(o.token_ids, skip_special_tokens=True)
                 base = engine.prompt_logprobs(plain, o.token_ids)
                 gain = token_gain(o.logprobs, base)
-                rows.append({"ok": kind.verifier.complies(text), "gain": gain, "accepted": accepts(gain), "text": text})
+                rows.append({"ok": kind.verifier.complies(text), "gain": gain, "accepted": accepts(gain), "text": text,
+                             "total": gain * len(base)})
         ok = [r for r in rows if r["ok"]]
         acc = [r for r in rows if r["accepted"]]
         med = lambda xs: round(statistics.median(xs), 3) if xs else None  # noqa: E731
@@ -88,6 +97,10 @@ def main() -> None:
             "compliance": round(len(ok) / len(rows), 3),
             "gain_complying": med([r["gain"] for r in ok]),
             "gain_not": med([r["gain"] for r in rows if not r["ok"]]),
+            "total_gain_complying": med([r["total"] for r in ok]),
+            "total_gain_not": med([r["total"] for r in rows if not r["ok"]]),
+            "auc_gain": auc([r["gain"] for r in ok], [r["gain"] for r in rows if not r["ok"]]),
+            "auc_total_gain": auc([r["total"] for r in ok], [r["total"] for r in rows if not r["ok"]]),
             "accepted": round(len(acc) / len(rows), 3),
             "accepted_compliance": round(sum(r["ok"] for r in acc) / len(acc), 3) if acc else None,
         }

@@ -127,7 +127,7 @@ def test_a_correction_without_a_stated_preference_asks_no_teacher(tmp_path):
 
 def test_a_reply_the_preference_does_not_explain_is_not_trained(tmp_path, judge):
     store = SampleStore(tmp_path / "s.sqlite")
-    with ThreadedServer(app := scripted_upstream("About ten minutes.")) as up:
+    with ThreadedServer(scripted_upstream("About ten minutes.")) as up:
         source = turn(store, PREFERENCE)
         worker = run(store, judge, up.url, min_gain=0.5)  # the scripted teacher's replies gain 0.25
     assert distilled(store) == [] and worker.distiller.stats["rejected"] == 1
@@ -146,7 +146,7 @@ def test_held_out_sessions_are_never_distilled(tmp_path, judge):
 def test_a_distilled_reply_with_a_secret_is_screened_like_any_turn(tmp_path, judge):
     secret = "sk-proj-" + "Ab3dE5gH7jK9mN1pQ3sT5vX7zB9cD1fG"
     store = SampleStore(tmp_path / "s.sqlite", screen=PrivacyPolicy())
-    with ThreadedServer(app := scripted_upstream(f"I am Kuro. Your key is {secret}")) as up:
+    with ThreadedServer(scripted_upstream(f"I am Kuro. Your key is {secret}")) as up:
         source = turn(store, PREFERENCE)
         run(store, judge, up.url)
     (new,) = distilled(store)

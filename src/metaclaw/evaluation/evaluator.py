@@ -263,9 +263,9 @@ class ComplianceEvaluator:
         quality = self._quality(model, compliant, nlls)
         stats = text_stats(ok_replies)
         by_prompt: dict[str, list[str]] = {}
-        for prompt, reply in zip(jobs, replies, strict=True):
-            if reply is not None:
-                by_prompt.setdefault(prompt, []).append(reply[0])
+        for prompt, answered in zip(jobs, replies, strict=True):
+            if answered is not None:
+                by_prompt.setdefault(prompt, []).append(answered[0])
         collapse = collapse_stats(list(by_prompt.values()))
         low, high = wilson_interval(sum(compliant), n)
         return EvalResult(

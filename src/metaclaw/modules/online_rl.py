@@ -167,7 +167,8 @@ class OnlineRLModule(L.LightningModule):
         totals = distilled.part_totals(batch, distilled=False) if rows is not None else batch
         loss = loss * global_scale(getattr(self.loss_fn, "aggregation", "token-mean"), mask, totals, world_size)
         if rows is not None and self.distill_loss is not None:
-            d_totals, d_agg = distilled.part_totals(batch, True), self.distill_loss.aggregation
+            d_agg = getattr(self.distill_loss, "aggregation", "token-mean")
+            d_totals = distilled.part_totals(batch, True)
             d_loss, d_metrics = distilled.distill_term(self.distill_loss, logprobs, batch, distill_mask, rows)
             loss = loss + self.distill_weight * d_loss * global_scale(d_agg, distill_mask, d_totals, world_size)
             metrics.update(d_metrics)

@@ -27,20 +27,20 @@ import copy
 import logging
 import statistics
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import httpx
 
 from metaclaw.distribution import sample_distribution
-from metaclaw.messages import content_text
-from metaclaw.rollout.capture import TurnCapture
+from metaclaw.messages import answer_and_reasoning, content_text
 from metaclaw.scoring.hints import hinted_messages
 from metaclaw.scoring.judges import paragraphs
 from metaclaw.scoring.reactions import sentences
 from metaclaw.scoring.speech_acts import follow_up, is_question, objection, update
 from metaclaw.serving.client import teacher_logprobs
 from metaclaw.store import Sample, SampleMeta
-from metaclaw.wire import ADAPTER_VERSION_HEADER, bearer_headers
+from metaclaw.wire import bearer_headers
 
 log = logging.getLogger(__name__)
 
@@ -107,6 +107,16 @@ def accepts(gain: float, min_gain: float = 0.5) -> bool:
     return gain >= min_gain
 
 
+@dataclass(frozen=True)
+class HintedReply:
+    """The teacher's reply with the preference in context: its tokens and their logprobs as sampled."""
+
+    token_ids: list[int]
+    logprobs: list[float]
+    text: str
+    finish_reason: str | None
+
+
 class ContextDistiller:
     """Samples a reply with a stated preference in context and, if the preference explains it, returns it as a
     training sample on the prompt without the preference.
@@ -162,32 +172,28 @@ class ContextDistiller:
             body["tools"] = sample.meta.tools
         if sample.meta.chat_template_kwargs:
             body["chat_template_kwargs"] = sample.meta.chat_template_kwargs
-        capture = await asyncio.to_thread(self._ask, body)
-        problem = capture.problems()
-        if problem is not None:
-            self.stats["failed"] += 1
-            raise RuntimeError(f"the teacher's hinted reply cannot be trained: {problem}")
+        reply = await asyncio.to_thread(self._ask, body)
         plain = await asyncio.to_thread(
-            teacher_logprobs, self.base_url, self.model, sample.prompt_ids, capture.response_ids, self.api_key,
+            teacher_logprobs, self.base_url, self.model, sample.prompt_ids, reply.token_ids, self.api_key,
             self.timeout_s, dist["temperature"], dist["top_p"], dist["top_k"],
         )  # fmt: skip
-        gain = token_gain(capture.logprobs, plain)
+        gain = token_gain(reply.logprobs, plain)
         info = {"from": sample.id, "preference": preference, "form": self.form, "gain": round(gain, 4),
-                "teacher": self.model, "tokens": len(capture.response_ids)}  # fmt: skip
+                "teacher": self.model, "tokens": len(reply.token_ids)}  # fmt: skip
         if not accepts(gain, self.min_gain):
             self.stats["rejected"] += 1
             return None, {**info, "accepted": False}
         self.stats["accepted"] += 1
         meta = SampleMeta(
             sampling=sample.meta.sampling, chat_template_kwargs=sample.meta.chat_template_kwargs,
-            tools=sample.meta.tools, finish_reason=capture.finish_reason, session_source=sample.meta.session_source,
+            tools=sample.meta.tools, finish_reason=reply.finish_reason, session_source=sample.meta.session_source,
             skills=sample.meta.skills, skill_generation=sample.meta.skill_generation,
             distilled={**info, "accepted": True},
         )  # fmt: skip
         new = Sample(
             prompt_ids=list(sample.prompt_ids),  # the prompt WITHOUT the preference: what the adapter learns to answer
-            response_ids=capture.response_ids,
-            behaviour_logprobs=capture.logprobs,  # the hinted distribution's (the teacher sampled it there)
+            response_ids=reply.token_ids,
+            behaviour_logprobs=reply.logprobs,  # the hinted distribution's (the teacher sampled it there)
             agent_id=sample.agent_id,
             session_id=sample.session_id,
             turn_index=sample.turn_index,
@@ -195,20 +201,23 @@ class ContextDistiller:
             temperature=sample.temperature,
             status="ready",
             messages=copy.deepcopy(sample.messages),
-            response_text=capture.response_text,
+            response_text=reply.text,
             meta=meta,
         )
         return new, {**info, "accepted": True}
 
-    def _ask(self, body: dict[str, Any]) -> TurnCapture:
+    def _ask(self, body: dict[str, Any]) -> HintedReply:
         response = httpx.post(
             f"{self.base_url}/v1/chat/completions", json=body, headers=bearer_headers(self.api_key),
             timeout=self.timeout_s,
         )  # fmt: skip
         response.raise_for_status()
-        capture = TurnCapture()
-        capture.feed_response(response.json())
-        version = response.headers.get(ADAPTER_VERSION_HEADER)
-        if version is not None and version.lstrip("-").isdigit():
-            capture.adapter_version = int(version)
-        return capture
+        choice = (response.json().get("choices") or [{}])[0]
+        ids = [int(t) for t in choice.get("token_ids") or []]
+        logprobs = [float(e["logprob"]) for e in (choice.get("logprobs") or {}).get("content") or []]
+        if not ids or len(logprobs) != len(ids):
+            self.stats["failed"] += 1
+            raise RuntimeError(f"the teacher's hinted reply has {len(ids)} token ids and {len(logprobs)} logprobs "
+                               "(it must return both: return_token_ids, logprobs)")  # fmt: skip
+        text = answer_and_reasoning(choice.get("message") or {})[0]
+        return HintedReply(ids, logprobs, text, choice.get("finish_reason"))
