@@ -105,6 +105,7 @@ def main() -> None:
             "accepted_compliance": round(sum(r["ok"] for r in acc) / len(acc), 3) if acc else None,
         }
         examples[form] = [r["text"][:100] for r in rows[:: max(1, len(rows) // 4)]]
+        print(json.dumps({form: out["forms"][form], "examples": examples[form]}), file=sys.stderr, flush=True)
     out["plain_compliance"] = round(sum(plain_ok) / max(len(plain_ok), 1), 3)
     out["examples"] = examples
     out["wall_s"] = round(time.perf_counter() - t0, 1)

@@ -278,11 +278,13 @@ def store_figures(db_path: str | Path) -> dict[str, Any]:
         "lifted_from_negative": sum(((r["meta"].get("at_least_one") or {}).get("from") or 0) < 0 for r in trained),
         "dropped_by_reason": dropped,
         "distilled": {  # learning from the words (scoring.distill): corrections that stated a preference
-            "asked": sum("gain" in d for d in distill), "accepted": sum(d.get("accepted") is True for d in distill),
+            "asked": sum("gains" in d for d in distill),
+            "hinted_replies": sum(len(d.get("gains", [])) for d in distill),
+            "accepted": sum(d.get("accepted", 0) for d in distill),
             "no_stated_preference": sum(d.get("skipped") == "no stated preference" for d in distill),
             "failed": sum("error" in d for d in distill), "stored": sum(r["label"] == "distilled" for r in rows),
             "trained": sum(r["label"] == "distilled" for r in trained),
-            "gain": _stats([d["gain"] for d in distill if "gain" in d]),
+            "gain": _stats([g for d in distill for g in d.get("gains", [])]),
         },
     }
 

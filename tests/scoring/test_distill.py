@@ -89,7 +89,8 @@ def test_a_correction_with_a_stated_preference_yields_a_sample_on_the_prompt_wit
     (new,) = distilled(store)
     corrected = store.get(source)
     assert corrected.reward == -1.0 and corrected.status == "ready"  # the corrected reply is never lifted
-    assert asked["messages"][0] == {"role": "system", "content": PREFERENCE} and asked["model"] == "tiny"
+    assert asked["messages"] == [{"role": "user", "content": f"{PREFERENCE}\n\nHow long should pasta cook?"}]
+    assert asked["model"] == "tiny" and asked["n"] == 1
     assert new.prompt_ids == corrected.prompt_ids  # trained on the prompt WITHOUT the correction
     assert not set(word_ids("Kuro, always introduce")) & set(new.prompt_ids)
     assert new.response_ids == [*word_ids("Hi, I am Kuro. About ten minutes."), 3]
@@ -131,7 +132,7 @@ def test_a_reply_the_preference_does_not_explain_is_not_trained(tmp_path, judge)
         source = turn(store, PREFERENCE)
         worker = run(store, judge, up.url, min_gain=0.5)  # the scripted teacher's replies gain 0.25
     assert distilled(store) == [] and worker.distiller.stats["rejected"] == 1
-    assert store.get(source).meta["distill"]["accepted"] is False and store.get(source).reward == -1.0
+    assert store.get(source).meta["distill"]["accepted"] == 0 and store.get(source).reward == -1.0
 
 
 def test_held_out_sessions_are_never_distilled(tmp_path, judge):

@@ -34,9 +34,9 @@ def test_distilled_reply_has_ratio_one_under_the_hinted_prompt_only(policy_serve
     source = Sample(prompt, [5, 6], [-1.0, -1.0], messages=messages, response_text="Paris.", id=1,
                     temperature=temperature, meta={"sampling": {"top_p": 1.0, "top_k": -1}})  # fmt: skip
     distiller = ContextDistiller(policy_server.url, "tiny", policy_server.api_key, min_gain=-1e9, max_tokens=24)
-    new, info = asyncio.run(distiller.distill(source, PREFERENCE))
-    assert new is not None and info["accepted"] and new.prompt_ids == prompt and new.temperature == temperature
-    hinted = chat_prompt_ids(tiny_tokenizer, hinted_conversation(messages, "Paris.", PREFERENCE, "system"))
+    (new,), info = asyncio.run(distiller.distill(source, PREFERENCE))
+    assert info["accepted"] == 1 and new.prompt_ids == prompt and new.temperature == temperature
+    hinted = chat_prompt_ids(tiny_tokenizer, hinted_conversation(messages, "Paris.", PREFERENCE, distiller.form))
 
     def trainer_logprobs(prompt_ids: list[int]) -> torch.Tensor:
         seq = torch.tensor([prompt_ids + new.response_ids])

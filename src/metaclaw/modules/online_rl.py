@@ -92,14 +92,8 @@ class OnlineRLModule(L.LightningModule):
         distill_weight: float = 1.0,
     ) -> None:
         super().__init__()
-        self.distill_loss, self.distill_weight = distill_loss, distill_weight
-        self.policy, self.loss_fn, self.advantage, self.optimizer_factory, self.kl = (
-            policy,
-            loss,
-            advantage,
-            optimizer,
-            kl,
-        )
+        self.policy, self.loss_fn, self.advantage, self.optimizer_factory = policy, loss, advantage, optimizer
+        self.kl, self.distill_loss, self.distill_weight = kl, distill_loss, distill_weight
         self.policy.train()  # from_pretrained leaves modules in eval mode
         self.strict_loading = False  # checkpoints hold only the trainable (adapter) weights
         self.reward_mean = MeanMetric()

@@ -118,14 +118,15 @@ class HintedReply:
 
 
 class ContextDistiller:
-    """Samples a reply with a stated preference in context and, if the preference explains it, returns it as a
-    training sample on the prompt without the preference.
+    """Samples replies with a stated preference in context and returns those the preference explains as training
+    samples on the prompt without the preference.
 
     Args:
         base_url: the teacher server (no `/v1`); None: our policy server, bound by the live loop (`bind`).
         model: the model asked (the base model name: adapter disabled, like OPD's teacher).
         api_key: bearer key of `base_url`.
         form: where the preference goes in context (`HINTED_FORMS`).
+        samples: hinted replies asked per correction (one request, `n`): each is accepted or not on its own.
         min_gain: the acceptance bound of `accepts` (nats per token).
         max_tokens: the reply budget when the turn's own reply was not cut at its budget (then that length).
         timeout_s: per request.
@@ -136,27 +137,24 @@ class ContextDistiller:
         base_url: str | None,
         model: str,
         api_key: str | None = None,
-        form: str = "system",
+        form: str = "prefix",
+        samples: int = 1,
         min_gain: float = 0.5,
         max_tokens: int = 256,
         timeout_s: float = 120.0,
     ) -> None:
         if form not in HINTED_FORMS:
             raise ValueError(f"distill.distiller.form must be one of {HINTED_FORMS}, got {form!r}")
-        if max_tokens < 1:
-            raise ValueError(f"distill.distiller.max_tokens must be >= 1, got {max_tokens}")
+        if max_tokens < 1 or not 1 <= samples <= 16:
+            raise ValueError(f"distill.distiller: max_tokens >= 1 and samples in [1, 16], got {max_tokens}, {samples}")
         self.base_url, self.model, self.api_key = (base_url or "").rstrip("/") or None, model, api_key
-        self.form, self.min_gain, self.max_tokens, self.timeout_s = form, min_gain, max_tokens, timeout_s
+        self.form, self.samples, self.min_gain = form, samples, min_gain
+        self.max_tokens, self.timeout_s = max_tokens, timeout_s
         self.stats = {"asked": 0, "accepted": 0, "rejected": 0, "failed": 0}
         self.redact: Callable[[Sample], Sample] | None = None  # set when the teacher is off this machine
 
-    def bind(self, server_url: str, api_key: str | None = None) -> None:
-        """Point a distiller configured with `base_url: null` at the policy server."""
-        if self.base_url is None:
-            self.base_url, self.api_key = server_url.rstrip("/"), api_key
-
-    async def distill(self, sample: Sample, preference: str) -> tuple[Sample | None, dict[str, Any]]:
-        """`(new sample or None, what happened)` for a turn whose correction states `preference`."""
+    async def distill(self, sample: Sample, preference: str) -> tuple[list[Sample], dict[str, Any]]:
+        """`(new samples, what happened)` for a turn whose correction states `preference`."""
         if self.base_url is None:
             raise RuntimeError("the context distiller has no teacher server (distill.distiller.base_url)")
         self.stats["asked"] += 1
@@ -166,58 +164,66 @@ class ContextDistiller:
         budget = len(sample.response_ids) if sample.meta.finish_reason == "length" else self.max_tokens
         body: dict[str, Any] = {
             "model": self.model, "messages": messages, "max_tokens": budget, "logprobs": True,
-            "return_token_ids": True, **dist,
+            "return_token_ids": True, "n": self.samples, **dist,
         }  # fmt: skip
         if sample.meta.tools:
             body["tools"] = sample.meta.tools
         if sample.meta.chat_template_kwargs:
             body["chat_template_kwargs"] = sample.meta.chat_template_kwargs
-        reply = await asyncio.to_thread(self._ask, body)
-        plain = await asyncio.to_thread(
-            teacher_logprobs, self.base_url, self.model, sample.prompt_ids, reply.token_ids, self.api_key,
-            self.timeout_s, dist["temperature"], dist["top_p"], dist["top_k"],
-        )  # fmt: skip
-        gain = token_gain(reply.logprobs, plain)
-        info = {"from": sample.id, "preference": preference, "form": self.form, "gain": round(gain, 4),
-                "teacher": self.model, "tokens": len(reply.token_ids)}  # fmt: skip
-        if not accepts(gain, self.min_gain):
-            self.stats["rejected"] += 1
-            return None, {**info, "accepted": False}
-        self.stats["accepted"] += 1
+        replies = await asyncio.to_thread(self._ask, body)
+        gains = []
+        for reply in replies:
+            plain = await asyncio.to_thread(
+                teacher_logprobs, self.base_url, self.model, sample.prompt_ids, reply.token_ids, self.api_key,
+                self.timeout_s, dist["temperature"], dist["top_p"], dist["top_k"],
+            )  # fmt: skip
+            gains.append(token_gain(reply.logprobs, plain))
+        kept = [(r, g) for r, g in zip(replies, gains, strict=True) if accepts(g, self.min_gain)]
+        info = {"from": sample.id, "preference": preference, "form": self.form, "teacher": self.model,
+                "gains": [round(g, 4) for g in gains], "accepted": len(kept)}  # fmt: skip
+        self.stats["accepted"] += len(kept)
+        self.stats["rejected"] += len(gains) - len(kept)
+        return [self._sample(sample, reply, {**info, "gain": round(g, 4)}) for reply, g in kept], info
+
+    @staticmethod
+    def _sample(source: Sample, reply: HintedReply, info: dict[str, Any]) -> Sample:
+        """The accepted reply as a `ready` sample on the source turn's prompt (without the preference)."""
         meta = SampleMeta(
-            sampling=sample.meta.sampling, chat_template_kwargs=sample.meta.chat_template_kwargs,
-            tools=sample.meta.tools, finish_reason=reply.finish_reason, session_source=sample.meta.session_source,
-            skills=sample.meta.skills, skill_generation=sample.meta.skill_generation,
-            distilled={**info, "accepted": True},
+            sampling=source.meta.sampling, chat_template_kwargs=source.meta.chat_template_kwargs,
+            tools=source.meta.tools, finish_reason=reply.finish_reason, session_source=source.meta.session_source,
+            skills=source.meta.skills, skill_generation=source.meta.skill_generation, distilled=info,
         )  # fmt: skip
-        new = Sample(
-            prompt_ids=list(sample.prompt_ids),  # the prompt WITHOUT the preference: what the adapter learns to answer
+        return Sample(
+            prompt_ids=list(source.prompt_ids),  # the prompt WITHOUT the preference: what the adapter learns to answer
             response_ids=reply.token_ids,
             behaviour_logprobs=reply.logprobs,  # the hinted distribution's (the teacher sampled it there)
-            agent_id=sample.agent_id,
-            session_id=sample.session_id,
-            turn_index=sample.turn_index,
-            adapter_version=sample.adapter_version,  # freshness as the turn it came from
-            temperature=sample.temperature,
+            agent_id=source.agent_id,
+            session_id=source.session_id,
+            turn_index=source.turn_index,
+            adapter_version=source.adapter_version,  # freshness as the turn it came from
+            temperature=source.temperature,
             status="ready",
-            messages=copy.deepcopy(sample.messages),
+            messages=copy.deepcopy(source.messages),
             response_text=reply.text,
             meta=meta,
         )
-        return new, {**info, "accepted": True}
 
-    def _ask(self, body: dict[str, Any]) -> HintedReply:
+    def _ask(self, body: dict[str, Any]) -> list[HintedReply]:
         response = httpx.post(
             f"{self.base_url}/v1/chat/completions", json=body, headers=bearer_headers(self.api_key),
             timeout=self.timeout_s,
         )  # fmt: skip
         response.raise_for_status()
-        choice = (response.json().get("choices") or [{}])[0]
-        ids = [int(t) for t in choice.get("token_ids") or []]
-        logprobs = [float(e["logprob"]) for e in (choice.get("logprobs") or {}).get("content") or []]
-        if not ids or len(logprobs) != len(ids):
-            self.stats["failed"] += 1
-            raise RuntimeError(f"the teacher's hinted reply has {len(ids)} token ids and {len(logprobs)} logprobs "
-                               "(it must return both: return_token_ids, logprobs)")  # fmt: skip
-        text = answer_and_reasoning(choice.get("message") or {})[0]
-        return HintedReply(ids, logprobs, text, choice.get("finish_reason"))
+        replies = []
+        for choice in response.json().get("choices") or []:
+            ids = [int(t) for t in choice.get("token_ids") or []]
+            logprobs = [float(e["logprob"]) for e in (choice.get("logprobs") or {}).get("content") or []]
+            if not ids or len(logprobs) != len(ids):
+                self.stats["failed"] += 1
+                raise RuntimeError(f"the teacher's hinted reply has {len(ids)} token ids and {len(logprobs)} "
+                                   "logprobs (it must return both: return_token_ids, logprobs)")  # fmt: skip
+            text = answer_and_reasoning(choice.get("message") or {})[0]
+            replies.append(HintedReply(ids, logprobs, text, choice.get("finish_reason")))
+        if not replies:
+            raise RuntimeError("the teacher returned no choices")
+        return replies

@@ -44,7 +44,7 @@ class TurnScore:
     meta: dict[str, Any] = field(default_factory=dict)
     failed: bool = False  # scoring failed `max_attempts` times: settled as dropped, never trained on
     feedback: dict[str, Any] | None = None  # the feedback this score was computed with
-    distilled: Sample | None = None  # a reply written with the correction's stated preference (scoring.distill)
+    distilled: list[Sample] = field(default_factory=list)  # replies written with the stated preference (distill)
 
 
 def is_heldout(session_id: str, share: float) -> bool:
@@ -304,17 +304,17 @@ class ScoringWorker:
             self.store.set_score(s.id, status="dropped", meta={**meta, "dropped": f"invalid_score: {e}"})
         s.reward = reward
         self.stats["ready" if usable else "dropped"] += 1
-        if score.distilled is not None and usable:
+        if score.distilled and usable:
             self._store_distilled(s, score.distilled)
 
-    def _store_distilled(self, source: Sample, new: Sample) -> None:
-        """Store the distilled sample (`ready`; the store's privacy screen applies as to any captured turn)."""
+    def _store_distilled(self, source: Sample, new: list[Sample]) -> None:
+        """Store the distilled samples (`ready`; the store's privacy screen applies as to any captured turn)."""
         try:
-            self.store.insert(new)
-            self.stats["distilled"] += 1
+            self.store.insert_many(new)
+            self.stats["distilled"] += len(new)
         except SampleValidationError as e:
             self.stats["distill_failed"] += 1
-            log.warning("Sample %d: the distilled reply was refused (%s)", source.id, e)
+            log.warning("Sample %d: the distilled replies were refused (%s)", source.id, e)
 
     # ---- background thread --------------------------------------------------------------------------------
     def _loop(self) -> None:
