@@ -10,6 +10,7 @@ import asyncio
 
 import pytest
 
+from metaclaw.modules.health import HealthMonitor
 from metaclaw.privacy import PrivacyPolicy
 from metaclaw.rollout.server import ThreadedServer
 from metaclaw.rollout.testing import scripted_upstream, word_ids
@@ -100,6 +101,9 @@ def test_a_correction_with_a_stated_preference_yields_a_sample_on_the_prompt_wit
     assert new.meta.distilled["gain"] == pytest.approx(0.25)
     assert (new.session_id, new.agent_id, new.next_state) == (corrected.session_id, corrected.agent_id, None)
     assert worker.stats["distilled"] == 1 and worker.distiller.stats["accepted"] == 1
+    monitor = HealthMonitor(str(store.path))
+    monitor.attach(worker=worker)
+    assert monitor.snapshot()["rollout/distilled"] == 1.0  # in the logger and `status`, like every loop counter
 
 
 @pytest.mark.parametrize(
