@@ -29,6 +29,7 @@ from metaclaw.loop.wiring import build_privacy
 from metaclaw.memory_plan import check_memory
 from metaclaw.modules.online_rl import OnlineRLModule
 from metaclaw.modules.progress import LoopProgressBar
+from metaclaw.modules.rewind import Rewind, RewindCallback
 from metaclaw.runfiles import protect_run
 from metaclaw.stopping import GracefulStop, RunAbandoned, RunFailed, StopController
 from metaclaw.store import SampleStore, ServedVersions, open_store
@@ -71,12 +72,14 @@ def build_datamodule(cfg: DictConfig, pad_id: int, agents: AgentProfiles, schedu
     )
 
 
-def build_publisher(cfg: DictConfig, served: ServedVersions, release: Any, agents: AgentProfiles) -> Any:
-    """`publish` (its `gate` settings are the release's: `metaclaw.loop.eval_wiring.build_evaluator`)."""
+def build_publisher(cfg: DictConfig, served: ServedVersions, release: Any, agents: AgentProfiles,
+                    rewind: Rewind | None = None) -> Any:  # fmt: skip
+    """`publish` (its `gate` settings are the release's: `metaclaw.loop.eval_wiring.build_evaluator`; `rewind`: the
+    control plane's `forget --rollback` requests, `metaclaw.modules.rewind`)."""
     node = OmegaConf.to_container(cfg.publish, resolve=True)
     assert isinstance(node, dict), "publish must be a mapping"
     settings = {k: v for k, v in node.items() if k != "gate"}
-    return instantiate(settings, _partial_=True)(served=served, release=release, agents=agents)
+    return instantiate(settings, _partial_=True)(served=served, release=release, agents=agents, rewind=rewind)
 
 
 def build_trainer(cfg: DictConfig, agents: AgentProfiles, adapters: Path, callbacks: list) -> L.Trainer:
@@ -158,10 +161,14 @@ def _train(cfg: DictConfig) -> tuple[dict[str, Any], dict[str, Any]]:
                             distill_weight=float(distill.weight) if distill else 1.0)  # fmt: skip
     # Live evaluation and the publish gate: rank 0 only (it is the one that serves and hot-loads).
     evaluator = build_evaluator(cfg) if rank_zero_only.rank == 0 else None
-    publisher = build_publisher(cfg, served, evaluator, agents)
+    rewind = Rewind(cfg.run_dir)  # forget --rollback: the trainer goes back to the clean adapter (modules.rewind)
+    publisher = build_publisher(cfg, served, evaluator, agents, rewind)
     health = instantiate(cfg.health) if cfg.get("health") else None
     control = build_control(cfg, store, scheduler)  # `python -m metaclaw status|pause|...` on the proxy's port
+    if control:
+        control.rewind = rewind
     trainer = build_trainer(cfg, agents, publisher.files.adapters, [
+        RewindCallback(rewind, cfg.store_path),  # before the publisher: a rewind comes before the step's publish
         publisher, ApplyImport(cfg.run_dir, agents, publisher),  # after the publisher: `metaclaw import` wins
         evaluator, scheduler, health, GracefulStop(stop)])  # fmt: skip
     ckpt = publisher.checkpoint_path if publisher.checkpoint_path.exists() else None

@@ -1,4 +1,5 @@
-"""The agents people use, really run (`make test-agents`): OpenClaw, Claude Code and Codex from npm, headless,
+"""The agents people use, really run (`make test-agents`): OpenClaw, Claude Code and Codex from npm and
+hermes-agent from PyPI, headless,
 each for five turns of one conversation (the first asks for a file read) through a recording pass-through into
 `train.py rollout=proxy` on the embedded default (SmolLM2-135M, CPU). Every turn must be answered and captured;
 every turn the person reacted to (all but the last) must be claimed by an optimizer step. The recordings are the
@@ -84,6 +85,29 @@ def codex(svc: Service, base: str, home: Path, work: Path, i: int, text: str) ->
     return out, " ".join(said + ran)
 
 
+def hermes(svc: Service, base: str, home: Path, work: Path, i: int, text: str) -> tuple[str, str]:
+    """hermes-agent from PyPI (.agents/hermes): a `custom` provider; it refuses a model whose card says less than
+    64k tokens, so `context_length` states 64k and the proxy fits its prompt (as OpenClaw's `contextWindow`)."""
+    if i == 0:
+        (home / ".hermes").mkdir(parents=True, exist_ok=True)
+        (home / ".hermes" / "config.yaml").write_text(
+            f"model:\n  provider: custom\n  base_url: {base}/v1\n  default: metaclaw\n  api_key: {svc.key}\n"
+            "  context_length: 65536\n"
+        )
+    session = (home / ".hermes" / "metaclaw-session").read_text().strip() if i else ""
+    exe = str(REPO / ".agents" / "hermes" / "bin" / "hermes")
+    full = {**os.environ, "HOME": str(home), "NO_COLOR": "1"}
+    cmd = [exe, "chat", "-q", text, "-Q", *(["--resume", session] if session else [])]
+    proc = subprocess.run(cmd, cwd=work, env=full, capture_output=True, text=True, timeout=1800, errors="replace")
+    assert proc.returncode == 0, f"hermes exited {proc.returncode}:\n{proc.stdout[-2000:]}\n{proc.stderr[-2000:]}"
+    found = [line.split(":", 1)[1].strip() for line in (proc.stdout + proc.stderr).splitlines()
+             if line.startswith("session_id:")]  # fmt: skip
+    assert found, proc.stderr[-2000:]
+    (home / ".hermes" / "metaclaw-session").write_text(found[-1])
+    said = [line for line in proc.stdout.splitlines() if line.strip() and not line.lstrip().startswith("⚠")]
+    return proc.stdout, "\n".join(line for line in said if not line.startswith("session_id:"))
+
+
 def run(cmd: list[str], home: Path, work: Path, env: dict[str, str]) -> str:
     full = {**os.environ, "HOME": str(home), "PATH": agent_path(), "NO_COLOR": "1", **env}
     proc = subprocess.run(cmd, cwd=work, env=full, capture_output=True, text=True, timeout=1200)
@@ -91,7 +115,7 @@ def run(cmd: list[str], home: Path, work: Path, env: dict[str, str]) -> str:
     return proc.stdout
 
 
-AGENTS = {"openclaw": openclaw, "claude-code": claude_code, "codex": codex}
+AGENTS = {"openclaw": openclaw, "claude-code": claude_code, "codex": codex, "hermes": hermes}
 
 
 @pytest.mark.parametrize("name", list(AGENTS))
@@ -130,8 +154,9 @@ def test_every_reacted_turn_is_captured_and_trained(service: Service):
     while time.monotonic() < deadline:
         state = {}
         for s in store.select():
-            users = [m for m in s.messages or [] if m.get("role") == "user"]
-            last = json.dumps(users[-1].get("content")) if users else ""
+            msgs = s.messages or []
+            reply = max((k for k, m in enumerate(msgs) if m.get("role") == "assistant"), default=-1)
+            last = json.dumps([m.get("content") for m in msgs[reply + 1 :] if m.get("role") == "user"])
             for name in AGENTS:
                 for i in range(len(TURNS)):
                     if f"[{name} turn {i + 1}]" in last:

@@ -49,3 +49,20 @@ def test_prefix_reuse_bench_compares_the_cache_off_and_on():
     assert off["turns"] == on["turns"] == 2 * 3  # two conversations of three turns through each engine
     assert out["cache"]["hits"] >= 4 and 0 < out["cache"]["reused_share"] < 1  # turns 2 and 3 find turn 1's keys
     assert out["speedup_wall"] > 0 and out["prefix_cache_mb"] == 1024  # backend/hf.yaml
+
+
+def test_log_lines_counts_kinds_steps_duplicates_and_adverts(tmp_path):
+    run = tmp_path / "run"
+    (run / "adapters" / "step-000002").mkdir(parents=True)
+    lines = [
+        "[2026-11-28 10:00:00,000][metaclaw.loop.live][INFO] - Rollout proxy ready: point your agent at base_url=x",
+        "[2026-11-28 10:00:01,000][metaclaw.modules.publisher][INFO] - Published adapter v1 at /r/adapters/step-000001",
+        "[2026-11-28 10:00:01,100][metaclaw.modules.publisher][INFO] - Published adapter v1 at /r/adapters/step-000001",
+        "[2026-11-28 10:00:02,000][lightning.pytorch][INFO] - 💡 Tip: try installing litlogger",
+        "[2026-11-28 10:00:03,000][metaclaw.modules.publisher][INFO] - Published adapter v2 at /r/adapters/step-000002",
+    ]
+    (run / "train.log").write_text("\n".join(lines) + "\n")
+    out = _bench("bench/log_lines.py", str(run))
+    assert out["steps"] == 3 and out["startup_info_lines"] == 1 and out["info_lines"] == 5  # 3 publish lines
+    assert out["kinds"]["metaclaw.modules.publisher: Published adapter v# at PATH"] == 3
+    assert len(out["duplicates"]) == 1 and len(out["adverts"]) == 1

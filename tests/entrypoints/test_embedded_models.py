@@ -24,3 +24,15 @@ def test_a_missing_embedded_model_names_the_command(monkeypatch):
     spec = ModelSpec(name="x", path="m.gguf", package="no_such_embedded_model_pkg", gguf_file="m.gguf")
     with pytest.raises(FileNotFoundError, match="run `metaclaw models install`"):
         spec.local_dir()
+
+
+def test_an_environment_without_pip_installs_with_uv_or_says_what_to_do(monkeypatch, capsys, tmp_path):
+    """`uv tool install metaclaw` makes an environment with no pip: `models install` uses `uv pip --python`."""
+    real = embedded.importlib.util.find_spec
+    monkeypatch.setattr(embedded.importlib.util, "find_spec", lambda name: None if name == "pip" else real(name))
+    monkeypatch.setattr(embedded.shutil, "which", lambda name: "/opt/uv/bin/uv" if name == "uv" else None)
+    cmd = embedded.install_command()
+    assert cmd[:5] == ["/opt/uv/bin/uv", "pip", "install", "--python", sys.executable] and "--no-deps" in cmd
+    monkeypatch.setattr(embedded.shutil, "which", lambda name: None)
+    assert embedded.main(["models", "install"]) == 1
+    assert "ensurepip" in capsys.readouterr().err

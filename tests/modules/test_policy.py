@@ -236,3 +236,19 @@ def test_a_right_padded_batch_gets_each_rows_own_logprobs_and_gradients(tiny_pol
     grads_alone = torch.autograd.grad(sum(lp.sum() for lp in alone), params)
     for g, h in zip(grads, grads_alone, strict=True):
         assert torch.allclose(g, h, atol=1e-4)
+
+
+def test_a_batch_over_the_activation_budget_is_checkpointed_and_a_short_one_is_not(tiny_spec):
+    """An agent's long turns kept ~37 GB of activations on SmolLM2 and the OOM killer stopped the run: a batch of
+    more positions than `activation_budget_mib` allows is checkpointed; short batches keep their speed."""
+    policy = LoraPolicy(tiny_spec.load_model(), rank=4, alpha=8, activation_budget_mib=1.0)
+    assert not policy.gradient_checkpointing and policy.checkpoint_above is not None
+    limit = policy.checkpoint_above
+    policy.checkpoint_for(limit + 1)
+    assert policy.gradient_checkpointing
+    policy.checkpoint_for(limit)
+    assert not policy.gradient_checkpointing
+    always = LoraPolicy(tiny_spec.load_model(), rank=4, alpha=8, gradient_checkpointing=True, activation_budget_mib=1.0)
+    always.checkpoint_for(1)
+    assert always.gradient_checkpointing  # checkpointing asked for stays on
+    assert LoraPolicy(tiny_spec.load_model(), rank=4, alpha=8).checkpoint_above is None  # no budget: never

@@ -85,8 +85,8 @@ def test_policy_refuses_unknown_settings():
 
 
 class Recorder:
-    def __init__(self, base_url: str | None) -> None:
-        self.base_url, self.seen = base_url, []
+    def __init__(self, base_url: str | None, api_key: str | None = None) -> None:
+        self.base_url, self.api_key, self.seen = base_url, api_key, []
 
     async def reward(self, s: Sample):
         self.seen.append(s)
@@ -97,10 +97,11 @@ class Recorder:
 
 
 def test_outbound_calls_off_this_machine_get_redacted_text():
-    policy = PrivacyPolicy()  # email: redact_text, ip: keep; outbound: redact_external redacts every category
+    policy = PrivacyPolicy()  # email: redact_text, ip: keep; outbound: redact_untrusted redacts every category
+    policy.bind_own_server("http://127.0.0.1:8000", "run-key")  # this run's policy server (loop.wiring)
     s = sample(f"ping 81.2.69.160 and mail {EMAIL}")  # stored as is with keep; here: straight from a store
     s.next_state = f"also cc {EMAIL}"
-    local, remote = Recorder("http://127.0.0.1:8000"), Recorder("https://judge.example.com")
+    local, remote = Recorder("http://127.0.0.1:8000", "run-key"), Recorder("https://judge.example.com")
     asyncio.run(RedactingJudge(local, policy).reward(s))
     asyncio.run(RedactingJudge(remote, policy).reward(s))
     assert EMAIL in local.seen[0].messages[1]["content"]  # our own server: the stored text
@@ -116,6 +117,33 @@ def test_outbound_calls_off_this_machine_get_redacted_text():
     assert EMAIL not in str(seen)
     assert not PrivacyPolicy(outbound="off").redacts_for("https://judge.example.com")
     assert PrivacyPolicy(outbound="redact_all").redacts_for("http://localhost:1")
+
+
+def test_a_loopback_url_that_is_not_this_runs_server_gets_redacted_text():
+    """Issue 43, finding 8: the decision was the URL's alone, so any process on 127.0.0.1 (another user's server,
+    a port taken after ours went away) got the stored text. Now only this run's own server, by address AND key,
+    and what the owner lists in `privacy.trusted_outbound`, do."""
+    policy = PrivacyPolicy(trusted_outbound=["http://127.0.0.1:9000/v1/"])
+    policy.bind_own_server("http://127.0.0.1:8000", "run-key")
+    s = sample(f"mail {EMAIL}")
+    strangers = [Recorder("http://127.0.0.1:8001", "run-key"),  # a loopback URL that is not ours
+                 Recorder("http://localhost:8000", "other-key"),  # our port, someone else's key
+                 Recorder("http://[::1]:8000"),  # no key at all
+                 Recorder("http://127.0.0.1:8000", None)]  # fmt: skip
+    for judge in strangers:
+        asyncio.run(RedactingJudge(judge, policy).reward(s))
+        assert EMAIL not in judge.seen[0].messages[1]["content"], judge.base_url
+    evolver = Recorder("http://127.0.0.1:8001/v1", "run-key")
+    RedactingEvolver(evolver, policy).evolve("a", [{"sample_id": 1, "messages": s.messages, "response": EMAIL}])
+    assert EMAIL not in str(evolver.seen)
+    ours = [Recorder("http://127.0.0.1:8000/", "run-key"), Recorder("http://127.0.0.1:8000/v1", "run-key"),
+            Recorder("http://127.0.0.1:9000", "any")]  # our server (the evolver's /v1 too); the owner's trusted one
+    for judge in ours:
+        asyncio.run(RedactingJudge(judge, policy).reward(s))
+        assert EMAIL in judge.seen[0].messages[1]["content"], judge.base_url
+    assert PrivacyPolicy().redacts_for("http://127.0.0.1:8000", "run-key")  # no server bound: nothing is ours
+    with pytest.raises(ValueError, match="redact_untrusted"):
+        PrivacyPolicy(outbound="redact_external")
 
 
 def test_status_shows_turns_dropped_for_a_secret(store, tmp_path):

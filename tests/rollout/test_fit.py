@@ -108,7 +108,7 @@ def test_off_and_images_are_left_to_the_server(tiny_tokenizer):
     parts = [{"type": "text", "text": words(2000)}, {"type": "image_url", "image_url": {"url": "data:,"}}]
     meta: dict = {}
     assert fit.apply([{"role": "user", "content": parts}], None, True, CARD, None, meta)[0][0]["content"] == parts
-    assert meta["images"] == "passthrough" and "context" not in meta
+    assert meta["images"] == "passthrough" and meta["context"]["action"] == "skipped"  # said, never silent
 
 
 ROLE = st.sampled_from(["system", "user", "assistant", "tool"])

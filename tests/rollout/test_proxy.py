@@ -53,6 +53,24 @@ def test_multi_turn_session_without_headers_sets_next_state(harness):
     assert second.response_ids and len(second.behaviour_logprobs) == len(second.response_ids)
 
 
+REMINDER = "<system-reminder>\nOutput token limit hit. Resume directly.\n</system-reminder>"
+
+
+def test_an_agents_own_continuation_is_no_reaction_and_the_persons_next_words_answer_the_chain(harness):
+    """Claude Code continues a reply cut at max_tokens with a `<system-reminder>` of its own (recorded in
+    `make test-agents`): that is not the person's reaction, so the turn waits; the person's next message (behind
+    OpenClaw-style timestamp envelopes) is the next state of every turn of the chain."""
+    c = client(harness)
+    msgs = [SYSTEM, {"role": "user", "content": "[Sat 2026-11-28 18:09 UTC] question"}]
+    for follow in (REMINDER, REMINDER, "[Sat 2026-11-28 18:12 UTC] Thanks, that's all for now."):
+        r = c.chat.completions.create(model="m", messages=msgs)
+        msgs += [{"role": "assistant", "content": r.choices[0].message.content}, {"role": "user", "content": follow}]
+    c.chat.completions.create(model="m", messages=msgs)
+    samples = harness.store.select()
+    assert len(samples) == 4 and len({s.session_id for s in samples}) == 1
+    assert [s.next_state for s in samples] == ["Thanks, that's all for now."] * 3 + [None]
+
+
 def test_headers_select_session_agent_side_turns_and_done(harness):
     c = client(harness)
     hdr = {"X-Session-Id": "s1", "X-Agent-Id": "agent-a", "X-Turn-Type": "main"}

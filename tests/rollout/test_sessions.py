@@ -335,3 +335,43 @@ def test_an_end_user_name_in_any_script_is_still_accepted(h):
     """`user` is never sent back as a header: only session ids need to be header-safe."""
     body = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "user": "\u738b\u5c0f\u660e \U0001f600"}
     assert httpx.post(f"{h.url}/v1/chat/completions", json=body, timeout=30).status_code == 200
+
+
+def test_an_agents_transient_runtime_message_is_no_reaction():
+    """OpenClaw appends its runtime context to every request and leaves it out of the next one's history: the
+    recorded requests' next states are the person's words only; a client without such a message keeps all."""
+    import json
+    from pathlib import Path
+
+    from metaclaw.rollout.session_tracker import SessionState, reaction_messages
+    from metaclaw.wire.normalize import next_state_text
+
+    recorded = Path(__file__).parents[1] / "conformance" / "recorded" / "openclaw.jsonl"
+    bodies = [json.loads(line)["body"] for line in recorded.read_text().splitlines() if line.strip()]
+    assert len(bodies) >= 3 and all("OPENCLAW_INTERNAL_CONTEXT" in json.dumps(b["messages"][-1]) for b in bodies)
+    state, texts = SessionState(), []
+    for body in bodies:
+        texts.append(next_state_text(reaction_messages(body["messages"], state)))
+    assert texts[0] == ""  # the first turn reacts to nothing
+    for text in texts[1:]:
+        assert text and "OPENCLAW_INTERNAL_CONTEXT" not in text and "openclaw turn" in text, text
+
+    plain, state = [{"role": "user", "content": "q1"}], SessionState()
+    assert reaction_messages(plain, state) == []
+    plain += [{"role": "assistant", "content": "a1"}, {"role": "user", "content": "No."},
+              {"role": "tool", "content": "x"}]
+    assert [m["content"] for m in reaction_messages(plain, state)] == ["No.", "x"]  # nothing dropped
+
+
+def test_person_text_is_the_persons_words_without_what_the_agent_wrote():
+    from metaclaw.wire.normalize import person_text
+
+    reminder = ("<system-reminder>\nOutput token limit hit. Resume directly \u2014 no apology, no recap of what you "
+                "were doing.\n</system-reminder>")  # fmt: skip
+    assert person_text(reminder) == ""  # Claude Code's own continuation (recorded)
+    assert person_text(f"{reminder}\nNo, shorter please.") == "No, shorter please."
+    assert person_text("[Sat 2026-11-28 18:12 UTC] Thanks, that's all for now.") == "Thanks, that's all for now."
+    ctx = "<<<BEGIN_OPENCLAW_INTERNAL_CONTEXT>>>\nActive exec sessions: none\n<<<END_OPENCLAW_INTERNAL_CONTEXT>>>"
+    assert person_text(f"Great, thanks.\n\n{ctx}") == "Great, thanks."
+    for kept in ("Use <b>bold</b> here, not <i>.", "[draft] is wrong", "See [2026-11-28 report] above"):
+        assert person_text(kept) == kept  # inline markup and other brackets are the person's

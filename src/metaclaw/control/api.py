@@ -48,6 +48,7 @@ class RollbackBody(BaseModel):
     model_config = ConfigDict(extra="forbid")
     step: int = Field(ge=0, le=10**9)
     agent: str | None = None  # whose own adapter (None: the default one); the agent-id rule applies
+    reset_trainer: bool = False  # the trainer goes back to it too (forget --rollback; metaclaw.modules.rewind)
 
     @field_validator("agent")
     @classmethod
@@ -93,7 +94,7 @@ def create_control_app(plane: ControlPlane) -> FastAPI:
 
     @app.post("/control/rollback")
     async def rollback(body: RollbackBody) -> dict[str, Any]:
-        return await run(plane.rollback, body.step, body.agent)
+        return await run(plane.rollback, body.step, body.agent, body.reset_trainer)
 
     return app
 

@@ -13,8 +13,9 @@ from __future__ import annotations
 import json
 import logging
 import os
+from contextlib import nullcontext
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import httpx
 
@@ -23,6 +24,9 @@ from metaclaw.runfiles.layout import AdapterFolder, RunLayout
 from metaclaw.serving.client import load_adapter
 from metaclaw.store import SampleStore
 from metaclaw.wire import ADAPTER_CONFIG, bearer_headers
+
+if TYPE_CHECKING:  # `status` of a finished run must not import torch (tests/control/test_finished.py)
+    from metaclaw.modules.rewind import Rewind
 
 log = logging.getLogger(__name__)
 CONTROL_FILE = "control.json"
@@ -96,6 +100,7 @@ class ControlPlane:
         self.dashboard: dict[str, Any] = {}  # DashboardData options (show_text, skills_root)
         self.server_url: str | None = None  # set once the policy server is up
         self.trainer: Any = None  # set by train(): steps done
+        self.rewind: Rewind | None = None  # set by train(): the trainer's rewinds (forget --rollback)
 
     def attach(self, live: Any, trainer: Any = None) -> None:
         """Point at the running services (`metaclaw.loop.live.Live`) and trainer; announce the URL."""
@@ -238,38 +243,61 @@ class ControlPlane:
     def available_steps(self, folder: AdapterFolder | None = None) -> list[int]:
         return [version for version, _ in (folder or RunLayout(self.run_dir).adapters()).versions()]
 
-    def rollback(self, step: int, agent: str | None = None) -> dict[str, Any]:
-        """Serve the adapter of `step` again, the default one or `agent`'s own (training pauses so the next
-        publish does not replace it)."""
+    def rollback(self, step: int, agent: str | None = None, reset_trainer: bool = False) -> dict[str, Any]:
+        """Serve the adapter of `step` again, the default one or `agent`'s own; step 0 is the base model (a zero
+        adapter, `step-000000`).
+
+        Without `reset_trainer` training pauses (with a scheduler) so the next publish does not replace it. With it
+        (`forget --rollback`) the trainer goes back to that adapter too (`metaclaw.modules.rewind`: its weights, fresh
+        optimizer moments, nothing published from the older weights served) and trains on from there.
+        """
         profile, folder = self.adapter_of(agent)
+        if reset_trainer and self.rewind is None:
+            raise ControlError(409, "no trainer in this process to reset: roll back without reset_trainer")
         target = folder.find(step)
+        if target is None and step == 0:
+            from metaclaw.modules.adapter_writer import zero_adapter  # torch: only for this
+
+            try:
+                target = zero_adapter(folder)
+            except FileNotFoundError as e:
+                raise ControlError(404, str(e)) from e
         if target is None or not (target / ADAPTER_CONFIG).exists():
             kept = self.available_steps(folder)
             raise ControlError(404, f"no adapter for step {step} in {folder.path} (kept: {kept or 'none'})")
         if not self.server_url:
             raise ControlError(409, "no policy server to load the adapter into")
-        try:
-            path = str(target.resolve())
-            r = load_adapter(self.server_url, profile.lora_name, path, self.server_api_key, self.timeout_s,
-                             version=step)
-        except httpx.HTTPError as e:
-            raise ControlError(502, f"policy server unreachable: {e}") from e
-        if r.status_code != 200:
-            raise ControlError(502, f"policy server refused the adapter ({r.status_code}): {r.text[:300]}")
-        # The served pointer follows, so a restart of the policy server (or of the run) serves this one too.
-        folder.write_latest(step, target, profile.lora_name, rank_fingerprints=None, rolled_back=True)
+        with self.rewind.rewinding() if reset_trainer and self.rewind is not None else nullcontext():
+            version = self._serve_again(profile, folder, step, target)
+            if reset_trainer and self.rewind is not None:  # after the load: a failed one changes nothing
+                self.rewind.request(profile.adapter, None if step == 0 else target)
         who = "" if profile is self.agents.default else f" for agent {profile.name} ({profile.lora_name})"
-        message = f"serving {target.name}{who}"
-        if self.scheduler is not None:
+        message = f"serving {target.name}{who}" + (" (the base model)" if step == 0 else "")
+        if reset_trainer:
+            message += "; the trainer goes back to it before its next step and trains on from there"
+        elif self.scheduler is not None:
             self.scheduler.record_rollback(step, None if profile is self.agents.default else profile.name)
             message += "; training paused (resume trains on from the latest weights and publishes them)"
             if profile.adapter in getattr(self.scheduler, "ungated", ()):
                 message += f"; agent {profile.name} is `rl`: it steps outside windows, and its next step replaces it"
         else:
             message += "; the next published step will replace it (no scheduler to pause training)"
-        log.info("Control: rolled back %s to %s", profile.lora_name, target)
+        log.info("Control: rolled back %s to %s%s", profile.lora_name, target, " (and the trainer)" * reset_trainer)
         return {"step": step, "agent": profile.name, "name": profile.lora_name, "path": str(target),
-                "adapter_version": r.json().get("adapter_version"), "message": message}  # fmt: skip
+                "adapter_version": version, "reset_trainer": reset_trainer, "message": message}  # fmt: skip
+
+    def _serve_again(self, profile: AgentProfile, folder: AdapterFolder, step: int, target: Path) -> Any:
+        """Load `target` into the policy server as `profile`'s adapter and point the served pointer at it."""
+        try:
+            r = load_adapter(self.server_url or "", profile.lora_name, str(target.resolve()), self.server_api_key,
+                             self.timeout_s, version=step)  # fmt: skip
+        except httpx.HTTPError as e:
+            raise ControlError(502, f"policy server unreachable: {e}") from e
+        if r.status_code != 200:
+            raise ControlError(502, f"policy server refused the adapter ({r.status_code}): {r.text[:300]}")
+        # The served pointer follows, so a restart of the policy server (or of the run) serves this one too.
+        folder.write_latest(step, target, profile.lora_name, rank_fingerprints=None, rolled_back=True)
+        return r.json().get("adapter_version")
 
     def _headers(self) -> dict[str, str]:
         return bearer_headers(self.server_api_key)
@@ -302,7 +330,8 @@ def build_control(cfg: Any, store: SampleStore, scheduler: Any) -> ControlPlane 
 
 def trainer_lag(steps_done: int | None, served: dict[str, Any]) -> int | None:
     """Versions the trainer is ahead of the served adapter (its version is the step that wrote it; the base
-    model is version 0): samples count stale against the newer of the two (`data.max_staleness`)."""
+    model is version 0). Shown, and bounded in the loss (`loss.max_ratio`); `data.max_staleness` counts against
+    the served version (`RolloutDataModule.trainer_version`)."""
     if steps_done is None:
         return None
     return max(0, int(steps_done) - int(served.get("version") or 0))

@@ -17,6 +17,7 @@ import lightning as L
 
 from metaclaw.agents import AgentProfiles
 from metaclaw.export.runs import write_json_atomically
+from metaclaw.modules.agent_state import drop_moments
 from metaclaw.runfiles.layout import RunLayout
 
 __all__ = ["ApplyImport"]
@@ -53,10 +54,7 @@ class ApplyImport(L.Callback):
                 continue
             path = Path(record["path"])
             pl_module.policy.load_adapter(path, adapter)
-            params = {id(p) for p in pl_module.policy.adapter_parameters(adapter)}
-            for optimizer in trainer.optimizers:  # the checkpoint's moments belong to the replaced weights
-                for p in [p for p in optimizer.state if id(p) in params]:
-                    del optimizer.state[p]
+            drop_moments(trainer.optimizers, pl_module.policy.adapter_parameters(adapter))  # old weights' moments
             self.applied.append(adapter)
             if trainer.is_global_zero:
                 record["applied_at_step"] = step

@@ -113,7 +113,7 @@ def has_verifier(cfg: DictConfig) -> bool:
 
 def build_distiller(cfg: DictConfig, server: Upstream | None, privacy: PrivacyPolicy | None) -> ContextDistiller | None:
     """Learning from the words (`distill.distiller`) when `distill.enabled`; a teacher off this machine reads
-    redacted turns (`privacy.outbound`)."""
+    redacted turns (`privacy.outbound`: anything but this run's own server with its key)."""
     node = cfg.get("distill")
     if not node or not node.enabled:
         return None
@@ -122,7 +122,7 @@ def build_distiller(cfg: DictConfig, server: Upstream | None, privacy: PrivacyPo
                     "server to ask (set distill.distiller.base_url, or distill.enabled=false to silence this)")
         return None
     distiller = instantiate(with_server(node.distiller, server, "distill.distiller"))
-    if privacy is not None and privacy.redacts_for(distiller.base_url):
+    if privacy is not None and privacy.redacts_for(distiller.base_url, distiller.api_key):
         distiller.redact = privacy.view
     log.info("Learning from the words: stated preferences are distilled with %s at %s (context: %s)",
              distiller.model, distiller.base_url, distiller.form)  # fmt: skip
@@ -134,7 +134,9 @@ def build_worker(cfg: DictConfig, store: SampleStore, tokenizer: Any, server: Up
     judge, teacher, evolver = build_judge(cfg, server), build_teacher(cfg, server), build_evolver(cfg, server)
     render = lambda sample, hint: hinted_prompt_ids(tokenizer, sample, hint)  # noqa: E731
     privacy = getattr(store, "screen", None)
-    if isinstance(privacy, PrivacyPolicy):  # calls off this machine get redacted text (privacy.outbound)
+    if isinstance(privacy, PrivacyPolicy):  # calls anywhere but our own server get redacted text (privacy.outbound)
+        if server is not None:  # this run's policy server: its address and its key (docs/privacy.md "Outbound")
+            privacy.bind_own_server(server.url, server.api_key)
         judge = RedactingJudge(judge, privacy)
         evolver = RedactingEvolver(evolver, privacy) if evolver is not None else None
         render = teacher_renderer(render, teacher, privacy)

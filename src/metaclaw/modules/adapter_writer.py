@@ -10,8 +10,13 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+import torch
+from safetensors.torch import load_file, save_file
+
 from metaclaw.agents import DEFAULT_ADAPTER
-from metaclaw.runfiles.layout import AdapterFolder, RunLayout
+from metaclaw.atomic import write_dir_atomically
+from metaclaw.runfiles.layout import AdapterFolder, RunLayout, write_adapter_info
+from metaclaw.wire import ADAPTER_CONFIG, ADAPTER_WEIGHTS
 
 
 def clean_leftovers(run_dir: Path) -> list[Path]:
@@ -28,6 +33,30 @@ def clean_leftovers(run_dir: Path) -> list[Path]:
             path.unlink(missing_ok=True)
         removed.append(path.relative_to(run_dir))
     return sorted(removed)
+
+
+def zero_adapter(folder: AdapterFolder) -> Path:
+    """Version 0 of `folder` (`step-000000`): the base model as an adapter, every LoRA weight 0, with the config and
+    shapes of the newest published version; what a rollback to step 0 serves. Written once, atomically.
+
+    Raises:
+        FileNotFoundError: no version was published in `folder` (the base model is served already).
+    """
+    target = folder.find(0)
+    if target is not None:
+        return target
+    published = [d for v, d in folder.versions() if v > 0]
+    if not published:
+        raise FileNotFoundError(f"no adapter published in {folder.path}: the base model is what is served")
+    source = published[-1]
+
+    def fill(tmp: Path) -> None:
+        shutil.copyfile(source / ADAPTER_CONFIG, tmp / ADAPTER_CONFIG)
+        weights = load_file(str(source / ADAPTER_WEIGHTS))
+        save_file({k: torch.zeros_like(v) for k, v in weights.items()}, str(tmp / ADAPTER_WEIGHTS), {"format": "pt"})
+        write_adapter_info(tmp, 0)
+
+    return write_dir_atomically(folder.version_dir(0), fill, replace=False)
 
 
 class AdapterWriter:

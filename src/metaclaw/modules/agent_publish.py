@@ -88,10 +88,13 @@ class AgentPublishing:
         if trainer.is_global_zero:
             files.commit_checkpoint()
             self.publisher.samples.consume_through(step)
+            if self.publisher.rewind is not None:  # the checkpoint holds the rewound weights
+                self.publisher.rewind.settle()
             for adapter, target in targets.items():
                 writer, loader = self.parts[adapter]
                 log.info("Published adapter %s v%d at %s", loader.lora_name, step, target)
-                serve = partial(_serve_and_point, writer, loader, step=step, fingerprints=fingerprints[adapter])
+                serve = self.publisher.guarded(partial(_serve_and_point, writer, loader, step=step,
+                                                       fingerprints=fingerprints[adapter]))  # fmt: skip
                 release = self.publisher.release
                 if release is not None:  # the live evaluator and gate: per agent (docs/agents.md)
                     agent = self.profiles.by_adapter(adapter).name

@@ -67,3 +67,12 @@ def same_adapter(names: Sequence[str], gathered: Sequence[int]) -> str:
         return names[first]
     each = ", ".join(f"rank {r}: {names[i] if 0 <= i < len(names) else 'unknown'}" for r, i in enumerate(gathered))
     raise RuntimeError(f"the training processes must all train one adapter in a step, got {each} (of {list(names)})")
+
+
+def drop_moments(optimizers: Sequence[Any], params: Sequence[Any]) -> None:
+    """Forget the optimizer state (AdamW's moments and step count) of `params`: their weights were replaced (an
+    import, a rewind), and the old moments belong to the weights that are gone. They start fresh at the next step."""
+    ids = {id(p) for p in params}
+    for optimizer in optimizers:
+        for p in [p for p in optimizer.state if id(p) in ids]:
+            del optimizer.state[p]

@@ -3,7 +3,8 @@
 The maths lives in `metaclaw.losses` and `metaclaw.advantages`; this module only orchestrates, guards and logs.
 
 Guards (every rank decides the same, so DDP never waits on a rank that skipped): a step whose loss is not finite
-on any rank, or whose advantages are 0 on every response token of the global batch, takes no optimizer step (the
+on any rank, whose advantages are 0 on every response token of the global batch, or whose claimed batch holds a
+sample forgotten since the claim (`metaclaw.modules.rewind`), takes no optimizer step (the
 adapter and AdamW's state are left as they were) but still counts, so claim keys stay aligned with `global_step`.
 In one process `training_step` returns `None` and Lightning skips backward and the step. Lightning refuses `None`
 under DDP, so there every rank backpropagates `loss × 0` (DDP's all-reduce stays in step) and `on_after_backward`
@@ -99,7 +100,8 @@ class OnlineRLModule(L.LightningModule):
         self.reward_mean = MeanMetric()
         self.tokens_per_s = MeanMetric()
         self._t0 = 0.0
-        self.skipped = {"nonfinite": 0, "zero_advantage": 0}  # steps that took no optimizer step, by reason
+        # steps that took no optimizer step, by reason
+        self.skipped = {"nonfinite": 0, "zero_advantage": 0, "forgotten": 0}
         self.stepped: set[str] = set()  # adapters trained since the publisher last wrote them (`take_stepped`)
         self.current_adapter = "default"  # the adapter of the batch in progress
         self._refused = False  # the step in progress takes no optimizer step (DDP: its gradients are dropped)
@@ -152,6 +154,7 @@ class OnlineRLModule(L.LightningModule):
 
     def training_step(self, batch: dict[str, Tensor], batch_idx: int) -> Tensor | None:
         world_size = self.trainer.world_size if self._trainer is not None else 1
+        self.policy.checkpoint_for(int(batch["input_ids"].numel()))
         rows = distilled.distilled_rows(batch) if self.distill_loss is not None else None
         mask, distill_mask = distilled.split_mask(batch["mask"], rows)  # distilled rows: cross-entropy only
         logprobs = self._logprobs(batch)
@@ -173,7 +176,7 @@ class OnlineRLModule(L.LightningModule):
             loss = loss + kl_out.loss * global_scale(self.kl.aggregation, mask, totals, world_size)
             metrics.update(kl_out.metrics)
         mask, advantages = batch["mask"], distilled.with_distilled(advantages, distill_mask)  # distilled rows teach
-        skip = self._skip_reason(loss, advantages.detach(), mask)
+        skip = self._skip_reason(loss, advantages.detach(), mask, bool(batch.get("forgotten")))
         if skip is not None:
             self.skipped[skip] += 1
         self._log_step(batch, advantages, loss, metrics, adv_metrics, skip)
@@ -217,14 +220,16 @@ class OnlineRLModule(L.LightningModule):
         if batch["has_reward"].any():
             self.log(f"{prefix}rollout/reward_mean", batch["reward"][batch["has_reward"]].mean(), batch_size=n)
 
-    def _skip_reason(self, loss: Tensor, advantages: Tensor, mask: Tensor) -> str | None:
-        """`nonfinite` if the loss is not finite on any rank, `zero_advantage` if no rank has a non-zero one."""
+    def _skip_reason(self, loss: Tensor, advantages: Tensor, mask: Tensor, forgotten: bool = False) -> str | None:
+        """`forgotten` if any rank's slice holds a sample forgotten since the claim (`modules.rewind`),
+        `nonfinite` if the loss is not finite on any rank, `zero_advantage` if no rank has a non-zero one."""
         on = mask > 0
-        flags = torch.stack([(~torch.isfinite(loss.detach())).float(), (advantages[on] != 0).any().float()]).to(
-            self.device
-        )
+        flags = torch.stack([(~torch.isfinite(loss.detach())).float(), (advantages[on] != 0).any().float(),
+                             torch.tensor(float(forgotten), device=loss.device)]).to(self.device)  # fmt: skip
         if self._trainer is not None and self.trainer.world_size > 1:
-            flags = self.all_gather(flags).reshape(-1, 2).max(dim=0).values
+            flags = self.all_gather(flags).reshape(-1, 3).max(dim=0).values
+        if flags[2] > 0:
+            return "forgotten"
         if flags[0] > 0:
             return "nonfinite"
         if flags[1] == 0:
@@ -265,7 +270,7 @@ class OnlineRLModule(L.LightningModule):
             self.log(f"train/skipped_{reason}", float(count), prog_bar=True, reduce_fx="max", batch_size=n)
         signal = ((advantages.detach() != 0) & mask).any(dim=-1)
         self.log("train/zero_advantage_frac", 1.0 - signal.float().mean(), batch_size=n)
-        if skip == "nonfinite":  # nothing from this step may reach the running means
+        if skip in ("nonfinite", "forgotten"):  # nothing from this step may reach the running means
             return
         if batch["has_reward"].any():
             self.reward_mean(batch["reward"][batch["has_reward"]])

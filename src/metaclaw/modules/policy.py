@@ -10,6 +10,7 @@ from pathlib import Path
 
 import torch
 from peft import LoraConfig, get_peft_model, set_peft_model_state_dict
+from peft.tuners.lora import LoraLayer
 from safetensors.torch import load_file, save_file
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
@@ -17,6 +18,7 @@ from torch.utils.checkpoint import checkpoint
 from metaclaw.atomic import write_dir_atomically
 from metaclaw.config import LORA_TARGET_MODULES
 from metaclaw.distribution.logprobs import Param, token_logprobs
+from metaclaw.memory_plan import Shape
 from metaclaw.runfiles.layout import write_adapter_info
 from metaclaw.wire import ADAPTER_WEIGHTS
 
@@ -67,6 +69,10 @@ class LoraPolicy(nn.Module):
         dropout: LoRA dropout.
         target_modules: module names to adapt; default: every attention and MLP projection.
         gradient_checkpointing: trade compute for memory; works with PEFT (inputs require grad, embeddings frozen).
+        activation_budget_mib: with checkpointing off, a step whose batch would keep more activations than this
+            (its positions × the model's bytes per position, `memory_plan.Shape`) is checkpointed, the others are
+            not (`checkpoint_for`): the main job's short turns keep their speed, an agent's 7k-token turns fit.
+            None: never.
         logprob_chunk_size: response positions whose logits are computed at once (memory: this x vocabulary).
         adapters: more named adapters besides PEFT's `default`, with the same LoRA settings (many agents: one
             per agent, docs/agents.md). `use_adapter(name)` picks the one that is applied and trained. Every
@@ -85,6 +91,7 @@ class LoraPolicy(nn.Module):
         gradient_checkpointing: bool = False,
         logprob_chunk_size: int = 512,
         adapters: Sequence[str] = (),
+        activation_budget_mib: float | None = None,
     ) -> None:
         super().__init__()
         if logprob_chunk_size < 1:
@@ -104,7 +111,24 @@ class LoraPolicy(nn.Module):
         self.adapter_names = ["default", *adapters]
         self.use_adapter("default")
         self.set_gradient_checkpointing(gradient_checkpointing)
+        self.always_checkpoint = gradient_checkpointing
+        self.checkpoint_above: int | None = None  # positions; set from the budget and the model's shape
+        if activation_budget_mib is not None and not gradient_checkpointing:
+            shape = Shape.of(getattr(model, "config").to_dict())  # noqa: B009 - nn.Module has no typed config
+            per = shape.activations_per_token(False, next(model.parameters()).element_size())
+            self.checkpoint_above = max(1, int(activation_budget_mib * 2**20 // per))
         self.model.config.use_cache = False
+
+    def checkpoint_for(self, positions: int) -> None:
+        """Checkpointing on for a batch of more than `checkpoint_above` positions, off again below it."""
+        if self.always_checkpoint or self.checkpoint_above is None:
+            return
+        on = positions > self.checkpoint_above
+        if on != self.gradient_checkpointing:
+            if on:
+                log.info("A batch of %d positions: gradient checkpointing on (more than %d would keep over "
+                         "policy.activation_budget_mib of activations)", positions, self.checkpoint_above)  # fmt: skip
+            self.set_gradient_checkpointing(on)
 
     def set_gradient_checkpointing(self, on: bool) -> None:
         """Keep only each decoder layer's input for backward and recompute the layer (non-reentrant).
@@ -271,6 +295,17 @@ class LoraPolicy(nn.Module):
                 write_adapter_info(tmp, version)
 
         return write_dir_atomically(Path(directory), fill)
+
+    def restore_adapter(self, adapter: str, directory: str | os.PathLike | None) -> None:
+        """Put adapter `adapter` back to the published one in `directory`, or (None) to fresh LoRA weights: A drawn
+        anew, B = 0, so the policy is the base model again and can still learn (A = B = 0 would get no gradient)."""
+        if directory is not None:
+            self.load_adapter(directory, adapter)
+            return
+        with torch.no_grad():
+            for module in self.model.modules():
+                if isinstance(module, LoraLayer) and adapter in module.lora_A:
+                    module.reset_lora_parameters(adapter, init_lora_weights=True)
 
     def load_adapter(self, directory: str | os.PathLike, adapter: str = "default") -> None:
         """Load adapter weights written by `save_adapter` (safetensors only: nothing is unpickled)."""

@@ -28,6 +28,7 @@ trained since the last one in its own directory, under its own name; the one che
 from __future__ import annotations
 
 import logging
+import shutil
 from collections.abc import Callable
 from functools import partial
 from pathlib import Path
@@ -43,6 +44,7 @@ from metaclaw.modules.adapter_writer import AdapterWriter, clean_leftovers
 from metaclaw.modules.agent_publish import AgentPublishing, rank_fingerprints
 from metaclaw.modules.consumer import SampleConsumer
 from metaclaw.modules.hot_load import HotLoader, HotLoadError
+from metaclaw.modules.rewind import Rewind
 from metaclaw.store import ServedVersions
 
 __all__ = ["AdapterPublisher", "HotLoadError", "Release"]
@@ -103,6 +105,7 @@ class AdapterPublisher(L.Callback):
         served: ServedVersions | None = None,
         release: Release | None = None,
         agents: AgentProfiles | None = None,
+        rewind: Rewind | None = None,
     ) -> None:
         if every_n_steps < 1:
             raise ValueError(f"publish.every_n_steps must be >= 1, got {every_n_steps}")
@@ -119,6 +122,9 @@ class AdapterPublisher(L.Callback):
         self.cleaned: list[Path] = []
         self.served = served if served is not None else ServedVersions()
         self.release = release
+        self.rewind = rewind  # forget --rollback: nothing published from older weights is served
+        if rewind is not None:
+            rewind.quiesce.append(self.server.settle)
         self.agents = AgentPublishing(agents, self) if agents is not None and agents.many else None
         self._last_step = -1
 
@@ -203,6 +209,8 @@ class AdapterPublisher(L.Callback):
                 self.server.settle()
             self._sync_served(trainer)  # raises HotLoadError before anything more is published
         due = trainer.global_step - self.checkpointed_step >= self.checkpoint_every_n_steps
+        if self.rewind is not None and self.rewind.checkpoint_due:  # the checkpoint holds weights left behind
+            due, self.rewind.checkpoint_due = True, False
         with profiling.phase("publish"):
             self._publish(trainer, pl_module, checkpoint or due)
 
@@ -214,6 +222,8 @@ class AdapterPublisher(L.Callback):
                 self.files.commit_checkpoint()
         if trainer.is_global_zero:
             self.samples.consume_through(step)
+            if self.rewind is not None:  # the checkpoint holds the rewound weights: a restart keeps them
+                self.rewind.settle()
         self.checkpointed_step = step
 
     def _publish(self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: bool = True) -> None:
@@ -235,7 +245,7 @@ class AdapterPublisher(L.Callback):
             log.info("Published adapter v%d at %s%s", step, target, "" if checkpoint else " (no checkpoint yet)")
             # latest.json is the served pointer (what a restart serves): written when the adapter is served, so a
             # candidate the gate refuses or holds (or a step that finished under a rollback) never becomes it
-            serve = partial(self._serve, step=step, fingerprints=fingerprints)
+            serve = self.guarded(partial(self._serve, step=step, fingerprints=fingerprints))
             if self.release is not None:  # it decides when the adapter is served (gate) and measures it
                 self.release.submit(step, target, serve)
             else:
@@ -244,6 +254,21 @@ class AdapterPublisher(L.Callback):
         self.published.append(target)
         self._sync_served(trainer)
         trainer.strategy.barrier("adapter_publisher")
+
+    def guarded(self, serve: Callable[[Path], Any]) -> Callable[[Path], Any]:
+        """`serve(path)` for weights written now: refused, and the folder removed, if a rewind (`forget
+        --rollback`) comes before it runs (the gate may run it later, on its own thread)."""
+        if self.rewind is None:
+            return serve
+        rewind, generation = self.rewind, self.rewind.weights_generation
+
+        def guarded_serve(path: Path) -> None:
+            if not rewind.serve_if_current(generation, partial(serve, path)):
+                log.warning("Adapter %s holds weights from before a rewind (forget --rollback): not served, removed",
+                            path)  # fmt: skip
+                shutil.rmtree(path, ignore_errors=True)
+
+        return guarded_serve
 
     def _serve(self, path: Path, step: int, fingerprints: Any = None) -> None:
         """Serve `path` (hot-load it into the policy server when there is one) and point `latest.json` at it."""

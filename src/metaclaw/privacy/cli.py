@@ -13,7 +13,7 @@ from pathlib import Path
 
 import httpx
 
-from metaclaw.privacy.forget import ForgetReport, forget, parse_before
+from metaclaw.privacy.forget import ForgetReport, forget, parse_before, remove_adapters
 
 
 def add_forget_parser(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
@@ -53,26 +53,27 @@ def forget_main(args: argparse.Namespace, control_url: str | None, headers: dict
 
 
 def _rollback(report: ForgetReport, url: str | None, headers: dict[str, str], timeout: float) -> None:
-    for adapter, step in report.rollback_to.items():
+    """Serve each affected adapter's clean state (its last adapter trained before the turns; the base model when
+    there is none) and send the trainer back to it (`reset_trainer`), so the next step trains from it."""
+    for adapter, clean in report.rollback_to.items():
         if not report.adapters_trained_on_them.get(adapter):
             continue
-        if step is None:
-            report.notes.append(f"{adapter}: no adapter was trained before these turns; nothing to roll back to "
-                                "(the base model is clean)")  # fmt: skip
-            continue
-        body = {"step": step} | ({"agent": adapter} if adapter != "default" else {})
+        step = clean if clean is not None else 0  # step 0: the base model (a zero adapter)
+        what = f"step {step}" if step else "the base model"
+        body = {"step": step, "reset_trainer": True} | ({"agent": adapter} if adapter != "default" else {})
         try:
             r = httpx.post(f"{url}/control/rollback", json=body, headers=headers, timeout=timeout)
-            ok = r.status_code == 200
-            report.notes.append(
-                f"{adapter}: rolled back to step {step}"
-                if ok
-                else f"{adapter}: rollback to step {step} refused ({r.status_code}): {r.text[:200]}"
-            )
         except httpx.HTTPError as e:
-            report.notes.append(f"{adapter}: the service is not reachable at {url} ({e}); roll back when it runs: "
-                                f"python -m metaclaw rollback {step}" + (f" --agent {adapter}" if adapter != "default"
-                                                                          else ""))  # fmt: skip
+            report.notes.append(f"{adapter}: the service is not reachable at {url} ({e}); when it runs again, roll "
+                                f"back: python -m metaclaw rollback {step}" + (f" --agent {adapter}" if adapter !=
+                                "default" else ""))  # fmt: skip
+            continue
+        if r.status_code != 200:
+            report.notes.append(f"{adapter}: rollback to {what} refused ({r.status_code}): {r.text[:200]}")
+            continue
+        report.rolled_back[adapter] = step
+        report.notes.append(f"{adapter}: serving {what}; the trainer goes back to it before its next step")
+        report.adapters_removed += remove_adapters(report, adapter)
 
 
 def format_report(r: ForgetReport) -> str:
@@ -90,5 +91,7 @@ def format_report(r: ForgetReport) -> str:
             )
     else:
         lines.append("trained at:    none (no adapter learnt from these turns)")
+    if r.adapters_removed:
+        lines.append(f"removed:       {len(r.adapters_removed)} adapter folders trained on these turns")
     lines += [f"note:          {n}" for n in r.notes]
     return "\n".join(lines)

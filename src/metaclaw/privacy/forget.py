@@ -42,6 +42,9 @@ class ForgetReport:
     trained_at_steps: list[int] = field(default_factory=list)
     adapters_trained_on_them: dict[str, list[int]] = field(default_factory=dict)
     rollback_to: dict[str, int | None] = field(default_factory=dict)
+    adapter_paths: dict[str, list[str]] = field(default_factory=dict)  # the folders of adapters_trained_on_them
+    rolled_back: dict[str, int] = field(default_factory=dict)  # --rollback: served now (0: the base model)
+    adapters_removed: list[str] = field(default_factory=list)  # --rollback: the folders trained on the turns
     skills_removed: list[str] = field(default_factory=list)
     injected_copies_deleted: int = 0  # other turns whose prompt carried a skill made from the forgotten ones
     files_scrubbed: list[str] = field(default_factory=list)  # text files whose quoting lines were dropped
@@ -199,9 +202,10 @@ def _scrub(report: ForgetReport, quotes: Quotes, run_dir: Any, skills_root: Any,
 def _unreachable(report: ForgetReport, run_dir: Any) -> None:
     """Say what `forget` cannot erase here, and how to erase it there."""
     if report.claimed_now:
-        report.notes.append(f"samples {report.claimed_now[:10]} were in a batch the trainer had already claimed: they "
-                            "are deleted here, and that step may still train on them; roll back past it "
-                            "(--rollback) after the next publish")  # fmt: skip
+        report.notes.append(f"samples {report.claimed_now[:10]} were in a batch the trainer had already claimed: a "
+                            "step that has not started drops that batch; the step under way may still train on "
+                            "them: --rollback sends the trainer back to the clean adapter before it "
+                            "publishes")  # fmt: skip
     if run_dir is None:
         return
     run = Path(run_dir)
@@ -214,7 +218,8 @@ def _unreachable(report: ForgetReport, run_dir: Any) -> None:
     checkpoints = sorted((run / "checkpoints").glob("*.ckpt")) if (run / "checkpoints").is_dir() else []
     if checkpoints and report.trained_at_steps:
         report.notes.append(f"checkpoints {[c.name for c in checkpoints][-5:]} hold weights trained on these turns; "
-                            "they are replaced as training goes on from the rolled-back adapter")  # fmt: skip
+                            "with --rollback the trainer's next publish rewrites them from the clean "
+                            "weights")  # fmt: skip
 
 
 def _adapters(run_dir: Path, trained: list[tuple[str, int]], report: ForgetReport) -> None:
@@ -236,8 +241,22 @@ def _adapters(run_dir: Path, trained: list[tuple[str, int]], report: ForgetRepor
         k = min(relevant)
         steps = [version for version, _ in folder.versions()]
         report.adapters_trained_on_them[name] = [s for s in steps if s > k]
+        report.adapter_paths[name] = [str(d) for s, d in folder.versions() if s > k]
         before = [s for s in steps if s <= k]
         report.rollback_to[name] = before[-1] if before else None
+
+
+def remove_adapters(report: ForgetReport, adapter: str) -> list[str]:
+    """After a rollback of `adapter` to its clean state: delete its published folders trained on the forgotten
+    turns (their weights hold what the turns taught). Returns the folders removed."""
+    import shutil
+
+    removed = []
+    for path in report.adapter_paths.get(adapter, []):
+        if Path(path).is_dir():
+            shutil.rmtree(path, ignore_errors=True)
+            removed.append(path)
+    return removed
 
 
 def apply_retention(store_path: str | Path, days: float, now: float | None = None) -> int:

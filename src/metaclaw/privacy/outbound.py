@@ -1,7 +1,9 @@
 """Redacted views for the judge, the teacher and the skill evolver when they are off this machine.
 
-`PrivacyPolicy.redacts_for(base_url)` decides per destination (`privacy.outbound`); the live loop wraps each
-component whose `base_url` gets redacted text (`metaclaw.loop.wiring`). Turns holding a secret never get here at
+`PrivacyPolicy.redacts_for(base_url, api_key)` decides per call from the component's destination: redacted text
+everywhere but this run's own policy server (its address and key, `PrivacyPolicy.bind_own_server`) and the owner's
+`privacy.trusted_outbound` (`privacy.outbound`). The live loop wraps the judge, teacher and evolver
+(`metaclaw.loop.wiring`). Turns holding a secret never get here at
 all: they are stored `dropped` and the scorer only reads pending ones.
 """
 
@@ -14,19 +16,21 @@ from metaclaw.privacy.policy import PrivacyPolicy
 from metaclaw.store import Sample
 
 
-def _base_url(component: Any) -> str | None:
-    return getattr(component, "base_url", None)  # a rule judge has none: it runs here and sends nothing
+def _redacts(policy: PrivacyPolicy, component: Any) -> bool:
+    """Whether `component`'s calls get redacted text: by its `base_url` and `api_key` (a rule judge has no
+    `base_url`: it runs here and sends nothing)."""
+    return policy.redacts_for(getattr(component, "base_url", None), getattr(component, "api_key", None))
 
 
 class RedactingJudge:
     """A judge that reads `policy.view(sample)` (every secret and personal-data item redacted) whenever its
-    `base_url` gets redacted text; decided per call, so a judge bound to the policy server later is covered."""
+    destination gets redacted text; decided per call, so a judge re-pointed later is covered."""
 
     def __init__(self, judge: Any, policy: PrivacyPolicy) -> None:
         self.judge, self.policy = judge, policy
 
     def _view(self, sample: Sample) -> Sample:
-        return self.policy.view(sample) if self.policy.redacts_for(_base_url(self.judge)) else sample
+        return self.policy.view(sample) if _redacts(self.policy, self.judge) else sample
 
     async def reward(self, sample: Sample) -> Any:
         return await self.judge.reward(self._view(sample))
@@ -39,13 +43,13 @@ class RedactingJudge:
 
 
 class RedactingEvolver:
-    """A skill evolver that is handed redacted copies of the failed turns when its `base_url` gets redacted text."""
+    """A skill evolver that is handed redacted copies of the failed turns when its destination gets redacted text."""
 
     def __init__(self, evolver: Any, policy: PrivacyPolicy) -> None:
         self.evolver, self.policy = evolver, policy
 
     def evolve(self, agent_id: str, failed_turns: Sequence[Mapping[str, Any]]) -> Any:
-        if self.policy.redacts_for(_base_url(self.evolver)):
+        if _redacts(self.policy, self.evolver):
             failed_turns = self.policy.view_turns(failed_turns)
         return self.evolver.evolve(agent_id, failed_turns)
 
@@ -54,10 +58,10 @@ class RedactingEvolver:
 
 
 def teacher_renderer(render: Callable[[Sample, str], list[int]], teacher: Any, policy: PrivacyPolicy):
-    """The teacher's prompt renderer, fed a redacted copy of the turn when the teacher's `base_url` gets redacted
+    """The teacher's prompt renderer, fed a redacted copy of the turn when the teacher's destination gets redacted
     text (its conditioning then differs from the student's by the placeholders as well as the hint)."""
 
     def rendered(sample: Sample, hint: str) -> list[int]:
-        return render(policy.view(sample) if policy.redacts_for(_base_url(teacher)) else sample, hint)
+        return render(policy.view(sample) if _redacts(policy, teacher) else sample, hint)
 
     return rendered

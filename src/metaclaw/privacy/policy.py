@@ -10,15 +10,17 @@ evolver or a training batch unscreened:
   the token ids are kept and trained on: rewriting them would break the behaviour distribution) or `keep`;
 - next states (the user's reply that the judge reads) are redacted the same way.
 
-Outbound: judge, teacher and evolver calls to a `base_url` off this machine get a redacted copy of the turn
-(`outbound: redact_external`, the default), every personal-data category included, `keep` ones too.
+Outbound: judge, teacher and evolver calls get a redacted copy of the turn, every personal-data category included,
+`keep` ones too, unless the destination is this run's own policy server, known by its address AND its per-run key
+(`outbound: redact_untrusted`, the default; `bind_own_server`), or a base URL the owner listed in `trusted_outbound`.
+A loopback address alone proves nothing: any local process can listen on one.
 """
 
 from __future__ import annotations
 
 import copy
 import hashlib
-import ipaddress
+import hmac
 import logging
 import threading
 from collections import OrderedDict
@@ -32,7 +34,7 @@ from metaclaw.store import Sample, SampleMeta
 log = logging.getLogger(__name__)
 
 ACTIONS = ("drop", "redact_text", "keep")
-OUTBOUND = ("redact_external", "redact_all", "off")
+OUTBOUND = ("redact_untrusted", "redact_all", "off")
 DEFAULT_PII = {"email": "redact_text", "phone": "redact_text", "card": "drop", "iban": "drop", "ip": "keep"}
 _NOT_TEXT = frozenset({"role", "type", "id", "tool_call_id", "name"})  # message fields that hold no user text
 _LABELS = _NOT_TEXT | {"call_id"}  # screened for secret formats only (`PrivacyPolicy._found`)
@@ -44,7 +46,9 @@ class PrivacyPolicy:
 
     Args:
         pii: action per personal-data category (`drop | redact_text | keep`); missing ones take `DEFAULT_PII`.
-        outbound: `redact_external` (calls to a non-loopback `base_url` get redacted text), `redact_all` or `off`.
+        outbound: `redact_untrusted` (every call gets redacted text but those to this run's own policy server, by
+            address and key, and to `trusted_outbound`), `redact_all` or `off`.
+        trusted_outbound: base URLs the owner trusts with the stored text (e.g. their own judge server).
         entropy: also flag high-entropy tokens as secrets (`metaclaw.privacy.detect`).
         phone_region: region for numbers written without a country code.
         retention_days: trained (`consumed`) and `dropped` samples older than this are deleted (null: kept).
@@ -56,7 +60,8 @@ class PrivacyPolicy:
     def __init__(
         self,
         pii: Mapping[str, str] | None = None,
-        outbound: str = "redact_external",
+        outbound: str = "redact_untrusted",
+        trusted_outbound: Sequence[str] = (),
         entropy: bool = True,
         phone_region: str = "US",
         retention_days: float | None = 30.0,
@@ -69,12 +74,18 @@ class PrivacyPolicy:
                 raise ValueError(f"privacy.pii.{category}: unknown category (known: {', '.join(PII_CATEGORIES)})")
             if action not in ACTIONS:
                 raise ValueError(f"privacy.pii.{category} must be one of {ACTIONS}, got {action!r}")
+        if outbound == "redact_external":  # trusted any loopback URL: a local process is not the run's own server
+            raise ValueError("privacy.outbound: redact_external was replaced by redact_untrusted (this run's own "
+                             "policy server is recognised by address and key); list destinations you trust with the "
+                             "stored text in privacy.trusted_outbound")  # fmt: skip
         if outbound not in OUTBOUND:
             raise ValueError(f"privacy.outbound must be one of {OUTBOUND}, got {outbound!r}")
         if retention_days is not None and retention_days <= 0:
             raise ValueError(f"privacy.retention_days must be > 0 or null, got {retention_days}")
         self.pii, self.outbound, self.entropy, self.phone_region = actions, outbound, entropy, phone_region
         self.retention_days, self.retention_check_s, self.show_text = retention_days, retention_check_s, show_text
+        self.trusted_outbound = frozenset(_endpoint(u) for u in trusted_outbound)
+        self._own: tuple[str, str] | None = None  # this run's policy server: (endpoint, key)
         self._screened = [c for c, a in actions.items() if a != "keep"]
         self._cache: OrderedDict[bytes, tuple[Finding, ...]] = OrderedDict()
         self._lock = threading.Lock()
@@ -167,11 +178,22 @@ class PrivacyPolicy:
         return self.redact_text(text) or text
 
     # ---- outbound -----------------------------------------------------------------------------------------
-    def redacts_for(self, base_url: str | None) -> bool:
-        """Whether calls to `base_url` get redacted text (`outbound`; None: our own policy server)."""
-        if self.outbound == "off":
+    def bind_own_server(self, url: str, api_key: str | None) -> None:
+        """This run's policy server (the live loop's): calls to its address with its key get the stored text."""
+        self._own = (_endpoint(url), api_key or "")
+
+    def redacts_for(self, base_url: str | None, api_key: str | None = None) -> bool:
+        """Whether a call to `base_url` with `api_key` gets redacted text (`outbound`). None: the component sends
+        nothing (a rule judge runs here)."""
+        if self.outbound == "off" or (base_url is None and self.outbound != "redact_all"):
             return False
-        return self.outbound == "redact_all" or (base_url is not None and not is_loopback_url(base_url))
+        if self.outbound == "redact_all" or base_url is None:
+            return True
+        endpoint = _endpoint(base_url)
+        if endpoint in self.trusted_outbound:
+            return False
+        own = self._own
+        return not (own is not None and endpoint == own[0] and hmac.compare_digest(own[1], api_key or ""))
 
     def view(self, sample: Sample) -> Sample:
         """A copy of `sample` whose text has every secret and every personal-data item redacted."""
@@ -200,15 +222,13 @@ class PrivacyPolicy:
         return out
 
 
-def is_loopback_url(url: str) -> bool:
-    """Whether `url`'s host is this machine (localhost, 127.0.0.0/8, ::1)."""
-    host = (urlsplit(url if "//" in url else f"//{url}").hostname or "").lower()
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
+def _endpoint(url: str) -> str:
+    """`scheme://host:port/path` of a base URL, the OpenAI `/v1` suffix and trailing slashes left out: the judge
+    (`<server>`) and the evolver (`<server>/v1`) of one server are one destination."""
+    parts = urlsplit(url if "//" in url else f"//{url}")
+    port = parts.port or {"https": 443, "http": 80}.get(parts.scheme or "http")
+    path = parts.path.rstrip("/").removesuffix("/v1").rstrip("/")
+    return f"{parts.scheme or 'http'}://{(parts.hostname or '').lower()}:{port}{path}"
 
 
 def _strings(value: Any, key: str | None = None) -> list[tuple[str, bool]]:

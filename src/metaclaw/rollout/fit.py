@@ -283,7 +283,12 @@ class ClientFit:
         if has_image:
             messages, image_meta = self.images.apply(messages, card)
             meta.update(image_meta)
-        if not any(isinstance(m.get("content"), list) for m in messages):
+        if any(isinstance(m.get("content"), list) for m in messages):
+            # only image parts passed through to a multimodal model stay lists (wire/normalize.py flattens text
+            # parts): their tokens are the server's to count, so the prompt goes as sent, and the turn says so
+            if self.context.mode != "off":
+                meta["context"] = {"action": "skipped", "reason": "image parts passed through: not counted here"}
+        else:
             try:
                 messages, tools, action = self.context.fit(messages, tools, card, max_tokens)
             except Exception as e:  # noqa: BLE001 - the policy must never fail a turn: forward it as is

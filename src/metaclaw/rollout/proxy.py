@@ -36,10 +36,11 @@ from metaclaw.rollout.conversation import Query, Tail
 from metaclaw.rollout.errors import openai_error, stream_error
 from metaclaw.rollout.fit import ClientFit, ContextPolicy, ImagePolicy
 from metaclaw.rollout.session_tracker import (
+    AWAITING_MAX,
     BODY_EXTRAS,
     SessionState,
     SessionTracker,
-    new_messages_since_last_assistant,
+    reaction_messages,
     scoped_session_id,
     session_keys,
 )
@@ -348,12 +349,18 @@ class RolloutProxy:
             meta.session_source = keys.source
             turn.response_id = meta.response_id = f"chatcmpl-{uuid.uuid4().hex}"
             turn.turn_index, prev_id = self.sessions.begin_turn(turn.state)
-            new = new_messages_since_last_assistant(sent)  # the fitted prompt may have dropped the last reply
+            new = reaction_messages(sent, turn.state)  # `sent`: the fitted prompt may have dropped the last reply
             if prev_id is not None and new:  # committed with the next group; awaited before this turn replies
-                try:
-                    turn.next_state_write = self.writer.submit_next_state(prev_id, next_state_text(new))
-                except Exception as e:  # noqa: BLE001 - a broken store never fails the request (`finish`)
-                    self._capture_failed(turn, "the previous turn's next state", e)
+                text, state = next_state_text(new), turn.state
+                if not text:  # the agent continued on its own (Claude Code after max_tokens): no reaction yet;
+                    state.awaiting = [*state.awaiting, prev_id][-AWAITING_MAX:]  # the person's next words answer it
+                else:
+                    try:  # one group commit, in order: the last write's future stands for all of them
+                        for sample_id in (*state.awaiting, prev_id):
+                            turn.next_state_write = self.writer.submit_next_state(sample_id, text)
+                        state.awaiting = []
+                    except Exception as e:  # noqa: BLE001 - a broken store never fails the request (`finish`)
+                        self._capture_failed(turn, "the previous turn's next state", e)
         elif query is not None:
             turn.session_id = self.sessions.peek(query) or "auto"
         return turn

@@ -15,7 +15,7 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any
 
-from metaclaw.rollout.conversation import Query, Tail
+from metaclaw.rollout.conversation import Query, Tail, canonical
 from metaclaw.store import SampleStore, SessionLog
 from metaclaw.wire import RequestError
 
@@ -94,12 +94,33 @@ def session_keys(body: dict[str, Any], headers: dict[str, str]) -> SessionKeys:
     return SessionKeys(session_id, source, turn_type.lower(), done, end_user)
 
 
+AWAITING_MAX = 16  # turns one reaction may answer (an agent's own continuations of one reply), the oldest forgotten
+
+
 def new_messages_since_last_assistant(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """The user/tool messages after the last assistant message: the previous turn's next state."""
     for i in range(len(messages) - 1, -1, -1):
         if messages[i].get("role") == "assistant":
             return [m for m in messages[i + 1 :] if m.get("role") in ("user", "tool")]
     return []
+
+
+def reaction_messages(messages: list[dict[str, Any]], state: SessionState) -> list[dict[str, Any]]:
+    """The previous turn's next state without the agent's transient tail, and `state` remembers this prompt's tail.
+
+    Some agents (OpenClaw) append a message of their own runtime context to every request and leave it out of the
+    history they send next time. Seen that way, as the previous prompt's last message missing before the reply it
+    got, it is no reaction of the person's: the copy in this request (the same text, else the last new message) is
+    not part of the next state, which the judge reads.
+    """
+    new = new_messages_since_last_assistant(messages)
+    last = max((i for i, m in enumerate(messages) if m.get("role") == "assistant"), default=-1)
+    prev, state.prompt_tail = state.prompt_tail, (canonical(messages[-1]) if messages else None)
+    if prev is None or last < 1 or len(new) < 2 or canonical(messages[last - 1]) == prev:
+        return new
+    same = [i for i, m in enumerate(new) if canonical(m) == prev]
+    drop = same[-1] if same else len(new) - 1
+    return [m for i, m in enumerate(new) if i != drop]
 
 
 @dataclass(eq=False)  # identity: a state sits in the table and in the tail index by reference
@@ -113,6 +134,8 @@ class SessionState:
     last_turn: int = -1
     pending: set[int] = field(default_factory=set)  # turn indices in flight
     tail: Tail | None = None  # derived sessions: what the next request of the conversation extends
+    prompt_tail: bytes | None = None  # the last prompt's last message (`reaction_messages`)
+    awaiting: list[int] = field(default_factory=list)  # turns the agent continued itself: the next reaction is theirs
     seen_at: float = field(default_factory=time.monotonic)
 
 

@@ -7,6 +7,7 @@
                              metaclaw_adapter.json ({"version": 42}: the version travels as data)
     imported-<UTC time>/     an adapter brought in by `python -m metaclaw import`
     import.json              that import's record, applied by the next run
+    rewind.json              a rewind (forget --rollback): {"path", "done"}; applied again at start until done
     latest.json              the served pointer: {"version", "path", "name", ...} (what a restart serves)
     agents/<id>/             an agent's own adapter (docs/agents.md): the same layout
   checkpoints/last.ckpt      the resumable Lightning checkpoint (written to last.ckpt.tmp, then renamed)
@@ -41,6 +42,7 @@ SERVER_CONFIG_NAME = "serve_config"  # <run_dir>/server/serve_config.yaml: the s
 SERVER_LOG = "server.log"
 LATEST = "latest.json"
 IMPORT_RECORD = "import.json"  # an import waiting to be applied by the next run (`metaclaw.export.apply`)
+REWIND_RECORD = "rewind.json"  # a rewind (`forget --rollback`) no checkpoint holds yet (`metaclaw.modules.rewind`)
 ADAPTER_INFO = "metaclaw_adapter.json"  # inside a published adapter folder: {"version": N}
 _VERSION_PREFIX = "step-"
 _LEGACY_NAME = re.compile(r"^step[-_]?(?P<version>\d+)$")  # run dirs written before ADAPTER_INFO existed
@@ -90,6 +92,10 @@ class AdapterFolder:
     @property
     def import_record(self) -> Path:
         return self.path / IMPORT_RECORD
+
+    @property
+    def rewind_record(self) -> Path:
+        return self.path / REWIND_RECORD
 
     def versions(self) -> list[tuple[int, Path]]:
         """`(version, folder)` of every published version on disk, oldest first."""

@@ -626,6 +626,15 @@ class SampleStore:
             rows = self._reader.execute(sql, (value,)).fetchall()
         return [self._row(r) for r in rows]
 
+    def missing(self, ids: Sequence[int]) -> set[int]:
+        """The ids in `ids` no longer in the store (deleted by `forget`: a claimed batch holding one is dropped)."""
+        wanted = sorted({int(i) for i in ids})
+        if not wanted:
+            return set()
+        with self._read_lock:
+            rows = self._reader.execute(f"SELECT id FROM samples WHERE id IN ({','.join('?' * len(wanted))})", wanted)
+            return set(wanted) - {r[0] for r in rows.fetchall()}
+
     def count(self, status: str | None = None) -> int:
         with self._read_lock:
             if status is None:

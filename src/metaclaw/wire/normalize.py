@@ -13,6 +13,7 @@ Two entry points: `normalize_messages` (the proxy: whatever an agent sends → O
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 from metaclaw.messages import TEXT_PART_TYPES, content_text
@@ -186,12 +187,34 @@ def normalize_tools(tools: Any) -> list[dict[str, Any]] | None:
     return out or None
 
 
+# What agents write into a user message that the person did not: a whole-line tagged block (Claude Code's
+# `<system-reminder>` after a reply cut at max_tokens), a `<<<BEGIN_…>>> … <<<END_…>>>` block (OpenClaw's internal
+# context), and a leading timestamp envelope (OpenClaw's `[Sat 2026-11-28 18:12 UTC] `).
+_AGENT_BLOCKS = (
+    re.compile(r"(?m)^[ \t]*<([a-z][a-z0-9_-]*)>[ \t]*\n[\s\S]*?\n[ \t]*</\1>[ \t]*$"),
+    re.compile(r"<<<BEGIN_([A-Z0-9_]+)>>>[\s\S]*?<<<END_\1>>>"),
+)
+_ENVELOPE = re.compile(
+    r"^\s*\[(?:[A-Z][a-z]{2},? )?\d{4}-\d{2}-\d{2}[ T]\d{1,2}:\d{2}(?::\d{2})?"  # [Sat 2026-11-28 18:12
+    r"(?: ?(?:[A-Z]{2,5}|Z|[+-]\d{2}:?\d{2}))?\]\s*"  # UTC]
+)
+
+
+def person_text(text: str) -> str:
+    """A user message's text without what the agent wrote into it (`_AGENT_BLOCKS`, `_ENVELOPE`): the person's
+    words, which the reaction judge reads. "" when the agent wrote all of it (a continuation it sent itself)."""
+    for block in _AGENT_BLOCKS:
+        text = block.sub("", text)
+    return _ENVELOPE.sub("", text, count=1).strip()
+
+
 def next_state_text(new_messages: list[dict[str, Any]]) -> str:
-    """The environment's reply to a turn (new user/tool messages) as one text, for judges."""
+    """The environment's reply to a turn (new user/tool messages) as one text, for judges: tool results marked as
+    such, a user message reduced to the person's words (`person_text`); "" when none of it is either."""
     parts = []
     for m in new_messages:
         text = content_text(m.get("content"))
-        parts.append(f"[tool result] {text}" if m.get("role") == "tool" else text)
+        parts.append(f"[tool result] {text}" if m.get("role") == "tool" else person_text(text))
     return "\n".join(p for p in parts if p)
 
 

