@@ -35,6 +35,8 @@ only in their next message, in their own words (`metaclaw.simulate.people`):
 
     python bench/learning.py --real-path --people 2 --pace machine --preference summary_first --minutes 40
     python bench/learning.py --real-path --preference number,summary_first,address_you --minutes 40
+    python bench/learning.py --real-path --preference identity --minutes 20 --eval-every-min 4 \
+        --heldout-tasks bench/data/claas_identity_probes.jsonl --eval-prompts 10 --samples-per-prompt 7
 
 One run per method and preference kind; the JSON has the held-out curve (measured from outside the proxy) and
 the store's figures: sample age at training, staleness in adapter versions, the reward mix by rule and by the
@@ -216,6 +218,8 @@ def real_path(args: argparse.Namespace, out: Path) -> dict[str, Any]:
         "pace": args.pace,
         "phrasings": args.phrasings,
         "max_tokens": args.max_tokens,
+        "heldout_tasks": args.heldout_tasks,
+        "samples_per_prompt": args.samples_per_prompt,
         "target": args.target,
         "overrides": args.override,
         "runs": results,
@@ -263,6 +267,10 @@ def main() -> None:
     real.add_argument("--max-tokens", type=int, default=48, help="max_tokens the people's client sends")
     real.add_argument("--eval-every-min", type=float, default=4.0, help="evaluate the newest adapter this often")
     real.add_argument("--eval-prompts", type=int, default=32, help="held-out prompts per evaluation")
+    real.add_argument("--heldout-tasks", default=None,
+                      help="JSONL of held-out prompts (split heldout), e.g. bench/data/claas_identity_probes.jsonl; "
+                      "default: the packaged tasks' held-out split")  # fmt: skip
+    real.add_argument("--samples-per-prompt", type=int, default=1, help="replies per held-out prompt")
     real.add_argument("--eval-adapter", choices=["served", "newest"], default="served",
                       help="served: the adapter the gate let through; newest: the newest one trained")  # fmt: skip
     real.add_argument("--startup-timeout-s", type=float, default=900.0)

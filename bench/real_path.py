@@ -138,9 +138,11 @@ class Evaluations:
         self.base = next(m["id"] for m in models.json()["data"] if not m.get("parent"))
         self.server_url, self.key, self.watch, self.every_s = server_url, key, watch, args.eval_every_min * 60
         # the people's client sends no temperature: the proxy's default (1.0) is what they meet
+        per_prompt = getattr(args, "samples_per_prompt", 1)
         self.evaluator = ComplianceEvaluator(
-            server_url, kind.rules, n_prompts=args.eval_prompts, max_tokens=args.max_tokens, temperature=1.0,
-            api_key=key, concurrency=min(args.eval_prompts, 64), base_model=self.base,
+            server_url, kind.rules, tasks_file=getattr(args, "heldout_tasks", None), n_prompts=args.eval_prompts,
+            samples_per_prompt=per_prompt, max_tokens=args.max_tokens, temperature=1.0, api_key=key,
+            concurrency=min(args.eval_prompts * per_prompt, 64), base_model=self.base,
         )  # fmt: skip  (every prompt at once: one batched generate, like eval.concurrency)
         self.curve: list[dict[str, Any]] = []
         self.errors: list[str] = []
@@ -160,7 +162,10 @@ class Evaluations:
         self.curve.append({"minutes": round((time.time() - self.watch.t0) / 60, 2),
                            "started_minutes": round((start - self.watch.t0) / 60, 2), "adapter": version,
                            "compliance": r.compliance, "good": r.good, "nll": r.nll, "n": r.n,
-                           "errors": r.errors, "seconds": round(r.seconds, 1)})  # fmt: skip
+                           "errors": r.errors, "seconds": round(r.seconds, 1), "ci": [r.ci_low, r.ci_high],
+                           "top_opening": r.top_opening, "top_opening_share": r.top_opening_share,
+                           "opening_entropy": r.opening_entropy, "self_rouge_l": r.self_rouge_l,
+                           "distinct_replies": r.distinct_replies, "examples": r.examples})  # fmt: skip
         self._last_version, self._last_start = version, start
 
     def _run(self) -> None:
@@ -236,8 +241,9 @@ def store_figures(db_path: str | Path) -> dict[str, Any]:
     prefixes = reaction_prefixes()
     for r in rows:
         r["meta"] = json.loads(r["meta"] or "{}")
-        r["label"] = _label(r["next_state"], prefixes)
+        r["label"] = "distilled" if r["meta"].get("distilled") else _label(r["next_state"], prefixes)
     trained = [r for r in rows if r["status"] in ("claimed", "consumed") and r["claimed_step"] is not None]
+    distill = [r["meta"]["distill"] for r in rows if isinstance(r["meta"].get("distill"), dict)]
     ages = [r["trained_at"] - r["created_at"] for r in trained if r["trained_at"] is not None]
     stale = [r["trained_version"] - r["adapter_version"] for r in trained if r["trained_version"] is not None]
     status: dict[str, int] = {}
@@ -271,6 +277,15 @@ def store_figures(db_path: str | Path) -> dict[str, Any]:
         "unreacted_trained_zero": sum(r["label"] == "unreacted" and r["reward"] == 0 for r in trained),
         "lifted_from_negative": sum(((r["meta"].get("at_least_one") or {}).get("from") or 0) < 0 for r in trained),
         "dropped_by_reason": dropped,
+        "distilled": {  # learning from the words (scoring.distill): corrections that stated a preference
+            "asked": sum("gains" in d for d in distill),
+            "hinted_replies": sum(len(d.get("gains", [])) for d in distill),
+            "accepted": sum(d.get("accepted", 0) for d in distill),
+            "no_stated_preference": sum(d.get("skipped") == "no stated preference" for d in distill),
+            "failed": sum("error" in d for d in distill), "stored": sum(r["label"] == "distilled" for r in rows),
+            "trained": sum(r["label"] == "distilled" for r in trained),
+            "gain": _stats([g for d in distill for g in d.get("gains", [])]),
+        },
     }
 
 

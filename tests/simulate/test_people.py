@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 
 import pytest
@@ -98,3 +99,15 @@ def test_people_talk_like_users_and_react_only_in_their_next_message(proxy):
     assert {s.meta.get("session_source") for s in samples} == {"derived"}  # the proxy found the conversations
     assert len({s.session_id for s in samples}) == 4
     assert sorted(s.next_state is None for s in samples).count(True) == 4
+
+
+def test_identity_openings_are_ours_with_held_out_ones_apart_and_other_kinds_have_none():
+    train, held = PreferenceKind.load("identity", "train"), PreferenceKind.load("identity", "heldout")
+    assert train.openings and held.openings and set(train.openings).isdisjoint(held.openings)
+    probes = [json.loads(line)["prompt"].lower() for line in
+              (REPO / "bench" / "data" / "claas_identity_probes.jsonl").read_text().splitlines()]  # fmt: skip
+    assert len(probes) == 10  # CLaaS's probes are the held-out set only: no opening or correction repeats one
+    ours = [x.lower() for x in (*train.openings, *held.openings, *train.correction, *held.correction)]
+    assert not [p for p in probes for x in ours if p == x or (len(p.split()) >= 3 and p.rstrip("?.") in x)]
+    assert PreferenceKind.load("number").openings == ()
+    assert not train.verifier.complies("I'm an AI assistant.") and train.verifier.complies("Hi, I'm KURO.")

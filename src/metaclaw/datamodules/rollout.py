@@ -26,6 +26,9 @@ def collate_samples(samples: list[Sample], pad_id: int, group: list[Sample] | No
     a reward have NaN `reward`. `temperature`, `top_p`, `top_k` are the sampler's (`meta["sampling"]`), so the
     trainer's logprobs are over the behaviour distribution.
 
+    `distill` marks the rows whose reply was sampled with a stated preference in context (`meta.distilled`): the
+    trainer gives them a cross-entropy term instead of the policy loss (`modules.distill_rows`).
+
     `group` is the whole step's batch when `samples` is one DDP rank's slice of it (default: `samples`): its
     rewards (`group_reward`, NaN when unscored), response tokens (`group_tokens`) and sequences
     (`group_sequences`) let every rank normalise rewards and average the loss over the global batch.
@@ -68,6 +71,10 @@ def collate_samples(samples: list[Sample], pad_id: int, group: list[Sample] | No
         "group_reward": torch.tensor([float("nan") if s.reward is None else s.reward for s in group]),
         "group_tokens": torch.tensor(sum(len(s.response_ids) for s in group)),
         "group_sequences": torch.tensor(len(group)),
+        # replies sampled with a stated preference in context (scoring.distill): a cross-entropy term, no ratio
+        "distill": torch.tensor([s.meta.distilled is not None for s in samples]),
+        "group_distill_tokens": torch.tensor(sum(len(s.response_ids) for s in group if s.meta.distilled is not None)),
+        "group_distill_sequences": torch.tensor(sum(s.meta.distilled is not None for s in group)),
     }
 
 

@@ -21,6 +21,7 @@ from typing import Any
 
 from metaclaw import profiling
 from metaclaw.evaluation.cache import BaselineCache
+from metaclaw.evaluation.collapse import collapse_stats
 from metaclaw.evaluation.quality import base_nll, fluency, text_stats
 from metaclaw.simulate.preferences import PreferenceSet
 from metaclaw.simulate.tasks import load_tasks
@@ -61,6 +62,10 @@ class EvalResult:
     ci_low: float | None = None  # 95% Wilson interval of `compliance`
     ci_high: float | None = None
     cached: bool = False  # the base model's replies came from the cache (sampled by an earlier run)
+    top_opening: str | None = None  # collapse onto a stock phrase (evaluation.collapse): the most common opening,
+    top_opening_share: float | None = None  # ... its share of the replies,
+    opening_entropy: float | None = None  # ... the openings' entropy (bits),
+    self_rouge_l: float | None = None  # ... and the mean ROUGE-L F1 between replies to the same prompt
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -257,6 +262,11 @@ class ComplianceEvaluator:
         n = len(ok_replies)
         quality = self._quality(model, compliant, nlls)
         stats = text_stats(ok_replies)
+        by_prompt: dict[str, list[str]] = {}
+        for prompt, answered in zip(jobs, replies, strict=True):
+            if answered is not None:
+                by_prompt.setdefault(prompt, []).append(answered[0])
+        collapse = collapse_stats(list(by_prompt.values()))
         low, high = wilson_interval(sum(compliant), n)
         return EvalResult(
             model=model,
@@ -273,6 +283,7 @@ class ComplianceEvaluator:
             distinct_2=stats.distinct_2,
             distinct_replies=stats.distinct_replies,
             junk=stats.junk,
+            **asdict(collapse),
         )
 
     def _quality(self, model: str, compliant: list[bool], nlls: list[float | None]) -> dict[str, float | None]:

@@ -19,6 +19,7 @@ from metaclaw.agents import AgentProfiles
 from metaclaw.privacy import PrivacyPolicy
 from metaclaw.privacy.outbound import RedactingEvolver, RedactingJudge, teacher_renderer
 from metaclaw.rollout.proxy_app import ProxyService
+from metaclaw.scoring.distill import ContextDistiller
 from metaclaw.scoring.judges import Judge
 from metaclaw.scoring.teacher import TeacherClient, hinted_prompt_ids
 from metaclaw.scoring.worker import ScoringWorker
@@ -110,6 +111,24 @@ def has_verifier(cfg: DictConfig) -> bool:
     return bool(cfg.rollout.get("simulated_user") and cfg.get("preference"))
 
 
+def build_distiller(cfg: DictConfig, server: Upstream | None, privacy: PrivacyPolicy | None) -> ContextDistiller | None:
+    """Learning from the words (`distill.distiller`) when `distill.enabled`; a teacher off this machine reads
+    redacted turns (`privacy.outbound`: anything but this run's own server with its key)."""
+    node = cfg.get("distill")
+    if not node or not node.enabled:
+        return None
+    if server is None and node.distiller.get("base_url") is None:
+        log.warning("Learning from the words is OFF: distill.distiller.base_url is null and there is no policy "
+                    "server to ask (set distill.distiller.base_url, or distill.enabled=false to silence this)")
+        return None
+    distiller = instantiate(with_server(node.distiller, server, "distill.distiller"))
+    if privacy is not None and privacy.redacts_for(distiller.base_url, distiller.api_key):
+        distiller.redact = privacy.view
+    log.info("Learning from the words: stated preferences are distilled with %s at %s (context: %s)",
+             distiller.model, distiller.base_url, distiller.form)  # fmt: skip
+    return distiller
+
+
 def build_worker(cfg: DictConfig, store: SampleStore, tokenizer: Any, server: Upstream | None) -> ScoringWorker:
     """The scoring worker (`rollout.scoring`) for `cfg.method`, with its judge, teacher and skill evolver."""
     judge, teacher, evolver = build_judge(cfg, server), build_teacher(cfg, server), build_evolver(cfg, server)
@@ -132,6 +151,7 @@ def build_worker(cfg: DictConfig, store: SampleStore, tokenizer: Any, server: Up
         evolver=evolver,
         evolve_every_n_turns=cfg.skills.evolve_every_n_turns if cfg.get("skills") else None,
         heldout_share=heldout_share(cfg),
+        distiller=build_distiller(cfg, server, privacy if isinstance(privacy, PrivacyPolicy) else None),
     )
 
 

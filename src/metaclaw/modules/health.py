@@ -110,6 +110,8 @@ class HealthMonitor(L.Callback):
         if self.worker is not None:
             out["rollout/judge_failures"] = self.worker.stats.get("judge_failed", 0)
             out["rollout/judge_errors"] = self.worker.stats.get("errors", 0)
+            out["rollout/distilled"] = self.worker.stats.get("distilled", 0)  # learning from the words (distill)
+            out["rollout/distill_failures"] = self.worker.stats.get("distill_failed", 0)
             evolution = getattr(self.worker, "evolution", None)
             if evolution is not None:
                 counted = ("evolutions", "accepted", "unusable", "skipped", "quarantined", "dropped_agents", "deferred")

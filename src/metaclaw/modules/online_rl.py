@@ -37,6 +37,7 @@ from torch import Tensor
 from torchmetrics import MeanMetric
 
 from metaclaw import profiling
+from metaclaw.modules import distill_rows as distilled
 from metaclaw.modules.agent_state import ADAPTERS_KEY, remap_optimizer_state, same_adapter
 from metaclaw.modules.policy import LoraPolicy
 
@@ -76,6 +77,9 @@ class OnlineRLModule(L.LightningModule):
         advantage: an estimator (`metaclaw.advantages`): `batch -> (advantages [B, T], metrics)`.
         optimizer: a partial taking the trainable parameters (Hydra `_partial_: true`).
         kl: optional KL-to-reference penalty; the reference is `policy` with its adapter disabled.
+        distill_loss: the term of distilled rows (`batch["distill"]`, replies sampled with a stated preference
+            in context: `modules.distill_rows`); None: such rows are refused by the advantage estimator.
+        distill_weight: its weight beside the policy loss.
     """
 
     def __init__(
@@ -85,15 +89,12 @@ class OnlineRLModule(L.LightningModule):
         advantage: AdvantageEstimator,
         optimizer: Callable[..., torch.optim.Optimizer],
         kl: torch.nn.Module | None = None,
+        distill_loss: PolicyLoss | None = None,
+        distill_weight: float = 1.0,
     ) -> None:
         super().__init__()
-        self.policy, self.loss_fn, self.advantage, self.optimizer_factory, self.kl = (
-            policy,
-            loss,
-            advantage,
-            optimizer,
-            kl,
-        )
+        self.policy, self.loss_fn, self.advantage, self.optimizer_factory = policy, loss, advantage, optimizer
+        self.kl, self.distill_loss, self.distill_weight = kl, distill_loss, distill_weight
         self.policy.train()  # from_pretrained leaves modules in eval mode
         self.strict_loading = False  # checkpoints hold only the trainable (adapter) weights
         self.reward_mean = MeanMetric()
@@ -152,20 +153,29 @@ class OnlineRLModule(L.LightningModule):
             self.policy.use_adapter(self.current_adapter)
 
     def training_step(self, batch: dict[str, Tensor], batch_idx: int) -> Tensor | None:
-        mask = batch["mask"]
         world_size = self.trainer.world_size if self._trainer is not None else 1
         self.policy.checkpoint_for(int(batch["input_ids"].numel()))
+        rows = distilled.distilled_rows(batch) if self.distill_loss is not None else None
+        mask, distill_mask = distilled.split_mask(batch["mask"], rows)  # distilled rows: cross-entropy only
         logprobs = self._logprobs(batch)
-        advantages, adv_metrics = self.advantage(batch)
+        advantages, adv_metrics = distilled.policy_advantages(self.advantage, batch, rows)
         out = self.loss_fn(logprobs, batch["behaviour_logprobs"], advantages.detach(), mask)
         loss, metrics = out.loss, dict(out.metrics)
-        loss = loss * global_scale(getattr(self.loss_fn, "aggregation", "token-mean"), mask, batch, world_size)
-        if self.kl is not None and self.kl.coef > 0:
+        totals = distilled.part_totals(batch, distilled=False) if rows is not None else batch
+        loss = loss * global_scale(getattr(self.loss_fn, "aggregation", "token-mean"), mask, totals, world_size)
+        if rows is not None and self.distill_loss is not None:
+            d_agg = getattr(self.distill_loss, "aggregation", "token-mean")
+            d_totals = distilled.part_totals(batch, True)
+            d_loss, d_metrics = distilled.distill_term(self.distill_loss, logprobs, batch, distill_mask, rows)
+            loss = loss + self.distill_weight * d_loss * global_scale(d_agg, distill_mask, d_totals, world_size)
+            metrics.update(d_metrics)
+        if self.kl is not None and self.kl.coef > 0 and bool(mask.any()):
             with torch.no_grad(), self.policy.reference(), profiling.phase("kl_reference"):
                 ref = self._logprobs(batch)
             kl_out = self.kl(logprobs, ref, mask)
-            loss = loss + kl_out.loss * global_scale(self.kl.aggregation, mask, batch, world_size)
+            loss = loss + kl_out.loss * global_scale(self.kl.aggregation, mask, totals, world_size)
             metrics.update(kl_out.metrics)
+        mask, advantages = batch["mask"], distilled.with_distilled(advantages, distill_mask)  # distilled rows teach
         skip = self._skip_reason(loss, advantages.detach(), mask, bool(batch.get("forgotten")))
         if skip is not None:
             self.skipped[skip] += 1

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from metaclaw.distribution import sample_distribution
+from metaclaw.scoring.distill import ContextDistiller, stated_preference
 from metaclaw.scoring.feedback import FeedbackRule, feedback_of
 from metaclaw.scoring.judges import Judge
 from metaclaw.scoring.teacher import TeacherClient
@@ -43,6 +44,7 @@ class TurnScore:
     meta: dict[str, Any] = field(default_factory=dict)
     failed: bool = False  # scoring failed `max_attempts` times: settled as dropped, never trained on
     feedback: dict[str, Any] | None = None  # the feedback this score was computed with
+    distilled: list[Sample] = field(default_factory=list)  # replies written with the stated preference (distill)
 
 
 def is_heldout(session_id: str, share: float) -> bool:
@@ -81,6 +83,10 @@ class ScoringWorker:
             centred over a batch of corrected turns is a push towards the unreacted reply). A reaction that
             arrives later reopens such a turn (the store: `LATE_REACTION_MAX_AGE_S`) and it is scored then.
         clock: the monotonic clock of session idleness (tests pass their own).
+        distiller: learning from the words (`distill`, `scoring.distill`): a turn read as a correction whose
+            correction states what the person wants gets a second, new sample: the teacher's reply with that
+            preference in context, trained on the prompt without it. The corrected turn keeps its own score.
+            Never for held-out sessions; a distillation that fails is logged and counted, the turn still settles.
     """
 
     def __init__(
@@ -103,6 +109,7 @@ class ScoringWorker:
         heldout_share: float = 0.0,
         no_next_state: str = "score",
         clock: Callable[[], float] = time.monotonic,
+        distiller: ContextDistiller | Any = None,
     ) -> None:
         if not 0.0 <= heldout_share < 1.0:
             raise ValueError(f"eval.judge_fallback.heldout_share must be in [0, 1), got {heldout_share}")
@@ -125,7 +132,9 @@ class ScoringWorker:
         self._last_change: dict[tuple[str, str], tuple[int, float]] = {}
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        self.stats = {"scored": 0, "ready": 0, "dropped": 0, "errors": 0, "judge_failed": 0, "heldout": 0}
+        self.distiller = distiller
+        self.stats = {"scored": 0, "ready": 0, "dropped": 0, "errors": 0, "judge_failed": 0, "heldout": 0,
+                      "distilled": 0, "distill_failed": 0}  # fmt: skip
 
     # ---- one pass -----------------------------------------------------------------------------------------
     async def run_once(self) -> int:
@@ -185,6 +194,8 @@ class ScoringWorker:
                     self.teacher.logprobs(prompt, s.response_ids, **dist), self.timeout_s
                 )
             score.feedback = fb
+            if self.distiller is not None and not is_heldout(s.session_id, self.heldout_share):
+                await self._distill(s, score)
             self._scores[s.id] = score
             self.stats["scored"] += 1
             if self.evolution is not None:
@@ -203,6 +214,24 @@ class ScoringWorker:
                     self.stats["judge_failed"] += 1
                 if self.evolution is not None:  # counted as a turn, but no verdict to learn from
                     self.evolution.note(s.agent_id, s.id, None)
+
+    async def _distill(self, s: Sample, score: TurnScore) -> None:
+        """Learning from the words: a correction whose words state what the person wants becomes a new sample
+        (`score.distilled`, stored when the turn settles); the turn's own reward is left as it is."""
+        corrected = (score.reward or 0) < 0 if self.needs_reward else bool(score.hint)
+        if not corrected:
+            return
+        words = (score.feedback or {}).get("text") or s.next_state  # the person's own words, not a judge's summary
+        preference = stated_preference(words)
+        if preference is None:
+            score.meta["distill"] = {"skipped": "no stated preference"}
+            return
+        try:
+            score.distilled, score.meta["distill"] = await self.distiller.distill(s, preference)
+        except Exception as e:  # noqa: BLE001 - the turn's own score stands; the failure is counted and said
+            self.stats["distill_failed"] += 1
+            score.meta["distill"] = {"error": repr(e)[:300]}
+            log.warning("Sample %d: context distillation failed: %r", s.id, e)
 
     # ---- settling -----------------------------------------------------------------------------------------
     def _settle(self, key: tuple[str, str], samples: list[Sample], finished: bool) -> int:
@@ -275,6 +304,17 @@ class ScoringWorker:
             self.store.set_score(s.id, status="dropped", meta={**meta, "dropped": f"invalid_score: {e}"})
         s.reward = reward
         self.stats["ready" if usable else "dropped"] += 1
+        if score.distilled and usable:
+            self._store_distilled(s, score.distilled)
+
+    def _store_distilled(self, source: Sample, new: list[Sample]) -> None:
+        """Store the distilled samples (`ready`; the store's privacy screen applies as to any captured turn)."""
+        try:
+            self.store.insert_many(new)
+            self.stats["distilled"] += len(new)
+        except SampleValidationError as e:
+            self.stats["distill_failed"] += 1
+            log.warning("Sample %d: the distilled replies were refused (%s)", source.id, e)
 
     # ---- background thread --------------------------------------------------------------------------------
     def _loop(self) -> None:

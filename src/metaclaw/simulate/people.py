@@ -69,6 +69,7 @@ class PreferenceKind:
     rules: list[dict[str, Any]]
     praise: list[str]
     correction: list[str]
+    openings: tuple[str, ...] = ()  # a conversation opens with one of these half the time (none: a task always)
 
     @classmethod
     def load(cls, name: str, phrasings: str = "train") -> PreferenceKind:
@@ -79,7 +80,8 @@ class PreferenceKind:
             raise ValueError(f"phrasings must be one of {PHRASINGS}, got {phrasings!r}")
         k = pools["kinds"][name]
         praise = _split(pools["praise"], phrasings) + _split(k["praise"], phrasings)
-        return cls(name, k["want"], k["rules"], praise, _split(k["correction"], phrasings))
+        openings = tuple(_split(k.get("openings", []), phrasings))
+        return cls(name, k["want"], k["rules"], praise, _split(k["correction"], phrasings), openings)
 
     @property
     def verifier(self) -> PreferenceSet:
@@ -198,7 +200,9 @@ class People:
 
     def conversation(self, person: int, rng: random.Random, clients: tuple[Any, Any], number: int) -> None:
         sdk = "anthropic" if rng.random() < self.anthropic_share else "openai"
-        questions = [t.prompt for t in rng.sample(self.tasks, 3)] + [None]
+        questions: list[str | None] = [t.prompt for t in rng.sample(self.tasks, 3)] + [None]
+        if self.kind.openings and rng.random() < 0.5:  # people say hello first (drawn only for kinds that do)
+            questions[0] = rng.choice(self.kind.openings)
         messages = [{"role": "user", "content": questions[0]}]
         cid = f"p{person}-c{number}"
         for i in range(4):

@@ -43,6 +43,7 @@ class SampleMeta(MutableMapping[str, Any]):
     judge_error: str | None = None  # why the judge failed
     at_least_one: dict[str, Any] | None = None  # seed 002's +1 for a session that scored nothing above 0
     hint: str | None = None  # the OPD hint the teacher read
+    distilled: dict[str, Any] | None = None  # a reply sampled with a stated preference in context (scoring.distill)
     feedback: dict[str, Any] | None = None  # the user's explicit score (`/v1/feedback`)
     privacy: dict[str, Any] | None = None  # what the privacy screen found and did
     dropped: str | None = None  # why the sample is never trained on (`reason[: detail]`)

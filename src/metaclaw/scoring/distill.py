@@ -1,0 +1,229 @@
+"""Learning from what people say: context distillation of a stated preference (issue 42).
+
+A correction such as "Your name is Kuro, always introduce yourself as Kuro" says what the person wants even when no
+reply has shown it yet, and a scalar reward cannot select a behaviour that never occurs. With the correction in
+context the model often does follow it (SmolLM2-135M says "Kuro" in most replies), so:
+
+1. the scorer reads a turn as a correction (reward < 0) and the person's reaction states what they want
+   (`stated_preference`: the reaction's sentences without the next question, a follow-up task, an update of the
+   person's own request or a bare verdict);
+2. `ContextDistiller` asks the teacher (by default our policy server's base model, adapter disabled: OPD's
+   teacher) for a reply to the same conversation with that preference in context (`hinted_conversation`);
+3. the reply is accepted when the preference explains it: its mean per-token log-probability gain, hinted over
+   plain (`token_gain`), is at least `min_gain` nats; a reply the preference did not shape is not trained;
+4. the accepted reply becomes a new `ready` sample on the prompt WITHOUT the correction (the turn's own prompt
+   ids, as the server rendered them), marked `meta.distilled`. The trainer gives such rows a cross-entropy term
+   (`distill.loss`), never the policy loss: the reply was sampled from the hinted context, so its stored
+   behaviour logprobs are the hinted distribution's and no importance ratio against the plain prompt is formed.
+
+The corrected turn itself keeps its reward (-1): a correction never becomes a positive reward for the reply it
+corrected. The new sample goes through the store's privacy screen like any captured turn.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import logging
+import statistics
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+
+from metaclaw.distribution import sample_distribution
+from metaclaw.messages import answer_and_reasoning, content_text
+from metaclaw.scoring.hints import hinted_messages
+from metaclaw.scoring.judges import paragraphs
+from metaclaw.scoring.reactions import sentences
+from metaclaw.scoring.speech_acts import follow_up, is_question, objection, update
+from metaclaw.serving.client import teacher_logprobs
+from metaclaw.store import Sample, SampleMeta
+from metaclaw.wire import bearer_headers
+
+log = logging.getLogger(__name__)
+
+HINTED_FORMS = ("system", "prefix", "suffix", "restate")
+"""Where the preference goes in the teacher's context: a system message (merged into the conversation's own, if
+any), before the last user message, after it (OPD's hint, `scoring.hints`), or the exchange as it happened with
+the last request restated after the correction (`bench/distill_signal.py` measures each)."""
+
+
+def stated_preference(reaction: str | None) -> str | None:
+    """What a reaction says the person wants, in their own words: the sentences of its first paragraph (the
+    reaction comes first; what follows a blank line is the next ask) without one-word sentences (a bare "No."),
+    a question that does not object (the next question), a follow-up task, an update of the person's own request
+    or a lead-in ("Another one:"); None when nothing remains. A verdict of more words ("That's not it.") states
+    nothing to follow: the teacher's replies then gain little from it and `accepts` refuses them."""
+    first = paragraphs(reaction or "")[:1]
+    kept = []
+    for sentence in sentences(first[0]) if first else []:
+        if len(sentence.split()) < 2 or follow_up(sentence) or update(sentence) or sentence.rstrip().endswith(":"):
+            continue  # a bare verdict ("No."), new work, the person's own update, a lead-in ("Another one:")
+        if is_question(sentence) and objection(sentence) is None:
+            continue
+        kept.append(sentence)
+    text = " ".join(kept)
+    return text if len(text.split()) >= 2 else None
+
+
+def hinted_conversation(
+    messages: Sequence[dict[str, Any]], reply: str, preference: str, form: str = "system"
+) -> list[dict[str, Any]]:
+    """A copy of the conversation `messages` (which ends with the request `reply` answered) with `preference`
+    in context, placed as `form` says (`HINTED_FORMS`)."""
+    if form not in HINTED_FORMS:
+        raise ValueError(f"distill.distiller.form must be one of {HINTED_FORMS}, got {form!r}")
+    out = copy.deepcopy(list(messages))
+    if form == "suffix":
+        return hinted_messages(out, preference)
+    last = next((i for i in range(len(out) - 1, -1, -1) if out[i].get("role") == "user"), None)
+    if form == "system":
+        if out and out[0].get("role") == "system":
+            out[0]["content"] = f"{content_text(out[0].get('content'))}\n\n{preference}".strip()
+            return out
+        return [{"role": "system", "content": preference}, *out]
+    if last is None:
+        return [*out, {"role": "user", "content": preference}]
+    request = content_text(out[last].get("content"))
+    if form == "prefix":
+        out[last] = {**out[last], "content": f"{preference}\n\n{request}"}
+        return out
+    return [*out, {"role": "assistant", "content": reply}, {"role": "user", "content": f"{preference}\n\n{request}"}]
+
+
+def token_gain(hinted: Sequence[float], plain: Sequence[float]) -> float:
+    """Mean per-token log-probability gain of a reply, hinted context over plain (nats): how much the preference
+    explains it."""
+    if len(hinted) != len(plain) or not hinted:
+        raise ValueError(f"need equally many logprobs, got {len(hinted)} hinted and {len(plain)} plain")
+    return statistics.fmean(h - p for h, p in zip(hinted, plain, strict=True))
+
+
+def accepts(gain: float, min_gain: float = 0.5) -> bool:
+    """Whether a hinted reply is trained: the preference made its tokens at least `min_gain` nats more likely on
+    average."""
+    return gain >= min_gain
+
+
+@dataclass(frozen=True)
+class HintedReply:
+    """The teacher's reply with the preference in context: its tokens and their logprobs as sampled."""
+
+    token_ids: list[int]
+    logprobs: list[float]
+    text: str
+    finish_reason: str | None
+
+
+class ContextDistiller:
+    """Samples replies with a stated preference in context and returns those the preference explains as training
+    samples on the prompt without the preference.
+
+    Args:
+        base_url: the teacher server (no `/v1`); None: our policy server, bound by the live loop (`bind`).
+        model: the model asked (the base model name: adapter disabled, like OPD's teacher).
+        api_key: bearer key of `base_url`.
+        form: where the preference goes in context (`HINTED_FORMS`).
+        samples: hinted replies asked per correction (one request, `n`): each is accepted or not on its own.
+        min_gain: the acceptance bound of `accepts` (nats per token).
+        max_tokens: the reply budget when the turn's own reply was not cut at its budget (then that length).
+        timeout_s: per request.
+    """
+
+    def __init__(
+        self,
+        base_url: str | None,
+        model: str,
+        api_key: str | None = None,
+        form: str = "prefix",
+        samples: int = 1,
+        min_gain: float = 0.5,
+        max_tokens: int = 256,
+        timeout_s: float = 120.0,
+    ) -> None:
+        if form not in HINTED_FORMS:
+            raise ValueError(f"distill.distiller.form must be one of {HINTED_FORMS}, got {form!r}")
+        if max_tokens < 1 or not 1 <= samples <= 16:
+            raise ValueError(f"distill.distiller: max_tokens >= 1 and samples in [1, 16], got {max_tokens}, {samples}")
+        self.base_url, self.model, self.api_key = (base_url or "").rstrip("/") or None, model, api_key
+        self.form, self.samples, self.min_gain = form, samples, min_gain
+        self.max_tokens, self.timeout_s = max_tokens, timeout_s
+        self.stats = {"asked": 0, "accepted": 0, "rejected": 0, "failed": 0}
+        self.redact: Callable[[Sample], Sample] | None = None  # set when the teacher is off this machine
+
+    async def distill(self, sample: Sample, preference: str) -> tuple[list[Sample], dict[str, Any]]:
+        """`(new samples, what happened)` for a turn whose correction states `preference`."""
+        if self.base_url is None:
+            raise RuntimeError("the context distiller has no teacher server (distill.distiller.base_url)")
+        self.stats["asked"] += 1
+        dist = sample_distribution(sample.temperature, sample.meta)
+        seen = self.redact(sample) if self.redact is not None else sample  # what the teacher may read
+        messages = hinted_conversation(seen.messages or [], seen.response_text or "", preference, self.form)
+        budget = len(sample.response_ids) if sample.meta.finish_reason == "length" else self.max_tokens
+        body: dict[str, Any] = {
+            "model": self.model, "messages": messages, "max_tokens": budget, "logprobs": True,
+            "return_token_ids": True, "n": self.samples, **dist,
+        }  # fmt: skip
+        if sample.meta.tools:
+            body["tools"] = sample.meta.tools
+        if sample.meta.chat_template_kwargs:
+            body["chat_template_kwargs"] = sample.meta.chat_template_kwargs
+        replies = await asyncio.to_thread(self._ask, body)
+        gains = []
+        for reply in replies:
+            plain = await asyncio.to_thread(
+                teacher_logprobs, self.base_url, self.model, sample.prompt_ids, reply.token_ids, self.api_key,
+                self.timeout_s, dist["temperature"], dist["top_p"], dist["top_k"],
+            )  # fmt: skip
+            gains.append(token_gain(reply.logprobs, plain))
+        kept = [(r, g) for r, g in zip(replies, gains, strict=True) if accepts(g, self.min_gain)]
+        info = {"from": sample.id, "preference": preference, "form": self.form, "teacher": self.model,
+                "gains": [round(g, 4) for g in gains], "accepted": len(kept)}  # fmt: skip
+        self.stats["accepted"] += len(kept)
+        self.stats["rejected"] += len(gains) - len(kept)
+        return [self._sample(sample, reply, {**info, "gain": round(g, 4)}) for reply, g in kept], info
+
+    @staticmethod
+    def _sample(source: Sample, reply: HintedReply, info: dict[str, Any]) -> Sample:
+        """The accepted reply as a `ready` sample on the source turn's prompt (without the preference)."""
+        meta = SampleMeta(
+            sampling=source.meta.sampling, chat_template_kwargs=source.meta.chat_template_kwargs,
+            tools=source.meta.tools, finish_reason=reply.finish_reason, session_source=source.meta.session_source,
+            skills=source.meta.skills, skill_generation=source.meta.skill_generation, distilled=info,
+        )  # fmt: skip
+        return Sample(
+            prompt_ids=list(source.prompt_ids),  # the prompt WITHOUT the preference: what the adapter learns to answer
+            response_ids=reply.token_ids,
+            behaviour_logprobs=reply.logprobs,  # the hinted distribution's (the teacher sampled it there)
+            agent_id=source.agent_id,
+            session_id=source.session_id,
+            turn_index=source.turn_index,
+            adapter_version=source.adapter_version,  # freshness as the turn it came from
+            temperature=source.temperature,
+            status="ready",
+            messages=copy.deepcopy(source.messages),
+            response_text=reply.text,
+            meta=meta,
+        )
+
+    def _ask(self, body: dict[str, Any]) -> list[HintedReply]:
+        response = httpx.post(
+            f"{self.base_url}/v1/chat/completions", json=body, headers=bearer_headers(self.api_key),
+            timeout=self.timeout_s,
+        )  # fmt: skip
+        response.raise_for_status()
+        replies = []
+        for choice in response.json().get("choices") or []:
+            ids = [int(t) for t in choice.get("token_ids") or []]
+            logprobs = [float(e["logprob"]) for e in (choice.get("logprobs") or {}).get("content") or []]
+            if not ids or len(logprobs) != len(ids):
+                self.stats["failed"] += 1
+                raise RuntimeError(f"the teacher's hinted reply has {len(ids)} token ids and {len(logprobs)} "
+                                   "logprobs (it must return both: return_token_ids, logprobs)")  # fmt: skip
+            text = answer_and_reasoning(choice.get("message") or {})[0]
+            replies.append(HintedReply(ids, logprobs, text, choice.get("finish_reason")))
+        if not replies:
+            raise RuntimeError("the teacher returned no choices")
+        return replies

@@ -1,0 +1,169 @@
+"""Learning from the words (issue 42): a correction that states a preference becomes a distilled sample.
+
+The teacher is a real HTTP server (the scripted upstream: word ids, chat logprobs -0.25, prompt logprobs -0.5, so
+every hinted reply gains 0.25 nats per token over the plain prompt); the judge is the default reaction reader.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from metaclaw.modules.health import HealthMonitor
+from metaclaw.privacy import PrivacyPolicy
+from metaclaw.rollout.server import ThreadedServer
+from metaclaw.rollout.testing import scripted_upstream, word_ids
+from metaclaw.scoring.distill import ContextDistiller, hinted_conversation, stated_preference, token_gain
+from metaclaw.scoring.judges import RuleJudge
+from metaclaw.scoring.reactions import ReactionJudge
+from metaclaw.scoring.worker import ScoringWorker
+from metaclaw.store import Sample, SampleStore
+
+PREFERENCE = "Your name is Kuro, always introduce yourself as Kuro."  # CLaaS's identity feedback string
+QUESTION = [{"role": "user", "content": "How long should pasta cook?"}]
+
+
+@pytest.fixture(scope="module")
+def judge():
+    return ReactionJudge()
+
+
+def turn(store: SampleStore, next_state: str | None, session: str = "s1") -> int:
+    prompt = [1, *word_ids("user How long should pasta cook?"), 2]
+    return store.insert(Sample(prompt, [11, 12, 3], [-1.0, -1.0, -1.0], session_id=session, messages=QUESTION,
+                               response_text="About ten minutes.", next_state=next_state))  # fmt: skip
+
+
+def run(store: SampleStore, judge, url: str, min_gain: float = 0.1, **kw) -> ScoringWorker:
+    distiller = ContextDistiller(url, "tiny", min_gain=min_gain)
+    worker = ScoringWorker(store, judge, session_idle_s=1e9, at_least_one=False, no_next_state="drop",
+                           distiller=distiller, **kw)  # fmt: skip
+    asyncio.run(worker.run_once())
+    return worker
+
+
+def distilled(store: SampleStore) -> list[Sample]:
+    return [s for s in store.select() if s.meta.distilled is not None]
+
+
+@pytest.mark.parametrize(
+    ("correction", "kept"),
+    [
+        (f"No. {PREFERENCE}\n\nHow tall is Everest?", PREFERENCE),
+        (f"{PREFERENCE} Next: how tall is Everest?", PREFERENCE),
+        ("Please give me a number next time. Another one: name three rivers.", "Please give me a number next time."),
+        ("Great. Now give me a shorter version for Twitter.", None),  # a follow-up task
+        ("You're Kuro.\nHow tall is Everest?", "You're Kuro."),
+        ("What about rice?", None),  # a new question
+        ("Oops, I meant six people.", None),  # the person updates their own request
+        ("Nope.", None),
+        ("", None),
+    ],
+)
+def test_stated_preference_keeps_what_the_person_wants_and_nothing_else(correction, kept):
+    assert stated_preference(correction) == kept
+
+
+def test_hinted_forms_put_the_preference_in_context_and_leave_the_input_alone():
+    messages = [{"role": "system", "content": "Be brief."}, *QUESTION]
+    system = hinted_conversation(messages, "Ten minutes.", PREFERENCE, "system")
+    assert system[0]["content"] == f"Be brief.\n\n{PREFERENCE}" and system[1:] == QUESTION
+    assert hinted_conversation(QUESTION, "x", PREFERENCE, "system")[0] == {"role": "system", "content": PREFERENCE}
+    assert hinted_conversation(QUESTION, "x", PREFERENCE, "prefix")[-1]["content"].startswith(PREFERENCE)
+    assert PREFERENCE in hinted_conversation(QUESTION, "x", PREFERENCE, "suffix")[-1]["content"]
+    restate = hinted_conversation(QUESTION, "Ten minutes.", PREFERENCE, "restate")
+    assert [m["role"] for m in restate] == ["user", "assistant", "user"]
+    assert restate[-1]["content"] == f"{PREFERENCE}\n\nHow long should pasta cook?"
+    assert messages[0]["content"] == "Be brief." and len(messages) == 2  # copies, never the turn's own messages
+    with pytest.raises(ValueError, match="form"):
+        hinted_conversation(QUESTION, "x", PREFERENCE, "elsewhere")
+    assert token_gain([-1.0, -2.0], [-2.0, -2.0]) == pytest.approx(0.5)
+
+
+def test_a_correction_with_a_stated_preference_yields_a_sample_on_the_prompt_without_it(tmp_path, judge):
+    store = SampleStore(tmp_path / "s.sqlite")
+    with ThreadedServer(app := scripted_upstream("Hi, I am Kuro. About ten minutes.")) as up:
+        source = turn(store, f"{PREFERENCE}\n\nHow tall is Everest?")
+        worker = run(store, judge, up.url)
+        (asked,) = app.state.scripted["requests"]
+    (new,) = distilled(store)
+    corrected = store.get(source)
+    assert corrected.reward == -1.0 and corrected.status == "ready"  # the corrected reply is never lifted
+    assert asked["messages"] == [{"role": "user", "content": f"{PREFERENCE}\n\nHow long should pasta cook?"}]
+    assert asked["model"] == "tiny" and asked["n"] == 1
+    assert new.prompt_ids == corrected.prompt_ids  # trained on the prompt WITHOUT the correction
+    assert not set(word_ids("Kuro, always introduce")) & set(new.prompt_ids)
+    assert new.response_ids == [*word_ids("Hi, I am Kuro. About ten minutes."), 3]
+    assert new.behaviour_logprobs == [-0.25] * len(new.response_ids)  # the hinted distribution's, as sampled
+    assert new.status == "ready" and new.reward is None and new.teacher_logprobs is None
+    assert new.meta.distilled["from"] == source and new.meta.distilled["preference"] == PREFERENCE
+    assert new.meta.distilled["gain"] == pytest.approx(0.25)
+    assert (new.session_id, new.agent_id, new.next_state) == (corrected.session_id, corrected.agent_id, None)
+    assert worker.stats["distilled"] == 1 and worker.distiller.stats["accepted"] == 1
+    monitor = HealthMonitor(str(store.path))
+    monitor.attach(worker=worker)
+    assert monitor.snapshot()["rollout/distilled"] == 1.0  # in the logger and `status`, like every loop counter
+
+
+@pytest.mark.parametrize(
+    "reaction",
+    ["Great. Now give me a shorter version for Twitter.", "haha, the weather here is lovely today", "lovely, cheers",
+     "What about rice?", None],
+    ids=["follow-up task", "small talk", "praise", "new question", "no reaction"],
+)
+def test_no_sample_from_a_follow_up_praise_a_new_question_or_silence(tmp_path, judge, reaction):
+    store = SampleStore(tmp_path / "s.sqlite")
+    with ThreadedServer(app := scripted_upstream("Hi, I am Kuro.")) as up:
+        turn(store, reaction)
+        run(store, judge, up.url)
+        assert app.state.scripted["requests"] == []  # the teacher was never asked
+    assert distilled(store) == []
+
+
+def test_a_correction_without_a_stated_preference_asks_no_teacher(tmp_path):
+    store = SampleStore(tmp_path / "s.sqlite")
+    with ThreadedServer(app := scripted_upstream("Hi, I am Kuro.")) as up:
+        source = turn(store, "Wrong.\n\nHow tall is Everest?")  # the rule judge: -1; nothing said about what is wanted
+        run(store, RuleJudge(), up.url)
+        assert app.state.scripted["requests"] == []
+    assert distilled(store) == [] and store.get(source).meta["distill"] == {"skipped": "no stated preference"}
+
+
+def test_a_reply_the_preference_does_not_explain_is_not_trained(tmp_path, judge):
+    store = SampleStore(tmp_path / "s.sqlite")
+    with ThreadedServer(scripted_upstream("About ten minutes.")) as up:
+        source = turn(store, PREFERENCE)
+        worker = run(store, judge, up.url, min_gain=0.5)  # the scripted teacher's replies gain 0.25
+    assert distilled(store) == [] and worker.distiller.stats["rejected"] == 1
+    assert store.get(source).meta["distill"]["accepted"] == 0 and store.get(source).reward == -1.0
+
+
+def test_held_out_sessions_are_never_distilled(tmp_path, judge):
+    store = SampleStore(tmp_path / "s.sqlite")
+    with ThreadedServer(app := scripted_upstream("Hi, I am Kuro.")) as up:
+        turn(store, PREFERENCE, session="held")
+        run(store, judge, up.url, heldout_share=0.9999)
+        assert app.state.scripted["requests"] == []
+    assert distilled(store) == []
+
+
+def test_a_distilled_reply_with_a_secret_is_screened_like_any_turn(tmp_path, judge):
+    secret = "sk-proj-" + "Ab3dE5gH7jK9mN1pQ3sT5vX7zB9cD1fG"
+    store = SampleStore(tmp_path / "s.sqlite", screen=PrivacyPolicy())
+    with ThreadedServer(scripted_upstream(f"I am Kuro. Your key is {secret}")) as up:
+        source = turn(store, PREFERENCE)
+        run(store, judge, up.url)
+    (new,) = distilled(store)
+    assert new.status == "dropped" and new.meta.dropped == "secret"
+    assert new.response_ids == [] and secret not in (new.response_text or "")
+    assert [s.id for s in store.claim_batch(0, 8)] == [source]  # never trained: only the corrected turn is
+
+
+def test_a_failing_teacher_is_said_and_the_turn_still_settles(tmp_path, judge):
+    store = SampleStore(tmp_path / "s.sqlite")
+    source = turn(store, PREFERENCE)
+    worker = run(store, judge, "http://127.0.0.1:9")  # nothing listens there
+    assert store.get(source).status == "ready" and store.get(source).reward == -1.0
+    assert worker.stats["distill_failed"] == 1 and "error" in store.get(source).meta["distill"]
+    assert distilled(store) == []

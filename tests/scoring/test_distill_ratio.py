@@ -1,0 +1,50 @@
+"""One distribution (issue 42): a distilled reply's behaviour logprobs are the hinted context's, ratio 1 there.
+
+A real policy server (`serve.py model=tiny`) samples the hinted reply; the trainer's policy (adapter off, the
+teacher) recomputes its logprobs under the hinted prompt: ratio 1. Under the plain prompt, the one the row is
+trained on, they differ: that is why a distilled row never enters an importance ratio (`modules.distill_rows`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+import torch
+
+from metaclaw.scoring.distill import ContextDistiller, hinted_conversation
+from metaclaw.serving.render import chat_prompt_ids
+from metaclaw.store import Sample
+from tests.serving.conftest import running_server
+
+PREFERENCE = "Your name is Kuro, always introduce yourself as Kuro."
+
+
+@pytest.fixture(scope="module")
+def policy_server(tmp_path_factory):
+    with running_server(tmp_path_factory.mktemp("serve-run"), tmp_path_factory.mktemp("adapters")) as live:
+        yield live
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_distilled_reply_has_ratio_one_under_the_hinted_prompt_only(policy_server, tiny_policy, tiny_tokenizer,
+                                                                    temperature):  # fmt: skip
+    messages = [{"role": "user", "content": "What is the capital of France?"}]
+    prompt = chat_prompt_ids(tiny_tokenizer, messages)
+    source = Sample(prompt, [5, 6], [-1.0, -1.0], messages=messages, response_text="Paris.", id=1,
+                    temperature=temperature, meta={"sampling": {"top_p": 1.0, "top_k": -1}})  # fmt: skip
+    distiller = ContextDistiller(policy_server.url, "tiny", policy_server.api_key, min_gain=-1e9, max_tokens=24)
+    (new,), info = asyncio.run(distiller.distill(source, PREFERENCE))
+    assert info["accepted"] == 1 and new.prompt_ids == prompt and new.temperature == temperature
+    hinted = chat_prompt_ids(tiny_tokenizer, hinted_conversation(messages, "Paris.", PREFERENCE, distiller.form))
+
+    def trainer_logprobs(prompt_ids: list[int]) -> torch.Tensor:
+        seq = torch.tensor([prompt_ids + new.response_ids])
+        with torch.no_grad(), tiny_policy.reference():
+            lp = tiny_policy.logprobs(seq[:, :-1], seq[:, 1:], torch.ones_like(seq[:, :-1]), temperature=temperature)
+        return lp[0, len(prompt_ids) - 1 :]
+
+    behaviour = torch.tensor(new.behaviour_logprobs)
+    ratio = torch.exp(trainer_logprobs(hinted) - behaviour)
+    assert torch.allclose(ratio, torch.ones_like(ratio), atol=1e-4), ratio
+    assert not torch.allclose(trainer_logprobs(prompt), behaviour, atol=1e-3)  # not the plain prompt's
