@@ -236,3 +236,11 @@ def test_the_live_path_drops_a_closing_turn_and_trains_only_fresh_samples(tmp_pa
     assert next(iter(stream))["sample_ids"].tolist() == [answered.id]
     assert store.get(old).meta["dropped"].startswith("stale:age") and store.dropped_reasons()["stale"] == 1
     store.close()
+
+
+def test_eval_off_keeps_the_held_out_settings_the_gate_measures_with(tmp_path):
+    """`eval=off` with the gate on stopped at start ("Key 'n_prompts' is not in struct"; scripts/check_wheel.sh's
+    `metaclaw train eval=off`): no reports, but the gate still measures candidates on the held-out prompts."""
+    cfg = _compose("train", ["eval=off"], tmp_path)
+    assert cfg.eval.enabled is False and cfg.publish.gate.enabled is True
+    assert cfg.eval.n_prompts > 0 and cfg.eval.samples_per_prompt >= 1 and cfg.eval.concurrency >= 1
