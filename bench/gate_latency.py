@@ -43,9 +43,9 @@ from hydra import compose, initialize_config_dir  # noqa: E402
 
 from metaclaw.config import CONFIG_DIR, register_resolvers  # noqa: E402
 from metaclaw.evaluation.turns import HeldoutTurnsEvaluator  # noqa: E402
-from metaclaw.serving.client import load_adapter  # noqa: E402
 from metaclaw.simulate.tasks import load_tasks  # noqa: E402
 from metaclaw.store import Sample, SampleStore  # noqa: E402
+from metaclaw.wire.client import load_adapter  # noqa: E402
 from tests.procs import free_port, serving  # noqa: E402
 
 SYSTEM = (

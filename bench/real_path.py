@@ -33,8 +33,8 @@ from metaclaw.control.dashboard.data import reward_source
 from metaclaw.evaluation.evaluator import ComplianceEvaluator
 from metaclaw.lifecycle import set_pdeathsig
 from metaclaw.runfiles.layout import AdapterFolder
-from metaclaw.serving.client import load_adapter
 from metaclaw.simulate.people import People, PreferenceKind, _pools
+from metaclaw.wire.client import load_adapter
 
 REPO = Path(__file__).resolve().parents[1]
 SERVER_KEY_ENV = "METACLAW_BENCH_SERVER_KEY"

@@ -13,7 +13,7 @@ from metaclaw.evaluation.gate import Track
 from metaclaw.loop.eval_wiring import build_evaluator
 from metaclaw.loop.live import server_nodes
 from metaclaw.loop.policy_server import PolicyServerProcess
-from metaclaw.serving.client import load_adapter
+from metaclaw.wire.client import load_adapter
 from tests.entrypoints.test_train import compose_train
 from tests.serving.conftest import train_fixed_answer_adapter
 

@@ -22,8 +22,8 @@ from metaclaw.evaluation.turns import HeldoutTurnsEvaluator
 from metaclaw.loop.eval_wiring import bind_evaluator, build_evaluator, build_watch
 from metaclaw.loop.wiring import heldout_share
 from metaclaw.modules.publisher import AdapterPublisher
-from metaclaw.serving.client import load_adapter, teacher_logprobs
 from metaclaw.store import Sample, SampleStore
+from metaclaw.wire.client import load_adapter, teacher_logprobs
 from tests.e2e.conftest import running_policy_server
 from tests.entrypoints.test_train import compose_train
 from tests.serving.conftest import FIXED_ANSWER, train_fixed_answer_adapter

@@ -24,7 +24,7 @@ from metaclaw.control.plane import ControlPlane
 from metaclaw.loop.live import reload_latest_adapter, server_nodes
 from metaclaw.loop.policy_server import PolicyServerProcess
 from metaclaw.modules.adapter_writer import AdapterWriter
-from metaclaw.serving.client import load_adapter
+from metaclaw.wire.client import load_adapter
 
 KEY = "rollback-restart-key"
 

@@ -115,7 +115,7 @@ def test_teacher_logprobs_ask_for_no_generation(tiny_tokenizer):
     """Issue 24: a score is echo without generation (`max_tokens: 0`, which vLLM and OpenAI accept): before, each
     request also sampled one token, a second forward over the same prompt on the HF engine."""
     from metaclaw.rollout.testing import scripted_upstream
-    from metaclaw.serving.client import teacher_logprobs
+    from metaclaw.wire.client import teacher_logprobs
 
     app = scripted_upstream()
     with ThreadedServer(app) as upstream:

@@ -9,7 +9,7 @@ import httpx
 import openai
 import pytest
 
-from metaclaw.serving.client import teacher_logprobs
+from metaclaw.wire.client import teacher_logprobs
 
 from .conftest import FIXED_ANSWER
 

@@ -21,9 +21,9 @@ import httpx
 
 from metaclaw.agents import DEFAULT_PROFILE, AgentProfile, AgentProfiles
 from metaclaw.runfiles.layout import AdapterFolder, RunLayout
-from metaclaw.serving.client import load_adapter
 from metaclaw.store import SampleStore
 from metaclaw.wire import ADAPTER_CONFIG, bearer_headers
+from metaclaw.wire.client import load_adapter
 
 if TYPE_CHECKING:  # `status` of a finished run must not import torch (tests/control/test_finished.py)
     from metaclaw.modules.rewind import Rewind

@@ -27,8 +27,8 @@ from metaclaw.agents import DEFAULT_PROFILE
 from metaclaw.evaluation.evaluator import EvalResult
 from metaclaw.evaluation.stats import newcombe, wilson
 from metaclaw.ops import metrics
-from metaclaw.serving.client import load_adapter
 from metaclaw.wire import bearer_headers
+from metaclaw.wire.client import load_adapter
 
 log = logging.getLogger("metaclaw.evaluation.live")
 

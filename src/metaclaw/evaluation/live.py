@@ -60,7 +60,7 @@ from metaclaw.agents import DEFAULT_PROFILE
 from metaclaw.evaluation.evaluator import ComplianceEvaluator, EvalResult
 from metaclaw.evaluation.gate import GateDecisions, HotLoad, Track
 from metaclaw.evaluation.regression import RegressionWatch
-from metaclaw.serving.client import load_adapter
+from metaclaw.wire.client import load_adapter
 
 log = logging.getLogger(__name__)
 

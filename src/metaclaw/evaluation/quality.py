@@ -2,7 +2,7 @@
 
 - **Base NLL**: the base model's mean negative log-likelihood per token of a reply (nats/token), teacher-forced
   on the prompt the server rendered, through the same `/v1/completions` prompt-logprobs call OPD's teacher uses
-  (`metaclaw.serving.client.teacher_logprobs`, raw logits at T = 1, adapter disabled). The base model's own
+  (`metaclaw.wire.client.teacher_logprobs`, raw logits at T = 1, adapter disabled). The base model's own
   replies at T = 1 score about its entropy; an adapter whose replies drift into text the base model finds
   implausible scores higher. A reply is **fluent** when its NLL is within `nll_margin` of the base model's mean
   on its own replies; a **good** reply complies and is fluent.
@@ -17,7 +17,7 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from metaclaw.serving.client import teacher_logprobs
+from metaclaw.wire.client import teacher_logprobs
 
 _WORD = re.compile(r"[\w']+")
 

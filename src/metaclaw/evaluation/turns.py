@@ -32,9 +32,9 @@ import httpx
 from metaclaw.evaluation.evaluator import EvalResult
 from metaclaw.evaluation.quality import base_nll, fluency, text_stats
 from metaclaw.evaluation.stats import snips, wilson
-from metaclaw.serving.client import teacher_logprobs
 from metaclaw.store import Sample, SampleStore
 from metaclaw.wire import bearer_headers
+from metaclaw.wire.client import teacher_logprobs
 
 
 class HeldoutTurnsEvaluator:

@@ -27,11 +27,11 @@ from metaclaw.rollout.replay import ReplayDriver
 from metaclaw.rollout.server import ThreadedServer
 from metaclaw.runfiles.layout import RunLayout
 from metaclaw.scoring.worker import ScoringWorker
-from metaclaw.serving.client import load_adapter
 from metaclaw.simulate.agents import SimulatedUsers
 from metaclaw.simulate.user import SimulatedUser
 from metaclaw.stopping import StopController
 from metaclaw.store import SampleStore, open_store
+from metaclaw.wire.client import load_adapter
 
 log = logging.getLogger(__name__)
 

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import httpx
 
-from metaclaw.serving.client import load_adapter
+from metaclaw.wire.client import load_adapter
 
 log = logging.getLogger(__name__)
 

@@ -40,13 +40,13 @@ from metaclaw.rollout.fit import build_fit
 from metaclaw.rollout.proxy import SSE_DONE, RolloutProxy, Turn, UpstreamError, dumps
 from metaclaw.rollout.responses import ResponseShell, ResponsesStream, to_chat_request, to_response
 from metaclaw.rollout.session_tracker import BODY_EXTRAS, scoped_session_id
-from metaclaw.serving.bodies import BodyError, load_json
-from metaclaw.serving.openapi import PROXY_BODIES, publish_request_bodies
-from metaclaw.serving.security import BearerAuthMiddleware, BodySizeLimitMiddleware, BrowserGuard
 from metaclaw.skills.hooks import SkillInjectorLike
 from metaclaw.store import SampleStore
 from metaclaw.wire import CLIENT_HEADER, RequestError
+from metaclaw.wire.bodies import BodyError, load_json
 from metaclaw.wire.normalize import normalize_messages, normalize_tools
+from metaclaw.wire.openapi import PROXY_BODIES, publish_request_bodies
+from metaclaw.wire.security import BearerAuthMiddleware, BodySizeLimitMiddleware, BrowserGuard
 
 log = logging.getLogger(__name__)
 
@@ -152,7 +152,7 @@ def create_app(
     the dashboard shares); `/openapi.json` is always served.
 
     `guard` (default: a server bound to loopback) refuses what a web page could send: a foreign `Host` or
-    `Origin`, a state-changing request that is not `application/json` (`metaclaw.serving.security`).
+    `Origin`, a state-changing request that is not `application/json` (`metaclaw.wire.security`).
     """
 
     @asynccontextmanager
@@ -394,7 +394,7 @@ class ProxyService:
         host / port: where the proxy listens (port 0: a free one).
         metrics_open: `/metrics` answers without the key (a scraper on a trusted network; default: behind it).
         allowed_hosts / allowed_origins: names (beyond the bound address and loopback) the proxy may be reached
-            as, and web origins (beyond its own) that may call it (`metaclaw.serving.security.BrowserGuard`).
+            as, and web origins (beyond its own) that may call it (`metaclaw.wire.security.BrowserGuard`).
         api_key: the key clients must send (None: open, said loudly at start).
         max_body_bytes / served_model / api_docs: as `create_app`'s.
         images / context: the proxy's image and context policies (`metaclaw.rollout.fit`).

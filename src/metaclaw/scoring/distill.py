@@ -38,9 +38,9 @@ from metaclaw.scoring.hints import hinted_messages
 from metaclaw.scoring.judges import paragraphs
 from metaclaw.scoring.reactions import sentences
 from metaclaw.scoring.speech_acts import follow_up, is_question, objection, update
-from metaclaw.serving.client import teacher_logprobs
 from metaclaw.store import Sample, SampleMeta
 from metaclaw.wire import bearer_headers
+from metaclaw.wire.client import teacher_logprobs
 
 log = logging.getLogger(__name__)
 

@@ -8,9 +8,9 @@ from collections.abc import Sequence
 from typing import Any
 
 from metaclaw.scoring.hints import hinted_messages
-from metaclaw.serving.client import teacher_logprobs
-from metaclaw.serving.render import chat_prompt_ids
 from metaclaw.store import Sample
+from metaclaw.wire.client import teacher_logprobs
+from metaclaw.wire.render import chat_prompt_ids
 
 
 class TeacherClient:

@@ -12,11 +12,11 @@ from collections.abc import Iterator
 from typing import Any
 
 from metaclaw.serving.engines.base import Engine, SequenceOutput, TokenDelta
-from metaclaw.serving.parsing import StreamParser, parse_completion
 from metaclaw.serving.protocol import ChatRequest
-from metaclaw.serving.render import chat_prompt_ids
 from metaclaw.thinking import say_no_answer
 from metaclaw.wire import RequestError, version_headers
+from metaclaw.wire.parsing import StreamParser, parse_completion
+from metaclaw.wire.render import chat_prompt_ids
 
 _END_TOKENS = ("<|im_end|>", "<|endoftext|>", "<|eot_id|>", "<|eom_id|>", "<|end_of_text|>", "</s>")
 

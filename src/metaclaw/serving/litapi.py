@@ -26,9 +26,9 @@ from litserve.specs.base import LitSpec
 from litserve.utils import LitAPIStatus
 
 from metaclaw.ops import metrics
-from metaclaw.serving.bodies import BodyError, load_json
 from metaclaw.serving.litserve_compat import submit
 from metaclaw.wire import RequestError
+from metaclaw.wire.bodies import BodyError, load_json
 
 log = logging.getLogger(__name__)
 

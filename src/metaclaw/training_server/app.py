@@ -14,12 +14,6 @@ from fastapi import FastAPI
 from fastapi.responses import StreamingResponse
 
 from metaclaw.serving.sampling import SamplingParams
-from metaclaw.serving.security import (
-    BearerAuthMiddleware,
-    BodySizeLimitMiddleware,
-    BrowserGuard,
-    BrowserGuardMiddleware,
-)
 from metaclaw.training_server import chat
 from metaclaw.training_server import schemas as s
 from metaclaw.training_server.engine import TrainingEngine
@@ -27,6 +21,12 @@ from metaclaw.training_server.errors import drop_422, error_responses, install_e
 from metaclaw.training_server.sessions import Session
 from metaclaw.training_server.vllm_sampler import EngineSampler
 from metaclaw.training_server.worker import ModelOwner
+from metaclaw.wire.security import (
+    BearerAuthMiddleware,
+    BodySizeLimitMiddleware,
+    BrowserGuard,
+    BrowserGuardMiddleware,
+)
 
 OPEN_PATHS = ("/v1/health", "/health")
 log = logging.getLogger(__name__)
