@@ -45,7 +45,7 @@ from metaclaw.config import CONFIG_DIR, register_resolvers  # noqa: E402
 from metaclaw.evaluation.turns import HeldoutTurnsEvaluator  # noqa: E402
 from metaclaw.simulate.tasks import load_tasks  # noqa: E402
 from metaclaw.store import Sample, SampleStore  # noqa: E402
-from metaclaw.wire.client import load_adapter  # noqa: E402
+from metaclaw.wire.client import Endpoint, load_adapter  # noqa: E402
 from tests.procs import free_port, serving  # noqa: E402
 
 SYSTEM = (
@@ -196,7 +196,7 @@ def main() -> None:
             store = SampleStore(tmp_path / "samples.sqlite")
             fill_store(store, turns, args.seed)
             for version, (name, path) in enumerate(zip(("policy", "cand-a", "cand-b"), adapters, strict=True), 1):
-                load_adapter(url, name, str(path), key, version=version).raise_for_status()
+                load_adapter(Endpoint(url, key), name, str(path), version=version)
             evaluator = HeldoutTurnsEvaluator(store, url, base, key, max_turns=n_turns,
                                               concurrency=int(cfg.eval.concurrency),
                                               quality_turns=int(fallback.quality_turns))  # fmt: skip

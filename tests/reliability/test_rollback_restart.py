@@ -24,7 +24,7 @@ from metaclaw.control.plane import ControlPlane
 from metaclaw.loop.live import reload_latest_adapter, server_nodes
 from metaclaw.loop.policy_server import PolicyServerProcess
 from metaclaw.modules.adapter_writer import AdapterWriter
-from metaclaw.wire.client import load_adapter
+from metaclaw.wire.client import Endpoint, load_adapter
 
 KEY = "rollback-restart-key"
 
@@ -60,7 +60,7 @@ def test_a_rollback_survives_a_policy_server_restart(tmp_path: Path) -> None:
                     if p.requires_grad:
                         p.add_(0.01)
             target = policy.save_adapter(writer.adapter_dir(step))
-            load_adapter(server.url, "policy", str(target), KEY, 60).raise_for_status()
+            load_adapter(Endpoint(server.url, KEY), "policy", str(target), 60)
             writer.write_latest(step, target, "policy", None)
 
         plane = ControlPlane(run_dir, lora_name="policy", server_api_key=KEY)

@@ -17,24 +17,23 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from metaclaw.wire.client import teacher_logprobs
+from metaclaw.wire.client import Endpoint, teacher_logprobs
 
 _WORD = re.compile(r"[\w']+")
 
 
 def base_nll(
-    server_url: str,
+    endpoint: Endpoint,
     base_model: str,
     prompt_ids: Sequence[int],
     reply_ids: Sequence[int],
-    api_key: str | None = None,
     timeout_s: float = 120.0,
     user: str | None = None,
 ) -> float | None:
     """Mean NLL per token (nats) of `reply_ids` after `prompt_ids` under the base model; None for an empty reply."""
     if not reply_ids:
         return None
-    lps = teacher_logprobs(server_url, base_model, prompt_ids, reply_ids, api_key, timeout_s, user=user)
+    lps = teacher_logprobs(endpoint, base_model, prompt_ids, reply_ids, timeout_s, user=user)
     return -sum(lps) / len(lps)
 
 

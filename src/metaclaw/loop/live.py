@@ -19,7 +19,7 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 from metaclaw.loop.policy_server import SERVER_NODES, PolicyServerProcess
-from metaclaw.loop.wiring import Upstream, build_proxy, build_worker
+from metaclaw.loop.wiring import build_proxy, build_worker
 from metaclaw.rollout.probe import probe_attach, probe_capture
 from metaclaw.rollout.proxy import RolloutProxy
 from metaclaw.rollout.proxy_app import warn_open
@@ -31,7 +31,7 @@ from metaclaw.simulate.agents import SimulatedUsers
 from metaclaw.simulate.user import SimulatedUser
 from metaclaw.stopping import StopController
 from metaclaw.store import SampleStore, open_store
-from metaclaw.wire.client import load_adapter
+from metaclaw.wire.client import Endpoint, load_adapter
 
 log = logging.getLogger(__name__)
 
@@ -52,9 +52,9 @@ class Live:
     extras: dict[str, Any] = field(default_factory=dict)
 
     @property
-    def upstream(self) -> Upstream | None:
+    def upstream(self) -> Endpoint | None:
         """The policy server every part talks to, resolved once (None before it is known)."""
-        return Upstream(self.server_url, self.server_key) if self.server_url else None
+        return Endpoint(self.server_url, self.server_key) if self.server_url else None
 
 
 def server_nodes(cfg: DictConfig) -> dict[str, Any]:
@@ -69,7 +69,7 @@ def reload_latest_adapter(run_dir: str | Path, server_url: str, api_key: str | N
         info = folder.read_latest()
         if info is None:
             continue
-        load_adapter(server_url, info["name"], info["path"], api_key, timeout_s).raise_for_status()
+        load_adapter(Endpoint(server_url, api_key), info["name"], info["path"], timeout_s)
         log.info("Policy server restarted: adapter %s v%s reloaded", info["name"], info.get("version"))
 
 
@@ -119,7 +119,7 @@ def start_policy_server(cfg: DictConfig, live: Live, stack: ExitStack, evaluatio
         servers[1].watch(on_restart=lambda: None, on_death=lost)
 
 
-def connect_policy_server(cfg: DictConfig, live: Live, stack: ExitStack, evaluation: bool = False) -> Upstream:
+def connect_policy_server(cfg: DictConfig, live: Live, stack: ExitStack, evaluation: bool = False) -> Endpoint:
     """`serving.url` when set, else the server this run starts: the one place the upstream is decided.
     `evaluation`: the run evaluates live; with `devices.eval_server` (resolved by the device plan) it gets a
     server of its own (`live.eval_server`)."""

@@ -9,9 +9,9 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from metaclaw.serving.sampling import SamplingParams
 from metaclaw.wire import RequestError
 from metaclaw.wire.normalize import chat_template_messages
+from metaclaw.wire.sampling import SamplingParams, sampling_params
 
 
 def model_not_found(name: str) -> RequestError:
@@ -67,20 +67,22 @@ def _model(body: dict) -> str:
     return model
 
 
-def sampling_params(body: dict, default_max_tokens: int, allow_zero: bool = False) -> SamplingParams:
-    """The sampling fields shared by chat and completions requests."""
+def read_sampling(body: dict, default_max_tokens: int, allow_zero: bool = False) -> SamplingParams:
+    """The sampling fields shared by chat and completions requests, read from the raw body (OpenAI's ranges) and
+    built by the one `metaclaw.wire.sampling.sampling_params`."""
     max_tokens = _int(body, "max_completion_tokens", None, 0)
     max_tokens = _int(body, "max_tokens", max_tokens, 0)
     if max_tokens == 0 and not allow_zero:
         raise RequestError("max_tokens must be at least 1", param="max_tokens")
-    return SamplingParams(
+    return sampling_params(
+        _int(body, "n", 1, 1, 16),
+        _stop(body),
+        allow_zero=allow_zero,
         max_tokens=default_max_tokens if max_tokens is None else max_tokens,
         temperature=_number(body, "temperature", 1.0, 0.0, 2.0),
         top_p=_number(body, "top_p", 1.0, 1e-6, 1.0),
         top_k=_int(body, "top_k", -1, -1),  # 0 is off as well (SamplingParams)
-        n=_int(body, "n", 1, 1, 16),
         seed=_int(body, "seed", None, -(2**63), 2**63 - 1),
-        stop=_stop(body),
         cache_salt=_salt(body),
     )
 
@@ -124,7 +126,7 @@ def parse_chat_request(body: Any, default_max_tokens: int) -> ChatRequest:
     req = ChatRequest(
         model=_model(body),
         messages=chat_template_messages(body.get("messages")),
-        params=sampling_params(body, default_max_tokens),
+        params=read_sampling(body, default_max_tokens),
         tools=tools or None,
         parse_tools=bool(tools) and body.get("tool_choice") != "none",
         stream=_bool(body, "stream"),
@@ -174,7 +176,7 @@ def parse_completion_request(body: Any, default_max_tokens: int = 16) -> Complet
     req = CompletionRequest(
         model=_model(body),
         prompt=_prompt(body.get("prompt")),
-        params=sampling_params(body, default_max_tokens, allow_zero=True),
+        params=read_sampling(body, default_max_tokens, allow_zero=True),
         echo=_bool(body, "echo"),
         logprobs=_int(body, "logprobs", None, 0, 20),
         prompt_logprobs=_int(body, "prompt_logprobs", None, 0, 20),

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from metaclaw import profiling
-from metaclaw.serving.completions import TextDecoder, chat_completion, chat_completion_stream
+from metaclaw.serving.completions import chat_completion, chat_completion_stream
 from metaclaw.serving.engines.base import AdapterError, Engine, UnknownAdapterError
 from metaclaw.serving.protocol import (
     model_not_found,
@@ -24,7 +24,7 @@ from metaclaw.serving.protocol import (
     parse_unload_request,
 )
 from metaclaw.wire import RequestError, version_headers
-from metaclaw.wire.parsing import tool_format_for
+from metaclaw.wire.parsing import TextDecoder, tool_format_for
 from metaclaw.wire.security import confine_path
 
 log = logging.getLogger(__name__)

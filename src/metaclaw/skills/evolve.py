@@ -22,22 +22,20 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import httpx
-
-from metaclaw.messages import answer_and_reasoning
+from metaclaw.messages import answer_and_reasoning, content_text
 from metaclaw.skills.library import DEFAULT_AGENT_ID, SHARED_POOL, SkillLibrary, default_root
 from metaclaw.skills.proposals import ProposalError, parse_reply, validate_proposal
-from metaclaw.skills.query import content_text
 from metaclaw.skills.ranking import BM25Ranker, SkillRanker
 from metaclaw.skills.skill import Skill
 from metaclaw.skills.untrusted import UntrustedContentError, check_untrusted, turn_text
 from metaclaw.thinking import Thinking
-from metaclaw.wire import bearer_headers
+from metaclaw.wire.client import CallError, Endpoint, Refused, chat
 
 logger = logging.getLogger(__name__)
 
 MIN_TURN_CHARS = 400  # a request that overflows the endpoint's context is retried smaller, down to one turn of this
 APPROVALS = ("manual", "auto_safe")
+LINE = "\n"  # list-of-parts content: one line per part
 
 
 class ContextTooLong(RuntimeError):
@@ -87,7 +85,7 @@ class FailedTurn:
         except (TypeError, ValueError):
             reward = 0.0
         feedback = turn.get("next_state", turn.get("feedback"))
-        feedback = content_text(feedback) if feedback is not None else None
+        feedback = content_text(feedback, "\n") if feedback is not None else None
         sample_id = turn.get("sample_id", "")
         sample_id = sample_id if isinstance(sample_id, int) and not isinstance(sample_id, bool) else str(sample_id)
         session = turn.get("session_id")
@@ -99,7 +97,7 @@ class FailedTurn:
         if isinstance(self.prompt, str):
             prompt = self.prompt
         else:
-            prompt = "\n".join(f"[{m.get('role', '?')}] {content_text(m.get('content'))}" for m in self.prompt)
+            prompt = "\n".join(f"[{m.get('role', '?')}] {content_text(m.get('content'), LINE)}" for m in self.prompt)
         half = max_chars // 2
         if len(prompt) > half:
             prompt = "…" + prompt[-half:]
@@ -139,7 +137,7 @@ class SkillEvolver:
 
     Args:
         library_root: skills root (see `SkillLibrary`); None means `default_root()`.
-        base_url: endpoint base, e.g. `http://127.0.0.1:8000/v1` (POSTs to `{base_url}/chat/completions`).
+        base_url: endpoint base, with or without `/v1` (e.g. `http://127.0.0.1:8000/v1`).
         model: model name sent in the request.
         api_key: bearer token; None reads `$METACLAW_EVOLVER_API_KEY`, and no header is sent if both are empty.
         ranker: similarity used for duplicate detection; defaults to `BM25Ranker()`.
@@ -188,8 +186,8 @@ class SkillEvolver:
             raise ValueError(f"skills.evolver.approval must be one of {APPROVALS}, got {approval!r}")
         self.approval, self.max_agents = approval, max_agents
         self.root = Path(library_root).expanduser() if library_root is not None else default_root()
-        self.base_url, self.model = base_url.rstrip("/"), model
-        self.api_key = api_key if api_key is not None else os.environ.get("METACLAW_EVOLVER_API_KEY", "")
+        key = api_key if api_key is not None else os.environ.get("METACLAW_EVOLVER_API_KEY", "")
+        self.endpoint, self.model = Endpoint(base_url, key or None), model
         self.ranker: SkillRanker = ranker if ranker is not None else BM25Ranker()
         self.threshold = similarity_threshold if similarity_threshold is not None else self.ranker.duplicate_threshold
         self.timeout_s, self.max_retries, self.temperature = timeout_s, max_retries, temperature
@@ -211,42 +209,31 @@ class SkillEvolver:
         return [{"role": "system", "content": system}, {"role": "user", "content": user}]
 
     def complete(self, messages: list[dict[str, str]]) -> str:
-        """POST to `{base_url}/chat/completions` with bounded retries; return the reply text.
-
-        Transport errors, 429 and 5xx are retried; a read timeout is not: the endpoint is busy generating, and a
-        retry would start the whole reply again on it (on the embedded model's 2-core server, the policy server
-        the user and the trainer wait on).
+        """`POST /v1/chat/completions` through the one outbound client (`metaclaw.wire.client.chat`, the SDK's
+        retry policy: transport errors, read timeouts, 429 and 5xx are retried); return the reply text.
 
         Raises:
+            ContextTooLong: the endpoint refused the failed turns as longer than its context.
             RuntimeError: when every attempt failed or the response has no message content.
         """
-        headers = bearer_headers(self.api_key)
         payload: dict[str, Any] = {"model": self.model, "messages": messages, "temperature": self.temperature,
                                    **self.thinking.fields(self.max_tokens)}  # fmt: skip
-        last = "no attempt made"
-        with httpx.Client(timeout=self.timeout_s) as client:
-            for attempt in range(self.max_retries + 1):
-                if attempt:
-                    time.sleep(min(8.0, 0.5 * 2 ** (attempt - 1)))
-                try:
-                    resp = client.post(f"{self.base_url}/chat/completions", json=payload, headers=headers)
-                except httpx.ReadTimeout as exc:  # not retried: a retry asks the slow endpoint for it all again
-                    raise RuntimeError(f"no reply within timeout_s={self.timeout_s:g}s ({exc!r})") from exc
-                except httpx.HTTPError as exc:
-                    last = f"{type(exc).__name__}: {exc}"
-                    continue
-                if resp.status_code == 429 or resp.status_code >= 500:
-                    last = f"HTTP {resp.status_code}: {resp.text[:200]}"
-                    continue
-                if resp.status_code >= 400:
-                    error = ContextTooLong if "context_length_exceeded" in resp.text else RuntimeError
-                    raise error(f"HTTP {resp.status_code}: {resp.text[:200]}")
-                try:
-                    answer, reasoning = answer_and_reasoning(resp.json()["choices"][0]["message"])
-                except (ValueError, KeyError, IndexError, TypeError) as exc:
-                    raise RuntimeError(f"unexpected response shape: {exc!r}") from exc
-                return answer or reasoning
-        raise RuntimeError(f"request failed after {self.max_retries + 1} attempts: {last}")
+        try:
+            reply = chat(self.endpoint, payload, self.timeout_s, self.max_retries)
+        except Refused as exc:
+            text = exc.response.text[:200]
+            if exc.status_code == 429 or exc.status_code >= 500:
+                raise RuntimeError(f"request failed after {self.max_retries + 1} attempts: HTTP {exc.status_code}: "
+                                   f"{text}") from exc  # fmt: skip
+            error = ContextTooLong if "context_length_exceeded" in text else RuntimeError
+            raise error(f"HTTP {exc.status_code}: {text}") from exc
+        except (CallError, ValueError) as exc:
+            raise RuntimeError(f"request failed after {self.max_retries + 1} attempts: {exc!r}") from exc
+        try:
+            answer, reasoning = answer_and_reasoning(reply["choices"][0]["message"])
+        except (KeyError, IndexError, TypeError) as exc:
+            raise RuntimeError(f"unexpected response shape: {exc!r}") from exc
+        return answer or reasoning
 
     # ------------------------------------------------------------------ evolve
     def evolve(

@@ -54,9 +54,10 @@ class RequestError(ValueError):
         self.message, self.status, self.code, self.param, self.type = message, status, code, param, type_
 
     def body(self) -> dict[str, Any]:
-        """OpenAI's error body: `{"error": {"message", "type", "code", "param"}}`."""
-        return {"error": {"message": self.message, "type": self.type, "code": self.code or self.status,
-                          "param": self.param}}  # fmt: skip
+        """The one error body (`metaclaw.wire.errors.error_body`), `code` the status unless one is named."""
+        from metaclaw.wire.errors import error_body
+
+        return error_body(self.message, self.status, self.type, self.code or self.status, self.param)
 
 
 def bearer_headers(api_key: str | None) -> dict[str, str]:
