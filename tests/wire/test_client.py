@@ -12,6 +12,7 @@ import pytest
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
+from metaclaw.control.plane import ControlPlane
 from metaclaw.evaluation.quality import base_nll
 from metaclaw.evaluation.regression import RegressionWatch
 from metaclaw.modules.hot_load import HotLoader
@@ -20,6 +21,7 @@ from metaclaw.rollout.proxy import RolloutProxy
 from metaclaw.rollout.replay import ReplayDriver
 from metaclaw.rollout.server import ThreadedServer
 from metaclaw.rollout.testing import scripted_upstream
+from metaclaw.scoring.distill import ContextDistiller
 from metaclaw.scoring.judges import LLMJudge
 from metaclaw.scoring.teacher import TeacherClient
 from metaclaw.simulate.user import SimulatedUser
@@ -76,6 +78,22 @@ def _hot_loader(url: str, tmp: Path) -> None:
     assert loader.stats["hot_load_failures"] == 0
 
 
+def _distiller(url: str, tmp: Path) -> None:
+    body = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "logprobs": True,
+            "return_token_ids": True}
+    assert ContextDistiller(url, "tiny")._ask(body)[0].token_ids
+
+
+def _control_plane(url: str, tmp: Path) -> None:
+    store = SampleStore(tmp / "plane.db")
+    try:
+        plane = ControlPlane(tmp / "run", store)
+        plane.server_url = url
+        assert plane.served_adapters()["default"]["source"] == "policy server (base model only)"
+    finally:
+        store.close()
+
+
 def _probe(url: str, tmp: Path) -> None:
     probe_capture(url)
     probe_attach(url, None, "tiny", 16)
@@ -104,7 +122,8 @@ def _proxy_models(url: str, tmp: Path) -> None:
 
 
 CALL_SITES: dict[str, Callable[[str, Path], None]] = {
-    "judge": _judge, "evolver": _evolver, "teacher": _teacher, "evaluator": _evaluator, "gate": _gate,
+    "judge": _judge, "evolver": _evolver, "teacher": _teacher, "distiller": _distiller, "evaluator": _evaluator,
+    "gate": _gate, "control_plane": _control_plane,
     "hot_loader": _hot_loader, "probe": _probe, "simulated_user": _simulated_user, "replay": _replay,
     "proxy_models": _proxy_models,
 }  # fmt: skip

@@ -15,7 +15,7 @@ from metaclaw.serving.engines.base import Engine, SequenceOutput, TokenDelta
 from metaclaw.serving.protocol import ChatRequest
 from metaclaw.thinking import say_no_answer
 from metaclaw.wire import RequestError, version_headers
-from metaclaw.wire.parsing import StreamParser, TextDecoder, parse_completion
+from metaclaw.wire.parsing import StreamParser, TextDecoder, assistant_message
 from metaclaw.wire.render import chat_prompt_ids
 
 
@@ -40,14 +40,9 @@ def _usage(prompt: int, completion: int) -> dict[str, int]:
 def chat_choice(
     index: int, out: SequenceOutput, req: ChatRequest, decoder: TextDecoder, tool_format: str = "hermes"
 ) -> dict[str, Any]:
-    parsed = parse_completion(decoder.text(out.token_ids), parse_tools=req.parse_tools, fmt=tool_format)
-    message: dict[str, Any] = {"role": "assistant", "content": parsed.content}
-    if parsed.reasoning_content is not None:
-        message["reasoning_content"] = parsed.reasoning_content
-    if parsed.tool_calls:
-        message["tool_calls"] = parsed.tool_calls
-    finish = "tool_calls" if parsed.tool_calls and out.finish_reason == "stop" else out.finish_reason
-    if finish == "length" and parsed.reasoning_content and not (parsed.content or "").strip():
+    message, finish, cut = assistant_message(decoder.text(out.token_ids), out.finish_reason, req.parse_tools,
+                                             tool_format)  # fmt: skip
+    if cut:
         say_no_answer("policy server", True, finish, req.params.max_tokens)  # cut inside <think>: said, not silent
     stop = decoder.matched_stop(out.token_ids) if finish == "stop" else None
     choice: dict[str, Any] = {"index": index, "message": message, "logprobs": None, "finish_reason": finish,

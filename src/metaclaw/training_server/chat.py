@@ -13,7 +13,7 @@ from metaclaw.training_server.errors import bad_request
 from metaclaw.training_server.schemas import ChatCompletionRequest
 from metaclaw.wire import RequestError
 from metaclaw.wire.normalize import chat_template_messages
-from metaclaw.wire.parsing import TextDecoder, parse_completion, tool_format_for
+from metaclaw.wire.parsing import TextDecoder, assistant_message, tool_format_for
 from metaclaw.wire.render import chat_prompt_ids
 from metaclaw.wire.sampling import SequenceOutput
 
@@ -39,14 +39,9 @@ def completion(
     (`metaclaw.wire.parsing.parse_completion`)."""
     choices, decoder = [], TextDecoder(tokenizer, [])  # the policy server's decode: end-of-turn tokens dropped
     for i, out in enumerate(outputs):
-        parsed = parse_completion(decoder.text(out.token_ids), parse_tools=tools, fmt=tool_format_for(tokenizer))
-        message: dict[str, Any] = {"role": "assistant", "content": parsed.content}
-        if parsed.reasoning_content is not None:
-            message["reasoning_content"] = parsed.reasoning_content
-        if parsed.tool_calls:
-            message["tool_calls"] = parsed.tool_calls
-        finish = "tool_calls" if parsed.tool_calls and out.finish_reason == "stop" else out.finish_reason
-        if finish == "length" and parsed.reasoning_content and not (parsed.content or "").strip():
+        text = decoder.text(out.token_ids)
+        message, finish, cut = assistant_message(text, out.finish_reason, tools, tool_format_for(tokenizer))
+        if cut:
             say_no_answer("training server chat", True, finish, None)  # cut inside <think>: said, not silent
         logprobs = None
         if want_logprobs:

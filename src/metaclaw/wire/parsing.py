@@ -241,6 +241,23 @@ def parse_completion(text: str, parse_tools: bool = True, fmt: str = "hermes") -
     return ParsedCompletion(content=content or (None if calls else ""), reasoning_content=reasoning, tool_calls=calls)
 
 
+def assistant_message(
+    text: str, finish_reason: str, parse_tools: bool = True, fmt: str = "hermes"
+) -> tuple[dict[str, Any], str, bool]:
+    """`(message, finish reason, cut while thinking)` of a complete reply, as every server answers it: reasoning
+    and tool calls parsed (`parse_completion`), `tool_calls` the finish reason of a reply that called one, and
+    whether the length limit cut it inside `<think>` with no answer (the caller says so: `thinking.say_no_answer`)."""
+    parsed = parse_completion(text, parse_tools=parse_tools, fmt=fmt)
+    message: dict[str, Any] = {"role": "assistant", "content": parsed.content}
+    if parsed.reasoning_content is not None:
+        message["reasoning_content"] = parsed.reasoning_content
+    if parsed.tool_calls:
+        message["tool_calls"] = parsed.tool_calls
+    finish = "tool_calls" if parsed.tool_calls and finish_reason == "stop" else finish_reason
+    cut = finish == "length" and bool(parsed.reasoning_content) and not (parsed.content or "").strip()
+    return message, finish, cut
+
+
 def _partial_tag_len(text: str, tags: tuple[str, ...]) -> int:
     """Length of the longest suffix of `text` that is a proper prefix of one of `tags`."""
     best = 0
