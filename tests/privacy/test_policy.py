@@ -99,7 +99,7 @@ class Recorder:
 
 def test_outbound_calls_off_this_machine_get_redacted_text():
     policy = PrivacyPolicy()  # email: redact_text, ip: keep; outbound: redact_untrusted redacts every category
-    policy.bind_own_server("http://127.0.0.1:8000", "run-key")  # this run's policy server (loop.wiring)
+    policy.bind_own_server(Endpoint("http://127.0.0.1:8000", "run-key"))  # this run's policy server (loop.wiring)
     s = sample(f"ping 81.2.69.160 and mail {EMAIL}")  # stored as is with keep; here: straight from a store
     s.next_state = f"also cc {EMAIL}"
     local, remote = Recorder("http://127.0.0.1:8000", "run-key"), Recorder("https://judge.example.com")
@@ -125,7 +125,7 @@ def test_a_loopback_url_that_is_not_this_runs_server_gets_redacted_text():
     a port taken after ours went away) got the stored text. Now only this run's own server, by address AND key,
     and what the owner lists in `privacy.trusted_outbound`, do."""
     policy = PrivacyPolicy(trusted_outbound=["http://127.0.0.1:9000/v1/"])
-    policy.bind_own_server("http://127.0.0.1:8000", "run-key")
+    policy.bind_own_server(Endpoint("http://127.0.0.1:8000", "run-key"))
     s = sample(f"mail {EMAIL}")
     strangers = [Recorder("http://127.0.0.1:8001", "run-key"),  # a loopback URL that is not ours
                  Recorder("http://localhost:8000", "other-key"),  # our port, someone else's key

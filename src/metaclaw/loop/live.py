@@ -160,7 +160,7 @@ def live_loop(
         server = connect_policy_server(cfg, live, stack, evaluation=evaluator is not None)
         p = rollout.proxy
         if cfg.mode.train:  # refuse a run the upstream cannot feed, before any agent is pointed at the proxy
-            probe_capture(server.url, server.api_key, p.get("base_model"), p.request_timeout_s)
+            probe_capture(server, p.get("base_model"), p.request_timeout_s)
             if cfg.serving.get("url"):  # a server this run did not start: the flags adapters need (docs/gpu.md)
                 probe_attach(server.url, server.api_key, p.get("base_model") or cfg.model.name, cfg.model.max_seq_len)
         service = build_proxy(cfg, store, tokenizer, server)

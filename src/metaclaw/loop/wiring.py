@@ -128,7 +128,7 @@ def build_worker(cfg: DictConfig, store: SampleStore, tokenizer: Any, server: En
     privacy = getattr(store, "screen", None)
     if isinstance(privacy, PrivacyPolicy):  # calls anywhere but our own server get redacted text (privacy.outbound)
         if server is not None:  # this run's policy server: its address and its key (docs/privacy.md "Outbound")
-            privacy.bind_own_server(server.url, server.api_key)
+            privacy.bind_own_server(server)
         judge = RedactingJudge(judge, privacy)
         evolver = RedactingEvolver(evolver, privacy) if evolver is not None else None
         render = teacher_renderer(render, teacher, privacy)

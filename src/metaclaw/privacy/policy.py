@@ -179,9 +179,9 @@ class PrivacyPolicy:
         return self.redact_text(text) or text
 
     # ---- outbound -----------------------------------------------------------------------------------------
-    def bind_own_server(self, url: str, api_key: str | None) -> None:
+    def bind_own_server(self, server: Endpoint) -> None:
         """This run's policy server (the live loop's): calls to its address with its key get the stored text."""
-        self._own = (_endpoint(url), api_key or "")
+        self._own = (_endpoint(server.url), server.api_key or "")
 
     def redacts_for(self, destination: Endpoint | None) -> bool:
         """Whether a call to `destination` (its address and key) gets redacted text (`outbound`). None: the

@@ -32,13 +32,14 @@ def _first_model(server: Endpoint) -> str | None:
         return None
 
 
-def probe_capture(url: str, api_key: str | None = None, model: str | None = None, timeout_s: float = 120.0) -> None:
-    """Ask `url` for a 1-token completion with `logprobs` and `return_token_ids`; raise if capture would fail.
+def probe_capture(server: Endpoint | str, model: str | None = None, timeout_s: float = 120.0) -> None:
+    """Ask `server` for a 1-token completion with `logprobs` and `return_token_ids`; raise if capture would fail.
 
     Raises:
         UpstreamCannotTrain: unreachable, refused the request, or answered without token ids / logprobs.
     """
-    server = Endpoint(url, api_key)
+    server = Endpoint.of(server)
+    url = server.root
     model = model or _first_model(server) or "default"
     body = {
         "model": model,

@@ -54,7 +54,6 @@ from metaclaw.wire import (
     SESSION_HEADER,
     TURN_HEADER,
     RequestError,
-    bearer_headers,
     version_headers,
 )
 from metaclaw.wire.client import CallError, Endpoint, models
@@ -198,7 +197,7 @@ class RolloutProxy:
     # ---- lifecycle ----------------------------------------------------------------------------------------
     async def start(self) -> None:
         """Open the shared upstream clients (keep-alive pools) and the store's group-commit writer."""
-        headers = bearer_headers(self.upstream_api_key)
+        headers = self.upstream.headers()
         per_pool = MAX_UPSTREAM_CONNECTIONS // POOL_SHARDS
         limits = httpx.Limits(max_connections=per_pool, max_keepalive_connections=per_pool)
         kw = dict(base_url=self.upstream_url, headers=headers, timeout=self.request_timeout_s, limits=limits)

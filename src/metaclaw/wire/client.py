@@ -1,7 +1,8 @@
 """The one outbound client: every call metaclaw makes to an OpenAI-compatible server goes through `call`.
 
-The judge, the evolver, the distillation teacher, the evaluator, the publish gate, the probe, the control plane, the
-hot-loader and the simulated people all reach a server the same way:
+The judge, the evolver, the distillation teacher, the evaluator, the publish gate, the probe, the control plane and
+the hot-loader reach a server the same way, and the simulated user and the replay driver (which drive the proxy as
+an agent's SDK would) get their SDK client from `openai_client`:
 
 - one address type, `Endpoint` (a base URL and its key), with one URL rule: a base URL with or without `/v1` both
   work (`Endpoint("http://h:8000/v1").v1 == Endpoint("http://h:8000").v1 == "http://h:8000/v1"`, never `/v1/v1`);
