@@ -1,10 +1,10 @@
 """Where the main job's CPU goes: run `python train.py` (its defaults, a short training budget) and break it down.
 
-    python bench/cycle_profile.py [--minutes 5] [--out DIR] [--repo DIR] [-- extra train.py overrides ...]
+    python bench/perf/cycle_profile.py [--minutes 5] [--out DIR] [--repo DIR] [-- extra train.py overrides ...]
 
 Side by side with an older checkout (issue 29: trained samples per minute against the main job before the
 changes), one after the other on the same machine: `git worktree add /tmp/old 714a863`, then
-`python bench/cycle_profile.py --repo /tmp/old --out A` and `python bench/cycle_profile.py --out B`. A checkout
+`python bench/perf/cycle_profile.py --repo /tmp/old --out A` and `python bench/perf/cycle_profile.py --out B`. A checkout
 without `metaclaw.profiling` has no phases; its run, steps and trained samples per minute (from its
 `summary.json`) are still reported.
 
@@ -37,7 +37,10 @@ from pathlib import Path
 
 import psutil
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
+sys.path[:0] = [str(ROOT / "src"), str(ROOT)]  # run as `python bench/<kind>/<name>.py`
+
+from bench.harness import add_results_argument, publish  # noqa: E402
 
 
 def sample_tree(root: psutil.Process, cpu: dict[int, float], stop: threading.Event) -> None:
@@ -138,6 +141,7 @@ def main() -> None:
     ap.add_argument("--report", type=Path, default=None, help="only report on an earlier run's --out DIR")
     ap.add_argument("--repo", type=Path, default=ROOT, help="the checkout whose train.py runs (default: this one)")
     ap.add_argument("overrides", nargs="*", help="more train.py overrides")
+    add_results_argument(ap)
     args = ap.parse_args()
     out = (args.report or args.out or ROOT / "outputs" / f"cycle_profile-{time.strftime('%Y%m%d-%H%M%S')}").resolve()
     run_dir, prof_dir = out / "run", out / "profile"
@@ -210,7 +214,7 @@ def main() -> None:
         },
         "profiles": str(prof_dir),
     }
-    print(json.dumps(result, indent=1))
+    publish(__file__, args, result)
 
 
 if __name__ == "__main__":

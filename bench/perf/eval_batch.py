@@ -24,8 +24,8 @@ from hydra.utils import instantiate
 REPO = Path(__file__).resolve().parents[2]
 sys.path[:0] = [str(REPO / "src"), str(REPO)]  # run as `python bench/<kind>/<name>.py`
 
-from bench.generation import PositionCounter, run_engine  # noqa: E402
 from bench.harness import add_results_argument, publish  # noqa: E402
+from bench.perf.generation import PositionCounter, run_engine  # noqa: E402
 from metaclaw.serving.engines.hf import HFEngine  # noqa: E402
 from metaclaw.simulate.tasks import load_tasks  # noqa: E402
 

@@ -1,8 +1,8 @@
 """Generation against the machine's limit: HF engine decode tokens/s, its levers, and llama.cpp; prints JSON.
 
-    python bench/generation.py                         # SmolLM2-135M (the embedded model), 8 prompts, 24 tokens
-    python bench/generation.py --quick                 # 4 prompts, 16 tokens (a smoke run)
-    python bench/generation.py --threads 1 2           # the engine variants again at each torch thread count
+    python bench/perf/generation.py                         # SmolLM2-135M (the embedded model), 8 prompts, 24 tokens
+    python bench/perf/generation.py --quick                 # 4 prompts, 16 tokens (a smoke run)
+    python bench/perf/generation.py --threads 1 2           # the engine variants again at each torch thread count
 
 Every variant runs in this one process on the same held-out chat prompts (the simulated user's task prompts in the
 chat template), T = 1, a fixed `max_tokens`, interleaved batch by batch (each batch of prompts goes through every
@@ -41,9 +41,10 @@ import torch
 from hydra import compose, initialize_config_dir
 from hydra.utils import instantiate
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "src"))
+REPO = Path(__file__).resolve().parents[2]
+sys.path[:0] = [str(REPO / "src"), str(REPO)]  # run as `python bench/<kind>/<name>.py`
 
+from bench.harness import add_results_argument, publish  # noqa: E402
 from metaclaw.config import CONFIG_DIR, register_resolvers  # noqa: E402
 from metaclaw.modules.policy import LoraPolicy  # noqa: E402
 from metaclaw.serving.engines.hf import HFEngine  # noqa: E402
@@ -205,6 +206,7 @@ def main() -> None:
     p.add_argument("--repeats", type=int, default=2, help="rounds over every variant, interleaved (load drifts)")
     p.add_argument("--quick", action="store_true", help="4 prompts, 16 tokens, 1 round")
     p.add_argument("--no-llama-cpp", action="store_true")
+    add_results_argument(p)
     args = p.parse_args()
     if args.quick:
         args.prompts, args.max_tokens, args.repeats = 4, 16, 1
@@ -219,7 +221,7 @@ def main() -> None:
         report = measure(spec, adapter, args, batch)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    print(json.dumps(report, indent=1))
+    publish(__file__, args, report)
 
 
 def measure(spec: Any, adapter: Path, args: argparse.Namespace, batch: int) -> dict[str, Any]:

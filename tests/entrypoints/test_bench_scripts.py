@@ -50,7 +50,7 @@ def test_hf_batching_measures_the_linger_off_and_on():
 
 
 def test_generation_bench_runs_on_the_packaged_config():
-    out = _bench("generation.py", "--model", "tiny", "--quick", "--no-llama-cpp", "--threads", "1")
+    out = _bench("perf/generation.py", "--model", "tiny", "--quick", "--no-llama-cpp", "--threads", "1")
     assert out["runs"] and all(r["tokens_per_s"] > 0 for r in out["runs"].values())
     assert out["limit_tokens_per_s"]["b1"] > 0 and out["llama_cpp"]["status"] == "skipped"
 
@@ -140,6 +140,13 @@ def test_cpu_share_bench_serves_and_trains_side_by_side():
     (run,) = out["runs"]
     assert run["budget"] == "auto" and run["serve_threads"] >= 1 and run["train_threads"] >= 1  # the budget applied
     assert run["train_steps"] >= 1 and run["replies_per_min"] > 0 and run["request_errors"] == 0
+
+
+@pytest.mark.slow
+def test_cycle_profile_bench_breaks_a_short_main_job_down(tmp_path):
+    out = _bench("perf/cycle_profile.py", "--minutes", "0.3", "--out", str(tmp_path), "model=tiny", timeout=900)
+    assert out["rc"] == 0 and out["run"]["wall_s"] > 0 and out["run"]["cpu_s"] > 0
+    assert "generation" in out["phases"] and "model=tiny" in out["command"]
 
 
 @pytest.mark.slow
