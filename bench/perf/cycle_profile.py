@@ -4,8 +4,8 @@
 
 Side by side with an older checkout (issue 29: trained samples per minute against the main job before the
 changes), one after the other on the same machine: `git worktree add /tmp/old 714a863`, then
-`python bench/perf/cycle_profile.py --repo /tmp/old --out A` and `python bench/perf/cycle_profile.py --out B`. A checkout
-without `metaclaw.profiling` has no phases; its run, steps and trained samples per minute (from its
+`python bench/perf/cycle_profile.py --repo /tmp/old --out A` and `python bench/perf/cycle_profile.py --out B`.
+A checkout without `metaclaw.profiling` has no phases; its run, steps and trained samples per minute (from its
 `summary.json`) are still reported.
 
 The components record their own phases (`metaclaw.profiling`, written by every process into `<out>/profile/`);

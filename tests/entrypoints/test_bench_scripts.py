@@ -175,7 +175,8 @@ def test_secret_recall_reads_plugin_tests_without_running_them(tmp_path):
             raise SystemExit("never run")
     '''))  # fmt: skip
     out = _bench("studies/secret_recall.py", str(tmp_path))
-    assert out["cases"] == 2 if "cases" in out else out
+    assert out["positives"] == out["negatives"] == 1 and out["per_plugin"]["aws_key"]["found"] == 1
+    assert out["recall"] == 1.0 and out["false_flag_rate"] == 0.0 and out["encoded_recall"]["of"] == 1
 
 
 @pytest.mark.slow
@@ -200,20 +201,21 @@ def test_reactions_bench_scores_a_labelled_set_against_the_rule_judge(tmp_path):
 @pytest.mark.slow
 def test_hint_signal_bench_scores_replies_with_and_without_the_hint():
     out = _bench("studies/hint_signal.py", "--model", "tiny", "--prompts", "2", "--samples", "1")
-    assert out["replies"] == 2
+    assert out["replies"] == 2 and 0 <= out["compliance_plain"] <= 1 and out["mean_abs_token_delta"] >= 0
 
 
 @pytest.mark.slow
 def test_distill_signal_bench_measures_each_form():
     out = _bench("studies/distill_signal.py", "--model", "tiny", "--prompts", "1", "--samples", "1", "--max-tokens",
                  "4", "--forms", "prefix")  # fmt: skip
-    assert set(out["forms"]) == {"prefix"}
+    assert set(out["forms"]) == {"prefix"} and out["forms"]["prefix"]["replies"] == 1 and out["prompts"] == 1
 
 
 @pytest.mark.slow
 def test_export_parity_bench_exports_a_synthetic_adapter(tmp_path):
     out = _bench("studies/export_parity.py", "--model", "tiny", "--formats", "peft", "--out", str(tmp_path))
-    assert out["results"]["peft"]["max_abs_diff"] == 0.0 if "max_abs_diff" in out["results"]["peft"] else out
+    peft = out["results"]["peft"]
+    assert out["model"] == "tiny" and peft["tokens"] > 0 and peft["max_abs_diff"] <= peft["tolerance"]
 
 
 # ---- tools/ -------------------------------------------------------------------------------------------------------
