@@ -172,27 +172,26 @@ def add_results_argument(parser: argparse.ArgumentParser) -> None:
                         help="also append the JSON lines to FILE (e.g. docs/results/bench.jsonl)")  # fmt: skip
 
 
-def records(script: str | Path, params: Mapping[str, Any] | argparse.Namespace, report: Any,
-            units: Mapping[str, str] | None = None) -> list[Record]:  # fmt: skip
+def records(script: str | Path, params: Mapping[str, Any] | argparse.Namespace, report: Any) -> list[Record]:
     """The report's figures as `Record`s: one per leaf, sharing one run id, commit, load and timestamp."""
     args = vars(params) if isinstance(params, argparse.Namespace) else dict(params)
-    common = {
-        "bench": bench_name(script), "run": uuid.uuid4().hex[:12], "commit": commit(),
-        "load": tuple(round(x, 2) for x in os.getloadavg()), "machine": machine(), "ts": datetime.now(timezone.utc),
-        "params": {k: _param(v) for k, v in args.items() if k != "results"},
-    }  # fmt: skip
-    units = units or {}
+    name, run, sha, host = bench_name(script), uuid.uuid4().hex[:12], commit(), machine()
+    ts = datetime.now(timezone.utc)
+    one, five, fifteen = os.getloadavg()
+    load = (round(one, 2), round(five, 2), round(fifteen, 2))
+    kept = {k: _param(v) for k, v in args.items() if k != "results"}
     out = []
     for path, value in flatten(report):
         metric = "/".join(_escape(k) for k in path)
-        out.append(Record(metric=metric, value=value, unit=units.get(metric, unit_of(path)), **common))
+        out.append(Record(bench=name, run=run, metric=metric, value=value, unit=unit_of(path),
+                          commit=sha, load=load, machine=host, ts=ts, params=kept))  # fmt: skip
     return out
 
 
 def publish(script: str | Path, params: Mapping[str, Any] | argparse.Namespace, report: Any,
-            units: Mapping[str, str] | None = None, results: Path | None = None) -> list[Record]:  # fmt: skip
+            results: Path | None = None) -> list[Record]:  # fmt: skip
     """Write the report's figures as JSON lines to stdout, and append them to `results` (default: `--results`)."""
-    recs = records(script, params, report, units)
+    recs = records(script, params, report)
     text = "".join(rec.model_dump_json() + "\n" for rec in recs)
     sys.stdout.write(text)
     sys.stdout.flush()
