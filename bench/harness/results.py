@@ -43,7 +43,7 @@ class Record(BaseModel):
     """One figure of one bench run: the schema of every line a bench script writes."""
 
     model_config = ConfigDict(extra="forbid")
-    bench: str = Field(pattern=r"^(perf|runs|studies|tools)/[a-z0-9_]+$")  # the script: <kind>/<name>
+    bench: str = Field(pattern=rf"^({'|'.join(KINDS)})/[a-z0-9_]+$")  # the script: <kind>/<name>
     run: str  # one invocation: its lines share this id
     metric: str  # the figure's path inside the script's report, `/`-separated
     value: Value
