@@ -129,3 +129,9 @@ def test_every_bench_script_has_a_smoke_test():
     tests = "".join(p.read_text() for p in (REPO / "tests").rglob("test_*.py"))
     missing = [f"{p.parent.name}/{p.name}" for p in _scripts() if f"{p.parent.name}/{p.name}" not in tests]
     assert missing == []
+
+
+def test_the_results_kept_in_the_repo_are_data_under_the_schema():
+    kept = REPO / "docs" / "results" / "bench.jsonl"
+    reports = collect(kept.read_text().splitlines())  # every line validated
+    assert reports and all(isinstance(r, dict) and r for r in reports.values())
