@@ -1,8 +1,11 @@
 """The wire vocabulary shared by both sides of the proxy/server boundary: one spelling of every word.
 
-A leaf: it imports nothing from metaclaw but `metaclaw.messages`, so `serving/`, `rollout/`, `scoring/`,
-`modules/` and the tools all take their header names, error type, adapter file names and auth header from here.
-Message normalisation lives beside it in `metaclaw.wire.normalize`.
+On the vocabulary floor (it imports only `metaclaw.messages` and `metaclaw.distribution`), so `serving/`,
+`rollout/`, `scoring/`, `modules/`, `training_server/` and the tools all take their words from here: header names,
+the error type and body (`errors`), adapter file names, the auth header; and beside them the one outbound client
+(`client`), the one prompt renderer (`render`), the one reply reader (`parsing`), the sampling vocabulary
+(`sampling`), the request schemas (`schemas`, `openapi`), message normalisation (`normalize`) and the HTTP
+security layer (`security`, `bodies`).
 """
 
 from __future__ import annotations
