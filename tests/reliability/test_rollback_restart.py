@@ -49,7 +49,7 @@ def test_a_rollback_survives_a_policy_server_restart(tmp_path: Path) -> None:
     with server:
         cmdline = Path(f"/proc/{server.proc.pid}/cmdline").read_bytes().decode(errors="replace")
         assert KEY not in cmdline  # the key travels in the server's environment, never in `ps`
-        server.watch(on_restart=lambda: (reload_latest_adapter(run_dir, server.url, KEY), restarted.set()),
+        server.watch(on_restart=lambda: (reload_latest_adapter(run_dir, Endpoint(server.url, KEY)), restarted.set()),
                      on_death=died.append)  # fmt: skip
         policy = LoraPolicy(ModelSpec(name="tiny", path="tiny", dtype="float32", max_seq_len=1024).load_model(),
                             rank=4, alpha=8)  # fmt: skip

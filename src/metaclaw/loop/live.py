@@ -62,14 +62,14 @@ def server_nodes(cfg: DictConfig) -> dict[str, Any]:
     return {name: OmegaConf.to_container(cfg[name], resolve=True) for name in SERVER_NODES if name in cfg}
 
 
-def reload_latest_adapter(run_dir: str | Path, server_url: str, api_key: str | None, timeout_s: float = 60.0) -> None:
+def reload_latest_adapter(run_dir: str | Path, server: Endpoint, timeout_s: float = 60.0) -> None:
     """After a restart: hot-load the newest published adapters into the new server: `adapters/latest.json` and
     each agent's own `adapters/agents/<id>/latest.json` (docs/agents.md)."""
     for folder in RunLayout(run_dir).all_adapters().values():
         info = folder.read_latest()
         if info is None:
             continue
-        load_adapter(Endpoint(server_url, api_key), info["name"], info["path"], timeout_s)
+        load_adapter(server, info["name"], info["path"], timeout_s)
         log.info("Policy server restarted: adapter %s v%s reloaded", info["name"], info.get("version"))
 
 
@@ -104,7 +104,7 @@ def start_policy_server(cfg: DictConfig, live: Live, stack: ExitStack, evaluatio
         each.wait_ready()
     live.server, live.server_url, live.server_key = server, server.url, key
     server.watch(
-        on_restart=lambda: reload_latest_adapter(cfg.run_dir, server.url, key),
+        on_restart=lambda: reload_latest_adapter(cfg.run_dir, Endpoint(server.url, key)),
         on_death=lambda reason: live.stop.request(reason, error=True),
     )
     if evaluation:

@@ -62,9 +62,9 @@ class HotLoader:
         self._inflight: threading.Thread | None = None  # only ever a started thread (settle may run anywhere)
         self._order = threading.Lock()  # serve() from the gate's thread and the step's: one load at a time
 
-    def connect(self, server_url: str, api_key: str | None, restarting: Callable[[], bool] | None = None) -> None:
-        """Point at the live loop's policy server (its URL and key, resolved once by the loop)."""
-        self.server_url, self.api_key = server_url, api_key
+    def connect(self, server: Endpoint, restarting: Callable[[], bool] | None = None) -> None:
+        """Point at the live loop's policy server (its address and key, resolved once by the loop)."""
+        self.server_url, self.api_key = server.url, server.api_key
         if restarting is not None:
             self.restarting = restarting
 
