@@ -33,7 +33,7 @@ import yaml
 
 from metaclaw.simulate.preferences import PreferenceSet
 from metaclaw.simulate.tasks import Task, load_tasks
-from metaclaw.wire.client import Endpoint
+from metaclaw.wire.client import Endpoint, openai_client
 
 log = logging.getLogger(__name__)
 
@@ -173,7 +173,6 @@ class People:
         """An `openai` and an `anthropic` client, as a user makes them (their own HTTP clients, header hook)."""
         import httpx2
         from anthropic import Anthropic
-        from openai import OpenAI
 
         key = self.api_key or "none"
         hooks = {"request": [self._seen]}
@@ -181,7 +180,7 @@ class People:
         an_http = httpx2.Client(timeout=self.timeout_s, event_hooks=hooks)  # the anthropic SDK's httpx
         with self._lock:
             self._http += [oa_http, an_http]
-        oa = OpenAI(base_url=self.endpoint.v1, api_key=key, http_client=oa_http, max_retries=0)
+        oa = openai_client(self.endpoint, self.timeout_s, max_retries=0, http_client=oa_http)
         an = Anthropic(base_url=self.endpoint.root, api_key=key, http_client=an_http, max_retries=0)
         return oa, an
 

@@ -1,8 +1,8 @@
 """The one outbound client: every call metaclaw makes to an OpenAI-compatible server goes through `call`.
 
 The judge, the evolver, the distillation teacher, the evaluator, the publish gate, the probe, the control plane and
-the hot-loader reach a server the same way, and the simulated user and the replay driver (which drive the proxy as
-an agent's SDK would) get their SDK client from `openai_client`:
+the hot-loader reach a server the same way, and the simulated user, the simulated people and the replay driver
+(which drive the proxy as an agent's SDK would) get their OpenAI SDK client from `openai_client`:
 
 - one address type, `Endpoint` (a base URL and its key), with one URL rule: a base URL with or without `/v1` both
   work (`Endpoint("http://h:8000/v1").v1 == Endpoint("http://h:8000").v1 == "http://h:8000/v1"`, never `/v1/v1`);
@@ -70,11 +70,14 @@ class Endpoint:
         return {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
 
 
-def openai_client(endpoint: Endpoint, timeout: float = 60.0, max_retries: int = RETRIES) -> openai.OpenAI:
+def openai_client(
+    endpoint: Endpoint, timeout: float = 60.0, max_retries: int = RETRIES, http_client: Any = None
+) -> openai.OpenAI:
     """The SDK client for `endpoint`: its `/v1` base, its key (a placeholder when it has none, never the
-    environment's `OPENAI_API_KEY`), the SDK's retries. Close it (or use it in a `with`)."""
+    environment's `OPENAI_API_KEY`), the SDK's retries; `http_client` an `httpx.Client` of the caller's (event
+    hooks). Close it (or use it in a `with`)."""
     return openai.OpenAI(base_url=endpoint.v1, api_key=endpoint.api_key or NO_KEY, timeout=timeout,
-                         max_retries=max_retries)  # fmt: skip
+                         max_retries=max_retries, http_client=http_client)  # fmt: skip
 
 
 def call(
