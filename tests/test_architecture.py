@@ -23,9 +23,9 @@ LAYERS: list[tuple[str, frozenset[str]]] = [
                           "distribution", "conf", "ops", "__init__"})),  # fmt: skip (conf: the YAML tree, no imports)
     ("vocabulary", frozenset({"wire", "config", "runfiles", "thinking", "memory_plan"})),
     ("libraries", frozenset({"losses", "advantages", "skills", "simulate", "scheduler", "tracking"})),
-    ("serving", frozenset({"serving"})),
     ("privacy", frozenset({"privacy"})),
     ("model", frozenset({"modules"})),
+    ("serving", frozenset({"serving"})),  # the policy server; its plumbing (client, security, render) is in wire
     ("services", frozenset({"rollout", "scoring", "evaluation", "export", "training_server"})),
     ("control", frozenset({"control"})),  # status, steering and the dashboard: read what the services write
     ("training data", frozenset({"datamodules"})),

@@ -29,15 +29,15 @@ from metaclaw.rollout.replay import ReplayDriver
 from metaclaw.rollout.server import ThreadedServer
 from metaclaw.scoring.judges import PRM_SYSTEM, LLMJudge
 from metaclaw.scoring.teacher import hinted_prompt_ids
-from metaclaw.serving.completions import TextDecoder, chat_choice
-from metaclaw.serving.parsing import parse_completion
+from metaclaw.serving.completions import chat_choice
 from metaclaw.serving.protocol import parse_chat_request
-from metaclaw.serving.render import chat_prompt_ids
 from metaclaw.serving.sampling import SequenceOutput
 from metaclaw.simulate.user import SimulatedUser
 from metaclaw.skills.evolve import SkillEvolver
 from metaclaw.store import Sample
 from metaclaw.thinking import Thinking, read_answer
+from metaclaw.wire.parsing import TextDecoder, parse_completion
+from metaclaw.wire.render import chat_prompt_ids
 
 QWEN3_TEMPLATE = (Path(__file__).parent / "fixtures" / "qwen3_chat_template.jinja").read_text()
 PREFILL = "<|im_start|>assistant\n<think>\n\n</think>\n\n"

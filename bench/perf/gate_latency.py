@@ -43,9 +43,9 @@ from hydra import compose, initialize_config_dir  # noqa: E402
 from bench.harness import add_results_argument, free_port, publish, serving  # noqa: E402
 from metaclaw.config import CONFIG_DIR, register_resolvers  # noqa: E402
 from metaclaw.evaluation.turns import HeldoutTurnsEvaluator  # noqa: E402
-from metaclaw.serving.client import load_adapter  # noqa: E402
 from metaclaw.simulate.tasks import load_tasks  # noqa: E402
 from metaclaw.store import Sample, SampleStore  # noqa: E402
+from metaclaw.wire.client import Endpoint, load_adapter  # noqa: E402
 
 SYSTEM = (
     "You are a helpful personal assistant running on the user's own computer. Answer the user's questions "
@@ -197,7 +197,7 @@ def main() -> None:
             store = SampleStore(tmp_path / "samples.sqlite")
             fill_store(store, turns, args.seed)
             for version, (name, path) in enumerate(zip(("policy", "cand-a", "cand-b"), adapters, strict=True), 1):
-                load_adapter(url, name, str(path), key, version=version).raise_for_status()
+                load_adapter(Endpoint(url, key), name, str(path), version=version)
             evaluator = HeldoutTurnsEvaluator(store, url, base, key, max_turns=n_turns,
                                               concurrency=int(cfg.eval.concurrency),
                                               quality_turns=int(fallback.quality_turns))  # fmt: skip

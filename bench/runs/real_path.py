@@ -33,8 +33,8 @@ from metaclaw.control.dashboard.data import reward_source
 from metaclaw.evaluation.evaluator import ComplianceEvaluator
 from metaclaw.lifecycle import set_pdeathsig
 from metaclaw.runfiles.layout import AdapterFolder
-from metaclaw.serving.client import load_adapter
 from metaclaw.simulate.people import People, PreferenceKind, _pools
+from metaclaw.wire.client import Endpoint, load_adapter
 
 REPO = Path(__file__).resolve().parents[2]
 SERVER_KEY_ENV = "METACLAW_BENCH_SERVER_KEY"
@@ -154,7 +154,7 @@ class Evaluations:
         start = time.time()
         try:
             if path is not None:
-                load_adapter(self.server_url, EVAL_NAME, path, self.key, 120.0).raise_for_status()
+                load_adapter(Endpoint(self.server_url, self.key), EVAL_NAME, path, 120.0)
             r = self.evaluator.score(self.base if path is None else EVAL_NAME)
         except Exception as e:  # noqa: BLE001 - an evaluation that failed is reported, never a made-up point
             self.errors.append(f"v{version}: {e!r}"[:300])

@@ -38,10 +38,10 @@ from bench.harness import add_results_argument, publish  # noqa: E402
 from metaclaw.config import CONFIG_DIR  # noqa: E402
 from metaclaw.scoring.distill import HINTED_FORMS, accepts, hinted_conversation, token_gain  # noqa: E402
 from metaclaw.serving.engines.hf import HFEngine  # noqa: E402
-from metaclaw.serving.render import chat_prompt_ids  # noqa: E402
 from metaclaw.serving.sampling import SamplingParams  # noqa: E402
 from metaclaw.simulate.people import PreferenceKind  # noqa: E402
 from metaclaw.simulate.tasks import load_tasks  # noqa: E402
+from metaclaw.wire.render import chat_prompt_ids  # noqa: E402
 
 
 def auc(pos: list[float], neg: list[float]) -> float | None:

@@ -41,12 +41,12 @@ from metaclaw.config import CONFIG_DIR  # noqa: E402
 from metaclaw.scoring.hints import hinted_messages  # noqa: E402
 from metaclaw.scoring.judges import RuleJudge  # noqa: E402
 from metaclaw.serving.engines.hf import HFEngine  # noqa: E402
-from metaclaw.serving.render import chat_prompt_ids  # noqa: E402
 from metaclaw.serving.sampling import SamplingParams  # noqa: E402
 from metaclaw.simulate.preferences import PreferenceSet  # noqa: E402
 from metaclaw.simulate.tasks import load_tasks  # noqa: E402
 from metaclaw.simulate.user import feedback  # noqa: E402
 from metaclaw.store import Sample  # noqa: E402
+from metaclaw.wire.render import chat_prompt_ids  # noqa: E402
 
 
 def auc(pos: list[float], neg: list[float]) -> float | None:

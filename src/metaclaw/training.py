@@ -180,8 +180,8 @@ def _train(cfg: DictConfig) -> tuple[dict[str, Any], dict[str, Any]]:
     services = (live_loop(cfg, store, tokenizer, stop, partial(mount_plane, control) if control else None, evaluator)
                 if rank_zero_only.rank == 0 else nullcontext(Live(stop=stop)))  # fmt: skip
     with stop.signals_installed(), services as live:
-        if live.server_url:
-            publisher.connect(live.server_url, live.server_key, live.server.unavailable if live.server else None)
+        if (server := live.upstream) is not None:
+            publisher.connect(server, live.server.unavailable if live.server else None)
         if health is not None:
             health.attach(proxy=live.proxy, worker=live.worker, capture_store=store, served=served)
         if control:

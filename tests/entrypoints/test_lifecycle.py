@@ -16,9 +16,9 @@ from omegaconf import OmegaConf
 
 from metaclaw.datamodules.rollout import StreamingSampleDataset
 from metaclaw.loop.policy_server import PolicyServerProcess
-from metaclaw.serving.security import open_server_warning
 from metaclaw.stopping import RunAbandoned, StopController
 from metaclaw.store import SampleStore
+from metaclaw.wire.security import open_server_warning
 
 
 def test_server_config_file_holds_the_resolved_nodes_as_data_and_no_key(tmp_path):

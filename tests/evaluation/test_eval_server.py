@@ -13,7 +13,7 @@ from metaclaw.evaluation.gate import Track
 from metaclaw.loop.eval_wiring import build_evaluator
 from metaclaw.loop.live import server_nodes
 from metaclaw.loop.policy_server import PolicyServerProcess
-from metaclaw.serving.client import load_adapter
+from metaclaw.wire.client import Endpoint, load_adapter
 from tests.entrypoints.test_train import compose_train
 from tests.serving.conftest import train_fixed_answer_adapter
 
@@ -66,7 +66,7 @@ def test_the_gate_measures_the_served_adapter_on_the_evaluation_server(tmp_path,
         assert live._served_model(track) == ("tiny", 0)  # the base model answers: nothing to give
         assert _card(evaluation.url, "policy") is None
         for version, path in zip((3, 4), versions, strict=True):
-            load_adapter(policy.url, "policy", str(path), version=version).raise_for_status()
+            load_adapter(Endpoint(policy.url), "policy", str(path), version=version)
             assert live._served_model(track) == ("policy", version)
             there = _card(evaluation.url, "policy")
             assert there is not None and there["adapter_version"] == version and there["root"] == str(path)

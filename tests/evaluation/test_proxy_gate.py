@@ -22,8 +22,8 @@ from metaclaw.evaluation.turns import HeldoutTurnsEvaluator
 from metaclaw.loop.eval_wiring import bind_evaluator, build_evaluator, build_watch
 from metaclaw.loop.wiring import heldout_share
 from metaclaw.modules.publisher import AdapterPublisher
-from metaclaw.serving.client import load_adapter, teacher_logprobs
 from metaclaw.store import Sample, SampleStore
+from metaclaw.wire.client import Endpoint, load_adapter, teacher_logprobs
 from tests.e2e.conftest import running_policy_server
 from tests.entrypoints.test_train import compose_train
 from tests.serving.conftest import FIXED_ANSWER, train_fixed_answer_adapter
@@ -74,7 +74,7 @@ def held_out_turns(
         prompt_ids, own = asked[i]
         reply = own if kind == "own" else tok_answer
         sample = Sample(
-            prompt_ids, reply, teacher_logprobs(url, "tiny", prompt_ids, reply), session_id=f"s{i}-{n}",
+            prompt_ids, reply, teacher_logprobs(Endpoint(url), "tiny", prompt_ids, reply), session_id=f"s{i}-{n}",
             messages=messages, response_text="", status="dropped", meta={"dropped": "heldout"},
             next_state="Thanks, that is perfect." if good else "That's wrong, not what I asked.",
         )  # fmt: skip
@@ -182,14 +182,14 @@ def test_a_served_adapter_whose_verdicts_turn_negative_is_rolled_back(served, tm
     build_watch(cfg, live, store, plane)
     assert live.gate and live.watch is not None  # on by default
     live.watch_every_s = 0.2  # the cadence only (default publish.gate.rollback.every_s: 30 s)
-    assert load_adapter(url, "policy", str(fixed.resolve())).status_code == 200
+    load_adapter(Endpoint(url), "policy", str(fixed.resolve()))  # raises unless 2xx
     first = models(url)["policy"]["adapter_version"]
     bind_evaluator(cfg, live, url, None, store)  # starts the thread: it sees step 4 served
     try:
         deadline = time.monotonic() + 60
         while first not in live.watch.paths.get("policy", {}) and time.monotonic() < deadline:
             time.sleep(0.1)
-        assert load_adapter(url, "policy", str(worse.resolve())).status_code == 200
+        load_adapter(Endpoint(url), "policy", str(worse.resolve()))  # raises unless 2xx
         second = models(url)["policy"]["adapter_version"]
         for version, good in ((first, 9), (second, 2)):  # the judged turns (and feedback) of each version
             for i in range(12):
@@ -248,7 +248,7 @@ def test_the_gate_asks_only_what_it_does_not_know(served, tmp_path):
     phases = {"served_logprobs", "candidate_logprobs", "got_nll", "quality_sampling", "quality_nll"}
     assert set(fast["seconds"]) == phases and all(v >= 0 for v in fast["seconds"].values())  # the gate's cost
     newest = turns.recent()[-3:]  # the got replies' NLL on the same prompts the candidate answered, and only those
-    got = [base_nll(url, "tiny", s.prompt_ids, s.response_ids) for s in newest]
+    got = [base_nll(Endpoint(url), "tiny", s.prompt_ids, s.response_ids) for s in newest]
     assert abs(fast["served_nll"] - sum(got) / 3) < 1e-6 and set(turns._got_nll) == {s.id for s in newest}
     turns.asked.clear()
     turns.compare("tiny", "tiny", served_version=7)  # another version serves now: asked once ...

@@ -246,6 +246,7 @@ def test_a_real_peft_adapter_still_imports_with_parity(tiny_run, tiny_spec, tmp_
 @pytest.mark.slow  # three train.py runs and a serve.py (~40 s): `make test-slow`; its refusals and parity stay fast
 def test_imported_adapter_is_served_and_trained_on(tiny_spec, tmp_path):
     from metaclaw.loop.live import reload_latest_adapter
+    from metaclaw.wire.client import Endpoint
 
     run_dir = tmp_path / "run"
     train_tiny(run_dir, 2)
@@ -262,7 +263,7 @@ def test_imported_adapter_is_served_and_trained_on(tiny_spec, tmp_path):
            f"serve.adapter_root={run_dir / 'adapters'}"]  # fmt: skip
     (tmp_path / "srv").mkdir()
     with serving(cmd, f"{url}/health", tmp_path / "srv" / "server.log", env={"METACLAW_API_KEY": key}):
-        reload_latest_adapter(run_dir, url, key)
+        reload_latest_adapter(run_dir, Endpoint(url, key))
         models = httpx.get(f"{url}/v1/models", headers={"Authorization": f"Bearer {key}"}, timeout=30).json()
         assert "policy" in {m["id"] for m in models["data"]}
 

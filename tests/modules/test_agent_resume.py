@@ -13,6 +13,7 @@ from metaclaw.rollout.server import ThreadedServer
 from metaclaw.rollout.testing import scripted_upstream
 from metaclaw.store import Sample, SampleStore
 from metaclaw.training import train
+from metaclaw.wire.client import Endpoint
 from tests.entrypoints.test_train import compose_train
 
 AGENTS = ("+agents.alice.mode=rl", "data.batch_size=2", "rollout.wait_timeout_s=1")
@@ -53,5 +54,5 @@ def test_agent_adapters_are_published_apart_and_served_again_on_resume(tmp_path)
 
     # the watchdog, after a server restart, reloads every agent's latest adapter
     with ThreadedServer(scripted_upstream()) as restarted:
-        reload_latest_adapter(tmp_path, restarted.url, None)
+        reload_latest_adapter(tmp_path, Endpoint(restarted.url))
         assert set(restarted.server.config.app.state.scripted["adapters"]) == {"policy", "policy:alice"}

@@ -10,6 +10,7 @@ import pytest
 from metaclaw.privacy import PrivacyPolicy
 from metaclaw.privacy.outbound import RedactingEvolver, RedactingJudge, teacher_renderer
 from metaclaw.store import GroupCommitWriter, Sample, SampleStore
+from metaclaw.wire.client import Endpoint
 
 KEY = "sk-proj-" + "Zq7Lm2Xc9Vb4Nn1Kp8Rt5Wy3" * 2
 EMAIL = "maria.keller@fastmail.fm"
@@ -86,7 +87,7 @@ def test_policy_refuses_unknown_settings():
 
 class Recorder:
     def __init__(self, base_url: str | None, api_key: str | None = None) -> None:
-        self.base_url, self.api_key, self.seen = base_url, api_key, []
+        self.endpoint, self.seen = Endpoint(base_url, api_key) if base_url else None, []
 
     async def reward(self, s: Sample):
         self.seen.append(s)
@@ -98,7 +99,7 @@ class Recorder:
 
 def test_outbound_calls_off_this_machine_get_redacted_text():
     policy = PrivacyPolicy()  # email: redact_text, ip: keep; outbound: redact_untrusted redacts every category
-    policy.bind_own_server("http://127.0.0.1:8000", "run-key")  # this run's policy server (loop.wiring)
+    policy.bind_own_server(Endpoint("http://127.0.0.1:8000", "run-key"))  # this run's policy server (loop.wiring)
     s = sample(f"ping 81.2.69.160 and mail {EMAIL}")  # stored as is with keep; here: straight from a store
     s.next_state = f"also cc {EMAIL}"
     local, remote = Recorder("http://127.0.0.1:8000", "run-key"), Recorder("https://judge.example.com")
@@ -115,8 +116,8 @@ def test_outbound_calls_off_this_machine_get_redacted_text():
     render = teacher_renderer(lambda smp, hint: seen.append(smp.messages) or [1], Recorder("http://10.0.0.9"), policy)
     render(s, "hint")
     assert EMAIL not in str(seen)
-    assert not PrivacyPolicy(outbound="off").redacts_for("https://judge.example.com")
-    assert PrivacyPolicy(outbound="redact_all").redacts_for("http://localhost:1")
+    assert not PrivacyPolicy(outbound="off").redacts_for(Endpoint("https://judge.example.com"))
+    assert PrivacyPolicy(outbound="redact_all").redacts_for(Endpoint("http://localhost:1"))
 
 
 def test_a_loopback_url_that_is_not_this_runs_server_gets_redacted_text():
@@ -124,7 +125,7 @@ def test_a_loopback_url_that_is_not_this_runs_server_gets_redacted_text():
     a port taken after ours went away) got the stored text. Now only this run's own server, by address AND key,
     and what the owner lists in `privacy.trusted_outbound`, do."""
     policy = PrivacyPolicy(trusted_outbound=["http://127.0.0.1:9000/v1/"])
-    policy.bind_own_server("http://127.0.0.1:8000", "run-key")
+    policy.bind_own_server(Endpoint("http://127.0.0.1:8000", "run-key"))
     s = sample(f"mail {EMAIL}")
     strangers = [Recorder("http://127.0.0.1:8001", "run-key"),  # a loopback URL that is not ours
                  Recorder("http://localhost:8000", "other-key"),  # our port, someone else's key
@@ -132,7 +133,7 @@ def test_a_loopback_url_that_is_not_this_runs_server_gets_redacted_text():
                  Recorder("http://127.0.0.1:8000", None)]  # fmt: skip
     for judge in strangers:
         asyncio.run(RedactingJudge(judge, policy).reward(s))
-        assert EMAIL not in judge.seen[0].messages[1]["content"], judge.base_url
+        assert EMAIL not in judge.seen[0].messages[1]["content"], judge.endpoint
     evolver = Recorder("http://127.0.0.1:8001/v1", "run-key")
     RedactingEvolver(evolver, policy).evolve("a", [{"sample_id": 1, "messages": s.messages, "response": EMAIL}])
     assert EMAIL not in str(evolver.seen)
@@ -140,8 +141,8 @@ def test_a_loopback_url_that_is_not_this_runs_server_gets_redacted_text():
             Recorder("http://127.0.0.1:9000", "any")]  # our server (the evolver's /v1 too); the owner's trusted one
     for judge in ours:
         asyncio.run(RedactingJudge(judge, policy).reward(s))
-        assert EMAIL in judge.seen[0].messages[1]["content"], judge.base_url
-    assert PrivacyPolicy().redacts_for("http://127.0.0.1:8000", "run-key")  # no server bound: nothing is ours
+        assert EMAIL in judge.seen[0].messages[1]["content"], judge.endpoint
+    assert PrivacyPolicy().redacts_for(Endpoint("http://127.0.0.1:8000", "run-key"))  # no server bound: nothing is ours
     with pytest.raises(ValueError, match="redact_untrusted"):
         PrivacyPolicy(outbound="redact_external")
 

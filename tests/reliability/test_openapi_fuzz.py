@@ -23,7 +23,8 @@ def bounded(doc: dict) -> dict:
                     for name, limit in BOUNDS.items():
                         if isinstance(value.get(name), dict) and "type" in value[name]:
                             value[name]["maximum"] = limit
-                if key == "model" and value == {"type": "string"}:  # a served model (others: 404, tested elsewhere)
+                if key == "model" and isinstance(value, dict) and value.get("type") == "string":  # a served model
+                    # (others: 404, tested elsewhere)
                     node[key] = {"enum": ["tiny"]}
                     continue
                 if key == "messages" and isinstance(value, dict) and value.get("type") == "array":

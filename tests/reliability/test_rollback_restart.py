@@ -24,7 +24,7 @@ from metaclaw.control.plane import ControlPlane
 from metaclaw.loop.live import reload_latest_adapter, server_nodes
 from metaclaw.loop.policy_server import PolicyServerProcess
 from metaclaw.modules.adapter_writer import AdapterWriter
-from metaclaw.serving.client import load_adapter
+from metaclaw.wire.client import Endpoint, load_adapter
 
 KEY = "rollback-restart-key"
 
@@ -49,7 +49,7 @@ def test_a_rollback_survives_a_policy_server_restart(tmp_path: Path) -> None:
     with server:
         cmdline = Path(f"/proc/{server.proc.pid}/cmdline").read_bytes().decode(errors="replace")
         assert KEY not in cmdline  # the key travels in the server's environment, never in `ps`
-        server.watch(on_restart=lambda: (reload_latest_adapter(run_dir, server.url, KEY), restarted.set()),
+        server.watch(on_restart=lambda: (reload_latest_adapter(run_dir, Endpoint(server.url, KEY)), restarted.set()),
                      on_death=died.append)  # fmt: skip
         policy = LoraPolicy(ModelSpec(name="tiny", path="tiny", dtype="float32", max_seq_len=1024).load_model(),
                             rank=4, alpha=8)  # fmt: skip
@@ -60,7 +60,7 @@ def test_a_rollback_survives_a_policy_server_restart(tmp_path: Path) -> None:
                     if p.requires_grad:
                         p.add_(0.01)
             target = policy.save_adapter(writer.adapter_dir(step))
-            load_adapter(server.url, "policy", str(target), KEY, 60).raise_for_status()
+            load_adapter(Endpoint(server.url, KEY), "policy", str(target), 60)
             writer.write_latest(step, target, "policy", None)
 
         plane = ControlPlane(run_dir, lora_name="policy", server_api_key=KEY)

@@ -66,7 +66,7 @@ def test_a_missing_flag_stops_the_run_at_start_and_is_named(tmp_path, fake, name
 
 
 def test_a_server_started_with_the_flags_passes(caplog):
-    with ThreadedServer(vllm_like()) as up, caplog.at_level("INFO", logger="metaclaw.rollout.probe"):
+    with ThreadedServer(vllm_like()) as up, caplog.at_level("INFO", logger="metaclaw.wire.attach"):
         probe_attach(up.url, None, "tiny", 1024)
     assert "loads LoRA adapters at run time" in caplog.text
 

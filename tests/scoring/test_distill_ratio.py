@@ -13,8 +13,8 @@ import pytest
 import torch
 
 from metaclaw.scoring.distill import ContextDistiller, hinted_conversation
-from metaclaw.serving.render import chat_prompt_ids
 from metaclaw.store import Sample
+from metaclaw.wire.render import chat_prompt_ids
 from tests.serving.conftest import running_server
 
 PREFERENCE = "Your name is Kuro, always introduce yourself as Kuro."

@@ -115,10 +115,10 @@ def test_teacher_logprobs_ask_for_no_generation(tiny_tokenizer):
     """Issue 24: a score is echo without generation (`max_tokens: 0`, which vLLM and OpenAI accept): before, each
     request also sampled one token, a second forward over the same prompt on the HF engine."""
     from metaclaw.rollout.testing import scripted_upstream
-    from metaclaw.serving.client import teacher_logprobs
+    from metaclaw.wire.client import Endpoint, teacher_logprobs
 
     app = scripted_upstream()
     with ThreadedServer(app) as upstream:
-        assert teacher_logprobs(upstream.url, "tiny", [1, 2], [3, 4]) == [-0.5, -0.5]
+        assert teacher_logprobs(Endpoint(upstream.url), "tiny", [1, 2], [3, 4]) == [-0.5, -0.5]
     (body,) = app.state.scripted["completions"]
     assert body["max_tokens"] == 0 and body["echo"] is True and body["prompt"] == [1, 2, 3, 4]

@@ -9,7 +9,7 @@ from types import SimpleNamespace
 import pytest
 
 from metaclaw.modules.loading import CHATML_TEMPLATE
-from metaclaw.serving.parsing import StreamParser, detect_tool_format, parse_completion, tool_format_for
+from metaclaw.wire.parsing import StreamParser, detect_tool_format, parse_completion, tool_format_for
 from tests.serving import chat_templates
 
 CALL = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Berlin"}}\n</tool_call>'

@@ -7,8 +7,8 @@ from __future__ import annotations
 import copy
 import json
 
-from metaclaw.serving.parsing import PARSERS
-from metaclaw.serving.render import chat_prompt_ids, template_tool_support
+from metaclaw.wire.parsing import PARSERS
+from metaclaw.wire.render import chat_prompt_ids, template_tool_support
 from tests.serving import chat_templates
 
 TOOLS = [{"type": "function", "function": {"name": "read_file", "description": "Read a file",

@@ -9,7 +9,7 @@ import httpx
 import openai
 import pytest
 
-from metaclaw.serving.client import teacher_logprobs
+from metaclaw.wire.client import Endpoint, teacher_logprobs
 
 from .conftest import FIXED_ANSWER
 
@@ -136,7 +136,7 @@ def test_teacher_logprobs_helper(server, engine, fixed_adapter):
     prompt = tok.apply_chat_template(USER, add_generation_prompt=True)["input_ids"]
     target = tok(FIXED_ANSWER)["input_ids"]
     for model, adapter in (("teacher", "teacher"), ("tiny", None)):
-        got = teacher_logprobs(server.url, model, prompt, target, api_key=server.api_key)
+        got = teacher_logprobs(Endpoint(server.url, server.api_key), model, prompt, target)
         want = engine.prompt_logprobs(prompt, target, adapter)
         assert len(got) == len(target) and max(abs(a - b) for a, b in zip(got, want, strict=True)) <= 1e-4
     body = {"model": "teacher", "prompt": prompt + target, "max_tokens": 0, "echo": True, "logprobs": 0,

@@ -8,7 +8,7 @@ scheduler; refused ones (401, 403, 413, 415) do not: a stranger's rejected reque
 The control routes need a key even when the proxy has none: a fresh one per run, written to
 `<run dir>/control.key` (mode 0600) and read from there by `python -m metaclaw --run-dir DIR` (never in a URL
 or an argument); the proxy's own key, when it has one, is accepted too. Host, Origin and the JSON content type
-are checked as on the proxy (`metaclaw.serving.security.BrowserGuard`): a web page cannot pause or roll back.
+are checked as on the proxy (`metaclaw.wire.security.BrowserGuard`): a web page cannot pause or roll back.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from metaclaw.control.dashboard.app import mount_dashboard
 from metaclaw.control.dashboard.data import DashboardData
 from metaclaw.control.keys import issue_control_key, read_control_key
 from metaclaw.control.plane import ControlError, ControlPlane
-from metaclaw.serving.security import (
+from metaclaw.wire.security import (
     BearerAuthMiddleware,
     BodySizeLimitMiddleware,
     BrowserGuard,

@@ -17,13 +17,11 @@ from contextlib import nullcontext
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import httpx
-
 from metaclaw.agents import DEFAULT_PROFILE, AgentProfile, AgentProfiles
 from metaclaw.runfiles.layout import AdapterFolder, RunLayout
-from metaclaw.serving.client import load_adapter
 from metaclaw.store import SampleStore
-from metaclaw.wire import ADAPTER_CONFIG, bearer_headers
+from metaclaw.wire import ADAPTER_CONFIG
+from metaclaw.wire.client import CallError, Endpoint, Refused, load_adapter, models
 
 if TYPE_CHECKING:  # `status` of a finished run must not import torch (tests/control/test_finished.py)
     from metaclaw.modules.rewind import Rewind
@@ -140,10 +138,8 @@ class ControlPlane:
         cards: dict[str, dict[str, Any]] | None = None
         if self.server_url:
             try:
-                r = httpx.get(f"{self.server_url}/v1/models", headers=self._headers(), timeout=5)
-                r.raise_for_status()
-                cards = {c.get("id"): c for c in r.json().get("data", []) if isinstance(c, dict)}
-            except (httpx.HTTPError, ValueError) as e:
+                cards = {c.get("id"): c for c in models(self.server, timeout=5)}
+            except (CallError, ValueError) as e:
                 log.warning("Control: policy server did not list its adapters: %s", e)
         out = {}
         for p in self._own():
@@ -289,18 +285,20 @@ class ControlPlane:
     def _serve_again(self, profile: AgentProfile, folder: AdapterFolder, step: int, target: Path) -> Any:
         """Load `target` into the policy server as `profile`'s adapter and point the served pointer at it."""
         try:
-            r = load_adapter(self.server_url or "", profile.lora_name, str(target.resolve()), self.server_api_key,
-                             self.timeout_s, version=step)  # fmt: skip
-        except httpx.HTTPError as e:
-            raise ControlError(502, f"policy server unreachable: {e}") from e
-        if r.status_code != 200:
-            raise ControlError(502, f"policy server refused the adapter ({r.status_code}): {r.text[:300]}")
+            reply = load_adapter(self.server, profile.lora_name, str(target.resolve()), self.timeout_s, version=step)
+        except Refused as e:
+            why = e.response.text[:300]
+            raise ControlError(502, f"policy server refused the adapter ({e.status_code}): {why}") from e
+        except (CallError, ValueError) as e:
+            raise ControlError(502, f"policy server unreachable: {e!r}") from e
         # The served pointer follows, so a restart of the policy server (or of the run) serves this one too.
         folder.write_latest(step, target, profile.lora_name, rank_fingerprints=None, rolled_back=True)
-        return r.json().get("adapter_version")
+        return reply.get("adapter_version")
 
-    def _headers(self) -> dict[str, str]:
-        return bearer_headers(self.server_api_key)
+    @property
+    def server(self) -> Endpoint:
+        """The policy server (its URL once it is up, and its key)."""
+        return Endpoint(self.server_url or "", self.server_api_key)
 
 
 def build_control(cfg: Any, store: SampleStore, scheduler: Any) -> ControlPlane | None:

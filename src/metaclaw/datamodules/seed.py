@@ -15,8 +15,8 @@ import torch
 
 from metaclaw.modules.policy import LoraPolicy
 from metaclaw.scoring.hints import hinted_messages
-from metaclaw.serving.render import chat_prompt_ids
 from metaclaw.store import Sample, SampleMeta, SampleStore
+from metaclaw.wire.render import chat_prompt_ids
 
 log = logging.getLogger(__name__)
 

@@ -26,6 +26,7 @@ from metaclaw.evaluation.quality import base_nll, fluency, text_stats
 from metaclaw.simulate.preferences import PreferenceSet
 from metaclaw.simulate.tasks import load_tasks
 from metaclaw.thinking import Thinking, read_answer
+from metaclaw.wire.client import Endpoint, chat
 
 EVAL_USER = "metaclaw-eval"  # the OpenAI `user` field of evaluation requests: the server counts their cost apart
 
@@ -145,12 +146,8 @@ class ComplianceEvaluator:
 
     def rebind(self, server_url: str) -> None:
         """Ask `server_url` (a policy server's base URL) from now on."""
-        from openai import OpenAI
-
-        base = server_url.rstrip("/")
-        self.server_url = base
-        self.client = OpenAI(base_url=base if base.endswith("/v1") else f"{base}/v1", api_key=self.api_key or "unused",
-                             timeout=self.timeout_s, max_retries=1)  # fmt: skip
+        self.server_url = server_url.rstrip("/")
+        self.endpoint = Endpoint(server_url, self.api_key)
 
     def _messages(self, prompt: str) -> list[dict[str, str]]:
         messages = [{"role": "system", "content": self.system}] if self.system else []
@@ -208,19 +205,14 @@ class ComplianceEvaluator:
         (None: the request failed, counted as an error, never as a compliant or failing reply)."""
         try:
             fields = self.thinking.fields(self.max_tokens)
-            out = self.client.chat.completions.create(
-                model=model,
-                messages=self._messages(prompt),
-                max_tokens=fields.pop("max_tokens"),
-                temperature=self.temperature,
-                user=EVAL_USER,
-                extra_body={**fields, **({"return_token_ids": True} if self.base_model else {})} or None,
-            )
-            choice = out.choices[0]
-            text = read_answer(choice.message.model_dump(), choice.finish_reason, "evaluator", self.max_tokens)
+            body = {"model": model, "messages": self._messages(prompt), "max_tokens": fields.pop("max_tokens"),
+                    "temperature": self.temperature, "user": EVAL_USER, **fields,
+                    **({"return_token_ids": True} if self.base_model else {})}  # fmt: skip
+            raw = chat(self.endpoint, body, self.timeout_s, max_retries=1)
+            choice = raw["choices"][0]
+            text = read_answer(choice.get("message") or {}, choice.get("finish_reason"), "evaluator", self.max_tokens)
             if not self.base_model:
                 return text, [], []
-            raw = out.model_dump()
             prompt_ids, reply_ids = raw.get("prompt_token_ids"), raw["choices"][0].get("token_ids")
             if not prompt_ids or reply_ids is None:
                 raise ValueError("the policy server returned no token ids (return_token_ids)")
@@ -234,8 +226,8 @@ class ComplianceEvaluator:
         if not self.base_model:
             return asked[0], None
         try:
-            return asked[0], base_nll(self.server_url, self.base_model, asked[1], asked[2], self.api_key,
-                                      self.timeout_s, user=EVAL_USER)  # fmt: skip
+            return asked[0], base_nll(self.endpoint, self.base_model, asked[1], asked[2], self.timeout_s,
+                                      user=EVAL_USER)  # fmt: skip
         except Exception:  # noqa: BLE001 - counted as an error
             return None
 

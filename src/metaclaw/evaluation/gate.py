@@ -21,14 +21,11 @@ from pathlib import Path
 from statistics import NormalDist
 from typing import Any
 
-import httpx
-
 from metaclaw.agents import DEFAULT_PROFILE
 from metaclaw.evaluation.evaluator import EvalResult
 from metaclaw.evaluation.stats import newcombe, wilson
 from metaclaw.ops import metrics
-from metaclaw.serving.client import load_adapter
-from metaclaw.wire import bearer_headers
+from metaclaw.wire.client import CallError, Endpoint, load_adapter, models
 
 log = logging.getLogger("metaclaw.evaluation.live")
 
@@ -130,7 +127,7 @@ class GateDecisions:
             return out
         for track in list(self.tracks.values()):
             try:
-                served = self.watch.served(self.server_url, self.api_key, track.lora_name)
+                served = self.watch.served(Endpoint(self.server_url, self.api_key), track.lora_name)
                 agent = None if track.agent == DEFAULT_PROFILE else track.agent
                 record = self.watch.check(served, track.lora_name, agent, track.owner)
             except Exception as e:  # noqa: BLE001 - the watch never takes training down; said loudly
@@ -217,16 +214,14 @@ class GateDecisions:
                         "adapter": path.name, "path": str(path), "margin": self.margin, **out})  # fmt: skip
         if self.watch is not None and self.server_url:  # remember the version's path: a later rollback's target
             try:
-                self.watch.served(self.server_url, self.api_key, track.lora_name)
+                self.watch.served(Endpoint(self.server_url, self.api_key), track.lora_name)
             except Exception as e:  # noqa: BLE001
                 log.warning("Regression watch: cannot read the served adapter: %r", e)
         return out
 
     def _served_card(self, track: Track) -> dict[str, Any] | None:
         """The policy server's `/v1/models` card of `track`'s adapter (None: the base model answers the agent)."""
-        r = httpx.get(f"{self.server_url}/v1/models", headers=bearer_headers(self.api_key), timeout=10)
-        r.raise_for_status()
-        cards = [c for c in r.json().get("data", []) if isinstance(c, dict) and c.get("id") == track.lora_name]
+        cards = [c for c in models(Endpoint(self.server_url or "", self.api_key)) if c.get("id") == track.lora_name]
         return cards[0] if cards else None
 
     def _served_model(self, track: Track) -> tuple[str, int | None]:
@@ -246,16 +241,15 @@ class GateDecisions:
         if not self._eval_url or self._eval_url == self.server_url:
             return
         version, root = card.get("adapter_version"), card.get("root")
-        r = httpx.get(f"{self._eval_url}/v1/models", headers=bearer_headers(self.api_key), timeout=10)
-        r.raise_for_status()
-        there = [c for c in r.json().get("data", []) if isinstance(c, dict) and c.get("id") == track.lora_name]
+        evaluation = Endpoint(self._eval_url, self.api_key)
+        there = [c for c in models(evaluation) if c.get("id") == track.lora_name]
         if there and there[0].get("adapter_version") == version and there[0].get("root") == root:
             return
         if not root:
             raise RuntimeError(f"the policy server names no path for {track.lora_name!r}: the evaluation server "
                                "cannot load the served adapter")  # fmt: skip
-        load_adapter(self._eval_url, track.lora_name, str(root), self.api_key, 60.0,
-                     version=int(version) if isinstance(version, int) else None).raise_for_status()  # fmt: skip
+        load_adapter(evaluation, track.lora_name, str(root), 60.0,
+                     version=int(version) if isinstance(version, int) else None)  # fmt: skip
 
     def served_version(self, track: Track) -> int | None:
         """The adapter version the agent is answered by now (0: the base model; None: the server cannot say)."""
@@ -263,7 +257,7 @@ class GateDecisions:
             return None
         try:
             card = self._served_card(track)
-        except (httpx.HTTPError, ValueError) as e:
+        except (CallError, ValueError) as e:
             log.warning("Eval: cannot read the served adapter of %s: %r", track.agent, e)
             return None
         if card is None:

@@ -60,7 +60,7 @@ from metaclaw.agents import DEFAULT_PROFILE
 from metaclaw.evaluation.evaluator import ComplianceEvaluator, EvalResult
 from metaclaw.evaluation.gate import GateDecisions, HotLoad, Track
 from metaclaw.evaluation.regression import RegressionWatch
-from metaclaw.serving.client import load_adapter
+from metaclaw.wire.client import Endpoint, load_adapter
 
 log = logging.getLogger(__name__)
 
@@ -370,7 +370,7 @@ class LiveEvaluator(GateDecisions, L.Callback):
                 track.evaluator.rebind(self.server_url)
 
     def _load_candidate(self, path: Path) -> None:
-        load_adapter(self.eval_url, self.eval_name, str(path.resolve()), self.api_key, 60.0).raise_for_status()
+        load_adapter(Endpoint(self.eval_url or "", self.api_key), self.eval_name, str(path.resolve()), 60.0)
 
     def _evaluate(self, track: Track, step: int, path: Path | None, hot_load: HotLoad | None) -> None:
         evaluator = track.evaluator

@@ -2,7 +2,7 @@
 
 - **Base NLL**: the base model's mean negative log-likelihood per token of a reply (nats/token), teacher-forced
   on the prompt the server rendered, through the same `/v1/completions` prompt-logprobs call OPD's teacher uses
-  (`metaclaw.serving.client.teacher_logprobs`, raw logits at T = 1, adapter disabled). The base model's own
+  (`metaclaw.wire.client.teacher_logprobs`, raw logits at T = 1, adapter disabled). The base model's own
   replies at T = 1 score about its entropy; an adapter whose replies drift into text the base model finds
   implausible scores higher. A reply is **fluent** when its NLL is within `nll_margin` of the base model's mean
   on its own replies; a **good** reply complies and is fluent.
@@ -17,24 +17,23 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from metaclaw.serving.client import teacher_logprobs
+from metaclaw.wire.client import Endpoint, teacher_logprobs
 
 _WORD = re.compile(r"[\w']+")
 
 
 def base_nll(
-    server_url: str,
+    endpoint: Endpoint,
     base_model: str,
     prompt_ids: Sequence[int],
     reply_ids: Sequence[int],
-    api_key: str | None = None,
     timeout_s: float = 120.0,
     user: str | None = None,
 ) -> float | None:
     """Mean NLL per token (nats) of `reply_ids` after `prompt_ids` under the base model; None for an empty reply."""
     if not reply_ids:
         return None
-    lps = teacher_logprobs(server_url, base_model, prompt_ids, reply_ids, api_key, timeout_s, user=user)
+    lps = teacher_logprobs(endpoint, base_model, prompt_ids, reply_ids, timeout_s, user=user)
     return -sum(lps) / len(lps)
 
 

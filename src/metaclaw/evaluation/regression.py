@@ -23,12 +23,10 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-import httpx
-
 from metaclaw.evaluation.stats import one_sided_p, wilson
 from metaclaw.runfiles.layout import adapter_version
 from metaclaw.store import SampleStore
-from metaclaw.wire import bearer_headers
+from metaclaw.wire.client import Endpoint, models
 
 log = logging.getLogger(__name__)
 
@@ -57,12 +55,10 @@ class RegressionWatch:
         self.paths: dict[str, dict[int, str]] = {}  # lora name -> {served version: adapter path}
         self.done: set[tuple[str, int]] = set()  # (lora name, version) already rolled back
 
-    def served(self, server_url: str, api_key: str | None, lora_name: str) -> tuple[int, str] | None:
+    def served(self, server: Endpoint, lora_name: str) -> tuple[int, str] | None:
         """`(version, path)` the policy server serves under `lora_name` now (None: the base model)."""
-        r = httpx.get(f"{server_url}/v1/models", headers=bearer_headers(api_key), timeout=10)
-        r.raise_for_status()
-        for card in r.json().get("data", []):
-            if isinstance(card, dict) and card.get("id") == lora_name and card.get("adapter_version") is not None:
+        for card in models(server):
+            if card.get("id") == lora_name and card.get("adapter_version") is not None:
                 version, path = int(card["adapter_version"]), str(card.get("root") or "")
                 self.paths.setdefault(lora_name, {})[version] = path
                 return version, path

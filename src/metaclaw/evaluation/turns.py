@@ -27,14 +27,11 @@ import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
-import httpx
-
 from metaclaw.evaluation.evaluator import EvalResult
 from metaclaw.evaluation.quality import base_nll, fluency, text_stats
 from metaclaw.evaluation.stats import snips, wilson
-from metaclaw.serving.client import teacher_logprobs
 from metaclaw.store import Sample, SampleStore
-from metaclaw.wire import bearer_headers
+from metaclaw.wire.client import Endpoint, chat, teacher_logprobs
 
 
 class HeldoutTurnsEvaluator:
@@ -82,6 +79,11 @@ class HeldoutTurnsEvaluator:
         self._got_nll: dict[int | None, float | None] = {}  # sample id -> base NLL of the reply the user got
         self._served_lp: dict[tuple[int, int | None], float] = {}  # (served version, sample id) -> logprob of the reply
         self.reference_nll: float | None = None  # the base model's (version 0) replies: the fluency reference
+
+    @property
+    def endpoint(self) -> Endpoint:
+        """The policy server asked."""
+        return Endpoint(self.server_url, self.api_key)
 
     def rebind(self, server_url: str) -> None:
         """Ask `server_url` (a policy server's base URL) from now on."""
@@ -131,7 +133,7 @@ class HeldoutTurnsEvaluator:
         result.distinct_2, result.distinct_replies, result.junk = stats.distinct_2, stats.distinct_replies, stats.junk
         if self.base_model:
             nlls = [
-                base_nll(self.server_url, self.base_model, s.prompt_ids, s.response_ids, self.api_key, self.timeout_s)
+                base_nll(self.endpoint, self.base_model, s.prompt_ids, s.response_ids, self.timeout_s)
                 for s in turns
             ]
             compliant = [s.reward > 0 for s in turns]
@@ -149,7 +151,7 @@ class HeldoutTurnsEvaluator:
         return sorted(self._heldout(), key=lambda s: s.id)[-self.max_turns :]
 
     def _logprob(self, model: str, s: Sample) -> float:
-        lps = teacher_logprobs(self.server_url, model, s.prompt_ids, s.response_ids, self.api_key, self.timeout_s,
+        lps = teacher_logprobs(self.endpoint, model, s.prompt_ids, s.response_ids, self.timeout_s,
                                temperature=s.temperature)  # fmt: skip
         return float(sum(lps))
 
@@ -161,16 +163,13 @@ class HeldoutTurnsEvaluator:
                 "return_token_ids": True}  # fmt: skip
         if s.meta.chat_template_kwargs:  # rendered as the got reply's prompt was (Qwen3: the same thinking switch)
             body["chat_template_kwargs"] = dict(s.meta.chat_template_kwargs)
-        r = httpx.post(f"{self.server_url}/v1/chat/completions", json=body, headers=bearer_headers(self.api_key),
-                       timeout=self.timeout_s)  # fmt: skip
-        r.raise_for_status()
-        data = r.json()
+        data = chat(self.endpoint, body, self.timeout_s)
         return data.get("prompt_token_ids") or s.prompt_ids, data["choices"][0].get("token_ids") or []
 
     def _nll(self, answer: tuple[list[int], list[int]] | None) -> float | None:
         if answer is None or not self.base_model:
             return None
-        return base_nll(self.server_url, self.base_model, answer[0], answer[1], self.api_key, self.timeout_s)
+        return base_nll(self.endpoint, self.base_model, answer[0], answer[1], self.timeout_s)
 
     def compare(
         self, candidate: str, served: str, clip: float = 5.0, served_version: int | None = None
@@ -205,8 +204,8 @@ class HeldoutTurnsEvaluator:
 
         def got_nll(s: Sample) -> float | None:
             if s.id not in self._got_nll:
-                self._got_nll[s.id] = base_nll(self.server_url, self.base_model, s.prompt_ids, s.response_ids,
-                                               self.api_key, self.timeout_s)  # fmt: skip
+                self._got_nll[s.id] = base_nll(self.endpoint, self.base_model, s.prompt_ids, s.response_ids,
+                                               self.timeout_s)  # fmt: skip
             return self._got_nll[s.id]
 
         seconds: dict[str, float] = {}

@@ -19,7 +19,7 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 from metaclaw.loop.policy_server import SERVER_NODES, PolicyServerProcess
-from metaclaw.loop.wiring import Upstream, build_proxy, build_worker
+from metaclaw.loop.wiring import build_proxy, build_worker
 from metaclaw.rollout.probe import probe_attach, probe_capture
 from metaclaw.rollout.proxy import RolloutProxy
 from metaclaw.rollout.proxy_app import warn_open
@@ -27,11 +27,11 @@ from metaclaw.rollout.replay import ReplayDriver
 from metaclaw.rollout.server import ThreadedServer
 from metaclaw.runfiles.layout import RunLayout
 from metaclaw.scoring.worker import ScoringWorker
-from metaclaw.serving.client import load_adapter
 from metaclaw.simulate.agents import SimulatedUsers
 from metaclaw.simulate.user import SimulatedUser
 from metaclaw.stopping import StopController
 from metaclaw.store import SampleStore, open_store
+from metaclaw.wire.client import Endpoint, load_adapter
 
 log = logging.getLogger(__name__)
 
@@ -52,9 +52,9 @@ class Live:
     extras: dict[str, Any] = field(default_factory=dict)
 
     @property
-    def upstream(self) -> Upstream | None:
+    def upstream(self) -> Endpoint | None:
         """The policy server every part talks to, resolved once (None before it is known)."""
-        return Upstream(self.server_url, self.server_key) if self.server_url else None
+        return Endpoint(self.server_url, self.server_key) if self.server_url else None
 
 
 def server_nodes(cfg: DictConfig) -> dict[str, Any]:
@@ -62,14 +62,14 @@ def server_nodes(cfg: DictConfig) -> dict[str, Any]:
     return {name: OmegaConf.to_container(cfg[name], resolve=True) for name in SERVER_NODES if name in cfg}
 
 
-def reload_latest_adapter(run_dir: str | Path, server_url: str, api_key: str | None, timeout_s: float = 60.0) -> None:
+def reload_latest_adapter(run_dir: str | Path, server: Endpoint, timeout_s: float = 60.0) -> None:
     """After a restart: hot-load the newest published adapters into the new server: `adapters/latest.json` and
     each agent's own `adapters/agents/<id>/latest.json` (docs/agents.md)."""
     for folder in RunLayout(run_dir).all_adapters().values():
         info = folder.read_latest()
         if info is None:
             continue
-        load_adapter(server_url, info["name"], info["path"], api_key, timeout_s).raise_for_status()
+        load_adapter(server, info["name"], info["path"], timeout_s)
         log.info("Policy server restarted: adapter %s v%s reloaded", info["name"], info.get("version"))
 
 
@@ -104,7 +104,7 @@ def start_policy_server(cfg: DictConfig, live: Live, stack: ExitStack, evaluatio
         each.wait_ready()
     live.server, live.server_url, live.server_key = server, server.url, key
     server.watch(
-        on_restart=lambda: reload_latest_adapter(cfg.run_dir, server.url, key),
+        on_restart=lambda: reload_latest_adapter(cfg.run_dir, Endpoint(server.url, key)),
         on_death=lambda reason: live.stop.request(reason, error=True),
     )
     if evaluation:
@@ -119,7 +119,7 @@ def start_policy_server(cfg: DictConfig, live: Live, stack: ExitStack, evaluatio
         servers[1].watch(on_restart=lambda: None, on_death=lost)
 
 
-def connect_policy_server(cfg: DictConfig, live: Live, stack: ExitStack, evaluation: bool = False) -> Upstream:
+def connect_policy_server(cfg: DictConfig, live: Live, stack: ExitStack, evaluation: bool = False) -> Endpoint:
     """`serving.url` when set, else the server this run starts: the one place the upstream is decided.
     `evaluation`: the run evaluates live; with `devices.eval_server` (resolved by the device plan) it gets a
     server of its own (`live.eval_server`)."""
@@ -160,7 +160,7 @@ def live_loop(
         server = connect_policy_server(cfg, live, stack, evaluation=evaluator is not None)
         p = rollout.proxy
         if cfg.mode.train:  # refuse a run the upstream cannot feed, before any agent is pointed at the proxy
-            probe_capture(server.url, server.api_key, p.get("base_model"), p.request_timeout_s)
+            probe_capture(server, p.get("base_model"), p.request_timeout_s)
             if cfg.serving.get("url"):  # a server this run did not start: the flags adapters need (docs/gpu.md)
                 probe_attach(server.url, server.api_key, p.get("base_model") or cfg.model.name, cfg.model.max_seq_len)
         service = build_proxy(cfg, store, tokenizer, server)

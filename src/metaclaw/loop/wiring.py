@@ -1,7 +1,7 @@
 """The live loop's parts, each built by `hydra.utils.instantiate` from its own config node.
 
-The policy server the parts talk to is resolved once, by the live loop, into an `Upstream` (URL and key) and
-passed in here. One rule for every node that talks to a model server (`judge` and the judges inside
+The policy server the parts talk to is resolved once, by the live loop, into an `Endpoint` (`metaclaw.wire.client`:
+URL and key) and passed in here. One rule for every node that talks to a model server (`judge` and the judges inside
 `judge=auto`, `teacher`, `skills.evolver`): `base_url: null` means our policy server, with our server's key;
 a node with its own `base_url` keeps its own `api_key`.
 """
@@ -9,7 +9,6 @@ a node with its own `base_url` keeps its own `api_key`.
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
 from typing import Any
 
 from hydra.utils import instantiate
@@ -25,19 +24,12 @@ from metaclaw.scoring.teacher import TeacherClient, hinted_prompt_ids
 from metaclaw.scoring.worker import ScoringWorker
 from metaclaw.skills.hooks import FailSafeInjector, SkillEvolverLike
 from metaclaw.store import SampleStore
+from metaclaw.wire.client import Endpoint
 
 log = logging.getLogger(__name__)
 
 
-@dataclass(frozen=True)
-class Upstream:
-    """The policy server of this run: base URL (no `/v1`) and its key (per run for the server we start)."""
-
-    url: str
-    api_key: str | None = None
-
-
-def with_server(node: DictConfig, server: Upstream | None, name: str, suffix: str = "") -> DictConfig:
+def with_server(node: DictConfig, server: Endpoint | None, name: str, suffix: str = "") -> DictConfig:
     """A copy of `node` in which every `base_url: null` (its own or a nested node's) is `server.url + suffix`,
     with `server.api_key` beside it.
 
@@ -70,7 +62,7 @@ def build_injector(cfg: DictConfig) -> FailSafeInjector | None:
     return FailSafeInjector(injector)
 
 
-def build_evolver(cfg: DictConfig, server: Upstream | None) -> SkillEvolverLike | None:
+def build_evolver(cfg: DictConfig, server: Endpoint | None) -> SkillEvolverLike | None:
     """The skill evolver (`skills.evolver`) when skills are on; it speaks OpenAI's `.../v1`."""
     skills = cfg.get("skills")
     if not skills or not skills.enabled or not skills.get("evolver"):
@@ -80,18 +72,18 @@ def build_evolver(cfg: DictConfig, server: Upstream | None) -> SkillEvolverLike 
     log.info(
         "Skills: evolving with %s at %s when a session ends%s",
         getattr(evolver, "model", "?"),
-        getattr(evolver, "base_url", "?"),
+        getattr(evolver, "endpoint", "?"),
         f" and every {every} main turns of an agent" if every else "",
     )
     return evolver
 
 
-def build_judge(cfg: DictConfig, server: Upstream | None) -> Judge:
+def build_judge(cfg: DictConfig, server: Endpoint | None) -> Judge:
     """The judge (`judge`; `judge=auto` picks the rule or the LLM judge by model)."""
     return instantiate(with_server(cfg.judge, server, "judge"))
 
 
-def build_teacher(cfg: DictConfig, server: Upstream | None) -> TeacherClient | None:
+def build_teacher(cfg: DictConfig, server: Endpoint | None) -> TeacherClient | None:
     """The teacher client (`teacher`) when the method needs teacher logprobs."""
     if not cfg.method.needs_teacher:
         return None
@@ -111,7 +103,7 @@ def has_verifier(cfg: DictConfig) -> bool:
     return bool(cfg.rollout.get("simulated_user") and cfg.get("preference"))
 
 
-def build_distiller(cfg: DictConfig, server: Upstream | None, privacy: PrivacyPolicy | None) -> ContextDistiller | None:
+def build_distiller(cfg: DictConfig, server: Endpoint | None, privacy: PrivacyPolicy | None) -> ContextDistiller | None:
     """Learning from the words (`distill.distiller`) when `distill.enabled`; a teacher off this machine reads
     redacted turns (`privacy.outbound`: anything but this run's own server with its key)."""
     node = cfg.get("distill")
@@ -122,21 +114,21 @@ def build_distiller(cfg: DictConfig, server: Upstream | None, privacy: PrivacyPo
                     "server to ask (set distill.distiller.base_url, or distill.enabled=false to silence this)")
         return None
     distiller = instantiate(with_server(node.distiller, server, "distill.distiller"))
-    if privacy is not None and privacy.redacts_for(distiller.base_url, distiller.api_key):
+    if privacy is not None and privacy.redacts_for(distiller.endpoint):
         distiller.redact = privacy.view
     log.info("Learning from the words: stated preferences are distilled with %s at %s (context: %s)",
-             distiller.model, distiller.base_url, distiller.form)  # fmt: skip
+             distiller.model, distiller.endpoint, distiller.form)  # fmt: skip
     return distiller
 
 
-def build_worker(cfg: DictConfig, store: SampleStore, tokenizer: Any, server: Upstream | None) -> ScoringWorker:
+def build_worker(cfg: DictConfig, store: SampleStore, tokenizer: Any, server: Endpoint | None) -> ScoringWorker:
     """The scoring worker (`rollout.scoring`) for `cfg.method`, with its judge, teacher and skill evolver."""
     judge, teacher, evolver = build_judge(cfg, server), build_teacher(cfg, server), build_evolver(cfg, server)
     render = lambda sample, hint: hinted_prompt_ids(tokenizer, sample, hint)  # noqa: E731
     privacy = getattr(store, "screen", None)
     if isinstance(privacy, PrivacyPolicy):  # calls anywhere but our own server get redacted text (privacy.outbound)
         if server is not None:  # this run's policy server: its address and its key (docs/privacy.md "Outbound")
-            privacy.bind_own_server(server.url, server.api_key)
+            privacy.bind_own_server(server)
         judge = RedactingJudge(judge, privacy)
         evolver = RedactingEvolver(evolver, privacy) if evolver is not None else None
         render = teacher_renderer(render, teacher, privacy)
@@ -161,7 +153,7 @@ def build_privacy(cfg: DictConfig) -> PrivacyPolicy | None:
     return instantiate(node) if node else None
 
 
-def build_proxy(cfg: DictConfig, store: SampleStore, tokenizer: Any, server: Upstream) -> ProxyService:
+def build_proxy(cfg: DictConfig, store: SampleStore, tokenizer: Any, server: Endpoint) -> ProxyService:
     """The proxy and its HTTP app (`rollout.proxy`), forwarding to `server`; it captures only when training."""
     node = OmegaConf.create(OmegaConf.to_container(cfg.rollout.proxy, resolve=True))
     node.pop("agent_keys", None)  # the live loop's concern (privacy.access), not the proxy's

@@ -24,6 +24,7 @@ from torch import nn
 from metaclaw.agents import DEFAULT_ADAPTER, AgentProfiles
 from metaclaw.modules.adapter_writer import AdapterWriter
 from metaclaw.modules.hot_load import HotLoader
+from metaclaw.wire.client import Endpoint
 
 log = logging.getLogger(__name__)
 
@@ -54,10 +55,10 @@ class AgentPublishing:
             loader = HotLoader(server.server_url, name, server.api_key, server.timeout_s, server.max_failures)
             self.parts[adapter] = (writer, loader)
 
-    def connect(self, server_url: str, api_key: str | None, restarting: Callable[[], bool] | None = None) -> None:
+    def connect(self, server: Endpoint, restarting: Callable[[], bool] | None = None) -> None:
         for adapter, (_, loader) in self.parts.items():
             if adapter != DEFAULT_ADAPTER:
-                loader.connect(server_url, api_key, restarting)
+                loader.connect(server, restarting)
 
     def served_versions(self) -> dict[str, int]:
         """The version each adapter is served at (staleness counts per adapter)."""

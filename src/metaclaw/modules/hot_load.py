@@ -20,9 +20,7 @@ import threading
 from collections.abc import Callable
 from pathlib import Path
 
-import httpx
-
-from metaclaw.serving.client import load_adapter
+from metaclaw.wire.client import CallError, Endpoint, load_adapter
 
 log = logging.getLogger(__name__)
 
@@ -64,9 +62,9 @@ class HotLoader:
         self._inflight: threading.Thread | None = None  # only ever a started thread (settle may run anywhere)
         self._order = threading.Lock()  # serve() from the gate's thread and the step's: one load at a time
 
-    def connect(self, server_url: str, api_key: str | None, restarting: Callable[[], bool] | None = None) -> None:
-        """Point at the live loop's policy server (its URL and key, resolved once by the loop)."""
-        self.server_url, self.api_key = server_url, api_key
+    def connect(self, server: Endpoint, restarting: Callable[[], bool] | None = None) -> None:
+        """Point at the live loop's policy server (its address and key, resolved once by the loop)."""
+        self.server_url, self.api_key = server.url, server.api_key
         if restarting is not None:
             self.restarting = restarting
 
@@ -112,12 +110,10 @@ class HotLoader:
     def _load(self, path: Path, step: int) -> int:
         """Ask the server to load `path`; returns the version it now serves (unchanged when the load failed)."""
         try:
-            r = load_adapter(self.server_url, self.lora_name, str(path.resolve()), self.api_key, self.timeout_s,
-                             version=step)
-            r.raise_for_status()
-            reply = r.json()
-            version = reply.get("adapter_version", step) if isinstance(reply, dict) else step
-        except (httpx.HTTPError, ValueError) as e:  # serving keeps the previous adapter; training goes on
+            reply = load_adapter(Endpoint(self.server_url, self.api_key), self.lora_name, str(path.resolve()),
+                                 self.timeout_s, version=step)  # fmt: skip
+            version = reply.get("adapter_version", step)
+        except (CallError, ValueError) as e:  # serving keeps the previous adapter; training goes on
             if self.restarting():  # dead or restarting: the watchdog restarts it (and reloads the newest
                 # adapter) or stops the run naming what died; these are not hot-load failures
                 log.warning("Policy server is down: %s will be loaded if it comes back (%s)", path.name, e)

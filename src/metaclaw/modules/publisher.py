@@ -46,6 +46,7 @@ from metaclaw.modules.consumer import SampleConsumer
 from metaclaw.modules.hot_load import HotLoader, HotLoadError
 from metaclaw.modules.rewind import Rewind
 from metaclaw.store import ServedVersions
+from metaclaw.wire.client import Endpoint
 
 __all__ = ["AdapterPublisher", "HotLoadError", "Release"]
 
@@ -140,11 +141,11 @@ class AdapterPublisher(L.Callback):
     def stats(self) -> dict[str, int]:
         return self.server.stats
 
-    def connect(self, server_url: str, api_key: str | None, restarting: Callable[[], bool] | None = None) -> None:
-        """Hot-load into the live loop's policy server (URL and key resolved once by the loop)."""
-        self.server.connect(server_url, api_key, restarting)
+    def connect(self, server: Endpoint, restarting: Callable[[], bool] | None = None) -> None:
+        """Hot-load into the live loop's policy server (its address and key, resolved once by the loop)."""
+        self.server.connect(server, restarting)
         if self.agents is not None:
-            self.agents.connect(server_url, api_key, restarting)
+            self.agents.connect(server, restarting)
 
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         if trainer.is_global_zero:

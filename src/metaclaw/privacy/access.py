@@ -20,8 +20,8 @@ from typing import Any
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from metaclaw.serving.security import send_json_error
 from metaclaw.wire import CLIENT_HEADER
+from metaclaw.wire.security import send_json_error
 
 OWNER_ONLY = ("/control", "/dashboard")
 MAX_FEEDBACK_BYTES = 1 << 20

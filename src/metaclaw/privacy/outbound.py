@@ -1,6 +1,6 @@
 """Redacted views for the judge, the teacher and the skill evolver when they are off this machine.
 
-`PrivacyPolicy.redacts_for(base_url, api_key)` decides per call from the component's destination: redacted text
+`PrivacyPolicy.redacts_for(endpoint)` decides per call from the component's destination: redacted text
 everywhere but this run's own policy server (its address and key, `PrivacyPolicy.bind_own_server`) and the owner's
 `privacy.trusted_outbound` (`privacy.outbound`). The live loop wraps the judge, teacher and evolver
 (`metaclaw.loop.wiring`). Turns holding a secret never get here at
@@ -17,9 +17,9 @@ from metaclaw.store import Sample
 
 
 def _redacts(policy: PrivacyPolicy, component: Any) -> bool:
-    """Whether `component`'s calls get redacted text: by its `base_url` and `api_key` (a rule judge has no
-    `base_url`: it runs here and sends nothing)."""
-    return policy.redacts_for(getattr(component, "base_url", None), getattr(component, "api_key", None))
+    """Whether `component`'s calls get redacted text: by its `endpoint` (`metaclaw.wire.client.Endpoint`; a rule
+    judge has none: it runs here and sends nothing)."""
+    return policy.redacts_for(getattr(component, "endpoint", None))
 
 
 class RedactingJudge:

@@ -30,6 +30,7 @@ from urllib.parse import urlsplit
 
 from metaclaw.privacy.detect import PII_CATEGORIES, Finding, find_pii, find_secrets, redact, split_secrets
 from metaclaw.store import Sample, SampleMeta
+from metaclaw.wire.client import Endpoint
 
 log = logging.getLogger(__name__)
 
@@ -178,18 +179,18 @@ class PrivacyPolicy:
         return self.redact_text(text) or text
 
     # ---- outbound -----------------------------------------------------------------------------------------
-    def bind_own_server(self, url: str, api_key: str | None) -> None:
+    def bind_own_server(self, server: Endpoint) -> None:
         """This run's policy server (the live loop's): calls to its address with its key get the stored text."""
-        self._own = (_endpoint(url), api_key or "")
+        self._own = (_endpoint(server.url), server.api_key or "")
 
-    def redacts_for(self, base_url: str | None, api_key: str | None = None) -> bool:
-        """Whether a call to `base_url` with `api_key` gets redacted text (`outbound`). None: the component sends
-        nothing (a rule judge runs here)."""
-        if self.outbound == "off" or (base_url is None and self.outbound != "redact_all"):
+    def redacts_for(self, destination: Endpoint | None) -> bool:
+        """Whether a call to `destination` (its address and key) gets redacted text (`outbound`). None: the
+        component sends nothing (a rule judge runs here)."""
+        if self.outbound == "off" or (destination is None and self.outbound != "redact_all"):
             return False
-        if self.outbound == "redact_all" or base_url is None:
+        if self.outbound == "redact_all" or destination is None:
             return True
-        endpoint = _endpoint(base_url)
+        endpoint, api_key = _endpoint(destination.url), destination.api_key
         if endpoint in self.trusted_outbound:
             return False
         own = self._own

@@ -14,12 +14,7 @@ from typing import Any
 
 from fastapi.responses import JSONResponse
 
-OPENAI_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
-                404: "not_found_error", 405: "invalid_request_error", 409: "conflict_error",
-                413: "invalid_request_error", 422: "invalid_request_error", 429: "rate_limit_error"}  # fmt: skip
-ANTHROPIC_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
-                   404: "not_found_error", 405: "invalid_request_error", 413: "request_too_large",
-                   422: "invalid_request_error", 429: "rate_limit_error", 529: "overloaded_error"}  # fmt: skip
+from metaclaw.wire.errors import error_body, error_response
 
 
 def is_anthropic(path: str) -> bool:
@@ -27,37 +22,24 @@ def is_anthropic(path: str) -> bool:
     return path == "/v1/messages" or path.startswith("/v1/messages/")
 
 
-def openai_type(status: int) -> str:
-    return OPENAI_TYPES.get(status, "server_error" if status >= 500 else "invalid_request_error")
-
-
-def anthropic_type(status: int) -> str:
-    return ANTHROPIC_TYPES.get(status, "api_error" if status >= 500 else "invalid_request_error")
-
-
 def openai_error(
     message: str, status: int = 400, type_: str | None = None, code: Any = None, param: Any = None
 ) -> dict[str, Any]:
-    """OpenAI's error body; a non-string `code` (vLLM's integer status) becomes null."""
+    """The one error body (`metaclaw.wire.errors`) as OpenAI's SDKs expect it: a non-string `code` (vLLM's integer
+    status) becomes null, a non-string `param` too."""
     code = code if isinstance(code, str) and code else None
     param = param if isinstance(param, str) and param else None
-    return {"error": {"message": message, "type": type_ or openai_type(status), "param": param, "code": code}}
+    return error_body(message, status, type_, code, param)
 
 
-def anthropic_error(message: str, status: int = 400, type_: str | None = None) -> dict[str, Any]:
-    """Anthropic's error body; `type_` only when it is one of Anthropic's, else the status's."""
-    known = set(ANTHROPIC_TYPES.values()) | {"api_error"}
-    return {"type": "error", "error": {"type": type_ if type_ in known else anthropic_type(status),
-                                       "message": message}}  # fmt: skip
-
-
-def error_response(
+def proxy_error(
     status: int, message: str, *, anthropic: bool, type_: str | None = None, code: Any = None, param: Any = None
 ) -> JSONResponse:
-    """The family's error body with `status`."""
-    body = anthropic_error(message, status, type_) if anthropic else openai_error(message, status, type_, code, param)
-    headers = {"www-authenticate": "Bearer"} if status == 401 else None
-    return JSONResponse(body, status_code=status, headers=headers)
+    """The family's error reply with `status` (`metaclaw.wire.errors.error_response`, OpenAI's codes)."""
+    if anthropic:
+        return error_response(message, status, type_=type_, anthropic=True)
+    body = openai_error(message, status, type_, code, param)["error"]
+    return error_response(message, status, type_=body["type"], code=body["code"], param=body["param"])
 
 
 def upstream_fields(status: int, body: bytes) -> tuple[str, str | None, Any, Any]:
@@ -83,7 +65,7 @@ def upstream_fields(status: int, body: bytes) -> tuple[str, str | None, Any, Any
 def upstream_response(status: int, body: bytes, *, anthropic: bool) -> JSONResponse:
     """An upstream error passed on with its status, in the family's shape."""
     message, type_, code, param = upstream_fields(status, body)
-    return error_response(status, message, anthropic=anthropic, type_=type_, code=code, param=param)
+    return proxy_error(status, message, anthropic=anthropic, type_=type_, code=code, param=param)
 
 
 def stream_error(error: Any) -> tuple[str, str | None, Any]:

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from metaclaw.messages import content_text
-from metaclaw.serving.render import chat_prompt_ids
+from metaclaw.wire.render import chat_prompt_ids
 
 log = logging.getLogger(__name__)
 

@@ -10,11 +10,9 @@ from __future__ import annotations
 
 import logging
 
-import httpx
-
 from metaclaw.rollout.capture import TurnCapture
-from metaclaw.wire import bearer_headers
 from metaclaw.wire.attach import ATTACH, UpstreamCannotTrain, probe_attach  # noqa: F401 - re-exported
+from metaclaw.wire.client import CallError, Endpoint, Refused, chat, models
 
 log = logging.getLogger(__name__)
 
@@ -26,46 +24,50 @@ FIX = (
 )
 
 
-def _first_model(client: httpx.Client) -> str | None:
+def _first_model(server: Endpoint) -> str | None:
     try:
-        data = client.get("/v1/models").json().get("data") or []
-        return data[0]["id"] if data else None
-    except (httpx.HTTPError, ValueError, KeyError, TypeError, AttributeError):
+        cards = models(server)
+        return str(cards[0]["id"]) if cards else None
+    except (CallError, ValueError, KeyError):
         return None
 
 
-def probe_capture(url: str, api_key: str | None = None, model: str | None = None, timeout_s: float = 120.0) -> None:
-    """Ask `url` for a 1-token completion with `logprobs` and `return_token_ids`; raise if capture would fail.
+def probe_capture(server: Endpoint | str, model: str | None = None, timeout_s: float = 120.0) -> None:
+    """Ask `server` for a 1-token completion with `logprobs` and `return_token_ids`; raise if capture would fail.
 
     Raises:
         UpstreamCannotTrain: unreachable, refused the request, or answered without token ids / logprobs.
     """
-    headers = bearer_headers(api_key)
-    with httpx.Client(base_url=url.rstrip("/"), headers=headers, timeout=timeout_s) as client:
-        model = model or _first_model(client) or "default"
-        body = {
-            "model": model,
-            "messages": [{"role": "user", "content": "Say OK."}],
-            "max_tokens": 1,
-            "temperature": 1.0,
-            "logprobs": True,
-            "return_token_ids": True,
-        }
-        try:
-            r = client.post("/v1/chat/completions", json=body)
-        except httpx.HTTPError as e:
-            raise UpstreamCannotTrain(f"the policy server at {url} cannot be reached ({e!r}). {FIX}") from e
-    if r.status_code >= 400:
-        why = r.text[:300]
-        if r.status_code in (400, 422):
+    server = Endpoint.of(server)
+    url = server.root
+    model = model or _first_model(server) or "default"
+    body = {
+        "model": model,
+        "messages": [{"role": "user", "content": "Say OK."}],
+        "max_tokens": 1,
+        "temperature": 1.0,
+        "logprobs": True,
+        "return_token_ids": True,
+    }
+    try:
+        reply = chat(server, body, timeout_s, max_retries=0)
+    except Refused as e:
+        why = e.response.text[:300]
+        if e.status_code in (400, 422):
             raise UpstreamCannotTrain(
                 f"the policy server at {url} refused a completion asking for logprobs and return_token_ids "
-                f"({r.status_code}: {why}). {FIX}"
-            )
-        raise UpstreamCannotTrain(f"the policy server at {url} answered the probe with {r.status_code}: {why}. {FIX}")
+                f"({e.status_code}: {why}). {FIX}"
+            ) from e
+        raise UpstreamCannotTrain(
+            f"the policy server at {url} answered the probe with {e.status_code}: {why}. {FIX}"
+        ) from e
+    except CallError as e:
+        raise UpstreamCannotTrain(f"the policy server at {url} cannot be reached ({e!r}). {FIX}") from e
+    except ValueError as e:
+        raise UpstreamCannotTrain(f"the policy server at {url} answered the probe with no JSON object. {FIX}") from e
     capture = TurnCapture()
     try:
-        capture.feed_response(r.json())
+        capture.feed_response(reply)
     except (ValueError, TypeError, AttributeError) as e:
         raise UpstreamCannotTrain(
             f"the policy server at {url} answered the probe with no chat completion. {FIX}"

@@ -54,9 +54,9 @@ from metaclaw.wire import (
     SESSION_HEADER,
     TURN_HEADER,
     RequestError,
-    bearer_headers,
     version_headers,
 )
+from metaclaw.wire.client import CallError, Endpoint, models
 from metaclaw.wire.normalize import next_state_text, normalize_messages, normalize_tools
 
 log = logging.getLogger(__name__)
@@ -175,7 +175,8 @@ class RolloutProxy:
         session_idle_s: float = 3600.0,
         agents: AgentProfiles | None = None,
     ) -> None:
-        self.store, self.upstream_url = store, upstream_url.rstrip("/")
+        self.upstream = Endpoint(upstream_url, upstream_api_key)  # with or without /v1: one URL rule
+        self.store, self.upstream_url = store, self.upstream.root
         self.upstream_api_key, self.policy_model, self.base_model = upstream_api_key, policy_model, base_model
         self.capture, self.default_temperature, self.default_agent_id = capture, default_temperature, default_agent_id
         self.request_timeout_s, self.model_refresh_s, self.skills = request_timeout_s, model_refresh_s, skills
@@ -196,7 +197,7 @@ class RolloutProxy:
     # ---- lifecycle ----------------------------------------------------------------------------------------
     async def start(self) -> None:
         """Open the shared upstream clients (keep-alive pools) and the store's group-commit writer."""
-        headers = bearer_headers(self.upstream_api_key)
+        headers = self.upstream.headers()
         per_pool = MAX_UPSTREAM_CONNECTIONS // POOL_SHARDS
         limits = httpx.Limits(max_connections=per_pool, max_keepalive_connections=per_pool)
         kw = dict(base_url=self.upstream_url, headers=headers, timeout=self.request_timeout_s, limits=limits)
@@ -221,11 +222,10 @@ class RolloutProxy:
 
     async def refresh_models(self) -> None:
         try:
-            r = await self.client.get("/v1/models", timeout=5.0)
-            data = r.json().get("data", [])
+            data = await asyncio.to_thread(models, self.upstream, 5.0)
             self.upstream_models = {m["id"] for m in data}
-            self.upstream_cards = {m["id"]: m for m in data if isinstance(m, dict)}
-        except (httpx.HTTPError, ValueError, KeyError, TypeError):
+            self.upstream_cards = {m["id"]: m for m in data}
+        except (CallError, ValueError, KeyError, TypeError):
             pass
 
     async def _refresh_loop(self) -> None:

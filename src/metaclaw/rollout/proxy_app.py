@@ -25,7 +25,7 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 import httpx
-from fastapi import FastAPI, Request
+from fastapi import APIRouter, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
@@ -35,18 +35,18 @@ from metaclaw.agents import AgentProfiles
 from metaclaw.ops import metrics
 from metaclaw.rollout import feedback
 from metaclaw.rollout.anthropic import AnthropicStream, to_anthropic_response, to_openai_messages, to_openai_request
-from metaclaw.rollout.errors import error_response, is_anthropic, openai_error, stream_error, upstream_response
+from metaclaw.rollout.errors import is_anthropic, openai_error, proxy_error, stream_error, upstream_response
 from metaclaw.rollout.fit import build_fit
 from metaclaw.rollout.proxy import SSE_DONE, RolloutProxy, Turn, UpstreamError, dumps
 from metaclaw.rollout.responses import ResponseShell, ResponsesStream, to_chat_request, to_response
 from metaclaw.rollout.session_tracker import BODY_EXTRAS, scoped_session_id
-from metaclaw.serving.bodies import BodyError, load_json
-from metaclaw.serving.openapi import PROXY_BODIES, publish_request_bodies
-from metaclaw.serving.security import BearerAuthMiddleware, BodySizeLimitMiddleware, BrowserGuard
 from metaclaw.skills.hooks import SkillInjectorLike
 from metaclaw.store import SampleStore
 from metaclaw.wire import CLIENT_HEADER, RequestError
+from metaclaw.wire.bodies import BodyError, load_json
 from metaclaw.wire.normalize import normalize_messages, normalize_tools
+from metaclaw.wire.openapi import PROXY_BODIES, publish_request_bodies
+from metaclaw.wire.security import BearerAuthMiddleware, BodySizeLimitMiddleware, BrowserGuard
 
 log = logging.getLogger(__name__)
 
@@ -85,7 +85,7 @@ def _error(
     status: int, message: str, type_: str | None = None, anthropic: bool = False, code: str | None = None
 ) -> JSONResponse:
     """OpenAI's error shape, or Anthropic's (`{"type": "error", "error": {"type", "message"}}`)."""
-    return error_response(status, message, anthropic=anthropic, type_=type_, code=code)
+    return proxy_error(status, message, anthropic=anthropic, type_=type_, code=code)
 
 
 def _upstream_error(e: UpstreamError, anthropic: bool = False) -> Response:
@@ -136,44 +136,15 @@ def client_of(request: Request) -> str:
     return scope or (hashlib.blake2b(key.encode(), digest_size=8).hexdigest() if key else "")
 
 
-def create_app(
-    proxy: RolloutProxy,
-    api_key: str | None = None,
-    max_body_bytes: int = 8 * 1024 * 1024,
-    served_model: str = "metaclaw",
-    guard: BrowserGuard | None = None,
-    api_docs: bool = False,
-    metrics_open: bool = False,
-):
-    """The ASGI app for `proxy`; `api_key` (if set) is required on every route but `/health` (and `/metrics` when
-    `metrics_open`).
-
-    `api_docs`: serve FastAPI's `/docs` and `/redoc` (off by default: they load scripts from a CDN, on the origin
-    the dashboard shares); `/openapi.json` is always served.
-
-    `guard` (default: a server bound to loopback) refuses what a web page could send: a foreign `Host` or
-    `Origin`, a state-changing request that is not `application/json` (`metaclaw.serving.security`).
-    """
-
-    @asynccontextmanager
-    async def lifespan(app: FastAPI):
-        await proxy.start()
-        # What exists at startup (torch, transformers: ~400k objects) lives for good; frozen, a full collection
-        # no longer rescans it, which otherwise stalls every in-flight request ~200 ms (the proxy's p99).
-        gc.freeze()
-        yield
-        await proxy.stop()
-
-    docs = {} if api_docs else {"docs_url": None, "redoc_url": None}
-    app = FastAPI(title="metaclaw rollout proxy", lifespan=lifespan, **docs)
-    publish_request_bodies(app, {**PROXY_BODIES, "/v1/feedback": feedback.FeedbackRequest.model_json_schema()})
+def install_error_handlers(app: FastAPI) -> None:
+    """Every error in the family's shape (`metaclaw.wire.errors`; Anthropic's on its routes), never FastAPI's."""
 
     def anthropic(request: Request) -> bool:
         return is_anthropic(request.url.path)
 
     @app.exception_handler(RequestError)
     async def _bad_request(request: Request, exc: RequestError) -> JSONResponse:
-        return error_response(exc.status, str(exc), anthropic=anthropic(request), code=exc.code, param=exc.param)
+        return proxy_error(exc.status, str(exc), anthropic=anthropic(request), code=exc.code, param=exc.param)
 
     @app.exception_handler(StarletteHTTPException)
     async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
@@ -184,12 +155,12 @@ def create_app(
             message = f"method {request.method} is not allowed on {request.url.path}"
         else:
             message = str(exc.detail)
-        return error_response(exc.status_code, message, anthropic=anthropic(request),
+        return proxy_error(exc.status_code, message, anthropic=anthropic(request),
                               code="unknown_url" if exc.status_code == 404 else None)  # fmt: skip
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
-        return error_response(422, f"invalid request: {exc.errors()}", anthropic=anthropic(request))
+        return proxy_error(422, f"invalid request: {exc.errors()}", anthropic=anthropic(request))
 
     @app.exception_handler(Exception)
     async def _internal(request: Request, exc: Exception) -> JSONResponse:
@@ -197,14 +168,26 @@ def create_app(
         return _error(500, f"internal error: {type(exc).__name__} (see the proxy log)", "api_error",
                       anthropic(request))  # fmt: skip
 
-    @app.get("/health")
+
+def service_router(proxy: RolloutProxy) -> APIRouter:
+    """`/health` (open: no internal URLs) and `/metrics` (Prometheus)."""
+    router = APIRouter()
+
+    @router.get("/health")
     async def health() -> dict[str, Any]:
         return {"status": "ok", "capture": proxy.capture, **proxy.stats}  # no internal URLs: this route is open
 
-    @app.get("/metrics")
+    @router.get("/metrics")
     async def prometheus() -> Response:
         body, content_type = metrics.exposition()  # the whole process: proxy, scorer, trainer (docs/operate.md)
         return Response(body, media_type=content_type)
+
+    return router
+
+
+def models_router(proxy: RolloutProxy, served_model: str) -> APIRouter:
+    """`/v1/models`: the one model the agent sees, with the context it may budget for."""
+    router = APIRouter()
 
     created = int(time.time())
 
@@ -216,18 +199,25 @@ def create_app(
             card["max_model_len"] = limit
         return card
 
-    @app.get("/v1/models")
+    @router.get("/v1/models")
     async def models() -> dict[str, Any]:
         return {"object": "list", "data": [model_card()]}
 
-    @app.get("/v1/models/{model_id:path}")
+    @router.get("/v1/models/{model_id:path}")
     async def model(model_id: str) -> JSONResponse:
         if model_id != served_model:
-            return error_response(404, f"The model {model_id!r} does not exist (this proxy serves {served_model!r})",
+            return proxy_error(404, f"The model {model_id!r} does not exist (this proxy serves {served_model!r})",
                                   anthropic=False, code="model_not_found", param="model")  # fmt: skip
         return JSONResponse(model_card())
 
-    @app.post("/v1/chat/completions")
+    return router
+
+
+def chat_router(proxy: RolloutProxy) -> APIRouter:
+    """OpenAI's chat completions (captured) and legacy completions (passed through, not captured)."""
+    router = APIRouter()
+
+    @router.post("/v1/chat/completions")
     async def chat(request: Request) -> Response:
         turn = await proxy.prepare(await _json(request), _headers(request), client_of(request))
         try:
@@ -239,49 +229,7 @@ def create_app(
             return _upstream_error(e)
         return SSEResponse(sse, media_type="text/event-stream", headers={**SSE_HEADERS, **headers})
 
-    @app.post("/v1/messages")
-    async def messages(request: Request) -> Response:
-        body = await _json(request)
-        openai_body = to_openai_request(body)
-        openai_body.update({k: body[k] for k in BODY_EXTRAS if k in body})  # session keys, as on the OpenAI route
-        user = (body.get("metadata") or {}).get("user_id") if isinstance(body.get("metadata"), dict) else None
-        if user is not None:
-            openai_body["user"] = user  # Anthropic's end-user field: a session key like OpenAI's `user`
-        turn = await proxy.prepare(openai_body, _headers(request), client_of(request))
-        model = body.get("model")
-        try:
-            if not turn.stream:
-                out, headers = await proxy.complete(turn)
-                return JSONResponse(to_anthropic_response(out, model), headers=headers)
-            chunks, headers = await proxy.open_stream(turn)
-        except UpstreamError as e:
-            return _upstream_error(e, anthropic=True)
-        conv = AnthropicStream(model, f"msg_{turn.response_id}" if turn.response_id else None)
-        events = translated_events(turn, chunks, conv)
-        return StreamingResponse(events, media_type="text/event-stream", headers={**SSE_HEADERS, **headers})
-
-    @app.post("/v1/responses")
-    async def responses(request: Request) -> Response:
-        """OpenAI's Responses API (Codex): translated to a chat turn, captured like one (`rollout.responses`)."""
-        body = await _json(request)
-        chat_body = to_chat_request(body)
-        chat_body.update({k: body[k] for k in BODY_EXTRAS if k in body})
-        turn = await proxy.prepare(chat_body, _headers(request), client_of(request))
-        rid = f"resp_{uuid.uuid4().hex}"
-        if turn.response_id:  # the id `/v1/feedback` takes: the response's own
-            turn.response_id = turn.meta["response_id"] = rid
-        shell = ResponseShell(body, rid, body.get("model"))
-        try:
-            if not turn.stream:
-                out, headers = await proxy.complete(turn)
-                return JSONResponse(to_response(out, shell), headers=headers)
-            chunks, headers = await proxy.open_stream(turn)
-        except UpstreamError as e:
-            return _upstream_error(e)
-        events = translated_events(turn, chunks, ResponsesStream(shell))
-        return StreamingResponse(events, media_type="text/event-stream", headers={**SSE_HEADERS, **headers})
-
-    @app.post("/v1/completions")
+    @router.post("/v1/completions")
     async def completions(request: Request) -> Response:
         """Legacy completions, passed through to the policy server and not captured (docs/clients.md)."""
         body = await _json(request)
@@ -319,7 +267,35 @@ def create_app(
 
         return SSEResponse(sse(), media_type="text/event-stream", headers=SSE_HEADERS)
 
-    @app.post("/v1/messages/count_tokens")
+    return router
+
+
+def anthropic_router(proxy: RolloutProxy) -> APIRouter:
+    """Anthropic's `/v1/messages` (translated to a chat turn, captured) and its token counting."""
+    router = APIRouter()
+
+    @router.post("/v1/messages")
+    async def messages(request: Request) -> Response:
+        body = await _json(request)
+        openai_body = to_openai_request(body)
+        openai_body.update({k: body[k] for k in BODY_EXTRAS if k in body})  # session keys, as on the OpenAI route
+        user = (body.get("metadata") or {}).get("user_id") if isinstance(body.get("metadata"), dict) else None
+        if user is not None:
+            openai_body["user"] = user  # Anthropic's end-user field: a session key like OpenAI's `user`
+        turn = await proxy.prepare(openai_body, _headers(request), client_of(request))
+        model = body.get("model")
+        try:
+            if not turn.stream:
+                out, headers = await proxy.complete(turn)
+                return JSONResponse(to_anthropic_response(out, model), headers=headers)
+            chunks, headers = await proxy.open_stream(turn)
+        except UpstreamError as e:
+            return _upstream_error(e, anthropic=True)
+        conv = AnthropicStream(model, f"msg_{turn.response_id}" if turn.response_id else None)
+        events = translated_events(turn, chunks, conv)
+        return StreamingResponse(events, media_type="text/event-stream", headers={**SSE_HEADERS, **headers})
+
+    @router.post("/v1/messages/count_tokens")
     async def count_tokens(request: Request) -> JSONResponse:
         """Anthropic's token counting: the prompt as the served model's chat template renders it."""
         body = await _json(request)
@@ -339,7 +315,42 @@ def create_app(
             raise RequestError(f"cannot render the conversation with the chat template: {e}") from e
         return JSONResponse({"input_tokens": n})
 
-    @app.post("/v1/feedback")
+    return router
+
+
+def responses_router(proxy: RolloutProxy) -> APIRouter:
+    """OpenAI's Responses API (Codex)."""
+    router = APIRouter()
+
+    @router.post("/v1/responses")
+    async def responses(request: Request) -> Response:
+        """OpenAI's Responses API (Codex): translated to a chat turn, captured like one (`rollout.responses`)."""
+        body = await _json(request)
+        chat_body = to_chat_request(body)
+        chat_body.update({k: body[k] for k in BODY_EXTRAS if k in body})
+        turn = await proxy.prepare(chat_body, _headers(request), client_of(request))
+        rid = f"resp_{uuid.uuid4().hex}"
+        if turn.response_id:  # the id `/v1/feedback` takes: the response's own
+            turn.response_id = turn.meta["response_id"] = rid
+        shell = ResponseShell(body, rid, body.get("model"))
+        try:
+            if not turn.stream:
+                out, headers = await proxy.complete(turn)
+                return JSONResponse(to_response(out, shell), headers=headers)
+            chunks, headers = await proxy.open_stream(turn)
+        except UpstreamError as e:
+            return _upstream_error(e)
+        events = translated_events(turn, chunks, ResponsesStream(shell))
+        return StreamingResponse(events, media_type="text/event-stream", headers={**SSE_HEADERS, **headers})
+
+    return router
+
+
+def sessions_router(proxy: RolloutProxy) -> APIRouter:
+    """Explicit feedback on a turn and the end of a session."""
+    router = APIRouter()
+
+    @router.post("/v1/feedback")
     async def post_feedback(request: Request) -> JSONResponse:
         """A score in [-1, 1] (and optional correction text) for one of the caller's agent's turns; see
         `rollout.feedback` (the agent: `X-Agent-Id`, else the body's `agent_id`; a bad id is a 400)."""
@@ -350,7 +361,7 @@ def create_app(
         except feedback.FeedbackNotFound as e:
             return _error(404, str(e), "not_found_error", code="not_found")
 
-    @app.post("/v1/sessions/done")
+    @router.post("/v1/sessions/done")
     async def session_done(request: Request) -> JSONResponse:
         body = await _json(request)
         hdr = _headers(request)
@@ -366,6 +377,12 @@ def create_app(
                           code="not_found")  # fmt: skip
         return JSONResponse({"session_id": session_id, "agent_id": agent_id, "done": True})
 
+    return router
+
+
+def guarded(app: FastAPI, proxy: RolloutProxy, api_key: str | None, max_body_bytes: int, guard: BrowserGuard | None,
+            metrics_open: bool) -> Any:  # fmt: skip
+    """`app` behind the browser guard, the body limit, the metrics and the key check (in that order, outside in)."""
     guard = (guard or BrowserGuard()).with_anthropic_paths(*ANTHROPIC_PATHS)
     open_paths = ("/health", "/metrics") if metrics_open else ("/health",)
     paths = [str(getattr(r, "path", "")) for r in app.routes]
@@ -382,6 +399,44 @@ def create_app(
     )
 
 
+def create_app(
+    proxy: RolloutProxy,
+    api_key: str | None = None,
+    max_body_bytes: int = 8 * 1024 * 1024,
+    served_model: str = "metaclaw",
+    guard: BrowserGuard | None = None,
+    api_docs: bool = False,
+    metrics_open: bool = False,
+):
+    """The ASGI app for `proxy`; `api_key` (if set) is required on every route but `/health` (and `/metrics` when
+    `metrics_open`).
+
+    `api_docs`: serve FastAPI's `/docs` and `/redoc` (off by default: they load scripts from a CDN, on the origin
+    the dashboard shares); `/openapi.json` is always served.
+
+    `guard` (default: a server bound to loopback) refuses what a web page could send: a foreign `Host` or
+    `Origin`, a state-changing request that is not `application/json` (`metaclaw.wire.security`).
+    """
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI):
+        await proxy.start()
+        # What exists at startup (torch, transformers: ~400k objects) lives for good; frozen, a full collection
+        # no longer rescans it, which otherwise stalls every in-flight request ~200 ms (the proxy's p99).
+        gc.freeze()
+        yield
+        await proxy.stop()
+
+    docs = {} if api_docs else {"docs_url": None, "redoc_url": None}
+    app = FastAPI(title="metaclaw rollout proxy", lifespan=lifespan, **docs)
+    publish_request_bodies(app, {**PROXY_BODIES, "/v1/feedback": feedback.FeedbackRequest.model_json_schema()})
+    install_error_handlers(app)
+    for router in (service_router(proxy), models_router(proxy, served_model), chat_router(proxy),
+                   anthropic_router(proxy), responses_router(proxy), sessions_router(proxy)):  # fmt: skip
+        app.include_router(router)
+    return guarded(app, proxy, api_key, max_body_bytes, guard, metrics_open)
+
+
 class ProxyService:
     """The rollout proxy as the live loop runs it: the `RolloutProxy`, its ASGI app and where it listens.
 
@@ -394,7 +449,7 @@ class ProxyService:
         host / port: where the proxy listens (port 0: a free one).
         metrics_open: `/metrics` answers without the key (a scraper on a trusted network; default: behind it).
         allowed_hosts / allowed_origins: names (beyond the bound address and loopback) the proxy may be reached
-            as, and web origins (beyond its own) that may call it (`metaclaw.serving.security.BrowserGuard`).
+            as, and web origins (beyond its own) that may call it (`metaclaw.wire.security.BrowserGuard`).
         api_key: the key clients must send (None: open, said loudly at start).
         max_body_bytes / served_model / api_docs: as `create_app`'s.
         images / context: the proxy's image and context policies (`metaclaw.rollout.fit`).

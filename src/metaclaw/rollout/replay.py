@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from metaclaw.thinking import Thinking
+from metaclaw.wire.client import Endpoint, openai_client
 
 log = logging.getLogger(__name__)
 
@@ -60,10 +61,8 @@ class ReplayDriver:
         timeout_s: float = 300.0,
         thinking: Thinking | Mapping[str, Any] | None = None,
     ) -> None:
-        from openai import OpenAI
-
         self.conversations = load_conversations(file)
-        self.client = OpenAI(base_url=base_url, api_key=api_key or "unused", timeout=timeout_s, max_retries=1)
+        self.client = openai_client(Endpoint(base_url, api_key), timeout_s, max_retries=1)  # with or without /v1
         self.cycles, self.model, self.max_tokens, self.temperature = cycles, model, max_tokens, temperature
         self.pause_s, self.thinking = pause_s, Thinking.of(thinking)
         self.turns_sent = 0

@@ -30,17 +30,14 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import httpx
-
 from metaclaw.distribution import sample_distribution
 from metaclaw.messages import answer_and_reasoning, content_text
 from metaclaw.scoring.hints import hinted_messages
 from metaclaw.scoring.judges import paragraphs
 from metaclaw.scoring.reactions import sentences
 from metaclaw.scoring.speech_acts import follow_up, is_question, objection, update
-from metaclaw.serving.client import teacher_logprobs
 from metaclaw.store import Sample, SampleMeta
-from metaclaw.wire import bearer_headers
+from metaclaw.wire.client import Endpoint, chat, teacher_logprobs
 
 log = logging.getLogger(__name__)
 
@@ -122,7 +119,7 @@ class ContextDistiller:
     samples on the prompt without the preference.
 
     Args:
-        base_url: the teacher server (no `/v1`); None: our policy server, bound by the live loop (`bind`).
+        base_url: the teacher server (with or without `/v1`); None: our policy server, bound by the live loop (`bind`).
         model: the model asked (the base model name: adapter disabled, like OPD's teacher).
         api_key: bearer key of `base_url`.
         form: where the preference goes in context (`HINTED_FORMS`).
@@ -147,7 +144,8 @@ class ContextDistiller:
             raise ValueError(f"distill.distiller.form must be one of {HINTED_FORMS}, got {form!r}")
         if max_tokens < 1 or not 1 <= samples <= 16:
             raise ValueError(f"distill.distiller: max_tokens >= 1 and samples in [1, 16], got {max_tokens}, {samples}")
-        self.base_url, self.model, self.api_key = (base_url or "").rstrip("/") or None, model, api_key
+        self.endpoint = Endpoint(base_url, api_key) if base_url else None
+        self.model = model
         self.form, self.samples, self.min_gain = form, samples, min_gain
         self.max_tokens, self.timeout_s = max_tokens, timeout_s
         self.stats = {"asked": 0, "accepted": 0, "rejected": 0, "failed": 0}
@@ -155,7 +153,7 @@ class ContextDistiller:
 
     async def distill(self, sample: Sample, preference: str) -> tuple[list[Sample], dict[str, Any]]:
         """`(new samples, what happened)` for a turn whose correction states `preference`."""
-        if self.base_url is None:
+        if self.endpoint is None:
             raise RuntimeError("the context distiller has no teacher server (distill.distiller.base_url)")
         self.stats["asked"] += 1
         dist = sample_distribution(sample.temperature, sample.meta)
@@ -174,8 +172,8 @@ class ContextDistiller:
         gains = []
         for reply in replies:
             plain = await asyncio.to_thread(
-                teacher_logprobs, self.base_url, self.model, sample.prompt_ids, reply.token_ids, self.api_key,
-                self.timeout_s, dist["temperature"], dist["top_p"], dist["top_k"],
+                teacher_logprobs, self.endpoint, self.model, sample.prompt_ids, reply.token_ids, self.timeout_s,
+                dist["temperature"], dist["top_p"], dist["top_k"],
             )  # fmt: skip
             gains.append(token_gain(reply.logprobs, plain))
         kept = [(r, g) for r, g in zip(replies, gains, strict=True) if accepts(g, self.min_gain)]
@@ -209,13 +207,9 @@ class ContextDistiller:
         )
 
     def _ask(self, body: dict[str, Any]) -> list[HintedReply]:
-        response = httpx.post(
-            f"{self.base_url}/v1/chat/completions", json=body, headers=bearer_headers(self.api_key),
-            timeout=self.timeout_s,
-        )  # fmt: skip
-        response.raise_for_status()
+        assert self.endpoint is not None  # checked by `distill`
         replies = []
-        for choice in response.json().get("choices") or []:
+        for choice in chat(self.endpoint, body, self.timeout_s).get("choices") or []:
             ids = [int(t) for t in choice.get("token_ids") or []]
             logprobs = [float(e["logprob"]) for e in (choice.get("logprobs") or {}).get("content") or []]
             if not ids or len(logprobs) != len(ids):

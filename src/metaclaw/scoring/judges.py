@@ -16,13 +16,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-import httpx
 from omegaconf import DictConfig
 
 from metaclaw.messages import answer_and_reasoning, content_text
 from metaclaw.store import Sample
 from metaclaw.thinking import Thinking
-from metaclaw.wire import bearer_headers
+from metaclaw.wire.client import CallError, Endpoint, chat
 
 log = logging.getLogger(__name__)
 
@@ -136,7 +135,7 @@ class LLMJudge:
     """PRM votes and hint extraction through an OpenAI-compatible chat endpoint.
 
     Args:
-        base_url: e.g. `http://127.0.0.1:8000` (`/v1/chat/completions` is appended); None: the policy server,
+        base_url: e.g. `http://127.0.0.1:8000` or `http://127.0.0.1:8000/v1` (both work); None: the policy server,
             bound later by the live loop (`bind`).
         model: the model asked (the server's base model name, so the adapter is not judging itself).
         api_key: bearer key.
@@ -144,7 +143,7 @@ class LLMJudge:
         temperature: sampling temperature of the votes.
         max_tokens: per judge reply.
         timeout_s: per request.
-        max_retries: retries on transport errors / 5xx.
+        max_retries: the SDK's retries (transport errors, read timeouts, 408/409/429, 5xx; `wire.client`).
         thinking: `model.thinking` (`metaclaw.thinking.Thinking`): its `chat_template_kwargs` go with every request
             (`{enable_thinking: false}` for Qwen3: a thinking judge can spend its whole budget before the verdict)
             and its budget is added to `max_tokens`; a verdict or hint found only in the reasoning is used when the
@@ -165,48 +164,41 @@ class LLMJudge:
     ) -> None:
         if votes < 1:
             raise ValueError(f"judge.votes must be >= 1, got {votes}")
-        self.base_url, self.model, self.api_key = (base_url or "").rstrip("/") or None, model, api_key
+        self.endpoint = Endpoint(base_url, api_key) if base_url else None
+        self.model = model
         self.votes, self.temperature, self.max_tokens = votes, temperature, max_tokens
         self.timeout_s, self.max_retries = timeout_s, max_retries
         self.thinking = Thinking.of(thinking)
 
     def bind(self, server_url: str) -> None:
         """Point a judge configured with `base_url: null` at the policy server."""
-        if self.base_url is None:
-            self.base_url = server_url.rstrip("/")
+        if self.endpoint is None:
+            self.endpoint = Endpoint(server_url)
 
     async def _ask(self, system: str, user: str, temperature: float) -> tuple[str, str]:
         """`(answer, reasoning)` of one judge reply (see `answer_and_reasoning`)."""
-        headers = bearer_headers(self.api_key)
+        if self.endpoint is None:
+            raise RuntimeError("the judge has no endpoint: set judge.base_url (or run it in the live loop)")
         body: dict[str, Any] = {
             "model": self.model,
             "messages": [{"role": "system", "content": system}, {"role": "user", "content": user}],
             "temperature": temperature,
             **self.thinking.fields(self.max_tokens),  # e.g. {enable_thinking: false}: Qwen3 answers without thinking
         }
-        last: Exception | None = None
-        async with httpx.AsyncClient(timeout=self.timeout_s, headers=headers) as client:
-            for attempt in range(self.max_retries + 1):
-                if attempt:
-                    await asyncio.sleep(min(4.0, 0.5 * 2**attempt))
-                try:
-                    r = await client.post(f"{self.base_url}/v1/chat/completions", json=body)
-                    if r.status_code < 500:
-                        r.raise_for_status()
-                        choice = r.json()["choices"][0]
-                        answer, reasoning = answer_and_reasoning(choice.get("message"))
-                        if not answer and choice.get("finish_reason") == "length":
-                            log.warning(
-                                "The judge used its whole budget (judge.max_tokens=%d + model.thinking.budget=%d) %s; "
-                                "raise model.thinking.budget or ask for no thinking "
-                                "(model.thinking.template_kwargs: {enable_thinking: false})",
-                                self.max_tokens, self.thinking.budget, "thinking" if reasoning else "without an answer",
-                            )  # fmt: skip
-                        return answer, reasoning
-                    last = httpx.HTTPStatusError(f"HTTP {r.status_code}", request=r.request, response=r)
-                except httpx.TransportError as e:
-                    last = e
-        raise RuntimeError(f"judge request failed after {self.max_retries + 1} attempts: {last}")
+        try:
+            reply = await asyncio.to_thread(chat, self.endpoint, body, self.timeout_s, self.max_retries)
+            choice = reply["choices"][0]
+        except (CallError, ValueError, KeyError, IndexError, TypeError) as e:
+            raise RuntimeError(f"judge request failed after {self.max_retries + 1} attempts: {e!r}") from e
+        answer, reasoning = answer_and_reasoning(choice.get("message"))
+        if not answer and choice.get("finish_reason") == "length":
+            log.warning(
+                "The judge used its whole budget (judge.max_tokens=%d + model.thinking.budget=%d) %s; "
+                "raise model.thinking.budget or ask for no thinking "
+                "(model.thinking.template_kwargs: {enable_thinking: false})",
+                self.max_tokens, self.thinking.budget, "thinking" if reasoning else "without an answer",
+            )  # fmt: skip
+        return answer, reasoning
 
     async def reward(self, sample: Sample) -> Verdict:
         user = _transcript(sample)

@@ -8,23 +8,23 @@ from collections.abc import Sequence
 from typing import Any
 
 from metaclaw.scoring.hints import hinted_messages
-from metaclaw.serving.client import teacher_logprobs
-from metaclaw.serving.render import chat_prompt_ids
 from metaclaw.store import Sample
+from metaclaw.wire.client import Endpoint, teacher_logprobs
+from metaclaw.wire.render import chat_prompt_ids
 
 
 class TeacherClient:
     """Teacher logprobs over HTTP.
 
     Args:
-        base_url: server base URL (no `/v1`).
+        base_url: server base URL (with or without `/v1`).
         model: the teacher's model name (our base model, adapter disabled, or an external model).
         api_key: bearer key.
         timeout_s: per request.
     """
 
     def __init__(self, base_url: str, model: str, api_key: str | None = None, timeout_s: float = 120.0) -> None:
-        self.base_url, self.model, self.api_key, self.timeout_s = base_url.rstrip("/"), model, api_key, timeout_s
+        self.endpoint, self.model, self.timeout_s = Endpoint(base_url, api_key), model, timeout_s
 
     async def logprobs(
         self,
@@ -37,8 +37,8 @@ class TeacherClient:
         """Teacher logprob of each target token under the student's sampling distribution (pass the sample's
         `sample_distribution`), so OPD's `teacher - behaviour` compares like with like."""
         return await asyncio.to_thread(
-            teacher_logprobs, self.base_url, self.model, prompt_ids, target_ids, self.api_key, self.timeout_s,
-            temperature, top_p, top_k,
+            teacher_logprobs, self.endpoint, self.model, prompt_ids, target_ids, self.timeout_s, temperature, top_p,
+            top_k,
         )  # fmt: skip
 
 

@@ -12,62 +12,11 @@ from collections.abc import Iterator
 from typing import Any
 
 from metaclaw.serving.engines.base import Engine, SequenceOutput, TokenDelta
-from metaclaw.serving.parsing import StreamParser, parse_completion
 from metaclaw.serving.protocol import ChatRequest
-from metaclaw.serving.render import chat_prompt_ids
 from metaclaw.thinking import say_no_answer
 from metaclaw.wire import RequestError, version_headers
-
-_END_TOKENS = ("<|im_end|>", "<|endoftext|>", "<|eot_id|>", "<|eom_id|>", "<|end_of_text|>", "</s>")
-
-
-def end_token_ids(tokenizer: Any) -> set[int]:
-    """Ids that end a turn: their text never goes into `content` (the ids still go into `token_ids`)."""
-    ids = {tokenizer.eos_token_id, tokenizer.pad_token_id}
-    vocab = tokenizer.get_vocab()
-    ids.update(vocab[t] for t in _END_TOKENS if t in vocab)
-    return {i for i in ids if i is not None}
-
-
-class TextDecoder:
-    """Token ids → text, without end-of-turn tokens, cut before the first stop string."""
-
-    def __init__(self, tokenizer: Any, stop: list[str]) -> None:
-        self.tokenizer, self.stop = tokenizer, stop
-        self.end_ids = end_token_ids(tokenizer)
-
-    def text(self, token_ids: list[int]) -> str:
-        ids = [t for t in token_ids if t not in self.end_ids]
-        text = self.tokenizer.decode(ids, skip_special_tokens=False)
-        cuts = [text.find(s) for s in self.stop if s in text]
-        return text[: min(cuts)] if cuts else text
-
-    def matched_stop(self, token_ids: list[int]) -> str | None:
-        """The stop string that ended the text (the earliest found), as vLLM's `stop_reason` reports it."""
-        if not self.stop:
-            return None
-        text = self.tokenizer.decode([t for t in token_ids if t not in self.end_ids], skip_special_tokens=False)
-        found = [(text.find(s), s) for s in self.stop if s in text]
-        return min(found)[1] if found else None
-
-    def token_text(self, token_id: int) -> str:
-        return self.tokenizer.decode([token_id], skip_special_tokens=False)
-
-    def logprob_entry(self, token_id: int, logprob: float) -> dict[str, Any]:
-        """OpenAI's `choices[i].logprobs.content[j]`."""
-        token = self.token_text(token_id)
-        return {"token": token, "logprob": logprob, "bytes": list(token.encode("utf-8")), "top_logprobs": []}
-
-    def safe_prefix_len(self, text: str, final: bool) -> int:
-        """How much of `text` can be sent now: hold back a trailing partial UTF-8 char or stop-string prefix."""
-        if final:
-            return len(text)
-        end = len(text.rstrip("\ufffd"))
-        for s in self.stop:
-            for k in range(min(len(s) - 1, end), 0, -1):
-                if text[:end].endswith(s[:k]):
-                    return end - k
-        return end
+from metaclaw.wire.parsing import StreamParser, TextDecoder, assistant_message
+from metaclaw.wire.render import chat_prompt_ids
 
 
 def render_prompt(engine: Engine, req: ChatRequest) -> list[int]:
@@ -91,14 +40,9 @@ def _usage(prompt: int, completion: int) -> dict[str, int]:
 def chat_choice(
     index: int, out: SequenceOutput, req: ChatRequest, decoder: TextDecoder, tool_format: str = "hermes"
 ) -> dict[str, Any]:
-    parsed = parse_completion(decoder.text(out.token_ids), parse_tools=req.parse_tools, fmt=tool_format)
-    message: dict[str, Any] = {"role": "assistant", "content": parsed.content}
-    if parsed.reasoning_content is not None:
-        message["reasoning_content"] = parsed.reasoning_content
-    if parsed.tool_calls:
-        message["tool_calls"] = parsed.tool_calls
-    finish = "tool_calls" if parsed.tool_calls and out.finish_reason == "stop" else out.finish_reason
-    if finish == "length" and parsed.reasoning_content and not (parsed.content or "").strip():
+    message, finish, cut = assistant_message(decoder.text(out.token_ids), out.finish_reason, req.parse_tools,
+                                             tool_format)  # fmt: skip
+    if cut:
         say_no_answer("policy server", True, finish, req.params.max_tokens)  # cut inside <think>: said, not silent
     stop = decoder.matched_stop(out.token_ids) if finish == "stop" else None
     choice: dict[str, Any] = {"index": index, "message": message, "logprobs": None, "finish_reason": finish,

@@ -26,17 +26,19 @@ from litserve.specs.base import LitSpec
 from litserve.utils import LitAPIStatus
 
 from metaclaw.ops import metrics
-from metaclaw.serving.bodies import BodyError, load_json
 from metaclaw.serving.litserve_compat import submit
 from metaclaw.wire import RequestError
+from metaclaw.wire.bodies import BodyError, load_json
+from metaclaw.wire.errors import error_response
 
 log = logging.getLogger(__name__)
 
 _END = object()
 
 
-def error_response(err: RequestError) -> JSONResponse:
-    return JSONResponse(err.body(), status_code=err.status)
+def error_reply(err: RequestError) -> JSONResponse:
+    """`err` as the one error body (`metaclaw.wire.errors.error_response`)."""
+    return error_response(err.message, err.status, type_=err.type, code=err.code or err.status, param=err.param)
 
 
 class PolicySpec(LitSpec):
@@ -92,13 +94,13 @@ class PolicySpec(LitSpec):
             try:
                 body = load_json(await request.body())  # bounded depth: nothing deep reaches the worker queue
             except BodyError as exc:
-                return error_response(RequestError(str(exc)))
+                return error_reply(RequestError(str(exc)))
         deadline = time.monotonic() + self.request_timeout_s
         events = self._count_tokens(self._submit(op, body), body)
         head = await self._next(events, deadline)
         if head is _END or head is None:
             await events.aclose()
-            return error_response(RequestError("the request timed out", 504, "timeout", type_="timeout_error"))
+            return error_reply(RequestError("the request timed out", 504, "timeout", type_="timeout_error"))
         if head.get("stream"):
             return StreamingResponse(
                 self._sse(events, deadline), media_type="text/event-stream", headers=head.get("headers") or {}

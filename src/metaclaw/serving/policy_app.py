@@ -21,8 +21,8 @@ from metaclaw.ops.metrics import MetricsMiddleware
 from metaclaw.serving.engines import EngineFactory
 from metaclaw.serving.litapi import PolicyAPI, PolicySpec
 from metaclaw.serving.litserve_compat import disable_broken_mcp
-from metaclaw.serving.openapi import POLICY_SERVER_BODIES, publish_request_bodies
-from metaclaw.serving.security import (
+from metaclaw.wire.openapi import POLICY_SERVER_BODIES, publish_request_bodies
+from metaclaw.wire.security import (
     BearerAuthMiddleware,
     BodySizeLimitMiddleware,
     BrowserGuardMiddleware,

@@ -10,7 +10,6 @@ from __future__ import annotations
 import queue
 import threading
 from collections.abc import Hashable, Sequence
-from dataclasses import dataclass, field
 from typing import Any, cast
 
 import torch
@@ -20,51 +19,9 @@ from transformers.generation.logits_process import LogitsProcessor, LogitsProces
 from transformers.generation.stopping_criteria import StoppingCriteria, StoppingCriteriaList
 from transformers.generation.streamers import BaseStreamer
 
-from metaclaw.distribution import Dist, top_k_or_off
 from metaclaw.distribution.logprobs import token_logprobs
 from metaclaw.serving.prefix_cache import LayerKV, PrefixCache
-
-
-@dataclass
-class SamplingParams:
-    """What a request may set; validated by `validate()` (raises ValueError naming the field)."""
-
-    max_tokens: int = 256
-    temperature: float = 1.0
-    top_p: float = 1.0
-    top_k: int = -1
-    n: int = 1
-    seed: int | None = None
-    stop: list[str] = field(default_factory=list)
-    stop_token_ids: list[int] = field(default_factory=list)
-    cache_salt: str | None = None  # the prefix-cache tenant (vLLM's field): prefixes are reused only within it
-
-    def __post_init__(self) -> None:
-        self.top_k = top_k_or_off(self.top_k)
-
-    def validate(self) -> None:
-        if not isinstance(self.max_tokens, int) or self.max_tokens < 1:
-            raise ValueError(f"max_tokens must be a positive integer, got {self.max_tokens!r}")
-        if not 0 <= self.temperature <= 100:
-            raise ValueError(f"temperature must be in [0, 100], got {self.temperature!r}")
-        if not 0 < self.top_p <= 1:
-            raise ValueError(f"top_p must be in (0, 1], got {self.top_p!r}")
-        if not isinstance(self.top_k, int) or (self.top_k < 1 and self.top_k != -1):
-            raise ValueError(f"top_k must be -1 (off) or a positive integer, got {self.top_k!r}")
-        if not isinstance(self.n, int) or not 1 <= self.n <= 16:
-            raise ValueError(f"n must be an integer in [1, 16], got {self.n!r}")
-
-    def distribution(self) -> Dist:
-        """The distribution the logprobs are over (`Dist.of`: greedy is `Dist()`)."""
-        return Dist.of(self.temperature, self.top_p, self.top_k)
-
-
-@dataclass
-class SequenceOutput:
-    token_ids: list[int]
-    logprobs: list[float]
-    finish_reason: str  # "stop" (eos or stop string) | "length"
-    adapter_version: int | None = None  # set by engines: which adapter version sampled it (None: base)
+from metaclaw.wire.sampling import SamplingParams, SequenceOutput  # noqa: F401 - re-exported for the engines
 
 
 class _ScoreRecorder(LogitsProcessor):

@@ -14,9 +14,8 @@ from pathlib import Path
 from typing import Any
 
 from metaclaw import profiling
-from metaclaw.serving.completions import TextDecoder, chat_completion, chat_completion_stream
+from metaclaw.serving.completions import chat_completion, chat_completion_stream
 from metaclaw.serving.engines.base import AdapterError, Engine, UnknownAdapterError
-from metaclaw.serving.parsing import tool_format_for
 from metaclaw.serving.protocol import (
     model_not_found,
     parse_chat_request,
@@ -24,8 +23,9 @@ from metaclaw.serving.protocol import (
     parse_load_request,
     parse_unload_request,
 )
-from metaclaw.serving.security import confine_path
 from metaclaw.wire import RequestError, version_headers
+from metaclaw.wire.parsing import TextDecoder, tool_format_for
+from metaclaw.wire.security import confine_path
 
 log = logging.getLogger(__name__)
 
@@ -45,7 +45,7 @@ class PolicyService:
         default_max_tokens: completion budget when a chat request sets none (None: the rest of the context).
         model_root: shown as the base model's `root` in `/v1/models`.
         info: the server's effective config, shown as the base model's `metaclaw` field in `/v1/models`.
-        tool_call_format: how the model writes tool calls (`metaclaw.serving.parsing`): `auto` (from its chat
+        tool_call_format: how the model writes tool calls (`metaclaw.wire.parsing`): `auto` (from its chat
             template), `hermes`, `llama3` or `mistral`.
     """
 

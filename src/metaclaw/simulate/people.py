@@ -33,6 +33,7 @@ import yaml
 
 from metaclaw.simulate.preferences import PreferenceSet
 from metaclaw.simulate.tasks import Task, load_tasks
+from metaclaw.wire.client import Endpoint, openai_client
 
 log = logging.getLogger(__name__)
 
@@ -140,7 +141,8 @@ class People:
         paces = [pace] * people if isinstance(pace, str) else list(pace)
         if people < 1 or len(paces) != people or any(p not in PACES for p in paces):
             raise ValueError(f"people: need >= 1 person and a pace in {PACES} for each, got {people} / {pace!r}")
-        self.base_url, self.api_key, self.kind, self.paces = base_url.rstrip("/"), api_key, kind, paces
+        self.endpoint = Endpoint(base_url, api_key)  # with or without /v1: the SDKs get the form each wants
+        self.base_url, self.api_key, self.kind, self.paces = self.endpoint.v1, api_key, kind, paces
         self.verifier = kind.verifier
         self.tasks: list[Task] = load_tasks(None, "train")
         self.anthropic_share, self.max_tokens, self.timeout_s, self.seed = anthropic_share, max_tokens, timeout_s, seed
@@ -171,17 +173,15 @@ class People:
         """An `openai` and an `anthropic` client, as a user makes them (their own HTTP clients, header hook)."""
         import httpx2
         from anthropic import Anthropic
-        from openai import OpenAI
 
         key = self.api_key or "none"
-        root = self.base_url[: -len("/v1")] if self.base_url.endswith("/v1") else self.base_url
         hooks = {"request": [self._seen]}
         oa_http = httpx.Client(timeout=self.timeout_s, event_hooks=hooks)
         an_http = httpx2.Client(timeout=self.timeout_s, event_hooks=hooks)  # the anthropic SDK's httpx
         with self._lock:
             self._http += [oa_http, an_http]
-        oa = OpenAI(base_url=self.base_url, api_key=key, http_client=oa_http, max_retries=0)
-        an = Anthropic(base_url=root, api_key=key, http_client=an_http, max_retries=0)
+        oa = openai_client(self.endpoint, self.timeout_s, max_retries=0, http_client=oa_http)
+        an = Anthropic(base_url=self.endpoint.root, api_key=key, http_client=an_http, max_retries=0)
         return oa, an
 
     def _ask(self, clients: tuple[Any, Any], sdk: str, messages: list[dict[str, str]]) -> str:

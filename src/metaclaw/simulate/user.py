@@ -30,6 +30,7 @@ from metaclaw import profiling
 from metaclaw.simulate.preferences import PreferenceSet, Violation
 from metaclaw.simulate.tasks import Task, load_tasks
 from metaclaw.thinking import Thinking, read_answer
+from metaclaw.wire.client import Endpoint, openai_client
 
 log = logging.getLogger(__name__)
 
@@ -97,16 +98,15 @@ class SimulatedUser:
         max_ahead: int | None = None,
         thinking: Thinking | Mapping[str, Any] | None = None,
     ) -> None:
-        from openai import OpenAI
-
         if concurrency < 1 or turns_per_session < 1:
             raise ValueError("simulated user: concurrency and turns_per_session must be >= 1")
         if not 0.0 <= anthropic_share <= 1.0:
             raise ValueError(f"simulated user: anthropic_share must be in [0, 1], got {anthropic_share}")
         self.prefs = preferences if isinstance(preferences, PreferenceSet) else PreferenceSet(preferences)
         self.tasks: list[Task] = load_tasks(tasks_file, split)
-        self.base_url, self.api_key = base_url.rstrip("/"), api_key
-        self.client = OpenAI(base_url=self.base_url, api_key=api_key or "unused", timeout=timeout_s, max_retries=1)
+        self.endpoint = Endpoint(base_url, api_key)  # with or without /v1
+        self.base_url, self.api_key = self.endpoint.v1, api_key
+        self.client = openai_client(self.endpoint, timeout_s, max_retries=1)
         self.http = httpx.Client(timeout=timeout_s)
         self.concurrency, self.turns_per_session, self.anthropic_share = concurrency, turns_per_session, anthropic_share
         self.model, self.max_tokens, self.temperature, self.system = model, max_tokens, temperature, system

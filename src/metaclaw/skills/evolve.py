@@ -22,22 +22,20 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import httpx
-
-from metaclaw.messages import answer_and_reasoning
+from metaclaw.messages import answer_and_reasoning, content_text
 from metaclaw.skills.library import DEFAULT_AGENT_ID, SHARED_POOL, SkillLibrary, default_root
 from metaclaw.skills.proposals import ProposalError, parse_reply, validate_proposal
-from metaclaw.skills.query import content_text
 from metaclaw.skills.ranking import BM25Ranker, SkillRanker
 from metaclaw.skills.skill import Skill
 from metaclaw.skills.untrusted import UntrustedContentError, check_untrusted, turn_text
 from metaclaw.thinking import Thinking
-from metaclaw.wire import bearer_headers
+from metaclaw.wire.client import CallError, Endpoint, Refused, chat
 
 logger = logging.getLogger(__name__)
 
 MIN_TURN_CHARS = 400  # a request that overflows the endpoint's context is retried smaller, down to one turn of this
 APPROVALS = ("manual", "auto_safe")
+LINE = "\n"  # list-of-parts content: one line per part
 
 
 class ContextTooLong(RuntimeError):
@@ -87,7 +85,7 @@ class FailedTurn:
         except (TypeError, ValueError):
             reward = 0.0
         feedback = turn.get("next_state", turn.get("feedback"))
-        feedback = content_text(feedback) if feedback is not None else None
+        feedback = content_text(feedback, "\n") if feedback is not None else None
         sample_id = turn.get("sample_id", "")
         sample_id = sample_id if isinstance(sample_id, int) and not isinstance(sample_id, bool) else str(sample_id)
         session = turn.get("session_id")
@@ -99,7 +97,7 @@ class FailedTurn:
         if isinstance(self.prompt, str):
             prompt = self.prompt
         else:
-            prompt = "\n".join(f"[{m.get('role', '?')}] {content_text(m.get('content'))}" for m in self.prompt)
+            prompt = "\n".join(f"[{m.get('role', '?')}] {content_text(m.get('content'), LINE)}" for m in self.prompt)
         half = max_chars // 2
         if len(prompt) > half:
             prompt = "…" + prompt[-half:]
@@ -134,12 +132,24 @@ class EvolutionResult:
         return [e["name"] for e in self.accepted]
 
 
+@dataclass(frozen=True)
+class ProposalLimits:
+    """How much one evolution call may read and propose: failed turns (and characters of each), proposals, and the
+    characters of a skill's description and body."""
+
+    proposals: int
+    turns: int
+    turn_chars: int
+    description_chars: int
+    body_chars: int
+
+
 class SkillEvolver:
     """Proposes skills from failed turns via any OpenAI-compatible chat endpoint, then validates and writes them.
 
     Args:
         library_root: skills root (see `SkillLibrary`); None means `default_root()`.
-        base_url: endpoint base, e.g. `http://127.0.0.1:8000/v1` (POSTs to `{base_url}/chat/completions`).
+        base_url: endpoint base, with or without `/v1` (e.g. `http://127.0.0.1:8000/v1`).
         model: model name sent in the request.
         api_key: bearer token; None reads `$METACLAW_EVOLVER_API_KEY`, and no header is sent if both are empty.
         ranker: similarity used for duplicate detection; defaults to `BM25Ranker()`.
@@ -188,14 +198,13 @@ class SkillEvolver:
             raise ValueError(f"skills.evolver.approval must be one of {APPROVALS}, got {approval!r}")
         self.approval, self.max_agents = approval, max_agents
         self.root = Path(library_root).expanduser() if library_root is not None else default_root()
-        self.base_url, self.model = base_url.rstrip("/"), model
-        self.api_key = api_key if api_key is not None else os.environ.get("METACLAW_EVOLVER_API_KEY", "")
+        key = api_key if api_key is not None else os.environ.get("METACLAW_EVOLVER_API_KEY", "")
+        self.endpoint, self.model = Endpoint(base_url, key or None), model
         self.ranker: SkillRanker = ranker if ranker is not None else BM25Ranker()
         self.threshold = similarity_threshold if similarity_threshold is not None else self.ranker.duplicate_threshold
         self.timeout_s, self.max_retries, self.temperature = timeout_s, max_retries, temperature
         self.max_tokens = max_tokens
-        self.max_proposals, self.max_turns, self.max_turn_chars = max_proposals, max_turns, max_turn_chars
-        self.max_description_chars, self.max_body_chars = max_description_chars, max_body_chars
+        self.limits = ProposalLimits(max_proposals, max_turns, max_turn_chars, max_description_chars, max_body_chars)
         self.seed_bank = seed_bank
         self.thinking = Thinking.of(thinking)
 
@@ -204,49 +213,38 @@ class SkillEvolver:
         self, library: SkillLibrary, turns: Sequence[FailedTurn], max_turn_chars: int | None = None
     ) -> list[dict[str, str]]:
         """The chat request: instructions, existing skills (name + description) and the failed turns."""
-        system = SYSTEM_PROMPT.format(max_proposals=self.max_proposals, max_body_chars=self.max_body_chars)
+        system = SYSTEM_PROMPT.format(max_proposals=self.limits.proposals, max_body_chars=self.limits.body_chars)
         existing = "\n".join(f"- {s.name}: {s.description}" for s in library.skills()) or "(none)"
-        failures = "\n\n".join(t.render(max_turn_chars or self.max_turn_chars) for t in turns)
+        failures = "\n\n".join(t.render(max_turn_chars or self.limits.turn_chars) for t in turns)
         user = f"## Existing skills\n{existing}\n\n## Failed turns\n{failures}"
         return [{"role": "system", "content": system}, {"role": "user", "content": user}]
 
     def complete(self, messages: list[dict[str, str]]) -> str:
-        """POST to `{base_url}/chat/completions` with bounded retries; return the reply text.
-
-        Transport errors, 429 and 5xx are retried; a read timeout is not: the endpoint is busy generating, and a
-        retry would start the whole reply again on it (on the embedded model's 2-core server, the policy server
-        the user and the trainer wait on).
+        """`POST /v1/chat/completions` through the one outbound client (`metaclaw.wire.client.chat`, the SDK's
+        retry policy: transport errors, read timeouts, 429 and 5xx are retried); return the reply text.
 
         Raises:
+            ContextTooLong: the endpoint refused the failed turns as longer than its context.
             RuntimeError: when every attempt failed or the response has no message content.
         """
-        headers = bearer_headers(self.api_key)
         payload: dict[str, Any] = {"model": self.model, "messages": messages, "temperature": self.temperature,
                                    **self.thinking.fields(self.max_tokens)}  # fmt: skip
-        last = "no attempt made"
-        with httpx.Client(timeout=self.timeout_s) as client:
-            for attempt in range(self.max_retries + 1):
-                if attempt:
-                    time.sleep(min(8.0, 0.5 * 2 ** (attempt - 1)))
-                try:
-                    resp = client.post(f"{self.base_url}/chat/completions", json=payload, headers=headers)
-                except httpx.ReadTimeout as exc:  # not retried: a retry asks the slow endpoint for it all again
-                    raise RuntimeError(f"no reply within timeout_s={self.timeout_s:g}s ({exc!r})") from exc
-                except httpx.HTTPError as exc:
-                    last = f"{type(exc).__name__}: {exc}"
-                    continue
-                if resp.status_code == 429 or resp.status_code >= 500:
-                    last = f"HTTP {resp.status_code}: {resp.text[:200]}"
-                    continue
-                if resp.status_code >= 400:
-                    error = ContextTooLong if "context_length_exceeded" in resp.text else RuntimeError
-                    raise error(f"HTTP {resp.status_code}: {resp.text[:200]}")
-                try:
-                    answer, reasoning = answer_and_reasoning(resp.json()["choices"][0]["message"])
-                except (ValueError, KeyError, IndexError, TypeError) as exc:
-                    raise RuntimeError(f"unexpected response shape: {exc!r}") from exc
-                return answer or reasoning
-        raise RuntimeError(f"request failed after {self.max_retries + 1} attempts: {last}")
+        try:
+            reply = chat(self.endpoint, payload, self.timeout_s, self.max_retries)
+        except Refused as exc:
+            text = exc.response.text[:200]
+            if exc.status_code == 429 or exc.status_code >= 500:
+                raise RuntimeError(f"request failed after {self.max_retries + 1} attempts: HTTP {exc.status_code}: "
+                                   f"{text}") from exc  # fmt: skip
+            error = ContextTooLong if "context_length_exceeded" in text else RuntimeError
+            raise error(f"HTTP {exc.status_code}: {text}") from exc
+        except (CallError, ValueError) as exc:
+            raise RuntimeError(f"request failed after {self.max_retries + 1} attempts: {exc!r}") from exc
+        try:
+            answer, reasoning = answer_and_reasoning(reply["choices"][0]["message"])
+        except (KeyError, IndexError, TypeError) as exc:
+            raise RuntimeError(f"unexpected response shape: {exc!r}") from exc
+        return answer or reasoning
 
     # ------------------------------------------------------------------ evolve
     def evolve(
@@ -258,7 +256,7 @@ class SkillEvolver:
             ValueError: only for an invalid `agent_id`.
         """
         library = SkillLibrary(self.root, agent_id, seed_bank=self.seed_bank)
-        turns = [t for t in map(FailedTurn.coerce, failed_turns) if t.reward <= 0][-self.max_turns :]
+        turns = [t for t in map(FailedTurn.coerce, failed_turns) if t.reward <= 0][-self.limits.turns :]
         result = EvolutionResult(generation=library.generation)
         if not turns:
             return result
@@ -295,11 +293,11 @@ class SkillEvolver:
         for i, item in enumerate(raw):
             action = item.get("action", "?") if isinstance(item, dict) else "?"
             name = item.get("name") if isinstance(item, dict) else None
-            if i >= self.max_proposals:
-                log(str(action), name, False, f"over the limit of {self.max_proposals} proposals per call")
+            if i >= self.limits.proposals:
+                log(str(action), name, False, f"over the limit of {self.limits.proposals} proposals per call")
                 continue
             try:
-                prop = validate_proposal(item, self.max_description_chars, self.max_body_chars)
+                prop = validate_proposal(item, self.limits.description_chars, self.limits.body_chars)
                 if prop.skill.name in seen:
                     raise ProposalError(f"duplicate name {prop.skill.name!r} within the reply")
                 check_untrusted((prop.skill.description, prop.skill.body), source_text)
@@ -352,7 +350,7 @@ class SkillEvolver:
         """`complete`, retried smaller while the endpoint says the request overflows its model's context: first
         the older half of the failed turns is left out, then (one turn left) its text is halved, down to
         `MIN_TURN_CHARS`. A small model (the embedded one has 2,048 tokens) gets what fits, not a 400."""
-        max_chars = self.max_turn_chars
+        max_chars = self.limits.turn_chars
         while True:
             try:
                 return self.complete(self.build_messages(library, turns, max_chars))

@@ -12,7 +12,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from functools import lru_cache
 from typing import Any
 
-from metaclaw.messages import content_text as _content_text
+from metaclaw.messages import content_text
 
 _DAY = r"(?:Mon|Tue|Wed|Thu|Fri|Sat|Sun)[a-z]*"
 _DATE = r"\d{4}-\d{2}-\d{2}"
@@ -46,11 +46,6 @@ def _compile(patterns: tuple[str, ...]) -> tuple[re.Pattern[str], ...]:
     return tuple(re.compile(p, re.MULTILINE | re.IGNORECASE) for p in patterns)
 
 
-def content_text(content: Any) -> str:
-    """Text of an OpenAI message `content`; separate parts stay separate lines for the query."""
-    return _content_text(content, sep="\n")
-
-
 def strip_boilerplate(text: str, patterns: Iterable[str] | None = None) -> str:
     """Remove client metadata matched by `patterns` (default `DEFAULT_STRIP_PATTERNS`) and squeeze whitespace."""
     for pattern in _compile(tuple(DEFAULT_STRIP_PATTERNS if patterns is None else patterns)):
@@ -78,7 +73,7 @@ def extract_query(
     for message in reversed(messages):
         if not isinstance(message, Mapping) or message.get("role") != "user":
             continue
-        text = strip_boilerplate(content_text(message.get("content")), pats)
+        text = strip_boilerplate(content_text(message.get("content"), "\n"), pats)  # parts: lines
         if text:
             return text[:max_chars]
     return ""

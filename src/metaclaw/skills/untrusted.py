@@ -26,8 +26,7 @@ import unicodedata
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from metaclaw.messages import ZERO_WIDTH
-from metaclaw.skills.query import content_text
+from metaclaw.messages import ZERO_WIDTH, content_text
 
 COPY_WORDS = 8
 
@@ -69,7 +68,7 @@ def turn_text(turn: Any) -> str:
     if isinstance(prompt, str):
         parts = [prompt]
     else:
-        parts = [content_text(m.get("content")) for m in prompt if isinstance(m, Mapping)]
+        parts = [content_text(m.get("content"), "\n") for m in prompt if isinstance(m, Mapping)]
     parts += [str(get("response", "") or ""), str(get("feedback", None) or get("next_state", None) or "")]
     return "\n".join(p for p in parts if p)
 

@@ -3,62 +3,46 @@
 from __future__ import annotations
 
 import json
-import re
 import time
 import uuid
 from collections.abc import Iterator
 from typing import Any
 
-from metaclaw.serving.sampling import SequenceOutput
 from metaclaw.thinking import say_no_answer
 from metaclaw.training_server.errors import bad_request
 from metaclaw.training_server.schemas import ChatCompletionRequest
-
-_THINK = re.compile(r"^\s*<think>(.*?)</think>\s*(.*)$", re.DOTALL)
-
-
-def _text(content: Any) -> str:
-    """OpenAI content: a string, or a list of parts of which the text parts are kept."""
-    if content is None or isinstance(content, str):
-        return content or ""
-    return "".join(part.get("text", "") for part in content if isinstance(part, dict) and part.get("type") == "text")
+from metaclaw.wire import RequestError
+from metaclaw.wire.normalize import chat_template_messages
+from metaclaw.wire.parsing import TextDecoder, assistant_message, tool_format_for
+from metaclaw.wire.render import chat_prompt_ids
+from metaclaw.wire.sampling import SequenceOutput
 
 
 def prompt_ids(tokenizer: Any, req: ChatCompletionRequest) -> list[int]:
-    """Token ids of the conversation with the generation prompt appended (400 when the template refuses it)."""
-    messages = []
-    for m in req.messages:
-        message = m.model_dump(exclude_none=True)
-        message["content"] = _text(message.get("content"))
-        messages.append(message)
+    """Token ids of the conversation with the generation prompt appended, rendered exactly as the policy server
+    renders them (`metaclaw.wire.render.chat_prompt_ids` over `chat_template_messages`: one renderer); 400 naming
+    the field when the messages or the template refuse."""
+    messages = [m.model_dump(exclude_none=True) for m in req.messages]
     try:
-        text = tokenizer.apply_chat_template(messages, tools=req.tools, tokenize=False, add_generation_prompt=True)
+        return chat_prompt_ids(tokenizer, chat_template_messages(messages), req.tools, req.chat_template_kwargs)
+    except RequestError as exc:
+        raise bad_request(exc.message, exc.param) from exc
     except Exception as exc:  # jinja errors: roles out of order, a template that refuses tools, ...
         raise bad_request(f"the chat template cannot render these messages: {exc}", "messages") from exc
-    return tokenizer.encode(text, add_special_tokens=False)
-
-
-def split_reasoning(text: str) -> tuple[str, str | None]:
-    """`<think>…</think>answer` → (answer, reasoning); text without a think block → (text, None)."""
-    match = _THINK.match(text)
-    if match:
-        return match.group(2), match.group(1).strip()
-    if text.lstrip().startswith("<think>"):  # cut off while thinking: no answer, said in the log
-        say_no_answer("training server chat", True, None, None)
-        return "", text.lstrip()[len("<think>") :].strip()
-    return text, None
 
 
 def completion(
-    tokenizer: Any, model: str, n_prompt: int, outputs: list[SequenceOutput], want_logprobs: bool
+    tokenizer: Any, model: str, n_prompt: int, outputs: list[SequenceOutput], want_logprobs: bool, tools: bool = False
 ) -> dict[str, Any]:
-    """The non-streaming `chat.completion` object (with token ids, as the policy server returns them)."""
-    choices = []
+    """The non-streaming `chat.completion` object (with token ids, as the policy server returns them); reasoning
+    and tool calls (`tools`: the request offered some) parsed as the policy server parses them
+    (`metaclaw.wire.parsing.parse_completion`)."""
+    choices, decoder = [], TextDecoder(tokenizer, [])  # the policy server's decode: end-of-turn tokens dropped
     for i, out in enumerate(outputs):
-        content, reasoning = split_reasoning(tokenizer.decode(out.token_ids, skip_special_tokens=True))
-        message: dict[str, Any] = {"role": "assistant", "content": content}
-        if reasoning is not None:
-            message["reasoning_content"] = reasoning
+        text = decoder.text(out.token_ids)
+        message, finish, cut = assistant_message(text, out.finish_reason, tools, tool_format_for(tokenizer))
+        if cut:
+            say_no_answer("training server chat", True, finish, None)  # cut inside <think>: said, not silent
         logprobs = None
         if want_logprobs:
             logprobs = {
@@ -71,7 +55,7 @@ def completion(
             {
                 "index": i,
                 "message": message,
-                "finish_reason": out.finish_reason,
+                "finish_reason": finish,
                 "logprobs": logprobs,
                 "token_ids": out.token_ids,
             }

@@ -24,7 +24,7 @@ from metaclaw.distribution import Dist
 from metaclaw.distribution.logprobs import dist_logprobs, token_logprobs
 from metaclaw.modules.loading import ModelSpec
 from metaclaw.modules.policy import LoraPolicy
-from metaclaw.serving.sampling import SamplingParams, SequenceOutput, generate
+from metaclaw.serving.sampling import generate
 from metaclaw.training_server import checkpoints
 from metaclaw.training_server.batching import check_tokens, collate
 from metaclaw.training_server.errors import ApiError, bad_request
@@ -34,6 +34,7 @@ from metaclaw.training_server.schemas import Datum, ForwardBackwardRequest, Opti
 from metaclaw.training_server.sessions import AdapterSlot, Session
 from metaclaw.training_server.settings import ServerSettings
 from metaclaw.training_server.storage import Area
+from metaclaw.wire.sampling import SamplingParams, SequenceOutput
 
 log = logging.getLogger(__name__)
 

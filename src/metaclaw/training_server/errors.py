@@ -14,18 +14,12 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from metaclaw.wire import RequestError
+from metaclaw.wire.errors import error_response
+
 log = logging.getLogger(__name__)
 
-_TYPES = {
-    400: "invalid_request_error",
-    401: "authentication_error",
-    403: "permission_error",
-    404: "not_found_error",
-    409: "conflict_error",
-    413: "invalid_request_error",
-    429: "session_limit_error",
-    507: "insufficient_storage_error",
-}
+_TYPES = {429: "session_limit_error"}  # this server's own word for 429; every other type is the one table's
 
 
 class ApiError(Exception):
@@ -40,9 +34,9 @@ def bad_request(message: str, param: str | None = None) -> ApiError:
     return ApiError(400, message, param)
 
 
-def error_response(status: int, message: str, param: str | None = None) -> JSONResponse:
-    body = {"error": {"message": message, "type": _TYPES.get(status, "server_error"), "code": status, "param": param}}
-    return JSONResponse(body, status_code=status)
+def _reply(status: int, message: str, param: str | None = None) -> JSONResponse:
+    """The one error body (`metaclaw.wire.errors.error_response`), `code` the status (vLLM's shape)."""
+    return error_response(message, status, type_=_TYPES.get(status), code=status, param=param)
 
 
 def _loc(loc: tuple) -> str:
@@ -54,14 +48,18 @@ def install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(ApiError)
     async def _api_error(request: Request, exc: ApiError) -> JSONResponse:
-        return error_response(exc.status, exc.message, exc.param)
+        return _reply(exc.status, exc.message, exc.param)
+
+    @app.exception_handler(RequestError)
+    async def _request_error(request: Request, exc: RequestError) -> JSONResponse:  # the shared vocabulary's 4xx
+        return _reply(exc.status, exc.message, exc.param)
 
     @app.exception_handler(RequestValidationError)
     async def _validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
         errors = exc.errors()
         if errors and errors[0].get("type") == "json_invalid":
             detail = (errors[0].get("ctx") or {}).get("error", "")
-            return error_response(400, f"malformed JSON body: {detail}".rstrip(": "), "body")
+            return _reply(400, f"malformed JSON body: {detail}".rstrip(": "), "body")
         parts = []
         for err in errors[:5]:
             where = _loc(tuple(err.get("loc", ())))
@@ -69,17 +67,17 @@ def install_error_handlers(app: FastAPI) -> None:
             parts.append(f"{where}: {msg}")
         param = _loc(tuple(errors[0].get("loc", ()))) if errors else None
         more = f" (and {len(errors) - 5} more)" if len(errors) > 5 else ""
-        return error_response(400, "; ".join(parts) + more, param)
+        return _reply(400, "; ".join(parts) + more, param)
 
     @app.exception_handler(StarletteHTTPException)
     async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
-        return error_response(exc.status_code, str(exc.detail))
+        return _reply(exc.status_code, str(exc.detail))
 
     @app.exception_handler(Exception)
     async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
         log.exception("unhandled error on %s", request.url.path)
         # the exception text may hold server paths or data: it goes to the log, not to the client
-        return error_response(500, f"internal error ({type(exc).__name__}); see the server log")
+        return _reply(500, f"internal error ({type(exc).__name__}); see the server log")
 
 
 class ErrorDetail(BaseModel):

@@ -6,8 +6,8 @@ import logging
 
 from omegaconf import DictConfig, OmegaConf
 
-from metaclaw.serving.security import open_server_warning
 from metaclaw.training_server.settings import ServerSettings
+from metaclaw.wire.security import open_server_warning
 
 log = logging.getLogger(__name__)
 

@@ -10,9 +10,6 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from metaclaw.serving.sampling import SamplingParams
-from metaclaw.training_server.errors import bad_request
-
 TokenId = Annotated[int, Field(strict=True, ge=0)]
 Seed = Annotated[int, Field(strict=True, ge=0, le=2**63 - 1)]
 Finite = Annotated[float, Field(allow_inf_nan=False)]
@@ -216,12 +213,9 @@ class ChatMessage(Request):
     tool_call_id: str | None = None
 
 
-class ChatCompletionRequest(Request):
-    """OpenAI chat completions; `session_id` (or `model` naming a session) picks the adapter."""
+class ChatSampling(Request):
+    """The sampling fields of an OpenAI chat request (built by `metaclaw.wire.sampling.sampling_params`)."""
 
-    messages: Annotated[list[ChatMessage], Field(min_length=1)]
-    model: str | None = None
-    session_id: str | None = None
     temperature: Annotated[float, Field(ge=0, le=100, allow_inf_nan=False)] = 1.0
     top_p: Annotated[float, Field(gt=0, le=1, allow_inf_nan=False)] = 1.0
     top_k: Annotated[int, Field(strict=True, ge=-1)] = -1
@@ -230,32 +224,20 @@ class ChatCompletionRequest(Request):
     n: Annotated[int, Field(strict=True, ge=1)] = 1
     stop: str | list[str] | None = None
     seed: Seed | None = None
+
+
+class ChatCompletionRequest(ChatSampling):
+    """OpenAI chat completions; `session_id` (or `model` naming a session) picks the adapter."""
+
+    messages: Annotated[list[ChatMessage], Field(min_length=1)]
+    model: str | None = None
+    session_id: str | None = None
     stream: bool = False
     tools: list[dict[str, Any]] | None = None
+    tool_choice: str | dict[str, Any] | None = None
+    chat_template_kwargs: dict[str, Any] | None = None
     logprobs: bool = False
     use_adapter: bool = True
 
 
 FinishReason = Literal["stop", "length"]
-
-
-def sampling_params(n: int, max_n: int, stop: Any, **kwargs: Any) -> SamplingParams:
-    """The sampling settings of a `/v1/sample`, chat or Tinker `asample` request, checked (400 naming the field).
-
-    `stop` may be one string, or a list of strings and token ids; `kwargs` are `SamplingParams` fields.
-    """
-    if n > max_n:
-        raise bad_request(f"num_samples must be at most {max_n}, got {n}", "num_samples")
-    stops = [stop] if isinstance(stop, str) else list(stop or [])
-    stops = [x for x in stops if x != ""]  # an empty stop string would stop everywhere
-    params = SamplingParams(
-        n=n,
-        stop=[x for x in stops if isinstance(x, str)],
-        stop_token_ids=[x for x in stops if isinstance(x, int)],
-        **kwargs,
-    )
-    try:
-        params.validate()
-    except ValueError as exc:
-        raise bad_request(str(exc)) from exc
-    return params

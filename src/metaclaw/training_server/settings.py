@@ -14,7 +14,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from metaclaw.config import ConfigError
 from metaclaw.modules.loading import ModelSpec
-from metaclaw.serving.security import resolve_api_key
+from metaclaw.wire.security import resolve_api_key
 
 INFERENCE_BACKENDS = ("hf", "vllm")
 

@@ -11,8 +11,8 @@ import logging
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from metaclaw.serving.sampling import SamplingParams, SequenceOutput
 from metaclaw.training_server.sessions import Session
+from metaclaw.wire.sampling import SamplingParams, SequenceOutput
 
 log = logging.getLogger(__name__)
 

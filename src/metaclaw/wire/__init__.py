@@ -1,8 +1,11 @@
 """The wire vocabulary shared by both sides of the proxy/server boundary: one spelling of every word.
 
-A leaf: it imports nothing from metaclaw but `metaclaw.messages`, so `serving/`, `rollout/`, `scoring/`,
-`modules/` and the tools all take their header names, error type, adapter file names and auth header from here.
-Message normalisation lives beside it in `metaclaw.wire.normalize`.
+On the vocabulary floor (it imports only `metaclaw.messages` and `metaclaw.distribution`), so `serving/`,
+`rollout/`, `scoring/`, `modules/`, `training_server/` and the tools all take their words from here: header names,
+the error type and body (`errors`), adapter file names, the auth header; and beside them the one outbound client
+(`client`), the one prompt renderer (`render`), the one reply reader (`parsing`), the sampling vocabulary
+(`sampling`), the request schemas (`schemas`, `openapi`), message normalisation (`normalize`) and the HTTP
+security layer (`security`, `bodies`).
 """
 
 from __future__ import annotations
@@ -54,9 +57,10 @@ class RequestError(ValueError):
         self.message, self.status, self.code, self.param, self.type = message, status, code, param, type_
 
     def body(self) -> dict[str, Any]:
-        """OpenAI's error body: `{"error": {"message", "type", "code", "param"}}`."""
-        return {"error": {"message": self.message, "type": self.type, "code": self.code or self.status,
-                          "param": self.param}}  # fmt: skip
+        """The one error body (`metaclaw.wire.errors.error_body`), `code` the status unless one is named."""
+        from metaclaw.wire.errors import error_body
+
+        return error_body(self.message, self.status, self.type, self.code or self.status, self.param)
 
 
 def bearer_headers(api_key: str | None) -> dict[str, str]:

@@ -6,9 +6,7 @@ from __future__ import annotations
 
 import logging
 
-import httpx
-
-from metaclaw.wire import bearer_headers
+from metaclaw.wire.client import CallError, Endpoint, Refused, call, models
 
 log = logging.getLogger(__name__)
 
@@ -34,14 +32,21 @@ def probe_attach(url: str, api_key: str | None, model: str, max_seq_len: int, ti
     Raises:
         UpstreamCannotTrain: naming the missing flag.
     """
-    with httpx.Client(base_url=url.rstrip("/"), headers=bearer_headers(api_key), timeout=timeout_s) as client:
-        try:
-            cards = client.get("/v1/models").json().get("data") or []
-            route = client.post("/v1/load_lora_adapter", json={}).status_code
-        except (httpx.HTTPError, ValueError, AttributeError) as e:
-            raise UpstreamCannotTrain(f"the policy server at {url} did not answer /v1/models ({e!r}). {ATTACH}") from e
-    names = [c.get("id") for c in cards if isinstance(c, dict)]
-    card = next((c for c in cards if isinstance(c, dict) and c.get("id") == model), None)
+    server = Endpoint(url, api_key)
+    try:
+        cards = models(server, timeout_s)
+    except (CallError, ValueError) as e:
+        raise UpstreamCannotTrain(f"the policy server at {url} did not answer /v1/models ({e!r}). {ATTACH}") from e
+    try:
+        call(server, "/load_lora_adapter", {}, timeout=timeout_s, max_retries=0)
+        route = 200
+    except Refused as e:
+        route = e.status_code
+    except (CallError, ValueError) as e:
+        raise UpstreamCannotTrain(f"the policy server at {url} did not answer /v1/load_lora_adapter ({e!r}). "
+                                  f"{ATTACH}") from e  # fmt: skip
+    names = [c.get("id") for c in cards]
+    card = next((c for c in cards if c.get("id") == model), None)
     if card is None:
         raise UpstreamCannotTrain(
             f"the policy server at {url} serves {names}, not model.name={model!r}: start it with "

@@ -21,7 +21,7 @@ from fastapi.responses import JSONResponse, Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from metaclaw.control.dashboard.data import DashboardData
-from metaclaw.serving.security import BearerAuthMiddleware, BrowserGuard, send_json_error
+from metaclaw.wire.security import BearerAuthMiddleware, BrowserGuard, send_json_error
 
 log = logging.getLogger(__name__)
 LOOPBACK = frozenset({"127.0.0.1", "::1", "localhost", "testclient"})

@@ -9,6 +9,7 @@ import time
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager, nullcontext
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -38,23 +39,35 @@ from metaclaw.training_server.worker import ModelOwner
 PROTO = "application/x-protobuf"
 
 
-def build_router(engine: TrainingEngine, owner: ModelOwner, limits: TinkerLimits, groups: dict) -> APIRouter:
-    """All Tinker endpoints; `groups` maps the LoRA flags (attn, mlp, unembed) to module names."""
-    router = APIRouter(prefix="/api/v1", include_in_schema=False)  # the SDK is its schema, not our OpenAPI
-    store = FutureStore(limits.max_futures, limits.result_ttl_s, limits.retrieved_grace_s)
-    reg = Registry(limits)
+@dataclass
+class Tinker:
+    """What the Tinker routes share: the engine and its owner thread, the limits, the LoRA flag groups (attn, mlp,
+    unembed → module names), the futures and the registry of clients, models and samplers."""
 
-    def queue(next_seq: int = 1) -> ModelQueue:
-        return ModelQueue(store, limits.max_pending_per_model, limits.seq_gap_timeout_s, next_seq)
+    engine: TrainingEngine
+    owner: ModelOwner
+    limits: TinkerLimits
+    groups: dict
+    store: FutureStore = field(init=False)
+    reg: Registry = field(init=False)
 
-    def model(model_id: str) -> Model:
-        return reg.model(model_id, engine.sessions)
+    def __post_init__(self) -> None:
+        self.store = FutureStore(self.limits.max_futures, self.limits.result_ttl_s, self.limits.retrieved_grace_s)
+        self.reg = Registry(self.limits)
 
+    def queue(self, next_seq: int = 1) -> ModelQueue:
+        return ModelQueue(self.store, self.limits.max_pending_per_model, self.limits.seq_gap_timeout_s, next_seq)
+
+    def model(self, model_id: str) -> Model:
+        return self.reg.model(model_id, self.engine.sessions)
+
+    @staticmethod
     def seq(value: int | None) -> int:
         if value is None:
             raise bad_request("seq_id is required", "seq_id")
         return value
 
+    @staticmethod
     @contextmanager
     def consumed(m: Model, seq_id: int | None) -> Iterator[None]:
         """A request refused at submission still used its seq_id (the SDK counted it): later ones must not wait."""
@@ -65,7 +78,38 @@ def build_router(engine: TrainingEngine, owner: ModelOwner, limits: TinkerLimits
                 m.queue.skip(seq_id)
             raise
 
-    # ---- service -----------------------------------------------------------------------------------------
+    def targets(self, lora: t.LoraConfig) -> list[str]:
+        flags = [f for f in ("attn", "mlp", "unembed") if getattr(lora, f"train_{f}")]
+        chosen = sorted(name for flag in flags for name in self.groups[flag])
+        if not chosen:
+            raise bad_request("at least one of train_attn, train_mlp, train_unembed must be true", "lora_config")
+        return chosen
+
+    @staticmethod
+    def check_optimizer(config: Any) -> None:
+        if getattr(config, "type", "adamw") != "adamw":
+            raise bad_request(f"optimizer {config.type!r} is not supported (only adamw)", "optimizer_config")
+
+    def register(self, model_id: str, session_id: str, base_model: str, rank: int) -> None:
+        self.reg.models[model_id] = Model(model_id, session_id, base_model, rank, self.queue())
+
+    @staticmethod
+    def adam(m: Model, p: Any) -> OptimStepRequest:
+        if not isinstance(p, t.AdamParams):
+            raise bad_request(f"optimizer {getattr(p, 'type', '?')!r} is not supported (only adam)", "optim_params")
+        try:
+            return OptimStepRequest(session_id=m.session_id, learning_rate=p.learning_rate, beta1=p.beta1,
+                                    beta2=p.beta2, eps=p.eps, weight_decay=p.weight_decay,
+                                    grad_clip_norm=p.grad_clip_norm)  # fmt: skip
+        except ValidationError as exc:
+            where = f"adam_params.{exc.errors()[0]['loc'][0]}"
+            raise bad_request(f"{where}: {exc.errors()[0]['msg']}", where) from None
+
+
+def service_router(tk: Tinker) -> APIRouter:
+    """The SDK's service calls: client config, health, capabilities, client sessions, telemetry."""
+    router = APIRouter()
+    engine, owner, reg = tk.engine, tk.owner, tk.reg
     @router.post("/client/config")
     async def client_config() -> dict:
         config = t.ClientConfigResponse(
@@ -122,29 +166,22 @@ def build_router(engine: TrainingEngine, owner: ModelOwner, limits: TinkerLimits
     async def cancel_future() -> dict:
         return {}
 
-    # ---- training models ----------------------------------------------------------------------------------
-    def targets(lora: t.LoraConfig) -> list[str]:
-        flags = [f for f in ("attn", "mlp", "unembed") if getattr(lora, f"train_{f}")]
-        chosen = sorted(name for flag in flags for name in groups[flag])
-        if not chosen:
-            raise bad_request("at least one of train_attn, train_mlp, train_unembed must be true", "lora_config")
-        return chosen
+    return router
 
-    def check_optimizer(config: Any) -> None:
-        if getattr(config, "type", "adamw") != "adamw":
-            raise bad_request(f"optimizer {config.type!r} is not supported (only adamw)", "optimizer_config")
 
-    def register(model_id: str, session_id: str, base_model: str, rank: int) -> None:
-        reg.models[model_id] = Model(model_id, session_id, base_model, rank, queue())
-
+def model_router(tk: Tinker) -> APIRouter:
+    """Training models: `create_model`, `get_info`."""
+    router = APIRouter()
+    engine, owner, reg = tk.engine, tk.owner, tk.reg
+    store, model = tk.store, tk.model
     @router.post("/create_model")
     async def create_model(request: Request) -> dict:
         req = await parse(request, t.CreateModelRequest)
         reg.client(req.session_id)
         if req.lora_config is None:
             raise bad_request("full fine-tuning is not supported: pass lora_config", "lora_config")
-        check_optimizer(req.optimizer_config)
-        lora, modules = req.lora_config, targets(req.lora_config)
+        tk.check_optimizer(req.optimizer_config)
+        lora, modules = req.lora_config, tk.targets(req.lora_config)
         if not 1 <= lora.rank <= 1024:
             raise bad_request(f"lora_config.rank must be in [1, 1024], got {lora.rank}", "lora_config.rank")
         model_id = f"{req.session_id}:train:{req.model_seq_id}"
@@ -154,7 +191,7 @@ def build_router(engine: TrainingEngine, owner: ModelOwner, limits: TinkerLimits
 
         async def job() -> dict:
             session, _ = await owner.run(engine.create_session, req.base_model, lora.rank, modules, lora.seed)
-            register(model_id, session.session_id, req.base_model, lora.rank)
+            tk.register(model_id, session.session_id, req.base_model, lora.rank)
             return dump(t.CreateModelResponse(model_id=model_id))
 
         return untyped(store.start(job).request_id, model_id)
@@ -168,6 +205,13 @@ def build_router(engine: TrainingEngine, owner: ModelOwner, limits: TinkerLimits
                                  model_name=m.base_model)  # fmt: skip
         return dump(info)
 
+    return router
+
+
+def training_router(tk: Tinker) -> APIRouter:
+    """`forward_backward` and `optim_step`, in each model's `seq_id` order."""
+    router = APIRouter()
+    engine, owner, model, seq, consumed = tk.engine, tk.owner, tk.model, tk.seq, tk.consumed
     @router.post("/forward_backward")
     async def forward_backward(request: Request) -> dict:
         body = wire.decompress(await request.body(), request.headers.get("content-encoding"),
@@ -197,23 +241,12 @@ def build_router(engine: TrainingEngine, owner: ModelOwner, limits: TinkerLimits
 
         return untyped(m.queue.submit(seq(msg.seq_id), job, proto=True), m.model_id)
 
-    def adam(m: Model, p: Any) -> OptimStepRequest:
-        if not isinstance(p, t.AdamParams):
-            raise bad_request(f"optimizer {getattr(p, 'type', '?')!r} is not supported (only adam)", "optim_params")
-        try:
-            return OptimStepRequest(session_id=m.session_id, learning_rate=p.learning_rate, beta1=p.beta1,
-                                    beta2=p.beta2, eps=p.eps, weight_decay=p.weight_decay,
-                                    grad_clip_norm=p.grad_clip_norm)  # fmt: skip
-        except ValidationError as exc:
-            where = f"adam_params.{exc.errors()[0]['loc'][0]}"
-            raise bad_request(f"{where}: {exc.errors()[0]['msg']}", where) from None
-
     @router.post("/optim_step")
     async def optim_step(request: Request) -> dict:
         req = await parse(request, t.OptimStepRequest)
         m = model(req.model_id)
         with consumed(m, req.seq_id):
-            ours = adam(m, req.optim_params)
+            ours = tk.adam(m, req.optim_params)
 
         async def job() -> dict:
             out = await owner.run(engine.optim_step, engine.get(m.session_id), ours)
@@ -222,6 +255,13 @@ def build_router(engine: TrainingEngine, owner: ModelOwner, limits: TinkerLimits
 
         return untyped(m.queue.submit(seq(req.seq_id), job), m.model_id)
 
+    return router
+
+
+def weights_router(tk: Tinker) -> APIRouter:
+    """`save_weights` and `save_weights_for_sampler`."""
+    router = APIRouter()
+    engine, owner, reg, model, seq, consumed = tk.engine, tk.owner, tk.reg, tk.model, tk.seq, tk.consumed
     @router.post("/save_weights")
     async def save_weights(request: Request) -> dict:
         req = await parse(request, t.SaveWeightsRequest)
@@ -254,6 +294,14 @@ def build_router(engine: TrainingEngine, owner: ModelOwner, limits: TinkerLimits
 
         return untyped(m.queue.submit(seq(req.seq_id), job), m.model_id)
 
+    return router
+
+
+def load_router(tk: Tinker) -> APIRouter:
+    """`load_weights`: into an existing model, or a new one made from the checkpoint."""
+    router = APIRouter()
+    engine, owner, reg, store = tk.engine, tk.owner, tk.reg, tk.store
+    model, seq, consumed = tk.model, tk.seq, tk.consumed
     @router.post("/load_weights")
     async def load_weights(request: Request) -> dict:
         req = await parse(request, t.LoadWeightsRequest)
@@ -263,7 +311,7 @@ def build_router(engine: TrainingEngine, owner: ModelOwner, limits: TinkerLimits
             if area != "checkpoints":
                 raise bad_request("load needs a training-state path (tinker://<run>/weights/<name>)", "path")
             if req.optimizer_config is not None:
-                check_optimizer(req.optimizer_config)
+                tk.check_optimizer(req.optimizer_config)
             rel = f"{check_name(namespace, 'path')}/{check_name(name, 'path')}"
         if existing is not None:  # load into an existing model, in its seq_id order
             m = existing
@@ -291,14 +339,18 @@ def build_router(engine: TrainingEngine, owner: ModelOwner, limits: TinkerLimits
             except Exception:
                 await owner.run(engine.delete_session, session)
                 raise
-            register(model_id, session.session_id, req.base_model or base, rank)
+            tk.register(model_id, session.session_id, req.base_model or base, rank)
             return dump(t.LoadWeightsResponse(path=req.path, model_id=model_id))
 
         return untyped(store.start(create_from).request_id, model_id)
 
-    add_sampling_routes(router, engine, owner, store, reg)
+    return router
 
-    # ---- futures ------------------------------------------------------------------------------------------
+
+def future_router(tk: Tinker) -> APIRouter:
+    """`retrieve_future`, and a 404 naming any route this server does not offer (keep it last)."""
+    router = APIRouter()
+    store, limits = tk.store, tk.limits
     @router.post("/retrieve_future")
     async def retrieve_future(request: Request) -> Response:
         req = await parse(request, t.FutureRetrieveRequest)
@@ -321,6 +373,20 @@ def build_router(engine: TrainingEngine, owner: ModelOwner, limits: TinkerLimits
     async def unsupported(rest: str) -> None:
         raise ApiError(404, f"/api/v1/{rest} is not supported by this server (docs/training_server.md)", "path")
 
+    return router
+
+
+def build_router(engine: TrainingEngine, owner: ModelOwner, limits: TinkerLimits, groups: dict) -> APIRouter:
+    """All Tinker endpoints, one router per resource; `groups` maps the LoRA flags (attn, mlp, unembed) to module
+    names."""
+    router = APIRouter(prefix="/api/v1", include_in_schema=False)  # the SDK is its schema, not our OpenAPI
+    tk = Tinker(engine, owner, limits, groups)
+    for part in (service_router, model_router, training_router, weights_router, load_router):
+        router.include_router(part(tk))
+    sampling = APIRouter()
+    add_sampling_routes(sampling, engine, owner, tk.store, tk.reg)
+    router.include_router(sampling)
+    router.include_router(future_router(tk))  # last: its catch-all answers what no route above took
     return router
 
 

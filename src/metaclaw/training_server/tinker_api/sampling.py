@@ -9,13 +9,13 @@ from tinker import types as t
 
 from metaclaw.training_server.engine import TrainingEngine
 from metaclaw.training_server.errors import ApiError, bad_request
-from metaclaw.training_server.schemas import sampling_params
 from metaclaw.training_server.storage import check_name
 from metaclaw.training_server.tinker_api import wire
 from metaclaw.training_server.tinker_api.common import dump, parse, untyped
 from metaclaw.training_server.tinker_api.futures import FutureStore
 from metaclaw.training_server.tinker_api.registry import Registry, Sampler, parse_path
 from metaclaw.training_server.worker import ModelOwner
+from metaclaw.wire.sampling import sampling_params
 
 _UNSUPPORTED = ("topk_prompt_logprobs", "topk_sample_logprobs", "prompt_alt_tokens_k", "target_prompt_logprobs",
                 "prompt_logprobs_last_n", "record_stability_info")  # fmt: skip
@@ -84,8 +84,8 @@ def add_sampling_routes(
             raise bad_request("prompt is empty", "prompt")
         sp = req.sampling_params
         max_tokens = sp.max_tokens or int(engine.cfg.sampling.chat_max_tokens)
-        params = sampling_params(req.num_samples, max_n, sp.stop, max_tokens=max_tokens, temperature=sp.temperature,
-                                  top_p=sp.top_p, top_k=sp.top_k, seed=sp.seed)  # fmt: skip
+        params = sampling_params(req.num_samples, sp.stop, max_n=max_n, n_field="num_samples", max_tokens=max_tokens,
+                                 temperature=sp.temperature, top_p=sp.top_p, top_k=sp.top_k, seed=sp.seed)  # fmt: skip
         want_prompt = bool(req.prompt_logprobs)
         ids = [uuid.uuid4().hex for _ in range(req.num_samples)]
 

@@ -16,9 +16,9 @@ from google.protobuf.message import DecodeError
 from pydantic import ValidationError
 from tinker.proto import tinker_public_pb2 as pb
 
-from metaclaw.serving.sampling import SequenceOutput
 from metaclaw.training_server.errors import ApiError, bad_request
 from metaclaw.training_server.schemas import Datum
+from metaclaw.wire.sampling import SequenceOutput
 
 _NUMPY = {pb.DTYPE_FLOAT32: np.float32, pb.DTYPE_INT64: np.int64, pb.DTYPE_INT32: np.int32}
 KNOWN_INPUTS = ("target_tokens", "weights", "logprobs", "advantages", "mask")

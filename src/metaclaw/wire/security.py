@@ -19,21 +19,15 @@ from urllib.parse import urlsplit
 
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-
-def error_body(message: str, type_: str = "invalid_request_error", code: str | None = None) -> bytes:
-    """OpenAI's error body: `code` a string or null, as OpenAI's SDKs expect (never the HTTP status)."""
-    return json.dumps({"error": {"message": message, "type": type_, "param": None, "code": code}}).encode()
-
-
-def anthropic_error_body(message: str, type_: str) -> bytes:
-    return json.dumps({"type": "error", "error": {"type": type_, "message": message}}).encode()
+from metaclaw.wire.errors import anthropic_error_body, error_body
 
 
 async def send_json_error(
     send: Send, status: int, message: str, type_: str, anthropic: bool = False, code: str | None = None
 ) -> None:
     """A JSON error response: OpenAI's `{"error": {...}}`, or Anthropic's `{"type": "error", ...}`."""
-    body = anthropic_error_body(message, type_) if anthropic else error_body(message, type_, code)
+    data = anthropic_error_body(message, status, type_) if anthropic else error_body(message, status, type_, code)
+    body = json.dumps(data).encode()
     headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
     if status == 401:
         headers.append((b"www-authenticate", b"Bearer"))

@@ -241,6 +241,23 @@ def parse_completion(text: str, parse_tools: bool = True, fmt: str = "hermes") -
     return ParsedCompletion(content=content or (None if calls else ""), reasoning_content=reasoning, tool_calls=calls)
 
 
+def assistant_message(
+    text: str, finish_reason: str, parse_tools: bool = True, fmt: str = "hermes"
+) -> tuple[dict[str, Any], str, bool]:
+    """`(message, finish reason, cut while thinking)` of a complete reply, as every server answers it: reasoning
+    and tool calls parsed (`parse_completion`), `tool_calls` the finish reason of a reply that called one, and
+    whether the length limit cut it inside `<think>` with no answer (the caller says so: `thinking.say_no_answer`)."""
+    parsed = parse_completion(text, parse_tools=parse_tools, fmt=fmt)
+    message: dict[str, Any] = {"role": "assistant", "content": parsed.content}
+    if parsed.reasoning_content is not None:
+        message["reasoning_content"] = parsed.reasoning_content
+    if parsed.tool_calls:
+        message["tool_calls"] = parsed.tool_calls
+    finish = "tool_calls" if parsed.tool_calls and finish_reason == "stop" else finish_reason
+    cut = finish == "length" and bool(parsed.reasoning_content) and not (parsed.content or "").strip()
+    return message, finish, cut
+
+
 def _partial_tag_len(text: str, tags: tuple[str, ...]) -> int:
     """Length of the longest suffix of `text` that is a proper prefix of one of `tags`."""
     best = 0
@@ -349,3 +366,55 @@ class StreamParser:
             events.append(("reasoning" if self._mode == "think" else "content", self._buf))
         self._buf = ""
         return events
+
+
+_END_TOKENS = ("<|im_end|>", "<|endoftext|>", "<|eot_id|>", "<|eom_id|>", "<|end_of_text|>", "</s>")
+
+
+def end_token_ids(tokenizer: Any) -> set[int]:
+    """Ids that end a turn: their text never goes into `content` (the ids still go into `token_ids`)."""
+    ids = {tokenizer.eos_token_id, tokenizer.pad_token_id}
+    vocab = tokenizer.get_vocab()
+    ids.update(vocab[t] for t in _END_TOKENS if t in vocab)
+    return {i for i in ids if i is not None}
+
+
+class TextDecoder:
+    """Token ids → text, without end-of-turn tokens, cut before the first stop string."""
+
+    def __init__(self, tokenizer: Any, stop: list[str]) -> None:
+        self.tokenizer, self.stop = tokenizer, stop
+        self.end_ids = end_token_ids(tokenizer)
+
+    def text(self, token_ids: list[int]) -> str:
+        ids = [t for t in token_ids if t not in self.end_ids]
+        text = self.tokenizer.decode(ids, skip_special_tokens=False)
+        cuts = [text.find(s) for s in self.stop if s in text]
+        return text[: min(cuts)] if cuts else text
+
+    def matched_stop(self, token_ids: list[int]) -> str | None:
+        """The stop string that ended the text (the earliest found), as vLLM's `stop_reason` reports it."""
+        if not self.stop:
+            return None
+        text = self.tokenizer.decode([t for t in token_ids if t not in self.end_ids], skip_special_tokens=False)
+        found = [(text.find(s), s) for s in self.stop if s in text]
+        return min(found)[1] if found else None
+
+    def token_text(self, token_id: int) -> str:
+        return self.tokenizer.decode([token_id], skip_special_tokens=False)
+
+    def logprob_entry(self, token_id: int, logprob: float) -> dict[str, Any]:
+        """OpenAI's `choices[i].logprobs.content[j]`."""
+        token = self.token_text(token_id)
+        return {"token": token, "logprob": logprob, "bytes": list(token.encode("utf-8")), "top_logprobs": []}
+
+    def safe_prefix_len(self, text: str, final: bool) -> int:
+        """How much of `text` can be sent now: hold back a trailing partial UTF-8 char or stop-string prefix."""
+        if final:
+            return len(text)
+        end = len(text.rstrip("\ufffd"))
+        for s in self.stop:
+            for k in range(min(len(s) - 1, end), 0, -1):
+                if text[:end].endswith(s[:k]):
+                    return end - k
+        return end

@@ -1,14 +1,17 @@
 """Request body schemas the policy server and the proxy publish in their OpenAPI documents (`/openapi.json`).
 
-The routes read raw JSON and validate it themselves (so a bad field is a 400 naming it, not FastAPI's 422); these
-schemas describe what they accept, for clients and for the reliability suite's schemathesis runs. Inline JSON
-Schema (no `$ref`), kept loose where the servers are lenient (unknown fields are ignored).
+The routes read raw JSON and validate it themselves (so a bad field is a 400 naming it, not FastAPI's 422). The
+policy server's bodies are generated from the pydantic schemas it validates with (`metaclaw.wire.schemas`); the
+proxy's, which it normalises leniently rather than validates (image parts, OpenClaw's and Anthropic's shapes), are
+written here. Inline JSON Schema (no `$ref`); unknown fields are ignored.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from typing import Any
+
+from metaclaw.wire.schemas import POLICY_SERVER_SCHEMAS, CompletionBody, openapi_schema
 
 _STR = {"type": "string"}
 _OBJ = {"type": "object"}
@@ -23,7 +26,6 @@ def _content(parts: list[dict]) -> dict:
     return {"anyOf": [_STR, {"type": "array", "items": {"anyOf": parts}}, {"type": "null"}]}
 
 
-_CONTENT = _content([_TEXT_PART])  # the policy server reads text only
 _TOOL_CALL = {
     "type": "object",
     "required": ["function"],
@@ -50,7 +52,6 @@ def _message(content: dict) -> dict:
     }
 
 
-OPENAI_MESSAGE = _message(_CONTENT)
 OPENAI_TOOL = {
     "type": "object",
     "required": ["type", "function"],
@@ -96,30 +97,9 @@ def _chat(message: dict) -> dict:
     }
 
 
-CHAT_COMPLETIONS = _chat(OPENAI_MESSAGE)
 # The proxy also takes image parts (see the image policy) and OpenClaw's part and role shapes.
 PROXY_CHAT_COMPLETIONS = _chat(_message(_content([_TEXT_PART, _IMAGE_PART])))
-COMPLETIONS = {
-    "type": "object",
-    "required": ["model", "prompt"],
-    "properties": {
-        **_SAMPLING,
-        "max_tokens": {"type": "integer", "minimum": 0},
-        "prompt": {"anyOf": [{"type": "string", "minLength": 1},
-                             {"type": "array", "minItems": 1, "items": {"type": "integer", "minimum": 0}}]},
-        "echo": {"type": "boolean"},
-        "logprobs": {"type": "integer", "minimum": 0, "maximum": 20},
-        "prompt_logprobs": {"type": "integer", "minimum": 0, "maximum": 20},
-        "return_token_ids": {"type": "boolean"},
-    },
-}  # fmt: skip
-LOAD_ADAPTER = {
-    "type": "object",
-    "required": ["lora_name", "lora_path"],
-    "properties": {"lora_name": {"type": "string", "minLength": 1}, "lora_path": {"type": "string", "minLength": 1},
-                   "adapter_version": {"type": "integer", "minimum": 0}},
-}
-UNLOAD_ADAPTER = {"type": "object", "required": ["lora_name"], "properties": {"lora_name": _STR}}
+COMPLETIONS = openapi_schema(CompletionBody)  # passed through to the policy server, which validates with it
 
 _BLOCK = {
     "type": "object",
@@ -174,12 +154,8 @@ ANTHROPIC_COUNT_TOKENS = {"type": "object", "required": ["model", "messages"], "
 SESSIONS_DONE = {"type": "object", "properties": {"session_id": {"type": "string", "minLength": 1},
                                                   "agent_id": _STR}}  # fmt: skip
 
-POLICY_SERVER_BODIES = {
-    "/v1/chat/completions": CHAT_COMPLETIONS,
-    "/v1/completions": COMPLETIONS,
-    "/v1/load_lora_adapter": LOAD_ADAPTER,
-    "/v1/unload_lora_adapter": UNLOAD_ADAPTER,
-}
+POLICY_SERVER_BODIES = {path: openapi_schema(schema) for path, schema in POLICY_SERVER_SCHEMAS.items()}
+"""Generated from the schemas the policy server validates with (`metaclaw.wire.schemas`): no second copy."""
 RESPONSES = {"type": "object", "required": ["input"], "properties": {
     "model": _STR, "instructions": _STR, "input": {"anyOf": [_STR, {"type": "array", "items": _OBJ}]},
     "tools": {"type": "array", "items": _OBJ}, "tool_choice": {"anyOf": [_STR, _OBJ]}, "stream": {"type": "boolean"},
