@@ -218,6 +218,13 @@ def test_export_parity_bench_exports_a_synthetic_adapter(tmp_path):
     assert out["model"] == "tiny" and peft["tokens"] > 0 and peft["max_abs_diff"] <= peft["tolerance"]
 
 
+@pytest.mark.slow
+def test_tool_calls_study_counts_parsed_calls_through_the_policy_server():
+    out = _bench("studies/tool_calls.py", "--model", "tiny", "--replies", "1", "--max-tokens", "4")
+    assert out["replies"] == 8 and len(out["cases"]) == 8  # 4 requests, with and without the system prompt
+    assert out["with_tool_call"] == sum(c["with_tool_call"] for c in out["cases"].values()) <= out["replies"]
+
+
 # ---- tools/ -------------------------------------------------------------------------------------------------------
 def test_log_lines_counts_kinds_steps_duplicates_and_adverts(tmp_path):
     run = tmp_path / "run"
