@@ -27,7 +27,7 @@ class RLAdvantage:
     Raises ValueError if a sample has no reward (NaN or ``has_reward`` false): the scorer must drop it.
     """
 
-    def __init__(self, normalize: str = "none", eps: float = 1e-6, baseline_momentum: float | None = None) -> None:
+    def __init__(self, normalize: str = "mean", eps: float = 1e-6, baseline_momentum: float | None = 0.9) -> None:
         self.normalize = check_normalize(normalize)
         self.eps = eps
         on = baseline_momentum is not None and normalize != "none"

@@ -25,7 +25,7 @@ class ImportanceSamplingLoss(nn.Module):
         max_ratio: bound on the importance weight (> 1); None: unbounded (Tinker ``importance_sampling``).
     """
 
-    def __init__(self, aggregation: str = "token-mean", max_ratio: float | None = None) -> None:
+    def __init__(self, aggregation: str = "token-mean", max_ratio: float | None = 5.0) -> None:
         super().__init__()
         self.aggregation = check_aggregation(aggregation)
         if max_ratio is not None and max_ratio <= 1.0:

@@ -41,7 +41,7 @@ class KLPenalty(nn.Module):
     Metrics: ``kl`` (token mean of the estimate over masked tokens).
     """
 
-    def __init__(self, coef: float = 0.0, estimator: str = "k3", aggregation: str = "token-mean") -> None:
+    def __init__(self, coef: float = 0.1, estimator: str = "k3", aggregation: str = "token-mean") -> None:
         super().__init__()
         if estimator not in KL_ESTIMATORS:
             raise ValueError(f"unknown KL estimator {estimator!r}; valid: {', '.join(KL_ESTIMATORS)}")

@@ -91,7 +91,7 @@ class LoraPolicy(nn.Module):
         gradient_checkpointing: bool = False,
         logprob_chunk_size: int = 512,
         adapters: Sequence[str] = (),
-        activation_budget_mib: float | None = None,
+        activation_budget_mib: float | None = 4096,
     ) -> None:
         super().__init__()
         if logprob_chunk_size < 1:

@@ -35,6 +35,8 @@ from metaclaw.store import Sample, SampleStore, SampleValidationError, open_sess
 
 log = logging.getLogger(__name__)
 
+FEEDBACK = FeedbackRule()  # the default rule: the user's score is the reward (`rollout.scoring.feedback`)
+
 
 @dataclass
 class TurnScore:
@@ -99,15 +101,15 @@ class ScoringWorker:
         render_teacher_prompt: Callable[[Sample, str], list[int]] | None = None,
         poll_s: float = 0.5,
         session_idle_s: float = 300.0,
-        at_least_one: bool = True,
+        at_least_one: bool = False,
         timeout_s: float = 60.0,
         max_attempts: int = 3,
         concurrency: int = 4,
         evolver: SkillEvolverLike | None = None,
         evolve_every_n_turns: int | None = None,
-        feedback: FeedbackRule | Any = None,
+        feedback: FeedbackRule | Any = FEEDBACK,
         heldout_share: float = 0.0,
-        no_next_state: str = "score",
+        no_next_state: str = "drop",
         clock: Callable[[], float] = time.monotonic,
         distiller: ContextDistiller | Any = None,
     ) -> None:

@@ -228,10 +228,10 @@ class HFEngine(ServedAdapters):
         cls,
         spec: Any,
         infer_devices: Sequence[int] = (),
-        max_batch_size: int = 1,
-        merge_adapters: bool | str = False,
-        batch_linger_s: float = 0.0,
-        prefix_cache_mb: float = 0.0,
+        max_batch_size: int = 4,
+        merge_adapters: bool | str = "auto",
+        batch_linger_s: float = 0.25,
+        prefix_cache_mb: float = 1024,
         **vllm_only: Any,
     ) -> HFEngine:
         """The `backend` node's constructor: the first inference GPU, else CPU. The vLLM options `backend=auto`
