@@ -34,7 +34,7 @@ class KLPenalty(nn.Module):
     Shapes: ``logprobs`` (with grad), ``ref_logprobs`` (no grad), ``mask`` are all ``[B, T]``.
 
     Args:
-        coef: Penalty weight; 0 keeps the metric but adds nothing to the gradient.
+        coef: Penalty weight (0.1 by default); 0 keeps the metric but adds nothing to the gradient.
         estimator: ``"k1"``, ``"k2"`` or ``"k3"``.
         aggregation: ``"token-mean"``, ``"seq-mean"`` or ``"sum"`` (see :func:`aggregate`).
 

@@ -237,7 +237,9 @@ class HFEngine(ServedAdapters):
         """The `backend` node's constructor: the first inference GPU, else CPU. The vLLM options `backend=auto`
         carries (for when it resolves to vLLM) are not used here; any other option is a config error.
         `merge_adapters`: true, false or `auto` (merged on CPU, where PEFT's unmerged layers cost the most and a
-        copy of the adapted weights is cheap; through PEFT on a GPU)."""
+        copy of the adapted weights is cheap; through PEFT on a GPU). Its defaults are the product's (`backend=hf`:
+        4 requests a batch, a 0.25 s linger, `auto` merging, a 1 GiB prefix cache; `HFEngine(...)` built by hand
+        samples one request at a time)."""
         unknown = sorted(set(vllm_only) - VLLM_ONLY_OPTIONS)
         if unknown:
             raise ValueError(f"backend: options the HF engine does not know: {unknown}")
