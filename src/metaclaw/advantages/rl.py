@@ -19,7 +19,8 @@ class RLAdvantage:
 
     Args:
         normalize: ``"none"``, ``"mean"`` (r − mean, the default: seed 002's GRPO advantage) or ``"mean_std"``
-            ((r − mean)/(std + eps)), across the step's global batch (``group_reward`` when the batch is one DDP rank's slice).
+            ((r − mean)/(std + eps)), across the step's global batch (``group_reward`` when the batch is one DDP
+            rank's slice).
         eps: Added to the std in ``"mean_std"``.
         baseline_momentum: with normalisation, a batch of equal approvals is centred on the agent's running mean
             reward instead (`RunningBaseline`, momentum 0.9 by default); None: off (such a batch trains nothing).
