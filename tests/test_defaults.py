@@ -115,3 +115,7 @@ def test_the_resolver_reads_the_code_and_overrides_still_apply(tmp_path):
     changed = _compose("train", ["rollout=proxy", "rollout.scoring.session_idle_s=12", "privacy.pii.email=keep"],
                        tmp_path)  # fmt: skip
     assert changed.rollout.scoring.session_idle_s == 12 and changed.privacy.pii.email == "keep"
+    for node in (cfg.optimizer, cfg.rollout.proxy, cfg.model, cfg.privacy):
+        OmegaConf.resolve(node)  # as Hydra's instantiate resolves: list and mapping defaults become nodes
+    assert cfg.optimizer.betas == [0.9, 0.999] and cfg.rollout.proxy.allowed_hosts == []
+    assert cfg.model.thinking.template_kwargs == {} and cfg.privacy.trusted_outbound == []

@@ -107,9 +107,11 @@ def _setting_path(node: Node) -> tuple[DictConfig, list[str]]:
 def _metaclaw_default(*, _node_: Node) -> Any:
     target_node, path = _setting_path(_node_)
     try:
-        return code_default(str(target_node["_target_"]), path)
+        value = code_default(str(target_node["_target_"]), path)
     except NoDefault as e:
         raise ConfigError(f"`{'.'.join(path)}: ${{metaclaw_default:}}`: {e}") from e
+    # a container as a config node: `OmegaConf.resolve` (Hydra's instantiate) cannot put a plain list into a value node
+    return OmegaConf.create(value) if isinstance(value, dict | list) else value
 
 
 def register_resolvers() -> None:
