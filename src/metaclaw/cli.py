@@ -105,9 +105,9 @@ def objective(metrics: dict) -> float | None:
 
 
 def config_groups(root: Path = CONFIG_DIR) -> dict[str, list[str]]:
-    """`{group: [option, ...]}` of the shipped config tree (what `group=option` accepts)."""
+    """`{group: [option, ...]}` of the shipped config tree (what `group=option` accepts; `_spec` is a base)."""
     return {
-        d.name: sorted(p.stem for p in d.glob("*.yaml"))
+        d.name: sorted(p.stem for p in d.glob("*.yaml") if not p.stem.startswith("_"))
         for d in sorted(root.iterdir())
         if d.is_dir() and any(d.glob("*.yaml"))
     }

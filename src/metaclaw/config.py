@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import dataclasses
+import inspect
 import netrc
 import os
+from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
-from omegaconf import DictConfig, OmegaConf
+from hydra.utils import get_object
+from omegaconf import DictConfig, ListConfig, Node, OmegaConf
 
 from metaclaw.agents import AgentProfiles, check_agent_modes
 from metaclaw.devices import train_gpu_ids, train_processes, trainer_kwargs
@@ -43,14 +48,83 @@ def _wandb_offline() -> bool:
         return True
 
 
+class NoDefault(LookupError):
+    """A setting beside a `_target_` whose target gives it no default (a required argument, or not one it takes)."""
+
+
+def _plain(value: Any) -> Any:
+    """A code default as config data: tuples as lists, read-only mappings and dataclass instances as dicts."""
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return _plain(dataclasses.asdict(value))
+    if isinstance(value, Mapping):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, (tuple, list)):
+        return [_plain(v) for v in value]
+    return value
+
+
+def code_default(target: str, path: Sequence[str]) -> Any:
+    """The default `target` (a `_target_` string) gives the setting at `path` (`["images", "mode"]`: the key `mode`
+    of the `images` argument's default): the one source of every default the config shows as `${metaclaw_default:}`.
+
+    Raises `NoDefault` when the argument is required or not in the signature, or the default has no such key.
+    """
+    obj = get_object(target)
+    name, *inner = path
+    is_dataclass = isinstance(obj, type) and dataclasses.is_dataclass(obj)
+    fields = {f.name: f for f in dataclasses.fields(obj)} if is_dataclass else {}
+    factory = fields[name].default_factory if name in fields else dataclasses.MISSING
+    if callable(factory):
+        value = factory()
+    else:
+        param = inspect.signature(obj).parameters.get(name)
+        if param is None or param.default is inspect.Parameter.empty:
+            raise NoDefault(f"{target} has no default for `{name}`")
+        value = param.default
+    for key in inner:
+        if isinstance(value, Mapping) and key in value:
+            value = value[key]
+        elif dataclasses.is_dataclass(value) and hasattr(value, key):
+            value = getattr(value, key)
+        else:
+            raise NoDefault(f"{target}'s default for `{'.'.join(path[:-1])}` has no `{key}`")
+    return _plain(value)
+
+
+def _setting_path(node: Node) -> tuple[DictConfig, list[str]]:
+    """The nearest node with a `_target_` above `node`, and the keys from it down to `node`."""
+    path: list[str] = []
+    while True:
+        path.insert(0, str(node._key()))
+        parent = node._get_parent()
+        if parent is None or isinstance(parent, ListConfig):
+            raise ConfigError(f"`{'.'.join(path)}: ${{metaclaw_default:}}` has no `_target_` above it")
+        if isinstance(parent, DictConfig) and "_target_" in parent:
+            return parent, path
+        node = parent
+
+
+def _metaclaw_default(*, _node_: Node) -> Any:
+    target_node, path = _setting_path(_node_)
+    try:
+        value = code_default(str(target_node["_target_"]), path)
+    except NoDefault as e:
+        raise ConfigError(f"`{'.'.join(path)}: ${{metaclaw_default:}}`: {e}") from e
+    # a container as a config node: `OmegaConf.resolve` (Hydra's instantiate) cannot put a plain list into a value node
+    return OmegaConf.create(value) if isinstance(value, dict | list) else value
+
+
 def register_resolvers() -> None:
-    """Idempotently register `${metaclaw_data:NAME}`, `${metaclaw_wandb_offline:}` and `${metaclaw_lora_targets:}`."""
+    """Idempotently register `${metaclaw_data:NAME}`, `${metaclaw_wandb_offline:}`, `${metaclaw_lora_targets:}`
+    and `${metaclaw_default:}` (the code default of the setting it stands for: `code_default`)."""
     if not OmegaConf.has_resolver("metaclaw_data"):
         OmegaConf.register_new_resolver("metaclaw_data", lambda name: str(DATA_DIR / name))
     if not OmegaConf.has_resolver("metaclaw_wandb_offline"):
         OmegaConf.register_new_resolver("metaclaw_wandb_offline", _wandb_offline)
     if not OmegaConf.has_resolver("metaclaw_lora_targets"):
         OmegaConf.register_new_resolver("metaclaw_lora_targets", _lora_targets)
+    if not OmegaConf.has_resolver("metaclaw_default"):
+        OmegaConf.register_new_resolver("metaclaw_default", _metaclaw_default)
 
 
 def validate_train_config(cfg: DictConfig) -> None:
@@ -124,3 +198,7 @@ def trainer_device_kwargs(devices: DictConfig, several_adapters: bool = False) -
     if several_adapters and kwargs["strategy"] == "ddp":
         kwargs["strategy"] = DDP_SEVERAL_ADAPTERS
     return kwargs
+
+
+# Registered on import: a config composed from CONFIG_DIR anywhere (a test, a bench script, a notebook) resolves.
+register_resolvers()

@@ -1,12 +1,13 @@
 """Every conf/method option composes, instantiates its advantage estimator and runs on a tiny batch."""
 
-
 import pytest
 import torch
 from hydra import compose, initialize_config_dir
 from hydra.utils import instantiate
 
-from metaclaw.config import CONFIG_DIR
+from metaclaw.config import CONFIG_DIR, register_resolvers
+
+register_resolvers()
 
 CONF = CONFIG_DIR
 OPTIONS = sorted(p.stem for p in (CONF / "method").glob("*.yaml"))

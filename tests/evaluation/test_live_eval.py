@@ -78,7 +78,7 @@ def test_quality_is_the_base_models_nll_and_the_gate_refuses_a_collapse(served):
 
 def test_gate_serves_a_better_adapter_and_refuses_a_worse_one(served):
     url, run_dir, good, bad = served
-    publisher = AdapterPublisher(str(run_dir), str(run_dir / "samples.sqlite"), server_url=url)
+    publisher = AdapterPublisher(str(run_dir), str(run_dir / "samples.sqlite"), server_url=url, hot_load_async=False)
     live = LiveEvaluator(evaluator(url), run_dir, base_model="tiny", gate=True, margin=0.1, server_url=url).start()
     client = OpenAI(base_url=f"{url}/v1", api_key="unused")
 

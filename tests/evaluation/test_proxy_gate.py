@@ -121,7 +121,7 @@ def test_proxy_defaults_gate_candidates_on_the_judged_heldout_turns(served, tmp_
     live = build_evaluator(cfg)
     assert live is not None and live.gate
     bind_evaluator(cfg, live, url, None, store)
-    publisher = AdapterPublisher(str(tmp_path), str(tmp_path / "samples.sqlite"), server_url=url)
+    publisher = AdapterPublisher(str(tmp_path), str(tmp_path / "samples.sqlite"), server_url=url, hot_load_async=False)
     candidates = []
     for step in (1, 2, 3, 4):
         target = run_dir / "adapters" / tmp_path.name / f"step-{step:06d}"  # the server loads from its root only

@@ -35,7 +35,7 @@ def test_zero_coef_and_masking() -> None:
     logprobs = torch.tensor(LOGPROBS, requires_grad=True)
     ref = REF.clone()
     ref[0, 1] = float("-inf")  # off the mask: must not leak
-    out = KLPenalty()(logprobs, ref, torch.tensor([[1.0, 0.0]]))
+    out = KLPenalty(coef=0.0)(logprobs, ref, torch.tensor([[1.0, 0.0]]))
     out.loss.backward()
     assert out.loss.item() == 0.0
     assert out.metrics["kl"].item() == pytest.approx(0.106531, abs=1e-6)  # only the first token

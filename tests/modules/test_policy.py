@@ -251,4 +251,5 @@ def test_a_batch_over_the_activation_budget_is_checkpointed_and_a_short_one_is_n
     always = LoraPolicy(tiny_spec.load_model(), rank=4, alpha=8, gradient_checkpointing=True, activation_budget_mib=1.0)
     always.checkpoint_for(1)
     assert always.gradient_checkpointing  # checkpointing asked for stays on
-    assert LoraPolicy(tiny_spec.load_model(), rank=4, alpha=8).checkpoint_above is None  # no budget: never
+    no_budget = LoraPolicy(tiny_spec.load_model(), rank=4, alpha=8, activation_budget_mib=None)
+    assert no_budget.checkpoint_above is None  # no budget: never

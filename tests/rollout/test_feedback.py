@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import sqlite3
+from functools import partial
 
 import anthropic
 import httpx
@@ -16,6 +17,10 @@ from metaclaw.scoring.teacher import TeacherClient
 from metaclaw.scoring.worker import ScoringWorker
 from metaclaw.store import Sample, SampleStore, SessionLog
 from tests.rollout.conftest import make_harness
+
+# The mechanisms as seed 002 states them (+1 at least once, closing turns judged); the product's rules are
+# ScoringWorker's defaults (off, drop): tests/test_configs.py
+SeedRulesWorker = partial(ScoringWorker, at_least_one=True, no_next_state="score")
 
 
 def oai(h, key: str = "unused") -> openai.OpenAI:
@@ -35,7 +40,7 @@ def feedback(h, **body) -> httpx.Response:
 def settle(store: SampleStore, **kw) -> ScoringWorker:
     for s in store.select():
         SessionLog(store.path).touch(s.agent_id, s.session_id, done=True)
-    worker = ScoringWorker(store, RuleJudge(), needs_reward=True, session_idle_s=1e9, **kw)
+    worker = SeedRulesWorker(store, RuleJudge(), needs_reward=True, session_idle_s=1e9, **kw)
     asyncio.run(worker.run_once())
     return worker
 
@@ -117,7 +122,7 @@ def test_feedback_text_is_the_opd_hint_the_teacher_sees(tmp_path, upstream):
         r = ask(h, "q").parse()  # no next state: without feedback OPD would have no hint
         feedback(h, response_id=r.id, score=1, text="Mention the source.")
         seen = []
-        worker = ScoringWorker(
+        worker = SeedRulesWorker(
             h.store,
             RuleJudge(),
             needs_reward=False,
@@ -176,7 +181,7 @@ def test_feedback_arriving_while_a_session_is_held_is_not_lost(tmp_path):
         store.insert(
             Sample([1], [2], [-0.1], session_id="s", turn_index=i, next_state=ns, meta={"response_id": f"r{i}"})
         )
-    worker = ScoringWorker(store, RuleJudge(), needs_reward=True, session_idle_s=1e9)
+    worker = SeedRulesWorker(store, RuleJudge(), needs_reward=True, session_idle_s=1e9)
     asyncio.run(worker.run_once())  # turn 0 scored (-1) and held until the session finishes
     store.add_feedback(store.by_response_id("r0")[0].id, {"score": 1.0, "text": None, "at": 0.0})
     SessionLog(store.path).touch("default", "s", done=True)

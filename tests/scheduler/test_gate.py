@@ -62,7 +62,8 @@ def build(tmp_path: Path, tiny_policy, on_user_return: str, max_steps: int):
     logger = CSVLogger(str(tmp_path), name="csv", version="")
     trainer = L.Trainer(max_steps=max_steps, accelerator="cpu", devices=1, logger=logger, enable_checkpointing=False,
                         enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0,
-                        callbacks=[AdapterPublisher(str(tmp_path), store_path), scheduler, returns])  # fmt: skip
+                        callbacks=[AdapterPublisher(str(tmp_path), store_path, checkpoint_every_n_steps=1),
+                                   scheduler, returns])  # fmt: skip
     return trainer, module, datamodule, scheduler, clock, idle, returns
 
 

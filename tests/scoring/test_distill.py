@@ -7,6 +7,7 @@ every hinted reply gains 0.25 nats per token over the plain prompt); the judge i
 from __future__ import annotations
 
 import asyncio
+from functools import partial
 
 import pytest
 
@@ -19,6 +20,10 @@ from metaclaw.scoring.judges import RuleJudge
 from metaclaw.scoring.reactions import ReactionJudge
 from metaclaw.scoring.worker import ScoringWorker
 from metaclaw.store import Sample, SampleStore
+
+# The mechanisms as seed 002 states them (+1 at least once, closing turns judged); the product's rules are
+# ScoringWorker's defaults (off, drop): tests/test_configs.py
+SeedRulesWorker = partial(ScoringWorker, at_least_one=True, no_next_state="score")
 
 PREFERENCE = "Your name is Kuro, always introduce yourself as Kuro."  # CLaaS's identity feedback string
 QUESTION = [{"role": "user", "content": "How long should pasta cook?"}]
@@ -36,8 +41,8 @@ def turn(store: SampleStore, next_state: str | None, session: str = "s1") -> int
 
 
 def run(store: SampleStore, judge, url: str, min_gain: float = 0.1, **kw) -> ScoringWorker:
-    distiller = ContextDistiller(url, "tiny", min_gain=min_gain)
-    worker = ScoringWorker(store, judge, session_idle_s=1e9, at_least_one=False, no_next_state="drop",
+    distiller = ContextDistiller(url, "tiny", min_gain=min_gain, samples=1)
+    worker = SeedRulesWorker(store, judge, session_idle_s=1e9, at_least_one=False, no_next_state="drop",
                            distiller=distiller, **kw)  # fmt: skip
     asyncio.run(worker.run_once())
     return worker

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+from functools import partial
 
 from metaclaw.rollout.server import ThreadedServer
 from metaclaw.rollout.testing import scripted_upstream
@@ -11,6 +12,10 @@ from metaclaw.scoring.judges import RuleJudge, Verdict
 from metaclaw.scoring.teacher import TeacherClient
 from metaclaw.scoring.worker import ScoringWorker
 from metaclaw.store import Sample, SampleStore, SessionLog
+
+# The mechanisms as seed 002 states them (+1 at least once, closing turns judged); the product's rules are
+# ScoringWorker's defaults (off, drop): tests/test_configs.py
+SeedRulesWorker = partial(ScoringWorker, at_least_one=True, no_next_state="score")
 
 
 def add_session(store: SampleStore, session: str, next_states: list[str | None]) -> list[int]:
@@ -38,7 +43,7 @@ def done(store: SampleStore, session: str) -> None:
 def test_rl_waits_for_the_session_then_applies_at_least_one(tmp_path):
     store = SampleStore(tmp_path / "s.sqlite")
     add_session(store, "bad", ["that's wrong", "ok", None])
-    worker = ScoringWorker(store, RuleJudge(), needs_reward=True, session_idle_s=1e9)
+    worker = SeedRulesWorker(store, RuleJudge(), needs_reward=True, session_idle_s=1e9)
     assert asyncio.run(worker.run_once()) == 0  # not finished: rewards held back
     done(store, "bad")
     assert asyncio.run(worker.run_once()) == 3
@@ -56,7 +61,7 @@ def test_at_least_one_never_lifts_a_turn_the_user_or_the_judge_called_bad(tmp_pa
     rated = add_session(store, "rated", ["ok", None])
     store.add_feedback(rated[0], {"score": -1.0})  # the user rated the neutral-looking turn bad
     done(store, "corrected"), done(store, "rated")
-    asyncio.run(ScoringWorker(store, RuleJudge(), needs_reward=True, at_least_one=True).run_once())
+    asyncio.run(SeedRulesWorker(store, RuleJudge(), needs_reward=True, at_least_one=True).run_once())
     got = store.select()
     assert [s.reward for s in got[:2]] == [-1.0, -1.0] and got[3].reward == -1.0
     assert not any("at_least_one" in s.meta for s in got)
@@ -66,7 +71,7 @@ def test_at_least_one_never_lifts_a_turn_the_user_or_the_judge_called_bad(tmp_pa
 def test_rl_without_guarantee_scores_as_soon_as_next_state_is_known(tmp_path):
     store = SampleStore(tmp_path / "s.sqlite")
     add_session(store, "s", ["thanks, works", None])
-    worker = ScoringWorker(store, RuleJudge(), needs_reward=True, at_least_one=False, session_idle_s=1e9)
+    worker = SeedRulesWorker(store, RuleJudge(), needs_reward=True, at_least_one=False, session_idle_s=1e9)
     assert asyncio.run(worker.run_once()) == 1
     first, second = store.select()
     assert (first.status, first.reward, second.status) == ("ready", 1.0, "pending")
@@ -86,7 +91,7 @@ def test_a_turn_nothing_reacted_to_is_dropped_when_told(tmp_path):
             judged.append(sample.id)
             return await super().reward(sample)
 
-    worker = ScoringWorker(store, CountingJudge(), needs_reward=True, at_least_one=False, no_next_state="drop")
+    worker = SeedRulesWorker(store, CountingJudge(), needs_reward=True, at_least_one=False, no_next_state="drop")
     assert asyncio.run(worker.run_once()) == 3
     assert store.select()[1].id not in judged  # no evidence: the judge is not asked
     answered, closing, with_feedback = store.select()
@@ -96,14 +101,14 @@ def test_a_turn_nothing_reacted_to_is_dropped_when_told(tmp_path):
     kept = SampleStore(tmp_path / "k.sqlite")
     add_session(kept, "s", [None])
     done(kept, "s")
-    asyncio.run(ScoringWorker(kept, RuleJudge(), needs_reward=True, at_least_one=False).run_once())
+    asyncio.run(SeedRulesWorker(kept, RuleJudge(), needs_reward=True, at_least_one=False).run_once())
     assert (kept.select()[0].status, kept.select()[0].reward) == ("ready", 0.0)  # the default: the judge scores it
 
 
 def test_idle_sessions_count_as_finished(tmp_path):
     store = SampleStore(tmp_path / "s.sqlite")
     add_session(store, "s", ["great", None])
-    worker = ScoringWorker(store, RuleJudge(), needs_reward=True, session_idle_s=0.0)
+    worker = SeedRulesWorker(store, RuleJudge(), needs_reward=True, session_idle_s=0.0)
     assert asyncio.run(worker.run_once()) == 2
 
 
@@ -112,7 +117,7 @@ def test_opd_uses_teacher_logprobs_and_drops_turns_without_hint(tmp_path, tiny_t
     add_session(store, "s", ["No, that's wrong. Use Berlin.", "thanks", None])
     done(store, "s")
     with ThreadedServer(scripted_upstream()) as up:
-        worker = ScoringWorker(
+        worker = SeedRulesWorker(
             store,
             RuleJudge(),
             needs_reward=False,
@@ -132,7 +137,7 @@ def test_combine_dispatch(tmp_path):
     add_session(store, "s", ["wrong. Use Berlin.", "thanks", None])
     done(store, "s")
     with ThreadedServer(scripted_upstream()) as up:
-        worker = ScoringWorker(
+        worker = SeedRulesWorker(
             store,
             RuleJudge(),
             needs_reward=True,
@@ -160,7 +165,7 @@ def test_a_hanging_judge_never_stalls_scoring(tmp_path):
     store = SampleStore(tmp_path / "s.sqlite")
     add_session(store, "s", ["great", None])
     done(store, "s")
-    worker = ScoringWorker(store, HangingJudge(), needs_reward=True, timeout_s=0.05, max_attempts=2)
+    worker = SeedRulesWorker(store, HangingJudge(), needs_reward=True, timeout_s=0.05, max_attempts=2)
     asyncio.run(worker.run_once())
     assert store.counts()["pending"] == 2 and worker.stats["errors"] == 2
     asyncio.run(worker.run_once())  # second attempt: both turns failed for good and are settled as such
@@ -184,7 +189,7 @@ def test_turns_the_judge_failed_on_are_never_trained_on(tmp_path):
     store = SampleStore(tmp_path / "s.sqlite")
     add_session(store, "s", ["that's wrong", "still wrong", None])
     done(store, "s")
-    worker = ScoringWorker(store, FlakyJudge({0, 1, 2}), needs_reward=True, max_attempts=1)
+    worker = SeedRulesWorker(store, FlakyJudge({0, 1, 2}), needs_reward=True, max_attempts=1)
     assert asyncio.run(worker.run_once()) == 3
     got = store.select()
     assert [s.status for s in got] == ["dropped"] * 3  # not settled as reward 0 and trained on
@@ -198,7 +203,7 @@ def test_at_least_one_skips_failed_turns_and_turns_without_evidence(tmp_path):
     # turns 0 and 1 score 0, turn 1 (the later, picked first) failed, turn 2 is the last: no next state
     add_session(store, "s", ["ok", "ok", None])
     done(store, "s")
-    worker = ScoringWorker(store, FlakyJudge({1}), needs_reward=True, max_attempts=1)
+    worker = SeedRulesWorker(store, FlakyJudge({1}), needs_reward=True, max_attempts=1)
     asyncio.run(worker.run_once())
     first, failed, last = store.select()
     assert (failed.status, failed.meta["dropped"]) == ("dropped", "judge_failed")
@@ -210,7 +215,7 @@ def test_at_least_one_lifts_nothing_when_no_turn_had_evidence(tmp_path):
     store = SampleStore(tmp_path / "s.sqlite")
     add_session(store, "s", [None])  # a one-turn session: the judge saw no reaction to the reply
     done(store, "s")
-    worker = ScoringWorker(store, RuleJudge(), needs_reward=True)
+    worker = SeedRulesWorker(store, RuleJudge(), needs_reward=True)
     asyncio.run(worker.run_once())
     [only] = store.select()
     assert only.reward == 0.0 and "at_least_one" not in only.meta
@@ -229,7 +234,7 @@ def test_failed_turns_go_to_the_skill_evolver(tmp_path):
     add_session(store, "s", ["wrong", "thanks", None])
     done(store, "s")
     evolver = RecordingEvolver()
-    worker = ScoringWorker(store, RuleJudge(), needs_reward=True, evolver=evolver)
+    worker = SeedRulesWorker(store, RuleJudge(), needs_reward=True, evolver=evolver)
     asyncio.run(worker.run_once())
     assert worker.drain_evolution(10)  # the evolver runs on its own thread, off the scoring loop
     [(agent, failed)] = evolver.calls
@@ -240,7 +245,7 @@ def test_idle_sessions_go_to_the_skill_evolver(tmp_path):
     store = SampleStore(tmp_path / "s.sqlite")
     ids = add_session(store, "s", ["wrong", None])  # never marked done
     evolver = RecordingEvolver()
-    worker = ScoringWorker(store, RuleJudge(), needs_reward=True, session_idle_s=0.0, evolver=evolver)
+    worker = SeedRulesWorker(store, RuleJudge(), needs_reward=True, session_idle_s=0.0, evolver=evolver)
     asyncio.run(worker.run_once())
     assert worker.drain_evolution(10)
     [(_, failed)] = evolver.calls
@@ -251,7 +256,7 @@ def test_every_n_turns_evolves_before_the_session_ends(tmp_path):
     store = SampleStore(tmp_path / "s.sqlite")
     ids = add_session(store, "s", ["wrong", "thanks", "wrong", None])
     evolver = RecordingEvolver()
-    worker = ScoringWorker(
+    worker = SeedRulesWorker(
         store, RuleJudge(), needs_reward=True, session_idle_s=1e9, evolver=evolver, evolve_every_n_turns=2
     )
     asyncio.run(worker.run_once())  # three turns have a next state; rewards are held for at-least-one
@@ -279,7 +284,7 @@ def test_evolution_runs_off_the_scoring_loop_and_its_failures_are_logged(tmp_pat
     add_session(store, "s", ["wrong", None])
     done(store, "s")
     evolver = BlockingEvolver(fail=True)
-    worker = ScoringWorker(store, RuleJudge(), needs_reward=True, evolver=evolver)
+    worker = SeedRulesWorker(store, RuleJudge(), needs_reward=True, evolver=evolver)
     assert asyncio.run(worker.run_once()) == 2  # settled while the evolver is still blocked
     assert store.counts()["ready"] == 2 and evolver.calls == 0
     evolver.release.set()
@@ -306,7 +311,7 @@ def test_a_non_finite_teacher_logprob_drops_the_turn_naming_the_field(tmp_path):
     store = SampleStore(tmp_path / "s.sqlite")
     add_session(store, "s", ["No, that's wrong. Use Berlin.", None])
     done(store, "s")
-    worker = ScoringWorker(
+    worker = SeedRulesWorker(
         store,
         RuleJudge(),
         needs_reward=False,
@@ -329,7 +334,7 @@ def test_a_reaction_ten_minutes_late_reopens_its_turn_and_is_trained(tmp_path):
     (turn,) = add_session(store, "s", [None])
     (old,) = add_session(store, "o", [None])
     mono = [0.0]
-    worker = ScoringWorker(store, RuleJudge(), needs_reward=True, at_least_one=False, no_next_state="drop",
+    worker = SeedRulesWorker(store, RuleJudge(), needs_reward=True, at_least_one=False, no_next_state="drop",
                            session_idle_s=300.0, clock=lambda: mono[0])  # fmt: skip
     assert asyncio.run(worker.run_once()) == 0  # the sessions are fresh: nothing settles yet
     mono[0] = wall[0] = 1_000.0 + 301.0

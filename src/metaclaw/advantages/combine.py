@@ -38,9 +38,9 @@ class CombineAdvantage:
         self,
         w_opd: float = 1.0,
         w_rl: float = 1.0,
-        normalize: str = "none",
+        normalize: str = "mean",
         eps: float = 1e-6,
-        baseline_momentum: float | None = None,
+        baseline_momentum: float | None = 0.9,
     ) -> None:
         self.w_opd = w_opd
         self.w_rl = w_rl

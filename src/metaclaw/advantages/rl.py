@@ -18,16 +18,17 @@ class RLAdvantage:
     """A_{b,t} = norm(r)_b on masked tokens, 0 elsewhere; ``reward [B]`` → advantages ``[B, T]``.
 
     Args:
-        normalize: ``"none"``, ``"mean"`` (r − mean) or ``"mean_std"`` ((r − mean)/(std + eps)), across the
-            step's global batch (``group_reward`` when the batch is one DDP rank's slice).
+        normalize: ``"none"``, ``"mean"`` (r − mean, the default: seed 002's GRPO advantage) or ``"mean_std"``
+            ((r − mean)/(std + eps)), across the step's global batch (``group_reward`` when the batch is one DDP
+            rank's slice).
         eps: Added to the std in ``"mean_std"``.
         baseline_momentum: with normalisation, a batch of equal approvals is centred on the agent's running mean
-            reward instead (`RunningBaseline`); None: off (such a batch trains nothing).
+            reward instead (`RunningBaseline`, momentum 0.9 by default); None: off (such a batch trains nothing).
 
     Raises ValueError if a sample has no reward (NaN or ``has_reward`` false): the scorer must drop it.
     """
 
-    def __init__(self, normalize: str = "none", eps: float = 1e-6, baseline_momentum: float | None = None) -> None:
+    def __init__(self, normalize: str = "mean", eps: float = 1e-6, baseline_momentum: float | None = 0.9) -> None:
         self.normalize = check_normalize(normalize)
         self.eps = eps
         on = baseline_momentum is not None and normalize != "none"

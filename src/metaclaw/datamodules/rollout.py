@@ -263,7 +263,7 @@ class RolloutDataModule(L.LightningDataModule):
         self,
         store_path: str,
         batch_size: int = 4,
-        max_tokens: int | None = 8192,
+        max_tokens: int | None = 65536,
         max_sample_tokens: int | None = None,
         wait_timeout_s: float | None = 5.0,
         max_staleness: int | None = None,

@@ -22,10 +22,11 @@ class ImportanceSamplingLoss(nn.Module):
 
     Args:
         aggregation: ``"token-mean"``, ``"seq-mean"`` or ``"sum"`` (see :func:`aggregate`).
-        max_ratio: bound on the importance weight (> 1); None: unbounded (Tinker ``importance_sampling``).
+        max_ratio: bound on the importance weight (> 1; 5 by default); None: unbounded (Tinker
+            ``importance_sampling``, as the training server sets it).
     """
 
-    def __init__(self, aggregation: str = "token-mean", max_ratio: float | None = None) -> None:
+    def __init__(self, aggregation: str = "token-mean", max_ratio: float | None = 5.0) -> None:
         super().__init__()
         self.aggregation = check_aggregation(aggregation)
         if max_ratio is not None and max_ratio <= 1.0:

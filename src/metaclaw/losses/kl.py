@@ -34,14 +34,14 @@ class KLPenalty(nn.Module):
     Shapes: ``logprobs`` (with grad), ``ref_logprobs`` (no grad), ``mask`` are all ``[B, T]``.
 
     Args:
-        coef: Penalty weight; 0 keeps the metric but adds nothing to the gradient.
+        coef: Penalty weight (0.1 by default); 0 keeps the metric but adds nothing to the gradient.
         estimator: ``"k1"``, ``"k2"`` or ``"k3"``.
         aggregation: ``"token-mean"``, ``"seq-mean"`` or ``"sum"`` (see :func:`aggregate`).
 
     Metrics: ``kl`` (token mean of the estimate over masked tokens).
     """
 
-    def __init__(self, coef: float = 0.0, estimator: str = "k3", aggregation: str = "token-mean") -> None:
+    def __init__(self, coef: float = 0.1, estimator: str = "k3", aggregation: str = "token-mean") -> None:
         super().__init__()
         if estimator not in KL_ESTIMATORS:
             raise ValueError(f"unknown KL estimator {estimator!r}; valid: {', '.join(KL_ESTIMATORS)}")

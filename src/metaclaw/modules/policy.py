@@ -72,7 +72,7 @@ class LoraPolicy(nn.Module):
         activation_budget_mib: with checkpointing off, a step whose batch would keep more activations than this
             (its positions × the model's bytes per position, `memory_plan.Shape`) is checkpointed, the others are
             not (`checkpoint_for`): the main job's short turns keep their speed, an agent's 7k-token turns fit.
-            None: never.
+            4096 MiB by default; None: never.
         logprob_chunk_size: response positions whose logits are computed at once (memory: this x vocabulary).
         adapters: more named adapters besides PEFT's `default`, with the same LoRA settings (many agents: one
             per agent, docs/agents.md). `use_adapter(name)` picks the one that is applied and trained. Every
@@ -91,7 +91,7 @@ class LoraPolicy(nn.Module):
         gradient_checkpointing: bool = False,
         logprob_chunk_size: int = 512,
         adapters: Sequence[str] = (),
-        activation_budget_mib: float | None = None,
+        activation_budget_mib: float | None = 4096,
     ) -> None:
         super().__init__()
         if logprob_chunk_size < 1:

@@ -75,12 +75,13 @@ class AdapterPublisher(L.Callback):
         lora_name: the name the adapter is served under (the OpenAI `model` field).
         api_key: bearer key for the server.
         timeout_s: how long a load request may take.
-        keep_last: keep only the newest this many adapter directories (None keeps all).
+        keep_last: keep only the newest this many adapter directories (None keeps all; by default 20).
         max_hot_load_failures: stop the run after this many failed hot-loads in a row (None: only warn).
-        hot_load_async: hot-load on a background thread: the step never waits for the server; the version
+        hot_load_async: hot-load on a background thread (the default): the step never waits for the server; the version
             served and a failure are learnt at the next publish (`metaclaw.modules.hot_load`).
         checkpoint_every_n_steps: write the resumable checkpoint (and consume its samples) at a publish once this
-            many steps passed since the last one, and at the end of training (see the module docstring).
+            many steps passed since the last one (4 by default: a crash redoes at most 3 steps), and at the end of
+            training (see the module docstring).
 
         served: the adapter versions served, shared with the datamodule that claims against them (staleness);
             this publisher updates them. A fresh one when None.
@@ -99,10 +100,10 @@ class AdapterPublisher(L.Callback):
         lora_name: str = "policy",
         api_key: str | None = None,
         timeout_s: float = 30.0,
-        keep_last: int | None = None,
+        keep_last: int | None = 20,
         max_hot_load_failures: int | None = 3,
-        hot_load_async: bool = False,
-        checkpoint_every_n_steps: int = 1,
+        hot_load_async: bool = True,
+        checkpoint_every_n_steps: int = 4,
         served: ServedVersions | None = None,
         release: Release | None = None,
         agents: AgentProfiles | None = None,

@@ -25,6 +25,7 @@ import logging
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
+from types import MappingProxyType
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -60,7 +61,7 @@ class PrivacyPolicy:
 
     def __init__(
         self,
-        pii: Mapping[str, str] | None = None,
+        pii: Mapping[str, str] | None = MappingProxyType(DEFAULT_PII),
         outbound: str = "redact_untrusted",
         trusted_outbound: Sequence[str] = (),
         entropy: bool = True,

@@ -14,7 +14,9 @@ from __future__ import annotations
 
 import json
 import logging
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import MISSING, dataclass, fields
+from types import MappingProxyType
 from typing import Any
 
 from metaclaw.messages import content_text
@@ -297,6 +299,12 @@ class ClientFit:
             if action is not None:
                 meta["context"] = action
         return messages, tools
+
+
+def policy_settings(policy: type) -> Mapping[str, Any]:
+    """A policy's settings and their defaults (read-only): the defaults of `rollout.proxy.images` / `.context`."""
+    settings = {f.name: f.default for f in fields(policy) if f.name != "tokenizer" and f.default is not MISSING}
+    return MappingProxyType(settings)
 
 
 def build_fit(proxy_cfg: Any, tokenizer: Any) -> ClientFit:

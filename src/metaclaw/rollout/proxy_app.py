@@ -36,7 +36,7 @@ from metaclaw.ops import metrics
 from metaclaw.rollout import feedback
 from metaclaw.rollout.anthropic import AnthropicStream, to_anthropic_response, to_openai_messages, to_openai_request
 from metaclaw.rollout.errors import is_anthropic, openai_error, proxy_error, stream_error, upstream_response
-from metaclaw.rollout.fit import build_fit
+from metaclaw.rollout.fit import ContextPolicy, ImagePolicy, build_fit, policy_settings
 from metaclaw.rollout.proxy import SSE_DONE, RolloutProxy, Turn, UpstreamError, dumps
 from metaclaw.rollout.responses import ResponseShell, ResponsesStream, to_chat_request, to_response
 from metaclaw.rollout.session_tracker import BODY_EXTRAS, scoped_session_id
@@ -478,8 +478,8 @@ class ProxyService:
         default_temperature: float = 1.0,
         default_agent_id: str = "default",
         request_timeout_s: float = 300.0,
-        images: Mapping[str, Any] | None = None,
-        context: Mapping[str, Any] | None = None,
+        images: Mapping[str, Any] | None = policy_settings(ImagePolicy),
+        context: Mapping[str, Any] | None = policy_settings(ContextPolicy),
         agents: AgentProfiles | None = None,
         allowed_hosts: Sequence[str] = (),
         allowed_origins: Sequence[str] = (),

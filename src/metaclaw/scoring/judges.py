@@ -157,7 +157,7 @@ class LLMJudge:
         api_key: str | None = None,
         votes: int = 3,
         temperature: float = 0.6,
-        max_tokens: int = 512,
+        max_tokens: int = 256,
         timeout_s: float = 60.0,
         max_retries: int = 2,
         thinking: Thinking | Mapping[str, Any] | None = None,

@@ -35,6 +35,8 @@ from metaclaw.store import Sample, SampleStore, SampleValidationError, open_sess
 
 log = logging.getLogger(__name__)
 
+FEEDBACK = FeedbackRule()  # the default rule: the user's score is the reward (`rollout.scoring.feedback`)
+
 
 @dataclass
 class TurnScore:
@@ -64,7 +66,8 @@ class ScoringWorker:
         poll_s: pause between passes.
         session_idle_s: a session with no new turn for this long counts as finished.
         at_least_one: seed 002's guarantee (RL): if every judged turn of a finished session scored ≤ 0, the
-            latest neutral one (reward 0) with a next state and no feedback gets +1; never one scored < 0.
+            latest neutral one (reward 0) with a next state and no feedback gets +1; never one scored < 0. Off by
+            default: it holds every reward until the session ends and invents a reward nobody gave.
         timeout_s: per judge/teacher call.
         max_attempts: a turn whose scoring failed this many times is settled as `dropped` (`judge_failed`).
         concurrency: turns scored at once.
@@ -79,7 +82,7 @@ class ScoringWorker:
             then settled as `dropped` with reason `heldout` (reward kept), never trained on.
         no_next_state: a turn nothing reacted to (no next state, no feedback: a session's last turn) is judged
             like any other (`score`: e.g. the rule judge's `no_next_state_reward`) or settled `dropped` with
-            reason `no_next_state` (`drop`, the config's default: the judge has no evidence, and a made-up 0
+            reason `no_next_state` (`drop`, the default: the judge has no evidence, and a made-up 0
             centred over a batch of corrected turns is a push towards the unreacted reply). A reaction that
             arrives later reopens such a turn (the store: `LATE_REACTION_MAX_AGE_S`) and it is scored then.
         clock: the monotonic clock of session idleness (tests pass their own).
@@ -99,15 +102,15 @@ class ScoringWorker:
         render_teacher_prompt: Callable[[Sample, str], list[int]] | None = None,
         poll_s: float = 0.5,
         session_idle_s: float = 300.0,
-        at_least_one: bool = True,
+        at_least_one: bool = False,
         timeout_s: float = 60.0,
         max_attempts: int = 3,
         concurrency: int = 4,
         evolver: SkillEvolverLike | None = None,
         evolve_every_n_turns: int | None = None,
-        feedback: FeedbackRule | Any = None,
+        feedback: FeedbackRule | Any = FEEDBACK,
         heldout_share: float = 0.0,
-        no_next_state: str = "score",
+        no_next_state: str = "drop",
         clock: Callable[[], float] = time.monotonic,
         distiller: ContextDistiller | Any = None,
     ) -> None:

@@ -175,12 +175,12 @@ class SkillEvolver:
     def __init__(
         self,
         library_root: str | os.PathLike[str] | None = None,
-        base_url: str = "http://127.0.0.1:8000/v1",
+        base_url: str | None = None,
         model: str = "gpt-4o-mini",
         api_key: str | None = None,
         ranker: SkillRanker | None = None,
         similarity_threshold: float | None = None,
-        timeout_s: float = 60.0,
+        timeout_s: float = 120.0,
         max_retries: int = 2,
         max_proposals: int = 3,
         max_turns: int = 8,
@@ -198,6 +198,8 @@ class SkillEvolver:
             raise ValueError(f"skills.evolver.approval must be one of {APPROVALS}, got {approval!r}")
         self.approval, self.max_agents = approval, max_agents
         self.root = Path(library_root).expanduser() if library_root is not None else default_root()
+        if not base_url:  # `skills.evolver.base_url: null` is our policy server: the loop fills it in
+            raise ValueError("SkillEvolver needs a base_url (an OpenAI-compatible .../v1)")
         key = api_key if api_key is not None else os.environ.get("METACLAW_EVOLVER_API_KEY", "")
         self.endpoint, self.model = Endpoint(base_url, key or None), model
         self.ranker: SkillRanker = ranker if ranker is not None else BM25Ranker()

@@ -136,6 +136,7 @@ class TrainingEngine:
                 dropout=lora.dropout,
                 target_modules=targets,
                 gradient_checkpointing=lora.gradient_checkpointing,
+                activation_budget_mib=None,  # the client sizes its batches; checkpointing is its `lora` setting
             )
             self.slot = AdapterSlot(self.policy)
             self.policy_targets = targets

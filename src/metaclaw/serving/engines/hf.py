@@ -228,16 +228,18 @@ class HFEngine(ServedAdapters):
         cls,
         spec: Any,
         infer_devices: Sequence[int] = (),
-        max_batch_size: int = 1,
-        merge_adapters: bool | str = False,
-        batch_linger_s: float = 0.0,
-        prefix_cache_mb: float = 0.0,
+        max_batch_size: int = 4,
+        merge_adapters: bool | str = "auto",
+        batch_linger_s: float = 0.25,
+        prefix_cache_mb: float = 1024,
         **vllm_only: Any,
     ) -> HFEngine:
         """The `backend` node's constructor: the first inference GPU, else CPU. The vLLM options `backend=auto`
         carries (for when it resolves to vLLM) are not used here; any other option is a config error.
         `merge_adapters`: true, false or `auto` (merged on CPU, where PEFT's unmerged layers cost the most and a
-        copy of the adapted weights is cheap; through PEFT on a GPU)."""
+        copy of the adapted weights is cheap; through PEFT on a GPU). Its defaults are the product's (`backend=hf`:
+        4 requests a batch, a 0.25 s linger, `auto` merging, a 1 GiB prefix cache; `HFEngine(...)` built by hand
+        samples one request at a time)."""
         unknown = sorted(set(vllm_only) - VLLM_ONLY_OPTIONS)
         if unknown:
             raise ValueError(f"backend: options the HF engine does not know: {unknown}")
