@@ -188,3 +188,29 @@ def test_adapters_it_cannot_apply_are_refused(engine, fixed_adapter, tmp_path):
     with pytest.raises(AdapterError):
         engine.load_adapter("missing", str(tmp_path / "nowhere"))
     assert "dora" not in engine.adapters()
+
+
+def test_backend_auto_on_a_cpu_host_builds_the_cpu_engine_it_names(tmp_path, tiny_spec, cache, monkeypatch):
+    """backend=auto on a CPU host serves with `backend.cpu_engine`; `onnx` falls back to HF, loudly, when
+    onnxruntime is missing; backend=onnx refuses an inference GPU."""
+    from omegaconf import OmegaConf
+
+    from metaclaw import devices
+    from metaclaw.serving.engines import EngineFactory
+    from tests.test_configs import _compose
+
+    cfg = _compose("train", ["model=tiny", "backend.cpu_engine=onnx"], tmp_path)
+    plan = devices.resolve_devices(cfg, gpu_count=0, vllm_available=False)
+    assert plan.backend == "onnx" and "ONNX Runtime" in plan.describe()
+    assert cfg.backend._target_ == "metaclaw.serving.engines.onnx.OnnxEngine.from_backend"
+    backend = OmegaConf.to_container(cfg.backend, resolve=True)
+    engine = EngineFactory(model=tiny_spec, backend=backend, infer_devices=[])()
+    assert isinstance(engine, OnnxEngine) and engine.max_batch_size == backend["max_batch_size"]
+    monkeypatch.setattr(devices, "onnx_installed", lambda: False)
+    fallback = devices.plan_devices({"train": [], "infer": []}, {"name": "auto", "cpu_engine": "onnx"}, 0, False)
+    assert fallback.backend == "hf" and any("onnxruntime is not installed" in w for w in fallback.warnings)
+    with pytest.raises(devices.DevicePlanError, match="backend=onnx needs onnxruntime"):
+        devices.plan_devices({"train": [], "infer": []}, {"name": "onnx"}, 0, False)
+    monkeypatch.undo()
+    with pytest.raises(devices.DevicePlanError, match="backend=onnx serves on the CPU"):
+        devices.plan_devices({"train": [], "infer": [0]}, {"name": "onnx"}, 1, False)

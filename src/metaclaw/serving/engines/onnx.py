@@ -77,13 +77,6 @@ _KEY = re.compile(r"layers\.(\d+)\.(?:self_attn|mlp)\.(\w+)\.lora_([AB])\.weight
 Factors = dict[str, np.ndarray]
 
 
-def onnx_available() -> bool:
-    """Whether onnxruntime and onnx (the `onnx` extra) are installed."""
-    import importlib.util
-
-    return all(importlib.util.find_spec(m) is not None for m in ("onnxruntime", "onnx"))
-
-
 def _prune(root: Path, keep: int) -> None:
     """Keep the `keep` most recently used model directories under `root`; delete the rest."""
     dirs = sorted((d for d in root.iterdir() if d.is_dir() and not d.name.startswith(".")),
