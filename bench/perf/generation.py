@@ -11,7 +11,7 @@ variant before the next batch), so ratios between variants are fair even on a lo
 - `hf_peft`: the engine as it served until now: the adapter applied unmerged through PEFT's LoRA layers.
 - `hf_merged`: `backend.merge_adapters`: the adapter folded into a copy of the weights at hot-load (plain Linears).
 - `hf_base`: no adapter at all (the ceiling for any adapter path).
-- `onnx_int8`, `onnx_int4`: the ONNX engine (`backend=onnx`, metaclaw.serving.engines.onnx): the base weights
+- `onnx_int8`, `onnx_fp32`: the ONNX engine (`backend=onnx`, metaclaw.serving.engines.onnx): the base weights
   quantised (MatMulNBits), the same adapter applied at run time, metaclaw's own sampler (its logprobs are exactly
   the distribution it sampled from; the gap to the trainer's fp32 is the importance ratio the loss logs). Its limit
   is computed from its own bytes per token (the quantised weights and their scales). `unavailable` without
@@ -242,7 +242,7 @@ def main() -> None:
     p.add_argument("--quick", action="store_true", help="4 prompts, 16 tokens, 1 round")
     p.add_argument("--no-llama-cpp", action="store_true")
     add_results_argument(p)
-    p.add_argument("--onnx", nargs="*", default=["int8", "int4"], help="ONNX engine quantisations (none: skip)")
+    p.add_argument("--onnx", nargs="*", default=["int8", "fp32"], help="ONNX engine quantisations (none: skip)")
     args = p.parse_args()
     if args.quick:
         args.prompts, args.max_tokens, args.repeats = 4, 16, 1

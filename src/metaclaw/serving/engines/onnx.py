@@ -6,14 +6,14 @@ weights read a quarter of fp32's (`bench/generation.py` measures it against the 
 How:
 - The model is re-expressed as one graph (`metaclaw.serving.engines.onnx_graph.DecoderGraph`) with the KV cache and
   the LoRA factors as inputs, exported once to ONNX and its weights quantised by ONNX Runtime's `MatMulNBits`
-  quantiser (`quantize`: int8 or int4, symmetric, blocks of 32 along the input; every MatMul with a constant weight,
-  the output projection included; `fp32` skips it). Activations are quantised row by row and block by block
-  (`accuracy_level` 4, integer dot products), so each position's logits depend on its own row only: not on the
-  other requests in a batch, nor on whether it is computed in a prefill or a decode step. (ONNX Runtime's dynamic
-  int8 quantisation does not have that property: one scale for the whole activation tensor moved a position's
-  logprobs by ~1e-2 between a prefill and a decode step, so a rescored reply would not give back its μ.) The
-  result is cached under `<METACLAW_CACHE>/onnx/` (one directory per model, graph and quantisation; the newest
-  `CACHE_KEEP` are kept, older ones deleted); building it is logged with its time.
+  quantiser (`quantize: int8`, symmetric, blocks of 32 along the input; every MatMul with a constant weight, the
+  output projection included; `fp32` skips it). Activations are quantised row by row and block by block
+  (`accuracy_level` 4: integer dot products; the fp32-compute levels 0-1 decoded at 1.4-2 tokens/s on SmolLM2), so a
+  position's logits do not depend on the other requests of a batch. (ONNX Runtime's dynamic int8 quantisation, one
+  scale per activation tensor, moved SmolLM2's logprobs by up to 8 nats between a prefill and a decode step; int4
+  weights in blocks of 32 were 2 nats from fp32 at worst.) The result is cached under `<METACLAW_CACHE>/onnx/` (one
+  directory per model, graph and quantisation; the newest `CACHE_KEEP` are kept, older ones deleted); building it is
+  logged with its time.
 - Sampling is metaclaw's own (`metaclaw.distribution.logprobs.sample_tokens`): the engine draws each token from the
   request's distribution over the quantised model's logits and reports that token's logprob under the same
   distribution, so the behaviour logprobs are exactly μ, the distribution sampled from. The trainer recomputes
@@ -22,8 +22,10 @@ How:
   the safetensors into arrays in the caller's thread (the hot-load route's, never a generation's) without any lock
   the generations hold; publishing is the registry's pointer flip. A request keeps the version it pinned when it
   started, so a swap never fails or mixes versions, and the old version serves until the new one is ready.
-- `score_tokens` runs the same quantised graph teacher-forced, so rescoring a sampled reply gives back its
-  behaviour logprobs (the μ test in tests/serving/test_onnx_engine.py).
+- `score_tokens` runs the same quantised graph teacher-forced along a generation's path (the prompt in one step,
+  then one step per target token: the integer kernels of a one-row step round differently from a many-row one, by
+  up to 0.25 nats on SmolLM2), so rescoring a sampled reply gives back its behaviour logprobs (the μ test in
+  tests/serving/test_onnx_engine.py). A score costs one decode step per target token.
 
 Batching: non-streamed requests with the same adapter version and `sampling.batch_key` are sampled together (up to
 `max_batch_size`, left-padded, padding masked), like the HF engine; streams and `n` > 1 / seeded requests alone.
@@ -68,7 +70,7 @@ from metaclaw.serving.engines.onnx_graph import GRAPH_VERSION, LORA_SLOTS, Decod
 
 log = logging.getLogger(__name__)
 
-QUANTIZE = ("int8", "int4", "fp32")
+QUANTIZE = ("int8", "fp32")
 CACHE_KEEP = 4  # built models kept under <cache>/onnx (the newest by use; older ones are deleted)
 #: HF-engine options `backend=auto` carries that this engine does not use
 HF_ONLY_OPTIONS = frozenset({"merge_adapters", "prefix_cache_mb", "batch_linger_s"})
@@ -115,8 +117,7 @@ def built_model(spec: Any, quantize: str = "int8") -> Path:
                 MatMulNBitsQuantizer,
             )
 
-            bits = {"int8": 8, "int4": 4}[quantize]
-            config = DefaultWeightOnlyQuantConfig(block_size=32, is_symmetric=True, accuracy_level=4, bits=bits)
+            config = DefaultWeightOnlyQuantConfig(block_size=32, is_symmetric=True, accuracy_level=4, bits=8)
             quantizer = MatMulNBitsQuantizer(onnx.load(str(out / "fp32.onnx")), algo_config=config)
             quantizer.process()
             quantizer.model.save_model_to_file(str(out / "model.onnx"), use_external_data_format=False)
@@ -419,17 +420,27 @@ class OnnxEngine(ServedAdapters):
         top_p: float = 1.0,
         top_k: int = -1,
     ) -> list[TokenScore]:
+        """Teacher-forced along the path a generation takes: the prompt in one step, then each target token in a step
+        of its own (the integer kernels of a one-row step round differently from a many-row one, so a one-shot
+        forward would not give back the logprobs a reply was sampled with)."""
         ids = scoring_ids(prompt_ids, target_ids, self.max_seq_len)
         if not target_ids:
             return []
-        n = len(ids)
-        x = np.array([ids], np.int64)
-        keep = np.arange(len(prompt_ids) - 1, n - 1, dtype=np.int64)
+        n, width = len(ids), len(prompt_ids)
+        rows = []
         with self._pinned_slot(adapter) as slot, self._lock, profiling.phase(f"score:{profiling.purpose()}") as ph:
-            logits, _ = self._run(x, np.ones_like(x), np.arange(n, dtype=np.int64)[None], self._empty_past(1), keep,
-                                  self._inputs(slot))  # fmt: skip
+            factors = self._inputs(slot)
+            x = np.array([prompt_ids], np.int64)
+            logits, past = self._run(x, np.ones_like(x), np.arange(width, dtype=np.int64)[None], self._empty_past(1),
+                                     np.array([width - 1], np.int64), factors)  # fmt: skip
+            rows.append(logits[0, -1])
+            for t in range(width, n - 1):
+                x = np.array([[ids[t]]], np.int64)
+                logits, past = self._run(x, np.ones((1, t + 1), np.int64), np.array([[t]], np.int64), past,
+                                         np.array([0], np.int64), factors)  # fmt: skip
+                rows.append(logits[0, -1])
             ph["tokens"] = n
-        return _token_scores(torch.from_numpy(logits[0]), target_ids, Dist.of(temperature, top_p, top_k))
+        return _token_scores(torch.from_numpy(np.stack(rows)), target_ids, Dist.of(temperature, top_p, top_k))
 
     def close(self) -> None:
         """Nothing to stop: the engine owns no threads between requests."""
