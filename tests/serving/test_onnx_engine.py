@@ -214,3 +214,25 @@ def test_backend_auto_on_a_cpu_host_builds_the_cpu_engine_it_names(tmp_path, tin
     monkeypatch.undo()
     with pytest.raises(devices.DevicePlanError, match="backend=onnx serves on the CPU"):
         devices.plan_devices({"train": [], "infer": [0]}, {"name": "onnx"}, 1, False)
+
+
+def test_the_policy_server_serves_with_backend_onnx(tmp_path, adapter_root, fixed_adapter):
+    """`serve.py backend=onnx` end to end over HTTP: hot-load, a chat answer with logprobs, a stream."""
+    import httpx
+
+    from .conftest import running_server
+
+    with running_server(tmp_path, adapter_root, "backend=onnx") as live:
+        h = live.headers()
+        load = {"lora_name": "policy", "lora_path": str(fixed_adapter)}
+        r = httpx.post(f"{live.url}/v1/load_lora_adapter", json=load, headers=h, timeout=60)
+        assert r.status_code == 200 and r.json()["adapter_version"] == 7
+        body = {"model": "policy", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 12,
+                "temperature": 0, "logprobs": True}  # fmt: skip
+        r = httpx.post(f"{live.url}/v1/chat/completions", json=body, headers=h, timeout=60)
+        choice = r.json()["choices"][0]
+        assert r.status_code == 200 and choice["message"]["content"].startswith(FIXED_ANSWER)
+        assert all(t["logprob"] <= 0 for t in choice["logprobs"]["content"])
+        r = httpx.post(f"{live.url}/v1/chat/completions", json={**body, "stream": True}, headers=h, timeout=60)
+        assert r.status_code == 200 and "[DONE]" in r.text
+        assert "ONNX engine: tiny loaded" in live.log.read_text()

@@ -117,6 +117,7 @@ def built_model(spec: Any, quantize: str = "int8") -> Path:
                 MatMulNBitsQuantizer,
             )
 
+            logging.getLogger("onnxruntime.quantization.matmul_nbits_quantizer").setLevel(logging.WARNING)  # per node
             config = DefaultWeightOnlyQuantConfig(block_size=32, is_symmetric=True, accuracy_level=4, bits=8)
             quantizer = MatMulNBitsQuantizer(onnx.load(str(out / "fp32.onnx")), algo_config=config)
             quantizer.process()
