@@ -46,6 +46,26 @@ def policy(tiny_spec, fixed_adapter):
     return pol.eval()
 
 
+@pytest.mark.parametrize("settings", [(0.7, 0.9, 20), (1.0, 1.0, -1), (1.3, 0.8, -1), (0.5, 1.0, 5)])
+def test_the_sampler_draws_from_the_distribution_its_logprobs_report(settings):
+    """μ by construction: `sample_tokens`'s draws follow exp(the logprob it reports) (20000 draws from fixed logits),
+    and what it reports is `token_logprobs` of the drawn token under the request's distribution, which the trainer
+    recomputes. Whatever the quantised kernels compute, the engine samples from those logits with this function."""
+    from metaclaw.distribution.logprobs import sample_tokens, token_logprobs
+
+    torch.manual_seed(0)
+    logits = torch.randn(1, 40) * 2
+    draws = 20000
+    tokens, lps = sample_tokens(logits.expand(draws, -1), *settings, generator=torch.Generator().manual_seed(1))
+    assert torch.equal(lps, token_logprobs(logits.expand(draws, -1), tokens, *settings))
+    counts = torch.bincount(tokens, minlength=40).float() / draws
+    reported = torch.zeros(40).index_put_((tokens,), lps.exp())
+    assert (counts - reported).abs().max().item() < 0.015  # ~4 standard errors at p = 0.5
+    assert torch.isclose(reported[counts > 0].sum(), torch.tensor(1.0), atol=1e-5)  # the drawn support is all of it
+    greedy, glp = sample_tokens(logits, 0.0)
+    assert greedy.item() == logits.argmax().item() and glp.item() == token_logprobs(logits, greedy).item()
+
+
 def test_engine_satisfies_protocol_and_caches_its_build(engine, cache):
     assert isinstance(engine, Engine)
     built = [d for d in (cache / "onnx").iterdir() if not d.name.startswith(".")]
