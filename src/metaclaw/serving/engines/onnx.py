@@ -134,7 +134,7 @@ def built_model(spec: Any, quantize: str = "int8") -> Path:
 
 
 def adapter_factors(path: str, layers: int, shapes: dict[str, tuple[int, int]]) -> Factors:
-    """The graph's LoRA inputs for the PEFT adapter in `path`: `lora_A_<m>` [L, r, in], `lora_B_<m>` [L, out, r]
+    """The graph's LoRA inputs for the PEFT adapter in `path`: `lora_A_<m>_<i>` [r, in], `lora_B_<m>_<i>` [out, r]
     (scaled by alpha / r, or alpha / sqrt(r) for rsLoRA); modules the adapter does not adapt get zeros.
 
     Raises:
@@ -161,7 +161,12 @@ def adapter_factors(path: str, layers: int, shapes: dict[str, tuple[int, int]]) 
         if value.shape != slot.shape:
             raise AdapterError(f"adapter {path!r}: {key} has shape {tuple(value.shape)}, the model needs {slot.shape}")
         slot[...] = value
-    return out
+    return _per_layer(out)
+
+
+def _per_layer(stacked: Factors) -> Factors:
+    """`lora_A_<m>` [L, ...] → `lora_A_<m>_<i>` (views: each row of a C-ordered array is contiguous)."""
+    return {f"{name}_{i}": arr[i] for name, arr in stacked.items() for i in range(arr.shape[0])}
 
 
 def _no_adapter(layers: int, shapes: dict[str, tuple[int, int]]) -> Factors:
@@ -170,7 +175,7 @@ def _no_adapter(layers: int, shapes: dict[str, tuple[int, int]]) -> Factors:
     for name, (fin, fout) in shapes.items():
         out[f"lora_A_{name}"] = np.zeros((layers, 1, fin), np.float32)
         out[f"lora_B_{name}"] = np.zeros((layers, fout, 1), np.float32)
-    return out
+    return _per_layer(out)
 
 
 @dataclass(frozen=True)
@@ -216,7 +221,7 @@ class OnnxEngine(ServedAdapters):
         started = time.perf_counter()
         self._session = ort.InferenceSession(str(Path(model_dir) / "model.onnx"), options,
                                              providers=["CPUExecutionProvider"])  # fmt: skip
-        missing = set(input_names()) - {i.name for i in self._session.get_inputs()}
+        missing = set(input_names(shape.layers)) - {i.name for i in self._session.get_inputs()}
         if missing:
             raise ValueError(f"{model_dir}/model.onnx lacks the inputs {sorted(missing)}: rebuild it")
         log.info("ONNX engine: %s loaded from %s in %.1f s (%d threads)", model_name, model_dir,
