@@ -60,7 +60,7 @@ def test_a_finished_runs_dashboard_opens_without_a_key(browser, keyless_dashboar
     browser.goto(f"{base}/dashboard")
     browser.wait_for("!document.getElementById('main').hidden")  # no key asked for: loopback, read-only
     assert browser.js("document.getElementById('key-form').hidden")
-    assert browser.wait_for("document.querySelectorAll('#series svg').length") == 10
+    assert browser.wait_for("document.querySelectorAll('#series svg').length") == 14  # ratio curves: 4 more
     assert browser.console_errors() == []
 
 
