@@ -1,7 +1,7 @@
 """ONNX Runtime engine: the base model's weights quantised to int8, the LoRA adapter applied at run time.
 
 Why: on a CPU, decoding reads every weight once per token, so tokens/s is set by the bytes of the weights. int8
-weights read a quarter of fp32's (`bench/generation.py` measures it against the HF engine and the machine's limit).
+weights read a quarter of fp32's (`bench/perf/generation.py` measures it against the HF engine and the machine's limit).
 
 How:
 - The model is re-expressed as one graph (`metaclaw.serving.engines.onnx_graph.DecoderGraph`) with the KV cache and
@@ -244,7 +244,7 @@ class OnnxEngine(ServedAdapters):
 
     @classmethod
     def from_backend(
-        cls, spec: Any, infer_devices: Sequence[int] = (), max_batch_size: int = 1, quantize: str = "int8",
+        cls, spec: Any, infer_devices: Sequence[int] = (), max_batch_size: int = 4, quantize: str = "int8",
         **other: Any,
     ) -> OnnxEngine:  # fmt: skip
         """The `backend` node's constructor (CPU only). The HF and vLLM options `backend=auto` carries are not used
