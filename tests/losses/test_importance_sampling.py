@@ -31,6 +31,7 @@ def test_value_and_grad(aggregation: str, loss: float, grad: list[float]) -> Non
     assert logprobs.grad.tolist()[0] == pytest.approx(grad)
     assert out.metrics["ratio_mean"].item() == pytest.approx(1.5)  # (1 + 2) / 2
     assert out.metrics["ratio_max"].item() == pytest.approx(2.0)
+    assert out.metrics["ratio_min"].item() == pytest.approx(1.0)
 
 
 def test_shape_mismatch_names_tensors() -> None:

@@ -34,13 +34,18 @@ def test_a_judge_outage_shows_in_the_counters(tmp_path):
     assert "rollout/captured" not in snap  # no proxy attached: not reported as 0
 
 
-def test_counters_reach_the_logger_and_the_progress_bar(tmp_path):
+def test_counters_reach_the_logger_and_the_progress_bar(tmp_path, caplog):
     import csv
+    import logging
 
     from metaclaw.training import train
     from tests.entrypoints.test_train import compose_train
 
-    metrics, objs = train(compose_train(tmp_path, "method=opd", "trainer.max_steps=1"))
+    with caplog.at_level(logging.INFO, logger="metaclaw.modules.health"):
+        metrics, objs = train(compose_train(tmp_path, "method=opd", "trainer.max_steps=1"))
+    steps = [r.getMessage() for r in caplog.records if r.getMessage().startswith("Step ")]
+    assert steps and " ratio " in steps[-1] and "[" in steps[-1]  # the behaviour gap is in the step line (issue 46)
+    assert {"loss/ratio_mean", "loss/ratio_min", "loss/ratio_max"} <= set(metrics)
     assert metrics["rollout/dropped_no_hint"] > 0  # seed 002: OPD turns without a hint are dropped, and counted
     assert metrics["train/skipped_nonfinite"] == 0 and metrics["train/publish_failures"] == 0
     bar = objs["trainer"].progress_bar_metrics

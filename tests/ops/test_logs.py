@@ -56,3 +56,12 @@ def test_step_line_names_what_an_operator_reads():
     line = step_line(12, {"loss/total": 0.1234, "rollout/reward_mean": 0.5, "train/lr": 3e-4,
                           "train/grad_norm": 0.81, "rollout/backlog": 7.0})  # fmt: skip
     assert line == "Step 12: loss 0.1234, reward +0.50, lr 0.0003, grad norm 0.81, backlog 7"
+
+
+def test_step_line_counts_the_behaviour_gap():
+    """The importance ratio of behaviour (a quantised engine's μ) vs the trainer's recomputation, and the share of
+    tokens whose weight the loss bounded, are in the step line (issue 46)."""
+    line = step_line(3, {"loss/total": 0.5, "loss/ratio_mean": 1.0021, "loss/ratio_min": 0.8712,
+                         "loss/ratio_max": 1.1934, "loss/ratio_truncated_frac": 0.0125})  # fmt: skip
+    assert line == "Step 3: loss 0.5000, ratio 1.002 [0.871, 1.193], truncated 1.2%"
+    assert "clipped 3.0%" in step_line(4, {"loss/ratio_mean": 1.0, "loss/clip_frac": 0.03})

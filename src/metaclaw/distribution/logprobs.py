@@ -91,3 +91,30 @@ def dist_logprobs(logits: Tensor, target_ids: Tensor, dists: Sequence[Dist]) -> 
     """`token_logprobs` of `[B, T, V]` logits and `[B, T]` targets with one `Dist` per row (`[B, T]` float32)."""
     temperature, top_p, top_k = (torch.tensor(v) for v in zip(*dists, strict=True))
     return token_logprobs(logits, target_ids, temperature, top_p, top_k)
+
+
+@torch.no_grad()
+def sample_tokens(
+    logits: Tensor, temperature: float, top_p: float = 1.0, top_k: int = -1, generator: torch.Generator | None = None
+) -> tuple[Tensor, Tensor]:
+    """Draw one token per row of `[B, V]` next-token logits with a request's sampling settings, and its logprob
+    under the distribution it was drawn from (`Dist.of` of the settings).
+
+    The draw is from exactly the distribution `token_logprobs` scores (tempered, top-k then top-p, renormalised);
+    temperature 0 is greedy (the argmax), scored as `Dist()` (T = 1, untruncated) like everywhere else. For an
+    engine that owns its sampling loop (the ONNX engine): its behaviour logprobs are then μ by construction.
+
+    Returns:
+        `(tokens [B] int64, logprobs [B] float32)`.
+    """
+    flat = logits.float()
+    dist = Dist.of(temperature, top_p, top_k)
+    if temperature <= 0:
+        tokens = flat.argmax(-1)
+        return tokens, token_logprobs(flat, tokens)
+    scaled = flat / dist.temperature
+    rows = flat.shape[0]
+    keep = truncation_mask(scaled, torch.full((rows,), dist.top_p), torch.full((rows,), dist.top_k, dtype=torch.long))
+    probs = scaled.masked_fill(~keep, float("-inf")).softmax(-1)
+    tokens = torch.multinomial(probs, 1, generator=generator).squeeze(-1)
+    return tokens, token_logprobs(flat, tokens, *dist)

@@ -73,5 +73,7 @@ def masked_max(values: Tensor, mask: Tensor) -> Tensor:
 
 
 def ratio_metrics(ratio: Tensor, mask: Tensor) -> dict[str, Tensor]:
-    """Mean and max of the importance ratio over masked tokens (drift between sampler and learner)."""
-    return {"ratio_mean": masked_mean(ratio, mask), "ratio_max": masked_max(ratio, mask)}
+    """Mean, min and max of the importance ratio over masked tokens: the gap between the behaviour that sampled
+    (a quantised engine, an adapter some versions behind) and the trainer's fp32 recomputation."""
+    return {"ratio_mean": masked_mean(ratio, mask), "ratio_min": -masked_max(-ratio, mask),
+            "ratio_max": masked_max(ratio, mask)}  # fmt: skip

@@ -49,6 +49,14 @@ def step_line(step: int, m: dict[str, float]) -> str:
                ("backlog", "rollout/backlog", "{:.0f}"), ("samples/min", "train/samples_per_min", "{:.1f}"),
                ("sample age", "train/sample_age_s", "{:.0f} s"))  # fmt: skip
     parts += [f"{label} {fmt.format(m[key])}" for label, key, fmt in figures if key in m]
+    if "loss/ratio_mean" in m:  # behaviour vs the trainer's recomputation (a quantised engine's gap is counted here)
+        ratio = f"ratio {m['loss/ratio_mean']:.3f}"
+        if "loss/ratio_min" in m and "loss/ratio_max" in m:
+            ratio += f" [{m['loss/ratio_min']:.3f}, {m['loss/ratio_max']:.3f}]"
+        parts.append(ratio)
+    for label, key in (("clipped", "loss/clip_frac"), ("truncated", "loss/ratio_truncated_frac")):
+        if key in m:
+            parts.append(f"{label} {m[key]:.1%}")
     return " ".join(parts[:1]) + " " + ", ".join(parts[1:])
 
 

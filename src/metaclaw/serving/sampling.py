@@ -113,7 +113,7 @@ def _generate_kwargs(tokenizer, params: SamplingParams, eos: list[int], max_new_
     return kwargs
 
 
-def _finish(tokenizer, row: list[int], row_lp: list[float], eos: list[int], params: SamplingParams) -> SequenceOutput:
+def finish(tokenizer, row: list[int], row_lp: list[float], eos: list[int], params: SamplingParams) -> SequenceOutput:
     """Cut a generated row at its own `max_tokens`, its first end token or stop string; the finish reason."""
     row, row_lp = row[: params.max_tokens], row_lp[: params.max_tokens]
     finish, end = "length", len(row)
@@ -161,7 +161,7 @@ def generate(
     new = out.sequences[:, input_ids.shape[1] :]
     lps = token_logprobs(torch.stack(out.logits, dim=1), new, *params.distribution())  # raw logits [n, T_new, V]
     rows = zip(new.tolist(), lps.tolist(), strict=True)
-    outputs = [_finish(tokenizer, row, lp, eos, params) for row, lp in rows]
+    outputs = [finish(tokenizer, row, lp, eos, params) for row, lp in rows]
     if cache is not None and prefix is not None:
         _keep(prefix, [prompt_ids], outputs, len(prompt_ids), out.past_key_values, salts)
     return outputs
@@ -229,7 +229,7 @@ def generate_batch(
     new = out.sequences[:, width:]
     lps = token_logprobs(torch.stack(out.logits, dim=1), new, *params[0].distribution())
     rows = zip(new.tolist(), lps.tolist(), params, strict=True)
-    outputs = [_finish(tokenizer, row, lp, eos, p) for row, lp, p in rows]
+    outputs = [finish(tokenizer, row, lp, eos, p) for row, lp, p in rows]
     if cache is not None and prefix is not None:
         _keep(prefix, prompts, outputs, width, out.past_key_values, salts)
     return outputs

@@ -24,6 +24,11 @@ SERIES = {
     "trainer_lag": "train/version_lag",
     "lr": "train/lr",
     "grad_norm": "train/grad_norm",
+    "ratio_mean": "loss/ratio_mean",  # behaviour vs the trainer's recomputation (losses.base.ratio_metrics)
+    "ratio_min": "loss/ratio_min",
+    "ratio_max": "loss/ratio_max",
+    "clip_frac": "loss/clip_frac",  # loss=ppo|cispo
+    "ratio_truncated_frac": "loss/ratio_truncated_frac",  # loss=importance_sampling with max_ratio (the default)
 }
 
 

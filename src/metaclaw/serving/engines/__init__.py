@@ -33,7 +33,7 @@ __all__ = [
 
 
 #: keys of the `backend` node that describe it rather than configure the engine
-_DESCRIPTIVE = ("name", "engines", "_target_")
+_DESCRIPTIVE = ("name", "engines", "cpu_engine", "_target_")
 
 
 @dataclass

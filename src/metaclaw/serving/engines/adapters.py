@@ -11,7 +11,8 @@ import logging
 import re
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -135,6 +136,19 @@ class ServedAdapters:
 
     def adapter_version(self, name: str | None) -> int | None:
         return None if self._is_base(name) else self._registry.current(name).version
+
+    @contextmanager
+    def _pinned_slot(self, adapter: str | None) -> Iterator[LoadedAdapter | None]:
+        """Resolve `adapter` to the version it points to now and keep that version alive until the block ends."""
+        if adapter is None or self._is_base(adapter):
+            yield None
+            return
+        slot = self._registry.acquire(adapter)
+        try:
+            yield slot
+        finally:
+            if self._registry.release(slot) is not None:
+                self._free(slot)
 
     def _is_base(self, adapter: str | None) -> bool:
         return adapter is None or adapter == self.model_name

@@ -27,6 +27,7 @@ __all__ = [
     "TokenScore",
     "TokenStream",
     "UnknownAdapterError",
+    "checked_params",
     "scores_from_rows",
     "scoring_ids",
 ]
@@ -79,6 +80,22 @@ class TokenStream(Iterator[TokenDelta]):
 
     def close(self) -> None:  # pragma: no cover - overridden where cancellation is possible
         """Stop generating early (the client went away); safe to call twice."""
+
+
+def checked_params(prompt_ids: Sequence[int], params: SamplingParams, max_seq_len: int) -> SamplingParams:
+    """`params` validated for this prompt, `max_tokens` cut to the room left in `max_seq_len` (most OpenAI servers'
+    clients expect a reply that stops at the context, `length`, rather than an error)."""
+    if not prompt_ids:
+        raise ValueError("the prompt is empty")
+    room = max_seq_len - len(prompt_ids)
+    if room < 1:
+        raise ValueError(
+            f"the prompt has {len(prompt_ids)} tokens; this model's context (model.max_seq_len) is {max_seq_len} tokens"
+        )
+    params.validate()
+    if params.max_tokens > room:
+        params = SamplingParams(**{**params.__dict__, "max_tokens": room})
+    return params
 
 
 def scoring_ids(prompt_ids: Sequence[int], target_ids: Sequence[int], max_seq_len: int) -> list[int]:

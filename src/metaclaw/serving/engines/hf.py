@@ -57,6 +57,7 @@ from metaclaw.serving.engines.base import (
     TokenDelta,
     TokenScore,
     TokenStream,
+    checked_params,
     scoring_ids,
 )
 from metaclaw.serving.engines.merged import MergedSlots
@@ -307,19 +308,6 @@ class HFEngine(ServedAdapters):
     # ---------------------------------------------------------------- model access
 
     @contextmanager
-    def _pinned(self, adapter: str | None) -> Iterator[LoadedAdapter | None]:
-        """Resolve `adapter` to the version it points to now and keep that version alive until the block ends."""
-        if self._is_base(adapter):
-            yield None
-            return
-        slot = self._registry.acquire(adapter)
-        try:
-            yield slot
-        finally:
-            if self._registry.release(slot) is not None:
-                self._free(slot)
-
-    @contextmanager
     def _model(self, slot: LoadedAdapter | None) -> Iterator[nn.Module]:
         """The model with `slot`'s adapter active (adapters disabled for None); hold only under `self._lock`."""
         if slot is None:
@@ -337,28 +325,14 @@ class HFEngine(ServedAdapters):
         self._peft.set_adapter(slot.internal)
         yield self._peft
 
-    def _check(self, prompt_ids: Sequence[int], params: SamplingParams) -> SamplingParams:
-        if not prompt_ids:
-            raise ValueError("the prompt is empty")
-        room = self.max_seq_len - len(prompt_ids)
-        if room < 1:
-            raise ValueError(
-                f"the prompt has {len(prompt_ids)} tokens; this model's context (model.max_seq_len) is "
-                f"{self.max_seq_len} tokens"
-            )
-        params.validate()
-        if params.max_tokens > room:  # like most OpenAI servers' clients expect: stop at the context, "length"
-            params = SamplingParams(**{**params.__dict__, "max_tokens": room})
-        return params
-
     # ---------------------------------------------------------------- sampling
 
     def generate(
         self, prompt_ids: Sequence[int], params: SamplingParams, adapter: str | None = None
     ) -> list[SequenceOutput]:
-        params = self._check(prompt_ids, params)
+        params = checked_params(prompt_ids, params, self.max_seq_len)
         key = sampling.batch_key(params)
-        with self._pinned(adapter) as slot:
+        with self._pinned_slot(adapter) as slot:
             if self.max_batch_size > 1 and key is not None:
                 outputs = self._batched(list(prompt_ids), params, slot, key)
             else:
@@ -429,7 +403,7 @@ class HFEngine(ServedAdapters):
             )
 
     def stream(self, prompt_ids: Sequence[int], params: SamplingParams, adapter: str | None = None) -> TokenStream:
-        params = self._check(prompt_ids, params)
+        params = checked_params(prompt_ids, params, self.max_seq_len)
         if params.n != 1:
             raise ValueError("streaming samples one sequence at a time (n=1)")
         return _HFTokenStream(self, list(prompt_ids), params, adapter)
@@ -450,7 +424,7 @@ class HFEngine(ServedAdapters):
         if not target_ids:
             return []
         dist = Dist.of(temperature, top_p, top_k)
-        with self._pinned(adapter) as slot:
+        with self._pinned_slot(adapter) as slot:
             if self.max_batch_size > 1:
                 key = None if slot is None else slot.internal
                 return self._score_batched(_PendingScore(ids, len(target_ids), dist, key), slot)
@@ -515,7 +489,7 @@ class _HFTokenStream(TokenStream):
 
     def __init__(self, engine: HFEngine, prompt_ids: list[int], params: SamplingParams, adapter: str | None) -> None:
         self._engine, self._prompt_ids, self._params = engine, prompt_ids, params
-        self._pin = engine._pinned(adapter)
+        self._pin = engine._pinned_slot(adapter)
         slot = self._pin.__enter__()  # raises UnknownAdapterError before any thread starts
         self._slot = slot
         self.adapter_version = None if slot is None else slot.version

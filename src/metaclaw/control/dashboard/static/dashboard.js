@@ -85,7 +85,9 @@
   // The training curves over steps (state.training.series: [[step, value], ...]); gate decisions as marks.
   const SERIES = [["loss", "loss"], ["reward", "reward (mean)"], ["samples_per_min", "samples trained / min"],
     ["replies_per_min", "replies / min"], ["sample_age_s", "sample age (s)"], ["trainer_lag", "trainer lag (versions)"],
-    ["lr", "learning rate"], ["grad_norm", "gradient norm"]];
+    ["lr", "learning rate"], ["grad_norm", "gradient norm"], ["ratio_mean", "importance ratio (mean)"],
+    ["ratio_min", "importance ratio (min)"], ["ratio_max", "importance ratio (max)"],
+    ["clip_frac", "tokens clipped (share)"], ["ratio_truncated_frac", "tokens truncated (share)"]];
   function spark(name, title, points, marks) {
     const W = 250, H = 110, L = 44, R = 6, T = 16, B = 16;
     const box = svg("svg", { width: W, height: H, viewBox: `0 0 ${W} ${H}`, id: "series-" + name, role: "img" });

@@ -1,0 +1,496 @@
+"""ONNX Runtime engine: the base model's weights quantised to int8, the LoRA adapter applied at run time.
+
+Why: on a CPU, decoding reads every weight once per token, so tokens/s is set by the bytes of the weights. int8
+weights read a quarter of fp32's (`bench/perf/generation.py` measures it against the HF engine and the machine's limit).
+
+How:
+- The model is re-expressed as one graph (`metaclaw.serving.engines.onnx_graph.DecoderGraph`) with the KV cache and
+  the LoRA factors as inputs, exported once to ONNX and its weights quantised by ONNX Runtime's `MatMulNBits`
+  quantiser (`quantize: int8`, symmetric, blocks of 32 along the input; every MatMul with a constant weight, the
+  output projection included; `fp32` skips it). Activations are quantised row by row and block by block
+  (`accuracy_level` 4: integer dot products; the fp32-compute levels 0-1 decoded at 1.4-2 tokens/s on SmolLM2), so a
+  position's logits do not depend on the other requests of a batch. (ONNX Runtime's dynamic int8 quantisation, one
+  scale per activation tensor, moved SmolLM2's logprobs by up to 8 nats between a prefill and a decode step; int4
+  weights in blocks of 32 were 2 nats from fp32 at worst.) The result is cached under `<METACLAW_CACHE>/onnx/` (one
+  directory per model, graph and quantisation; the newest `CACHE_KEEP` are kept, older ones deleted); building it is
+  logged with its time.
+- Sampling is metaclaw's own (`metaclaw.distribution.logprobs.sample_tokens`): the engine draws each token from the
+  request's distribution over the quantised model's logits and reports that token's logprob under the same
+  distribution, so the behaviour logprobs are exactly μ, the distribution sampled from. The trainer recomputes
+  them in fp32; the gap is the importance ratio the loss corrects for and logs (`loss/ratio_*`).
+- An adapter is its LoRA factors as arrays (`lora_B` scaled by alpha / r), fed with every call. Loading one reads
+  the safetensors into arrays in the caller's thread (the hot-load route's, never a generation's) without any lock
+  the generations hold; publishing is the registry's pointer flip. A request keeps the version it pinned when it
+  started, so a swap never fails or mixes versions, and the old version serves until the new one is ready.
+- `score_tokens` runs the same quantised graph teacher-forced along a generation's path (the prompt in one step,
+  then one step per target token: the integer kernels of a one-row step round differently from a many-row one, by
+  up to 0.25 nats on SmolLM2), so rescoring a sampled reply gives back its behaviour logprobs (the μ test in
+  tests/serving/test_onnx_engine.py). A score costs one decode step per target token.
+
+Batching: non-streamed requests with the same adapter version and `sampling.batch_key` are sampled together (up to
+`max_batch_size`, left-padded, padding masked), like the HF engine; streams and `n` > 1 / seeded requests alone.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import re
+import shutil
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from queue import Queue
+from typing import Any
+
+import numpy as np
+import torch
+
+from metaclaw import profiling
+from metaclaw.atomic import write_dir_atomically
+from metaclaw.distribution import Dist
+from metaclaw.distribution.logprobs import sample_tokens
+from metaclaw.modules.loading import cache_root
+from metaclaw.serving import sampling
+from metaclaw.serving.engines.adapters import AdapterRegistry, LoadedAdapter, ServedAdapters
+from metaclaw.serving.engines.base import (
+    AdapterError,
+    SamplingParams,
+    SequenceOutput,
+    TokenDelta,
+    TokenScore,
+    TokenStream,
+    checked_params,
+    scoring_ids,
+)
+from metaclaw.serving.engines.hf import VLLM_ONLY_OPTIONS, _outcome, _Pending, _settle, _token_scores, read_adapter
+from metaclaw.serving.engines.onnx_graph import GRAPH_VERSION, LORA_SLOTS, DecoderGraph, export_onnx, input_names
+
+log = logging.getLogger(__name__)
+
+QUANTIZE = ("int8", "fp32")
+CACHE_KEEP = 4  # built models kept under <cache>/onnx (the newest by use; older ones are deleted)
+#: HF-engine options `backend=auto` carries that this engine does not use
+HF_ONLY_OPTIONS = frozenset({"merge_adapters", "prefix_cache_mb", "batch_linger_s"})
+_KEY = re.compile(r"layers\.(\d+)\.(?:self_attn|mlp)\.(\w+)\.lora_([AB])\.weight$")
+
+Factors = dict[str, np.ndarray]
+
+
+def _prune(root: Path, keep: int) -> None:
+    """Keep the `keep` most recently used model directories under `root`; delete the rest."""
+    dirs = sorted((d for d in root.iterdir() if d.is_dir() and not d.name.startswith(".")),
+                  key=lambda d: d.stat().st_mtime, reverse=True)  # fmt: skip
+    for old in dirs[keep:]:
+        log.info("ONNX engine: deleting the cached model %s (more than %d cached)", old, keep)
+        shutil.rmtree(old, ignore_errors=True)
+
+
+def built_model(spec: Any, quantize: str = "int8") -> Path:
+    """The exported (and quantised) model of `spec`: `<dir>/model.onnx`, built once and cached."""
+    import onnxruntime
+
+    if quantize not in QUANTIZE:
+        raise ValueError(f"backend.quantize must be one of {QUANTIZE}, got {quantize!r}")
+    source = spec.local_dir()
+    stamp = f"{source}|{quantize}|{GRAPH_VERSION}|{onnxruntime.__version__}|{torch.__version__}"
+    target = cache_root() / "onnx" / f"{spec.name}-{quantize}-{hashlib.sha1(stamp.encode()).hexdigest()[:10]}"
+    if (target / "model.onnx").is_file():
+        target.touch()
+        return target
+
+    def build(out: Path) -> None:
+        started = time.perf_counter()
+        log.warning("ONNX engine: exporting %s to ONNX (%s weights) into %s, once; this takes a minute on a "
+                    "small CPU", spec.name, quantize, target)  # fmt: skip
+        model = spec.load_model("cpu").float().eval()
+        export_onnx(DecoderGraph(model), str(out / "fp32.onnx"))
+        exported = time.perf_counter()
+        if quantize == "fp32":
+            (out / "fp32.onnx").rename(out / "model.onnx")
+        else:
+            import onnx
+            from onnxruntime.quantization.matmul_nbits_quantizer import (
+                DefaultWeightOnlyQuantConfig,
+                MatMulNBitsQuantizer,
+            )
+
+            logging.getLogger("onnxruntime.quantization.matmul_nbits_quantizer").setLevel(logging.WARNING)  # per node
+            config = DefaultWeightOnlyQuantConfig(block_size=32, is_symmetric=True, accuracy_level=4, bits=8)
+            quantizer = MatMulNBitsQuantizer(onnx.load(str(out / "fp32.onnx")), algo_config=config)
+            quantizer.process()
+            quantizer.model.save_model_to_file(str(out / "model.onnx"), use_external_data_format=False)
+            (out / "fp32.onnx").unlink()
+        size = sum(f.stat().st_size for f in out.iterdir()) / 2**20
+        now = time.perf_counter()
+        log.warning("ONNX engine: built %s in %.0f s (export %.0f s, quantise %.0f s): %.0f MiB", target.name,
+                    now - started, exported - started, now - exported, size)  # fmt: skip
+
+    write_dir_atomically(target, build, replace=False)
+    _prune(target.parent, CACHE_KEEP)
+    return target
+
+
+def adapter_factors(path: str, layers: int, shapes: dict[str, tuple[int, int]]) -> Factors:
+    """The graph's LoRA inputs for the PEFT adapter in `path`: `lora_A_<m>_<i>` [r, in], `lora_B_<m>_<i>` [out, r]
+    (scaled by alpha / r, or alpha / sqrt(r) for rsLoRA); modules the adapter does not adapt get zeros.
+
+    Raises:
+        AdapterError: files missing or unreadable, or an adapter this engine cannot apply (DoRA, per-module ranks,
+            adapted modules outside the attention and MLP projections, wrong shapes).
+    """
+    config, state = read_adapter(path)
+    if getattr(config, "use_dora", False) or config.rank_pattern or config.alpha_pattern or config.modules_to_save:
+        raise AdapterError(f"adapter {path!r}: the ONNX engine applies plain LoRA only (no DoRA, per-module ranks "
+                           "or modules_to_save)")  # fmt: skip
+    r = int(config.r)
+    scale = float(config.lora_alpha) / (r**0.5 if config.use_rslora else r)
+    out: Factors = {}
+    for name, (fin, fout) in shapes.items():
+        out[f"lora_A_{name}"] = np.zeros((layers, r, fin), np.float32)
+        out[f"lora_B_{name}"] = np.zeros((layers, fout, r), np.float32)
+    for key, tensor in state.items():
+        m = _KEY.search(key)
+        if m is None or m.group(2) not in shapes or int(m.group(1)) >= layers:
+            raise AdapterError(f"adapter {path!r}: the ONNX engine cannot apply {key!r}")
+        layer, name, part = int(m.group(1)), m.group(2), m.group(3)
+        slot = out[f"lora_{part}_{name}"][layer]
+        value = tensor.float().numpy() * (scale if part == "B" else 1.0)
+        if value.shape != slot.shape:
+            raise AdapterError(f"adapter {path!r}: {key} has shape {tuple(value.shape)}, the model needs {slot.shape}")
+        slot[...] = value
+    return _per_layer(out)
+
+
+def _per_layer(stacked: Factors) -> Factors:
+    """`lora_A_<m>` [L, ...] → `lora_A_<m>_<i>` (views: each row of a C-ordered array is contiguous)."""
+    return {f"{name}_{i}": arr[i] for name, arr in stacked.items() for i in range(arr.shape[0])}
+
+
+def _no_adapter(layers: int, shapes: dict[str, tuple[int, int]]) -> Factors:
+    """Rank-1 zero factors: the base model."""
+    out: Factors = {}
+    for name, (fin, fout) in shapes.items():
+        out[f"lora_A_{name}"] = np.zeros((layers, 1, fin), np.float32)
+        out[f"lora_B_{name}"] = np.zeros((layers, fout, 1), np.float32)
+    return _per_layer(out)
+
+
+@dataclass(frozen=True)
+class _Shape:
+    layers: int
+    kv_heads: int
+    head_dim: int
+    lora: dict[str, tuple[int, int]]
+
+
+class OnnxEngine(ServedAdapters):
+    """Serve an exported (quantised) causal LM with ONNX Runtime; see the module docstring.
+
+    Args:
+        model_dir: a directory holding `model.onnx` (`built_model`).
+        shape: the model's layer count, KV heads, head size and LoRA slot shapes.
+        tokenizer: its tokenizer.
+        model_name: the id that selects the base model.
+        eos_ids: end-of-sequence token ids (the tokenizer's and the generation config's).
+        max_seq_len: longest prompt + completion accepted.
+        max_batch_size: concurrent generate requests sampled together.
+        threads: ONNX Runtime's compute threads (None: torch's thread count).
+    """
+
+    def __init__(
+        self,
+        model_dir: Path,
+        shape: _Shape,
+        tokenizer: Any,
+        model_name: str,
+        eos_ids: Sequence[int],
+        max_seq_len: int = 2048,
+        max_batch_size: int = 1,
+        threads: int | None = None,
+    ) -> None:
+        import onnxruntime as ort
+
+        if max_batch_size < 1:
+            raise ValueError(f"backend.max_batch_size must be >= 1, got {max_batch_size}")
+        options = ort.SessionOptions()
+        options.intra_op_num_threads = int(threads or torch.get_num_threads())
+        options.inter_op_num_threads = 1
+        started = time.perf_counter()
+        self._session = ort.InferenceSession(str(Path(model_dir) / "model.onnx"), options,
+                                             providers=["CPUExecutionProvider"])  # fmt: skip
+        missing = set(input_names(shape.layers)) - {i.name for i in self._session.get_inputs()}
+        if missing:
+            raise ValueError(f"{model_dir}/model.onnx lacks the inputs {sorted(missing)}: rebuild it")
+        log.info("ONNX engine: %s loaded from %s in %.1f s (%d threads)", model_name, model_dir,
+                 time.perf_counter() - started, options.intra_op_num_threads)  # fmt: skip
+        self.shape = shape
+        self.tokenizer = tokenizer
+        self.model_name = model_name
+        self.max_seq_len = max_seq_len
+        self.max_batch_size = max_batch_size
+        self.eos_ids = sorted(set(eos_ids))
+        self.pad_id = int(tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.eos_ids[0])
+        self.batches: dict[int, int] = {}  # batch size -> sampling runs (for benches and tests)
+        self._base = _no_adapter(shape.layers, shape.lora)
+        self._factors: dict[str, Factors] = {}  # internal name -> LoRA inputs
+        self._registry = AdapterRegistry()
+        self._lock = threading.Lock()  # one run of the graph at a time (the CPU is the limit; no oversubscription)
+        self._pending: list[_Pending] = []
+        self._pending_lock = threading.Lock()
+        self._ids = 0
+
+    @classmethod
+    def from_backend(
+        cls, spec: Any, infer_devices: Sequence[int] = (), max_batch_size: int = 4, quantize: str = "int8",
+        **other: Any,
+    ) -> OnnxEngine:  # fmt: skip
+        """The `backend` node's constructor (CPU only). The HF and vLLM options `backend=auto` carries are not used
+        here; any other option is a config error."""
+        unknown = sorted(set(other) - VLLM_ONLY_OPTIONS - HF_ONLY_OPTIONS)
+        if unknown:
+            raise ValueError(f"backend: options the ONNX engine does not know: {unknown}")
+        if infer_devices:
+            raise ValueError("backend=onnx runs on the CPU; use backend=vllm or backend=hf for devices.infer GPUs")
+        from transformers import AutoConfig, GenerationConfig
+
+        model_dir = built_model(spec, str(quantize))
+        source = spec.local_dir()
+        cfg = AutoConfig.from_pretrained(source)
+        head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+        q_out, kv_out = cfg.num_attention_heads * head_dim, cfg.num_key_value_heads * head_dim
+        hidden, inter = cfg.hidden_size, cfg.intermediate_size
+        lora = {"q_proj": (hidden, q_out), "k_proj": (hidden, kv_out), "v_proj": (hidden, kv_out),
+                "o_proj": (q_out, hidden), "gate_proj": (hidden, inter), "up_proj": (hidden, inter),
+                "down_proj": (inter, hidden)}  # fmt: skip
+        assert set(lora) == {n for n, _ in LORA_SLOTS}
+        tokenizer = spec.load_tokenizer()
+        eos = [tokenizer.eos_token_id]
+        try:
+            gen = GenerationConfig.from_pretrained(source).eos_token_id
+            eos += gen if isinstance(gen, list) else [gen]
+        except OSError:  # no generation_config.json
+            pass
+        shape = _Shape(cfg.num_hidden_layers, cfg.num_key_value_heads, head_dim, lora)
+        return cls(model_dir, shape, tokenizer, spec.name, [e for e in eos if e is not None], spec.max_seq_len,
+                   int(max_batch_size))  # fmt: skip
+
+    # ---------------------------------------------------------------- adapters
+
+    def load_adapter(self, name: str, path: str, version: int | None = None) -> int:
+        """Read the adapter's factors (no lock any generation holds), then re-point `name` to them atomically."""
+        self._check_new_name(name)
+        started = time.perf_counter()
+        with profiling.phase("hot_load"):
+            factors = adapter_factors(path, self.shape.layers, self.shape.lora)
+            version = self._registry.next_version(name, path, version)
+            with self._pending_lock:
+                self._ids += 1
+                internal = f"adapter{self._ids}"
+            self._factors[internal] = factors
+            return self._publish(name, internal, version, path, started)
+
+    def _free(self, slot: LoadedAdapter) -> None:
+        self._factors.pop(slot.internal, None)
+
+    def _inputs(self, slot: LoadedAdapter | None) -> Factors:
+        return self._base if slot is None else self._factors[slot.internal]
+
+    # ---------------------------------------------------------------- the graph
+
+    def _run(self, ids: np.ndarray, mask: np.ndarray, positions: np.ndarray, past: np.ndarray, keep: np.ndarray,
+             factors: Factors) -> tuple[np.ndarray, np.ndarray]:  # fmt: skip
+        feed = {"input_ids": ids, "attention_mask": mask, "position_ids": positions, "past": past, "keep": keep,
+                **factors}  # fmt: skip
+        logits, present = self._session.run(None, feed)
+        return logits, present
+
+    def _empty_past(self, batch: int) -> np.ndarray:
+        s = self.shape
+        return np.zeros((s.layers, 2, batch, s.kv_heads, 0, s.head_dim), np.float32)
+
+    def _sample(
+        self,
+        prompts: Sequence[Sequence[int]],
+        params: Sequence[SamplingParams],
+        factors: Factors,
+        on_token: Callable[[int, float], None] | None = None,
+        cancelled: threading.Event | None = None,
+    ) -> list[SequenceOutput]:
+        """Sample one continuation per prompt (left-padded together; all under `params[0]`'s distribution, each
+        cut at its own `max_tokens`); `on_token` gets row 0's tokens as they come. Hold `self._lock`."""
+        first = params[0]
+        eos = sorted({*self.eos_ids, *first.stop_token_ids})
+        generator = torch.Generator().manual_seed(first.seed) if first.seed is not None else None
+        batch, width = len(prompts), max(len(p) for p in prompts)
+        ids = np.full((batch, width), self.pad_id, np.int64)
+        mask = np.zeros((batch, width), np.int64)
+        for b, p in enumerate(prompts):
+            ids[b, width - len(p) :] = p
+            mask[b, width - len(p) :] = 1
+        positions = np.clip(mask.cumsum(-1) - 1, 0, None)
+        past = self._empty_past(batch)
+        tokens: list[list[int]] = [[] for _ in prompts]
+        logprobs: list[list[float]] = [[] for _ in prompts]
+        done = [False] * batch
+        last = np.array([width - 1], np.int64)
+        with profiling.phase(f"generate:{profiling.purpose()}") as ph:
+            for _ in range(max(p.max_tokens for p in params)):
+                logits, past = self._run(ids, mask, positions, past, last, factors)
+                settings = (first.temperature, first.top_p, first.top_k)
+                picked, lps = sample_tokens(torch.from_numpy(logits[:, -1]), *settings, generator=generator)
+                for b, (tok, lp) in enumerate(zip(picked.tolist(), lps.tolist(), strict=True)):
+                    if done[b]:
+                        continue
+                    tokens[b].append(tok)
+                    logprobs[b].append(lp)
+                    if b == 0 and on_token is not None:
+                        on_token(tok, lp)
+                    full = len(tokens[b]) >= params[b].max_tokens
+                    done[b] = tok in eos or full or self._stopped(tokens[b], params[b])
+                if all(done) or (cancelled is not None and cancelled.is_set()):
+                    break
+                ids = picked.numpy().astype(np.int64)[:, None]
+                mask = np.concatenate([mask, np.ones((batch, 1), np.int64)], axis=1)
+                positions = positions[:, -1:] + 1
+                last = np.array([0], np.int64)
+            ph["tokens"] = sum(len(t) for t in tokens)
+        self.batches[batch] = self.batches.get(batch, 0) + 1
+        rows = zip(tokens, logprobs, params, strict=True)
+        return [sampling.finish(self.tokenizer, t, lp, eos, p) for t, lp, p in rows]
+
+    def _stopped(self, row: list[int], params: SamplingParams) -> bool:
+        """Whether a stop string ends the row's text so far (the final cut is `sampling.finish`'s)."""
+        if not params.stop:
+            return False
+        tail = self.tokenizer.decode(row[-32:], skip_special_tokens=False)
+        return any(s and s in tail for s in params.stop)
+
+    # ---------------------------------------------------------------- sampling
+
+    def generate(
+        self, prompt_ids: Sequence[int], params: SamplingParams, adapter: str | None = None
+    ) -> list[SequenceOutput]:
+        params = checked_params(prompt_ids, params, self.max_seq_len)
+        key = sampling.batch_key(params)
+        with self._pinned_slot(adapter) as slot:
+            factors = self._inputs(slot)
+            if self.max_batch_size > 1 and key is not None:
+                outputs = self._batched(list(prompt_ids), params, (None if slot is None else slot.internal, key),
+                                        factors)  # fmt: skip
+            else:
+                with self._lock:
+                    outputs = self._sample([list(prompt_ids)] * params.n, [params] * params.n, factors)
+        for out in outputs:
+            out.adapter_version = None if slot is None else slot.version
+        return outputs
+
+    def _batched(
+        self, prompt_ids: list[int], params: SamplingParams, key: tuple, factors: Factors
+    ) -> list[SequenceOutput]:
+        """Queue the request; whoever gets the graph next samples it with the compatible ones waiting."""
+        mine = _Pending(prompt_ids, params, key)
+        with self._pending_lock:
+            self._pending.append(mine)
+        with self._lock:
+            if not mine.done.is_set():  # nobody took it yet: lead a batch
+                with self._pending_lock:
+                    batch = [mine] + [p for p in self._pending if p is not mine and p.key == key]
+                    batch = batch[: self.max_batch_size]
+                    for p in batch:
+                        self._pending.remove(p)
+
+                def work() -> list[list[SequenceOutput]]:
+                    outs = self._sample([p.prompt_ids for p in batch], [p.params for p in batch], factors)
+                    return [[o] for o in outs]
+
+                _settle(batch, work)
+        return _outcome(mine)
+
+    def stream(self, prompt_ids: Sequence[int], params: SamplingParams, adapter: str | None = None) -> TokenStream:
+        params = checked_params(prompt_ids, params, self.max_seq_len)
+        if params.n != 1:
+            raise ValueError("streaming samples one sequence at a time (n=1)")
+        return _OnnxTokenStream(self, list(prompt_ids), params, adapter)
+
+    # ---------------------------------------------------------------- scoring
+
+    def score_tokens(
+        self,
+        prompt_ids: Sequence[int],
+        target_ids: Sequence[int],
+        adapter: str | None = None,
+        temperature: float = 1.0,
+        top_p: float = 1.0,
+        top_k: int = -1,
+    ) -> list[TokenScore]:
+        """Teacher-forced along the path a generation takes: the prompt in one step, then each target token in a step
+        of its own (the integer kernels of a one-row step round differently from a many-row one, so a one-shot
+        forward would not give back the logprobs a reply was sampled with)."""
+        ids = scoring_ids(prompt_ids, target_ids, self.max_seq_len)
+        if not target_ids:
+            return []
+        n, width = len(ids), len(prompt_ids)
+        rows = []
+        with self._pinned_slot(adapter) as slot, self._lock, profiling.phase(f"score:{profiling.purpose()}") as ph:
+            factors = self._inputs(slot)
+            x = np.array([prompt_ids], np.int64)
+            logits, past = self._run(x, np.ones_like(x), np.arange(width, dtype=np.int64)[None], self._empty_past(1),
+                                     np.array([width - 1], np.int64), factors)  # fmt: skip
+            rows.append(logits[0, -1])
+            for t in range(width, n - 1):
+                x = np.array([[ids[t]]], np.int64)
+                logits, past = self._run(x, np.ones((1, t + 1), np.int64), np.array([[t]], np.int64), past,
+                                         np.array([0], np.int64), factors)  # fmt: skip
+                rows.append(logits[0, -1])
+            ph["tokens"] = n
+        return _token_scores(torch.from_numpy(np.stack(rows)), target_ids, Dist.of(temperature, top_p, top_k))
+
+    def close(self) -> None:
+        """Nothing to stop: the engine owns no threads between requests."""
+
+
+class _OnnxTokenStream(TokenStream):
+    """Samples in a thread; iterating yields row 0's tokens as they are drawn."""
+
+    def __init__(self, engine: OnnxEngine, prompt_ids: list[int], params: SamplingParams, adapter: str | None) -> None:
+        self._pin = engine._pinned_slot(adapter)
+        slot = self._pin.__enter__()  # raises UnknownAdapterError before any thread starts
+        self.adapter_version = None if slot is None else slot.version
+        self._queue: Queue[tuple[int, float] | None] = Queue()
+        self._cancelled = threading.Event()
+        self._error: BaseException | None = None
+        self._done = False
+        factors = engine._inputs(slot)
+
+        def run() -> None:
+            try:
+                with engine._lock:
+                    out = engine._sample([prompt_ids], [params], factors, lambda t, lp: self._queue.put((t, lp)),
+                                         self._cancelled)[0]  # fmt: skip
+                out.adapter_version = self.adapter_version
+                self.output, self.finish_reason = out, out.finish_reason
+            except BaseException as exc:  # noqa: BLE001 - re-raised in the consumer's thread
+                self._error = exc
+            finally:
+                self._queue.put(None)
+                self._pin.__exit__(None, None, None)
+
+        self._thread = threading.Thread(target=run, name="onnx-stream", daemon=True)
+        self._thread.start()
+
+    def __next__(self) -> TokenDelta:
+        if not self._done:
+            item = self._queue.get()
+            if item is not None:
+                return TokenDelta(*item)
+            self._done = True
+            self._thread.join()
+        if self._error is not None:
+            raise self._error
+        raise StopIteration
+
+    def close(self) -> None:
+        self._cancelled.set()
