@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from hydra import compose, initialize_config_dir
 from hydra.utils import instantiate
-from omegaconf import OmegaConf
 
-from metaclaw.config import CONFIG_DIR
+from metaclaw.config import CONFIG_DIR, register_resolvers
 from metaclaw.modules.loading import ModelSpec
 
 
@@ -17,5 +17,11 @@ def model_names() -> list[str]:
 
 
 def model_spec(name: str, **overrides: Any) -> ModelSpec:
-    """`conf/model/<name>.yaml` as a `ModelSpec`, float32 (the CPU figures' dtype) unless `overrides` say otherwise."""
-    return instantiate(OmegaConf.load(CONFIG_DIR / "model" / f"{name}.yaml"), **{"dtype": "float32", **overrides})
+    """`conf/model/<name>.yaml` as a `ModelSpec`, float32 (the CPU figures' dtype) unless `overrides` say otherwise.
+
+    Composed as `train.py model=<name>` composes it: a preset extends `conf/model/_spec.yaml` (its defaults list) and
+    reads ModelSpec's own defaults (`${metaclaw_default:}`), so the file alone is not the node."""
+    register_resolvers()
+    with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base=None):
+        node = compose("train", overrides=[f"model={name}"]).model
+    return instantiate(node, **{"dtype": "float32", **overrides})
