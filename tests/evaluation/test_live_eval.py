@@ -40,8 +40,8 @@ def test_evaluator_scores_base_and_adapter_on_heldout_prompts(served):
     assert base.n == 6 and base.errors == 0 and base.compliance == 0.0
     assert base.failures == {"starts_with": 1.0}
     live = LiveEvaluator(ev, run_dir, base_model="tiny", server_url=url)
-    live._load_candidate(good)
-    adapted = ev.score(live.eval_name)
+    live.gatekeeper.load_candidate(good)
+    adapted = ev.score(live.gatekeeper.eval_name)
     assert adapted.compliance == 1.0 and all(e.startswith(FIXED_ANSWER[:10]) for e in adapted.examples)
     assert base.nll is None and base.good is None  # no base model named: no quality figures
 
@@ -55,8 +55,8 @@ def test_quality_is_the_base_models_nll_and_the_gate_refuses_a_collapse(served):
     assert base.nll is not None and base.nll > 0 and ev.reference_nll == base.nll
     assert base.nll_threshold == base.nll and 0.0 < base.fluent <= 1.0 and base.good == 0.0  # nothing complies
     live = LiveEvaluator(ev, run_dir, base_model="tiny", server_url=url)
-    live._load_candidate(good)
-    adapted = ev.score(live.eval_name)
+    live.gatekeeper.load_candidate(good)
+    adapted = ev.score(live.gatekeeper.eval_name)
     assert adapted.compliance == 1.0 and adapted.nll > base.nll
     assert adapted.good == adapted.fluent  # every reply complies: good = fluent
     assert adapted.distinct_replies < 0.5  # the same answer to every prompt
@@ -190,8 +190,8 @@ def test_the_base_models_replies_are_sampled_once_and_reused_by_a_later_run(serv
         )
     ev = evaluator(url, base_model="tiny", cache=cache, cache_parts=parts, baseline_name="tiny")
     live = LiveEvaluator(ev, run_dir, base_model="tiny", server_url=url)
-    live._load_candidate(good)
-    assert not ev.score(live.eval_name).cached  # an adapter is always sampled
+    live.gatekeeper.load_candidate(good)
+    assert not ev.score(live.gatekeeper.eval_name).cached  # an adapter is always sampled
     assert len(list((tmp_path / "cache").glob("*.json"))) == 1
 
 

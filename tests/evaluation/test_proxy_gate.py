@@ -145,7 +145,8 @@ def test_proxy_defaults_gate_candidates_on_the_judged_heldout_turns(served, tmp_
     assert decision["evidence"]["served"]["model"] == "tiny"
     if plan is not None:
         assert decision["decision"] == "accepted" and decision["finding"] == "inconclusive", decision
-        assert abs(decision["candidate"] - 0.5) < 0.05 and decision["candidate"] < decision["served"] - live.margin
+        margin = live.gatekeeper.margin
+        assert abs(decision["candidate"] - 0.5) < 0.05 and decision["candidate"] < decision["served"] - margin
         assert decision["compliance_test"]["candidate_n"] < 3 and "inconclusive" in decision["note"]
         assert decision["guarded_by"] is None  # this test builds no control plane: the record says nothing watches
         assert models(url)["policy"]["root"].endswith("step-000004")
@@ -158,7 +159,7 @@ def test_proxy_defaults_gate_candidates_on_the_judged_heldout_turns(served, tmp_
     else:
         assert decision["decision"] == "rejected", decision
         assert decision["candidate"] < 0.1 and "estimated compliance" in decision["reasons"][0]
-        assert decision["finding"] == "worse" and decision["compliance_test"]["upper_bound"] < -live.margin
+        assert decision["finding"] == "worse" and decision["compliance_test"]["upper_bound"] < -live.gatekeeper.margin
         assert "policy" not in models(url)  # never served
         assert (candidates[-1] / "adapter_model.safetensors").exists()  # kept on disk
         assert live.counts["gate_rejected"] == 1
