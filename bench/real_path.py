@@ -34,7 +34,7 @@ from metaclaw.evaluation.evaluator import ComplianceEvaluator
 from metaclaw.lifecycle import set_pdeathsig
 from metaclaw.runfiles.layout import AdapterFolder
 from metaclaw.serving.client import load_adapter
-from metaclaw.simulate.people import People, PreferenceKind, _pools
+from metaclaw.simulate.people import People, PreferenceKind, phrasings
 
 REPO = Path(__file__).resolve().parents[1]
 SERVER_KEY_ENV = "METACLAW_BENCH_SERVER_KEY"
@@ -198,10 +198,7 @@ def _label(next_state: str | None, prefixes: list[tuple[str, str]]) -> str:
 
 def reaction_prefixes() -> list[tuple[str, str]]:
     """Every phrasing of `people.yaml` with its label, longest first (so no phrase shadows a longer one)."""
-    pools = _pools()
-    out = [(p, "praise") for p in pools["praise"]]
-    for kind in pools["kinds"].values():
-        out += [(p, "praise") for p in kind["praise"]] + [(p, "correction") for p in kind["correction"]]
+    out = [(p, label) for label, phrases in phrasings().items() for p in phrases]
     return sorted({(" ".join(p.split()).lower(), label) for p, label in out}, key=lambda x: -len(x[0]))
 
 
