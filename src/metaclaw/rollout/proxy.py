@@ -46,6 +46,7 @@ from metaclaw.rollout.session_tracker import (
 from metaclaw.rollout.upstream import UpstreamPools
 from metaclaw.skills.hooks import SkillInjectorLike
 from metaclaw.store import GroupCommitWriter, Sample, SampleMeta, SampleStore, open_session_log
+from metaclaw.store.meta import FitMeta
 from metaclaw.wire import (
     ADAPTER_NAME_HEADER,
     ADAPTER_VERSION_HEADER,
@@ -284,7 +285,7 @@ class RolloutProxy:
         temp = dist.temperature  # the sample's `temperature` column: stored once (meta.sampling holds top_p/top_k)
         meta = SampleMeta(sampling={"top_p": dist.top_p, "top_k": dist.top_k},
                           chat_template_kwargs=template_kwargs or None,
-                          has_image=True if has_image else None)  # fmt: skip
+                          fit=FitMeta(has_image=True if has_image else None))  # fmt: skip
         derive = self.capture and profile.trains and not keys.session_id
         if derive:  # taken before skills change the messages; never across clients, end users or system prompts
             partition = f"{client}\x1f{keys.end_user or ''}"
@@ -350,7 +351,7 @@ class RolloutProxy:
             limit = reply_budget = self.fit.context.reserve_tokens  # of CPU, past the agent's own timeout
         card = self.upstream_cards.get(model) if isinstance(model, str) else None
         messages, tools = await asyncio.to_thread(self.fit.apply, messages, tools, has_image, card, limit, meta)
-        fitted = meta.context if isinstance(meta.context, dict) else {}
+        fitted = meta.fit.context if isinstance(meta.fit.context, dict) else {}
         room = fitted.get("limit", 0) - fitted.get("budget", 0)
         if fitted.get("action") == "truncated" and (limit or 0) > room > 0:  # a fitted prompt gets the room kept
             reply_budget = room  # for it (a CPU writes a 32,000-token reply for many minutes; finish: length)
@@ -369,7 +370,7 @@ class RolloutProxy:
             turn.link.query, turn.session_id = query, turn.link.state.session_id
         else:
             turn.link.state = self.sessions.state(agent_id, session_id)
-        meta.session_source = source
+        meta.origin.session_source = source
         turn.response_id = meta.response_id = f"chatcmpl-{uuid.uuid4().hex}"
         turn.link.turn_index, prev_id = self.sessions.begin_turn(turn.link.state)
         new = reaction_messages(sent, turn.link.state)  # `sent`: the fitted prompt may have dropped the last reply
@@ -594,7 +595,7 @@ class RolloutProxy:
             tail = turn.link.query.tail(turn.capture.assistant_message()) if ok else turn.link.claimed_tail
             self.sessions.set_tail(state, tail)
             if tail is not None:
-                turn.meta.conv_tail = tail.full  # lets a restarted proxy find the session again
+                turn.meta.origin.conv_tail = tail.full  # lets a restarted proxy find the session again
         sample = self._sample(turn) if ok else None
         write = None
         if sample is not None:
@@ -651,7 +652,7 @@ class RolloutProxy:
             self._not_captured(turn, problem)
             return None
         meta = SampleMeta.of(turn.meta)
-        meta.finish_reason, meta.captured_at = cap.finish_reason, time.time()
+        meta.origin.finish_reason, meta.origin.captured_at = cap.finish_reason, time.time()
         status = "dropped" if meta.dropped else "pending"  # e.g. images: the trainer is text-only
         return cap.to_sample(
             agent_id=turn.agent_id,
