@@ -250,7 +250,7 @@ def test_the_gate_asks_only_what_it_does_not_know(served, tmp_path):
     assert set(fast["seconds"]) == phases and all(v >= 0 for v in fast["seconds"].values())  # the gate's cost
     newest = turns.recent()[-3:]  # the got replies' NLL on the same prompts the candidate answered, and only those
     got = [base_nll(url, "tiny", s.prompt_ids, s.response_ids) for s in newest]
-    assert abs(fast["served_nll"] - sum(got) / 3) < 1e-6 and set(turns._got_nll) == {s.id for s in newest}
+    assert abs(fast["served_nll"] - sum(got) / 3) < 1e-6 and set(turns.memo.got_nll) == {s.id for s in newest}
     turns.asked.clear()
     turns.compare("tiny", "tiny", served_version=7)  # another version serves now: asked once ...
     assert turns.asked.count("logprob:tiny") == 2 * n
