@@ -36,6 +36,8 @@ from metaclaw.runfiles.layout import AdapterFolder
 from metaclaw.serving.client import load_adapter
 from metaclaw.simulate.people import People, PreferenceKind, phrasings
 
+COLLAPSE = ("top_opening", "top_opening_share", "opening_entropy", "self_rouge_l")  # eval.jsonl's collapse figures
+
 REPO = Path(__file__).resolve().parents[1]
 SERVER_KEY_ENV = "METACLAW_BENCH_SERVER_KEY"
 EVAL_NAME = "bench-eval"
@@ -161,11 +163,10 @@ class Evaluations:
             return
         self.curve.append({"minutes": round((time.time() - self.watch.t0) / 60, 2),
                            "started_minutes": round((start - self.watch.t0) / 60, 2), "adapter": version,
-                           "compliance": r.compliance, "good": r.good, "nll": r.nll, "n": r.n,
+                           "compliance": r.compliance, "good": r.quality.good, "nll": r.quality.nll, "n": r.n,
                            "errors": r.errors, "seconds": round(r.seconds, 1), "ci": [r.ci_low, r.ci_high],
-                           "top_opening": r.top_opening, "top_opening_share": r.top_opening_share,
-                           "opening_entropy": r.opening_entropy, "self_rouge_l": r.self_rouge_l,
-                           "distinct_replies": r.distinct_replies, "examples": r.examples})  # fmt: skip
+                           **{k: v for k, v in r.as_dict().items() if k in COLLAPSE},
+                           "distinct_replies": r.quality.distinct_replies, "examples": r.examples})  # fmt: skip
         self._last_version, self._last_start = version, start
 
     def _run(self) -> None:

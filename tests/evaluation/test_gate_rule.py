@@ -17,7 +17,7 @@ import pytest
 
 from metaclaw.agents import DEFAULT_PROFILE
 from metaclaw.evaluation import LiveEvaluator
-from metaclaw.evaluation.evaluator import EvalResult
+from metaclaw.evaluation.evaluator import EvalResult, ReplyQuality
 from metaclaw.evaluation.gate import compliance_test
 from metaclaw.evaluation.regression import RegressionWatch
 from metaclaw.evaluation.stats import newcombe
@@ -144,16 +144,18 @@ def test_the_verifier_path_uses_the_same_rule_and_guard(live, tmp_path):
     track.served_score, track.served_n = 0.5, 32
     served: list[Path] = []
     gate = live.gatekeeper
-    inconclusive = gate.decide(track, 4, tmp_path / "s4", EvalResult("c", 0.34375, 32, nll=2.1), served.append)
+    inconclusive = gate.decide(track, 4, tmp_path / "s4", EvalResult("c", 0.34375, 32, quality=ReplyQuality(nll=2.1)),
+                               served.append)
     assert inconclusive["decision"] == "accepted" and inconclusive["finding"] == "inconclusive"
     assert inconclusive["guarded_by"] == "publish.gate.rollback" and track.served_score == 0.34375
-    worse = live.gatekeeper.decide(track, 8, tmp_path / "s8", EvalResult("c", 0.0, 32, nll=2.0), served.append)
+    worse = gate.decide(track, 8, tmp_path / "s8", EvalResult("c", 0.0, 32, quality=ReplyQuality(nll=2.0)),
+                        served.append)
     assert worse["decision"] == "rejected" and worse["finding"] == "worse"
     assert worse["reasons"][0].startswith("compliance 0.00 (n 32.0) vs served 0.34 (n 32.0): worse by more than")
     assert track.served_score == 0.34375  # a refused candidate does not move the bar
     track.served_score = 0.65625
-    best = live.gatekeeper.decide(track, 52, tmp_path / "s52", EvalResult("c", 0.90625, 32, nll=2.8688357646266627),
-                        served.append)  # fmt: skip
+    best = gate.decide(track, 52, tmp_path / "s52",
+                       EvalResult("c", 0.90625, 32, quality=ReplyQuality(nll=2.8688357646266627)), served.append)
     assert best["decision"] == "accepted" and best["max_nll_increase"] == 1.0
     assert served == [tmp_path / "s4", tmp_path / "s52"]
     records = gate_records(tmp_path)
@@ -176,6 +178,7 @@ def test_after_a_rollback_the_bar_is_the_restored_adapter_not_the_base_model(liv
     live.gatekeeper.server_url = "http://127.0.0.1:9"  # never asked: what it serves is read through served_model
     live.gatekeeper.served_model = lambda t: ("policy", 12)
     track.served_score = track.served_n = None  # what check_regressions leaves after a rollback
-    decision = live.gatekeeper.decide(track, 16, tmp_path / "s16", EvalResult("c", 0.3, 32, nll=2.0), [].append)
+    candidate = EvalResult("c", 0.3, 32, quality=ReplyQuality(nll=2.0))
+    decision = live.gatekeeper.decide(track, 16, tmp_path / "s16", candidate, [].append)
     assert scored == ["policy"] and decision["served"] == 0.75
     assert decision["decision"] == "rejected" and decision["finding"] == "worse"  # 0.30 vs the restored 0.75

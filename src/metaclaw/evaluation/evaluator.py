@@ -16,12 +16,12 @@ import random
 import time
 from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 from metaclaw import profiling
 from metaclaw.evaluation.cache import BaselineCache
-from metaclaw.evaluation.collapse import collapse_stats
+from metaclaw.evaluation.collapse import CollapseStats, collapse_stats
 from metaclaw.evaluation.quality import base_nll, fluency, text_stats
 from metaclaw.simulate.preferences import PreferenceSet
 from metaclaw.simulate.tasks import load_tasks
@@ -41,8 +41,24 @@ def wilson_interval(successes: int, n: int, z: float = 1.96) -> tuple[float, flo
 
 
 @dataclass
+class ReplyQuality:
+    """How the replies read beside compliance: base-model NLL, fluent and good shares, diversity, junk."""
+
+    nll: float | None = None  # the base model's mean NLL per token of these replies (nats); None: quality off
+    fluent: float | None = None  # share of replies with NLL <= the base model's own mean + nll_margin
+    good: float | None = None  # share of replies that comply and are fluent
+    nll_threshold: float | None = None
+    distinct_2: float = 0.0
+    distinct_replies: float = 0.0
+    junk: float = 0.0
+
+
+_COLLAPSE_KEYS = ("top_opening", "top_opening_share", "opening_entropy", "self_rouge_l")
+
+
+@dataclass
 class EvalResult:
-    """Compliance of one model on the held-out prompts."""
+    """Compliance of one model on the held-out prompts; `as_dict` is the flat eval.jsonl record."""
 
     model: str
     compliance: float
@@ -51,24 +67,19 @@ class EvalResult:
     errors: int = 0
     seconds: float = 0.0
     examples: list[str] = field(default_factory=list)
-    nll: float | None = None  # the base model's mean NLL per token of these replies (nats); None: quality off
-    fluent: float | None = None  # share of replies with NLL <= the base model's own mean + nll_margin
-    good: float | None = None  # share of replies that comply and are fluent
-    nll_threshold: float | None = None
-    distinct_2: float = 0.0
-    distinct_replies: float = 0.0
-    junk: float = 0.0
+    quality: ReplyQuality = field(default_factory=ReplyQuality)
     reward: float | None = None  # judge fallback: the mean judge reward of the held-out turns
     ci_low: float | None = None  # 95% Wilson interval of `compliance`
     ci_high: float | None = None
     cached: bool = False  # the base model's replies came from the cache (sampled by an earlier run)
-    top_opening: str | None = None  # collapse onto a stock phrase (evaluation.collapse): the most common opening,
-    top_opening_share: float | None = None  # ... its share of the replies,
-    opening_entropy: float | None = None  # ... the openings' entropy (bits),
-    self_rouge_l: float | None = None  # ... and the mean ROUGE-L F1 between replies to the same prompt
+    collapse: CollapseStats | None = None  # collapse onto a stock phrase (evaluation.collapse); None: not measured
 
     def as_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        """The record as eval.jsonl stores it: one flat object, the quality and collapse figures among the rest."""
+        out = {f.name: getattr(self, f.name) for f in fields(self) if f.name not in ("quality", "collapse")}
+        head = {k: out.pop(k) for k in ("model", "compliance", "n", "failures", "errors", "seconds", "examples")}
+        collapse = asdict(self.collapse) if self.collapse is not None else dict.fromkeys(_COLLAPSE_KEYS)
+        return {**head, **asdict(self.quality), **out, **collapse}
 
 
 @dataclass(frozen=True)
@@ -297,11 +308,9 @@ class ComplianceEvaluator:
             errors=errors,
             seconds=time.monotonic() - t0,
             examples=ok_replies[: self.keep_examples],
-            **quality,
-            distinct_2=stats.distinct_2,
-            distinct_replies=stats.distinct_replies,
-            junk=stats.junk,
-            **asdict(collapse),
+            quality=ReplyQuality(**quality, distinct_2=stats.distinct_2, distinct_replies=stats.distinct_replies,
+                                 junk=stats.junk),  # fmt: skip
+            collapse=collapse,
         )
 
     def _quality(self, model: str, compliant: list[bool], nlls: list[float | None]) -> dict[str, float | None]:

@@ -182,14 +182,15 @@ class Gate:
         decision: dict[str, Any] = {"served": served, "candidate": result.compliance, "served_n": track.served_n,
                                     "finding": test["finding"], "compliance_test": test}  # fmt: skip
         reference = getattr(track.evaluator, "reference_nll", None)
-        if self.max_nll_increase is not None and reference is not None and result.nll is not None:
-            decision.update(base_nll=reference, candidate_nll=result.nll, max_nll_increase=self.max_nll_increase)
+        nll = result.quality.nll
+        if self.max_nll_increase is not None and reference is not None and nll is not None:
+            decision.update(base_nll=reference, candidate_nll=nll, max_nll_increase=self.max_nll_increase)
         reasons = []
         if test["finding"] == "worse":
             reasons.append(describe(test))
-        if "candidate_nll" in decision and result.nll > reference + self.max_nll_increase:
+        if "candidate_nll" in decision and nll > reference + self.max_nll_increase:
             reasons.append(
-                f"quality collapsed: base NLL {result.nll:.2f} > base model's {reference:.2f} + {self.max_nll_increase}"
+                f"quality collapsed: base NLL {nll:.2f} > base model's {reference:.2f} + {self.max_nll_increase}"
             )
         decision["candidate_ci"] = list(wilson(result.compliance * result.n, result.n))
         decision["n"] = result.n

@@ -408,7 +408,8 @@ class LiveEvaluator(L.Callback):
         figures = {"compliance": result.compliance, "n": float(result.n), "errors": float(result.errors)}
         figures.update({k: getattr(result, k) for k in ("ci_low", "ci_high") if getattr(result, k) is not None})
         figures.update({f"fail_{k}": v for k, v in result.failures.items()})
-        quality = {k: getattr(result, k) for k in ("nll", "fluent", "good", "distinct_2", "distinct_replies", "junk")}
+        quality = {k: getattr(result.quality, k) for k in ("nll", "fluent", "good", "distinct_2", "distinct_replies",
+                                                            "junk")}  # fmt: skip
         quality["reward"] = result.reward
         figures.update({k: float(v) for k, v in quality.items() if v is not None})
         figures.update({k: float(v) for k, v in track.counts.items()})
@@ -420,8 +421,8 @@ class LiveEvaluator(L.Callback):
             record["adapter"],
             100 * result.compliance,
             ci,
-            "-" if result.good is None else f"{100 * result.good:.0f}%",
-            "-" if result.nll is None else f"{result.nll:.2f}",
+            "-" if result.quality.good is None else f"{100 * result.quality.good:.0f}%",
+            "-" if result.quality.nll is None else f"{result.quality.nll:.2f}",
             result.n,
             "cached" if result.cached else f"{result.seconds:.0f}s",
             f" gate: {record['gate']['decision']}" if "gate" in record else "",

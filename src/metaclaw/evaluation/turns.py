@@ -145,7 +145,9 @@ class HeldoutTurnsEvaluator:
         )
         result.reward = sum(s.reward for s in turns) / n
         stats = text_stats(replies)
-        result.distinct_2, result.distinct_replies, result.junk = stats.distinct_2, stats.distinct_replies, stats.junk
+        quality = result.quality
+        quality.distinct_2, quality.distinct_replies = stats.distinct_2, stats.distinct_replies
+        quality.junk = stats.junk
         if self.base_model:
             nlls = [
                 base_nll(self.server_url, self.base_model, s.prompt_ids, s.response_ids, self.api_key, self.timeout_s)
@@ -155,7 +157,7 @@ class HeldoutTurnsEvaluator:
             if version == 0 and self.reference_nll is None:
                 self.reference_nll = fluency(nlls, compliant, None, 0.0)["nll"]
             for key, value in fluency(nlls, compliant, self.reference_nll, self.nll_margin).items():
-                setattr(result, key, value)
+                setattr(result.quality, key, value)
         result.seconds = time.monotonic() - t0
         self.reported.add(version)
         return result
