@@ -16,6 +16,10 @@
 set -euo pipefail
 REPO=$(cd "$(dirname "$0")/.." && pwd)
 PYTHON=${PYTHON:-$REPO/.venv/bin/python}
+# a relative PYTHON (CI passes .venv/bin/python) names a file from the caller's directory: made absolute before the
+# cd below, without resolving the venv's symlink (that would leave the venv)
+[[ $PYTHON == /* ]] || PYTHON=$PWD/$PYTHON
+[[ -x $PYTHON ]] || { echo "check_wheel: no interpreter at $PYTHON" >&2; exit 2; }
 WORK=${1:-$(mktemp -d /tmp/metaclaw-wheel.XXXXXX)}
 mkdir -p "$WORK"
 cd "$WORK"   # nothing below runs inside the clone

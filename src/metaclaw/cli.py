@@ -84,7 +84,7 @@ def serve_main(cfg: DictConfig) -> None:
     configure_logging(cfg.get("log"))
     bind_to_launcher()  # started by `metaclaw train`: die with it
     bind_children()  # LitServe's forked children die with this process (its spawned worker binds in setup())
-    start_from_env("server")  # bench/cycle_profile.py
+    start_from_env("server")  # bench/perf/cycle_profile.py
     try:
         resolve_devices(cfg)
     except DevicePlanError as err:

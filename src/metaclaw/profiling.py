@@ -1,4 +1,5 @@
-"""Where the CPU goes: per-phase wall and CPU seconds recorded by the components themselves (`bench/cycle_profile.py`).
+"""Where the CPU goes: per-phase wall and CPU seconds recorded by the components themselves
+(`bench/perf/cycle_profile.py`).
 
 Components wrap their work in `phase(name)`: the count, wall seconds and CPU seconds of every phase are summed
 in-process. CPU is either the calling thread's own (`cpu="thread"`: exact for pure-Python work such as the

@@ -15,6 +15,7 @@ import httpx
 import pytest
 
 from metaclaw.store import Sample, SampleStore
+from tests.dashboard.cdp import Browser, find_chromium
 from tests.procs import REPO, stop_group
 
 
@@ -67,6 +68,21 @@ def make_run(run_dir: Path) -> Path:
     rows += [f"{s},{0.5 - 0.05 * s},{0.1 * s},0.0003,{1.0 + s},{2.0},{3.0},{60 + s},{1},0" for s in range(1, 9)]
     (run_dir / "csv" / "metrics.csv").write_text("\n".join(rows) + "\n")
     return run_dir
+
+
+@pytest.fixture
+def browser() -> Iterator[Browser]:
+    """Headless Chromium (Debian's `chromium`): skipped loudly outside CI when absent, failed in CI."""
+    binary = find_chromium()
+    if binary is None:
+        if os.environ.get("CI") == "true":
+            pytest.fail("CI=true but chromium is not installed: .ci/run must apt-get install chromium")
+        pytest.skip("!!! DASHBOARD BROWSER TEST SKIPPED: chromium is not installed (apt-get install -y chromium) !!!")
+    b = Browser(binary)
+    try:
+        yield b
+    finally:
+        b.close()
 
 
 @pytest.fixture

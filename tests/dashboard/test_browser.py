@@ -10,35 +10,19 @@ reason; in CI (CI=true) its absence fails them."""
 from __future__ import annotations
 
 import json
-import os
 import sqlite3
 import time
 from pathlib import Path
 
 import httpx
 import openai
-import pytest
 from omegaconf import OmegaConf
 
 from tests.control.test_service import KEY, start, stop, wait_for
-from tests.dashboard.cdp import Browser, find_chromium
+from tests.dashboard.cdp import Browser
 from tests.procs import free_port
 
 SERVER_KEY = "policy-server-test-key"
-
-
-@pytest.fixture
-def browser():
-    binary = find_chromium()
-    if binary is None:
-        if os.environ.get("CI") == "true":
-            pytest.fail("CI=true but chromium is not installed: .ci/run must apt-get install chromium")
-        pytest.skip("!!! DASHBOARD BROWSER TEST SKIPPED: chromium is not installed (apt-get install -y chromium) !!!")
-    b = Browser(binary)
-    try:
-        yield b
-    finally:
-        b.close()
 
 
 def open_page(b: Browser, base: str, key: str) -> None:

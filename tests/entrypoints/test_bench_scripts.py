@@ -1,5 +1,7 @@
-"""The serving benches still run (one broke unnoticed when the configs moved into the package): each on the tiny
-model, as a user would start it, printing its JSON."""
+"""Every bench script runs, as a user starts it, in its smallest mode on the tiny model, and writes JSON lines that
+match the bench's one schema (`bench.harness.results.Record`). A script that stops printing, breaks after a move, or
+writes a line outside the schema fails here. The slow ones (a whole `train.py` run) carry the `slow` marker:
+`pytest -m slow tests/entrypoints/test_bench_scripts.py`."""
 
 from __future__ import annotations
 
@@ -7,21 +9,39 @@ import json
 import os
 import subprocess
 import sys
+import textwrap
+from pathlib import Path
+from typing import Any
 
+import pytest
+
+from bench.harness import collect
 from tests.conftest import REPO
 
+BENCH = REPO / "bench"
 
-def _bench(*args: str) -> dict:
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(REPO / "src")}
+
+def _bench(script: str, *args: str, timeout: float = 600, runs: int = 1) -> Any:
+    """Run `bench/<script>` from the repo root; validate every stdout line; the report (or `runs` reports)."""
+    assert (BENCH / script).is_file(), script
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "WANDB_MODE": "offline", "PYTHONPATH": str(REPO / "src")}
     done = subprocess.run(
-        [sys.executable, *args], cwd=REPO, env=env, capture_output=True, text=True, timeout=600, check=False
-    )
-    assert done.returncode == 0, done.stderr[-2000:]
-    return json.loads(done.stdout)
+        [sys.executable, f"bench/{script}", *args], cwd=REPO, env=env, capture_output=True, text=True,
+        timeout=timeout, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    lines = done.stdout.splitlines()
+    assert lines, f"{script} printed nothing"
+    reports = collect(lines)  # every line validated against the schema
+    assert len(reports) == runs, f"{script}: {len(reports)} runs in its output"
+    benches = {json.loads(line)["bench"] for line in lines}
+    assert benches == {script.removesuffix(".py")}
+    return next(iter(reports.values())) if runs == 1 else list(reports.values())
 
 
+# ---- perf/ --------------------------------------------------------------------------------------------------------
 def test_hf_batching_measures_the_linger_off_and_on():
-    out = _bench("bench/hf_batching.py", "--model", "tiny", "--requests", "6", "--clients", "2", "--rounds", "1")
+    out = _bench("perf/hf_batching.py", "--model", "tiny", "--requests", "6", "--clients", "2", "--rounds", "1")
     off, on = out["runs"]
     assert off["batch_linger_s"] == 0.0 and on["batch_linger_s"] == 0.25  # the composed config's value
     for run in (off, on):
@@ -30,13 +50,13 @@ def test_hf_batching_measures_the_linger_off_and_on():
 
 
 def test_generation_bench_runs_on_the_packaged_config():
-    out = _bench("bench/generation.py", "--model", "tiny", "--quick", "--no-llama-cpp", "--threads", "1")
+    out = _bench("perf/generation.py", "--model", "tiny", "--quick", "--no-llama-cpp", "--threads", "1")
     assert out["runs"] and all(r["tokens_per_s"] > 0 for r in out["runs"].values())
     assert out["limit_tokens_per_s"]["b1"] > 0 and out["llama_cpp"]["status"] == "skipped"
 
 
 def test_decode_precision_bench_measures_speed_and_the_logprob_gap():
-    out = _bench("bench/decode_precision.py", "--model", "tiny", "--batches", "1", "--tokens", "4", "--replies", "2")
+    out = _bench("perf/decode_precision.py", "--model", "tiny", "--batches", "1", "--tokens", "4", "--replies", "2")
     assert set(out["tokens_per_s"]) == {"fp32", "bf16", "int8_dynamic"}
     assert all(v["b1"] > 0 for v in out["tokens_per_s"].values())
     for gap in out["logprob_gap"].values():  # 2 replies of 4 tokens each, every one compared
@@ -44,13 +64,161 @@ def test_decode_precision_bench_measures_speed_and_the_logprob_gap():
 
 
 def test_prefix_reuse_bench_compares_the_cache_off_and_on():
-    out = _bench("bench/prefix_reuse.py", "--model", "tiny", "--rounds", "1", "--clients", "2", "--max-tokens", "4")
+    out = _bench("perf/prefix_reuse.py", "--model", "tiny", "--rounds", "1", "--clients", "2", "--max-tokens", "4")
     off, on = out["engines"]["off"], out["engines"]["on"]
     assert off["turns"] == on["turns"] == 2 * 3  # two conversations of three turns through each engine
     assert out["cache"]["hits"] >= 4 and 0 < out["cache"]["reused_share"] < 1  # turns 2 and 3 find turn 1's keys
     assert out["speedup_wall"] > 0 and out["prefix_cache_mb"] == 1024  # backend/hf.yaml
 
 
+def test_eval_batch_bench_decodes_each_batch_size():
+    out = _bench("perf/eval_batch.py", "--model", "tiny", "--prompts", "2", "--max-tokens", "2", "--sizes", "2", "1")
+    assert set(out["tokens_per_s"]) == {"2", "1"} and all(v > 0 for v in out["tokens_per_s"].values())
+    assert out["batches"]["2"] and out["b2_over_b1"] > 0
+
+
+@pytest.mark.slow
+def test_agents_memory_bench_measures_one_model_and_per_agent_runs():
+    out = _bench("perf/agents_memory.py", "--model", "tiny", "--agents", "1", "--prompt", "8", "--response", "4",
+                 "--rank", "2")  # fmt: skip
+    (n,) = out["agents"]
+    row = out["agents"]["1"]
+    assert n == "1" and row["one_model"]["peak_rss_mib"] > 0 and row["per_agent_runs_peak_rss_mib"] > 0
+    assert row["one_model"]["adapters_mib"] > 0
+
+
+@pytest.mark.slow
+def test_logprob_memory_bench_compares_the_old_and_new_paths():
+    out = _bench("perf/logprob_memory.py", "--model", "tiny", "--prompt", "16", "--response", "4", "--steps", "1",
+                 "--chunk", "8", "--checkpointing", "off")  # fmt: skip
+    assert set(out["cases"]) == {"old/checkpointing_off", "new/checkpointing_off"}
+    assert all(c["step_s_median"] > 0 for c in out["cases"].values())
+    assert out["agreement_with_old/checkpointing_off"]["new/checkpointing_off"]["max_abs_logprob_diff"] < 1e-4
+
+
+def test_train_step_bench_times_lightning_against_the_hand_loop():
+    out = _bench("perf/train_step.py", "--model", "tiny", "--batch", "1", "--seq", "16", "--rounds", "1",
+                 "--steps", "2")  # fmt: skip
+    assert out["hand_s_per_step_median"] > 0 and out["lightning_s_per_step_median"] > 0
+    assert out["steps_measured_each"] == 1 and out["tokens_per_step"] == 15
+
+
+def test_proxy_overhead_bench_measures_both_sides(tmp_path):
+    out = _bench("perf/proxy_overhead.py", "--concurrency", "1", "--requests", "4", "--rounds", "1", "--stream-only",
+                 "--placement", "shared", "--store-dir", str(tmp_path))  # fmt: skip
+    (res,) = out["results"]
+    assert res["concurrency"] == 1 and res["requests_per_side"] == 4 and res["stream"] is True
+    assert res["direct_ms"]["p50"] > 0 and res["proxied_ms"]["p50"] > 0 and res["throughput_rps"]["proxied"] > 0
+
+
+@pytest.mark.slow
+def test_serve_throughput_bench_swaps_an_adapter():
+    out = _bench("perf/serve_throughput.py", "--model", "tiny", "--requests", "2", "--concurrency", "1",
+                 "--max-tokens", "2", "--swaps", "1")  # fmt: skip
+    assert out["base"]["requests_per_s"] > 0 and out["adapter"]["requests_per_s"] > 0
+    assert out["swap_publish_to_first_response_ms_median"] > 0
+
+
+@pytest.mark.slow
+def test_training_server_sessions_bench_reaches_the_cap():
+    out = _bench("perf/training_server_sessions.py", "--model", "tiny", "--cycles", "2", "--max-sessions", "2")
+    assert out["live_sessions_before_429"] == 2 and "max_sessions" in out["refusal"] and out["rss_mb_after_warmup"] > 0
+
+
+@pytest.mark.slow
+def test_training_server_throughput_bench_runs_three_arms():
+    out = _bench("perf/training_server_throughput.py", "--model", "tiny", "--datums", "1", "--min-len", "8",
+                 "--max-len", "16", "--repeats", "1")  # fmt: skip
+    assert out["server_tokens_per_s"] > 0 and out["engine_in_process_tokens_per_s"] > 0
+    assert out["torch_peft_tokens_per_s"] > 0
+
+
+@pytest.mark.slow
+def test_cpu_share_bench_serves_and_trains_side_by_side():
+    out = _bench("perf/cpu_share.py", "--model", "tiny", "--seconds", "3", "--users", "1", "--budgets", "auto",
+                 "--batch", "1", "--seq", "16")  # fmt: skip
+    (run,) = out["runs"]
+    assert run["budget"] == "auto" and run["serve_threads"] >= 1 and run["train_threads"] >= 1  # the budget applied
+    assert run["train_steps"] >= 1 and run["replies_per_min"] > 0 and run["request_errors"] == 0
+
+
+@pytest.mark.slow
+def test_cycle_profile_bench_breaks_a_short_main_job_down(tmp_path):
+    out = _bench("perf/cycle_profile.py", "--minutes", "0.3", "--out", str(tmp_path), "model=tiny", timeout=900)
+    assert out["rc"] == 0 and out["run"]["wall_s"] > 0 and out["run"]["cpu_s"] > 0
+    assert "generation" in out["phases"] and "model=tiny" in out["command"]
+
+
+@pytest.mark.slow
+def test_gate_latency_bench_times_two_gates(tmp_path):
+    out = _bench("perf/gate_latency.py", "--model", "tiny", "--turns", "3", "--reply-tokens", "4",
+                 "--turns-file", str(tmp_path / "turns.json"))  # fmt: skip
+    assert [g["gate"] for g in out["gates"]] == ["cold", "warm"] and out["turns"] == 3
+
+
+# ---- studies/ -----------------------------------------------------------------------------------------------------
+def test_redaction_bench_finds_the_planted_secrets():
+    out = _bench("studies/redaction.py", "--per-kind", "1", "--clean", "4")
+    assert out["planted_items"] == 21 and out["clean_turns"] == 4  # one item per secret kind and PII category
+    assert out["recall"]["secret (all)"] == 1.0 and out["clean_dropped_rate"]["clean (all)"] == 0.0
+
+
+def test_secret_recall_reads_plugin_tests_without_running_them(tmp_path):
+    (tmp_path / "aws_key_test.py").write_text(textwrap.dedent('''
+        import pytest
+
+        @pytest.mark.parametrize("line, should_flag", [
+            ("aws_secret_access_key = 'wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY'", True),
+            ("version = '1.2.3'", False),
+        ])
+        def test_x(line, should_flag):
+            raise SystemExit("never run")
+    '''))  # fmt: skip
+    out = _bench("studies/secret_recall.py", str(tmp_path))
+    assert out["positives"] == out["negatives"] == 1 and out["per_plugin"]["aws_key"]["found"] == 1
+    assert out["recall"] == 1.0 and out["false_flag_rate"] == 0.0 and out["encoded_recall"]["of"] == 1
+
+
+@pytest.mark.slow
+def test_skills_retrieval_bench_ranks_the_labelled_queries():
+    out = _bench("studies/skills_retrieval.py", "--repeats", "1")
+    assert out["queries"] == 26 and 0 < out["bm25"]["precision_at_3"] <= out["bm25"]["max_precision_at_3"]
+    assert 0 < out["embedding"]["precision_at_3"] <= 1
+
+
+@pytest.mark.slow
+def test_reactions_bench_scores_a_labelled_set_against_the_rule_judge(tmp_path):
+    rows = [{"text": "No, that's wrong. Shorter please.", "label": -1, "style": "plain"},
+            {"text": "Perfect, thanks!", "label": 1, "style": "plain"},
+            {"text": "What about the weekend?", "label": 0, "style": "plain"}]  # fmt: skip
+    data = tmp_path / "set.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    out = _bench("studies/reactions.py", "--data", str(data))
+    assert out["n"] == 3 and out["labels"] == {"-1": 1, "0": 1, "1": 1}
+    assert 0 <= out["reactions"]["accuracy"] <= 1 and 0 <= out["rule"]["accuracy"] <= 1
+
+
+@pytest.mark.slow
+def test_hint_signal_bench_scores_replies_with_and_without_the_hint():
+    out = _bench("studies/hint_signal.py", "--model", "tiny", "--prompts", "2", "--samples", "1")
+    assert out["replies"] == 2 and 0 <= out["compliance_plain"] <= 1 and out["mean_abs_token_delta"] >= 0
+
+
+@pytest.mark.slow
+def test_distill_signal_bench_measures_each_form():
+    out = _bench("studies/distill_signal.py", "--model", "tiny", "--prompts", "1", "--samples", "1", "--max-tokens",
+                 "4", "--forms", "prefix")  # fmt: skip
+    assert set(out["forms"]) == {"prefix"} and out["forms"]["prefix"]["replies"] == 1 and out["prompts"] == 1
+
+
+@pytest.mark.slow
+def test_export_parity_bench_exports_a_synthetic_adapter(tmp_path):
+    out = _bench("studies/export_parity.py", "--model", "tiny", "--formats", "peft", "--out", str(tmp_path))
+    peft = out["results"]["peft"]
+    assert out["model"] == "tiny" and peft["tokens"] > 0 and peft["max_abs_diff"] <= peft["tolerance"]
+
+
+# ---- tools/ -------------------------------------------------------------------------------------------------------
 def test_log_lines_counts_kinds_steps_duplicates_and_adverts(tmp_path):
     run = tmp_path / "run"
     (run / "adapters" / "step-000002").mkdir(parents=True)
@@ -62,7 +230,23 @@ def test_log_lines_counts_kinds_steps_duplicates_and_adverts(tmp_path):
         "[2026-11-28 10:00:03,000][metaclaw.modules.publisher][INFO] - Published adapter v2 at /r/adapters/step-000002",
     ]
     (run / "train.log").write_text("\n".join(lines) + "\n")
-    out = _bench("bench/log_lines.py", str(run))
+    out = _bench("tools/log_lines.py", str(run))
     assert out["steps"] == 3 and out["startup_info_lines"] == 1 and out["info_lines"] == 5  # 3 publish lines
     assert out["kinds"]["metaclaw.modules.publisher: Published adapter v# at PATH"] == 3
     assert len(out["duplicates"]) == 1 and len(out["adverts"]) == 1
+
+
+# ---- runs/ (a whole train.py each: slow) -------------------------------------------------------------------------
+@pytest.mark.slow
+def test_learning_bench_runs_the_main_job_briefly(tmp_path):
+    out = _bench("runs/learning.py", "--model", "tiny", "--minutes", "0.2", "--methods", "rl", "--skills", "off",
+                 "--out", str(tmp_path))  # fmt: skip
+    (run,) = out["runs"]
+    assert run["returncode"] == 0 and run["method"] == "rl" and Path(out["plot"]).exists()
+
+
+@pytest.mark.slow
+def test_soak_bench_streams_through_the_live_loop(tmp_path):
+    out = _bench("runs/soak.py", "--minutes", "0.2", "--streams", "1", "--max-tokens", "4", "--run-dir",
+                 str(tmp_path / "run"))  # fmt: skip
+    assert out["requests"] >= 1 and out["failed_requests"] == 0 and out["train_exit"] is not None

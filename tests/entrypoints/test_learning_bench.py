@@ -1,4 +1,4 @@
-"""`bench/learning.py --batching both`: the before/after throughput block built from the runs' own figures."""
+"""`bench/runs/learning.py --batching both`: the before/after throughput block built from the runs' own figures."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from tests.conftest import REPO
 
 
 def _bench():
-    spec = importlib.util.spec_from_file_location("learning_bench", REPO / "bench" / "learning.py")
+    spec = importlib.util.spec_from_file_location("learning_bench", REPO / "bench" / "runs" / "learning.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
@@ -74,7 +74,7 @@ def test_runs_of_separate_invocations_are_merged_and_compared_at_one_wall_minute
 
 
 def _real_path():
-    spec = importlib.util.spec_from_file_location("real_path", REPO / "bench" / "real_path.py")
+    spec = importlib.util.spec_from_file_location("real_path", REPO / "bench" / "runs" / "real_path.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
@@ -133,8 +133,9 @@ def test_real_path_bench_drives_the_live_service_like_people(tmp_path):
     import sys
 
     out = tmp_path / "bench"
-    cmd = [sys.executable, "bench/learning.py", "--real-path", "--model", "tiny", "--people", "2", "--minutes", "0.3",
-           "--eval-prompts", "4", "--max-tokens", "8", "--eval-every-min", "0.05", "--out", str(out)]  # fmt: skip
+    cmd = [sys.executable, "bench/runs/learning.py", "--real-path", "--model", "tiny", "--people", "2",
+           "--minutes", "0.3", "--eval-prompts", "4", "--max-tokens", "8", "--eval-every-min", "0.05",
+           "--out", str(out)]  # fmt: skip
     env = {**os.environ, "PYTHONPATH": str(REPO / "src")}
     proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]

@@ -5,7 +5,7 @@ quality guard's default (`publish.gate.max_nll_increase`). The decisions run thr
 would hand it over (the real-server paths: tests/evaluation/test_proxy_gate.py, tests/evaluation/test_live_eval.py).
 
 A refusal on a point estimate over a handful of effective turns was close to a coin flip: in real-path runs
-(`bench/learning.py --real-path`) the gate refused most candidates on an estimate resting on 2-3 effective turns,
+(`bench/runs/learning.py --real-path`) the gate refused most candidates on an estimate resting on 2-3 effective turns,
 and the served adapter lagged the trainer by 20-31 versions."""
 
 from __future__ import annotations
@@ -24,8 +24,8 @@ from metaclaw.evaluation.stats import newcombe
 from metaclaw.loop.eval_wiring import build_evaluator
 from tests.entrypoints.test_train import compose_train
 
-# gate.jsonl of a real-path run (`bench/learning.py --real-path`, summary_first, session 7), step 40: refused by the
-# old rule, its estimate resting on 2.45 effective turns of 32.
+# gate.jsonl of a real-path run (`bench/runs/learning.py --real-path`, summary_first, session 7), step 40: refused by
+# the old rule, its estimate resting on 2.45 effective turns of 32.
 REAL_PATH_STEP_40 = {
     "n": 32, "observed": 0.53125,
     "served": {"model": "policy", "compliance": 0.53125, "n_eff": 32.0, "ci_low": 0.36449516999131165,

@@ -288,7 +288,7 @@ def test_merged_smollm2_export_gives_the_served_logprobs_in_plain_transformers(t
     """The embedded default: a SmolLM2-135M adapter merged, loaded with transformers alone, within 1e-4."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from bench.export_parity import synthetic_run
+    from bench.studies.export_parity import synthetic_run
 
     run_dir = synthetic_run(tmp_path / "run")
     record = export(str(run_dir), "latest", "default", "merged", str(tmp_path / "merged"))

@@ -204,7 +204,7 @@ class HeldoutTurnsEvaluator:
         tests), and the served version's logprobs and the got replies' NLLs are asked once per turn across gates.
         The requests go `concurrency` at a time, shortest first (the policy server batches the ones in flight);
         `seconds` holds each phase's wall seconds (served and candidate logprobs, the got replies' NLL, the
-        candidate's quality sampling and its NLL: `bench/gate_latency.py` adds the server's CPU seconds)."""
+        candidate's quality sampling and its NLL: `bench/perf/gate_latency.py` adds the server's CPU seconds)."""
         turns = self.recent()
         good = [1.0 if s.reward > 0 else 0.0 for s in turns]
         out: dict[str, object] = {"n": len(turns), "observed": sum(good) / len(turns) if turns else None}

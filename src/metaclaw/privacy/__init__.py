@@ -6,7 +6,7 @@ personal data follows a per-category policy; `forget` deletes a user's data down
 - `policy`: `PrivacyPolicy`, applied by the store to every sample before it is written, and the redacted views
   of outbound calls (`outbound`: the judge, teacher and evolver wrappers);
 - `forget`: deleting samples, session rows and evolved skills; the retention sweep;
-- `corpus`: the synthetic test corpus (`bench/redaction.py`).
+- `corpus`: the synthetic test corpus (`bench/studies/redaction.py`).
 """
 
 from metaclaw.privacy.detect import PII_CATEGORIES, Finding, find_pii, find_secrets, redact

@@ -3,7 +3,7 @@ look-alikes that must pass. Every value is generated from a fixed seed in its re
 
 `planted(seed)` gives turns that each hold one item (`category`: `secret` or a PII category; `value`: the exact
 planted string); `clean(seed)` gives turns with none (UUIDs, git SHAs, sha256 digests, base64 images, version
-strings, container ids, random-looking identifiers in code). `bench/redaction.py` and the tests use both.
+strings, container ids, random-looking identifiers in code). `bench/studies/redaction.py` and the tests use both.
 """
 
 from __future__ import annotations

@@ -48,7 +48,7 @@ log = logging.getLogger(__name__)
 HINTED_FORMS = ("system", "prefix", "suffix", "restate")
 """Where the preference goes in the teacher's context: a system message (merged into the conversation's own, if
 any), before the last user message, after it (OPD's hint, `scoring.hints`), or the exchange as it happened with
-the last request restated after the correction (`bench/distill_signal.py` measures each)."""
+the last request restated after the correction (`bench/studies/distill_signal.py` measures each)."""
 
 
 def stated_preference(reaction: str | None) -> str | None:
