@@ -507,10 +507,10 @@ class RolloutProxy:
         upstream["model"] = self.upstream_model(body.get("model"), profile)
         self._salt(upstream, agent_id or self.default_agent_id, client)
         self.stats["turns"] += 1
-        client = self.upstream.next()
-        req = client.build_request("POST", f"{self.upstream.url}/v1/completions", json=upstream)
+        pool = self.upstream.next()
+        req = pool.build_request("POST", f"{self.upstream.url}/v1/completions", json=upstream)
         try:
-            resp = await client.send(req, stream=bool(body.get("stream")))
+            resp = await pool.send(req, stream=bool(body.get("stream")))
         except httpx.HTTPError as e:
             self.stats["upstream_errors"] += 1
             raise UpstreamError(502, json.dumps({"error": {"message": f"upstream unreachable: {e}"}}).encode()) from e

@@ -38,7 +38,7 @@ class UpstreamPools:
         headers = bearer_headers(self.api_key)
         per_pool = MAX_UPSTREAM_CONNECTIONS // POOL_SHARDS
         limits = httpx.Limits(max_connections=per_pool, max_keepalive_connections=per_pool)
-        kw = dict(base_url=self.url, headers=headers, timeout=self.timeout_s, limits=limits)
+        kw: dict[str, Any] = dict(base_url=self.url, headers=headers, timeout=self.timeout_s, limits=limits)
         self._clients = [httpx.AsyncClient(**kw) for _ in range(POOL_SHARDS)]
         self.client, self._next = self._clients[0], itertools.cycle(self._clients)
         if refresh and self.refresh_s > 0:
@@ -57,6 +57,8 @@ class UpstreamPools:
         return next(self._next)
 
     async def refresh(self) -> None:
+        if self.client is None:
+            return
         try:
             r = await self.client.get("/v1/models", timeout=5.0)
             data = r.json().get("data", [])
