@@ -108,8 +108,8 @@ class Freshness:
 
     min_adapter_version: Callable[[], int | dict[str, int] | None]
     served_version: Callable[[], int | dict[str, int] | None]
-    max_age_s: float | None = None
-    latest_skill_generation_only: bool = False
+    max_age_s: float | None
+    latest_skill_generation_only: bool
 
 
 class StreamingSampleDataset(IterableDataset):
@@ -244,22 +244,22 @@ class StreamingSampleDataset(IterableDataset):
 class BatchSettings:
     """A step's batch (`RolloutDataModule`'s arguments of these names)."""
 
-    batch_size: int = 4
-    min_batch_size: int = 1
-    max_tokens: int | None = 8192
-    max_sample_tokens: int | None = None
-    epochs_per_batch: int = 1
+    batch_size: int
+    min_batch_size: int
+    max_tokens: int | None
+    max_sample_tokens: int | None
+    epochs_per_batch: int
 
 
 @dataclass(frozen=True)
 class SampleBounds:
     """How fresh a trained sample is and how many may wait (`RolloutDataModule`'s arguments of these names)."""
 
-    max_staleness: int | None = None
-    max_age_s: float | None = None
-    max_backlog: int | None = None
-    backlog_policy: str = "drop_oldest"
-    latest_skill_generation_only: bool = True
+    max_staleness: int | None
+    max_age_s: float | None
+    max_backlog: int | None
+    backlog_policy: str
+    latest_skill_generation_only: bool
 
 
 class RolloutDataModule(L.LightningDataModule):

@@ -58,22 +58,22 @@ def is_heldout(session_id: str, share: float) -> bool:
 class ScoringPolicy:
     """What the method consumes and how turns settle (`ScoringWorker`'s arguments of the same names)."""
 
-    needs_reward: bool = True
-    needs_teacher: bool = False
-    at_least_one: bool = True
-    heldout_share: float = 0.0
-    drop_unanswered: bool = False  # `no_next_state=drop`: a turn nothing reacted to is settled `dropped`
+    needs_reward: bool
+    needs_teacher: bool
+    at_least_one: bool
+    heldout_share: float
+    drop_unanswered: bool  # `no_next_state=drop`: a turn nothing reacted to is settled `dropped`
 
 
 @dataclass(frozen=True)
 class ScoringPace:
     """How often and how long the worker works (`ScoringWorker`'s arguments of the same names)."""
 
-    poll_s: float = 0.5
-    session_idle_s: float = 300.0
-    timeout_s: float = 60.0
-    max_attempts: int = 3
-    concurrency: int = 4
+    poll_s: float
+    session_idle_s: float
+    timeout_s: float
+    max_attempts: int
+    concurrency: int
 
 
 @dataclass
