@@ -59,8 +59,7 @@ class UpstreamPools:
         return next(self._next)
 
     async def refresh(self) -> None:
-        if self.client is None:
-            return
+        """Read `/v1/models` now (the one outbound client's `models`; no pool needed); a failure keeps the last."""
         try:
             data = await asyncio.to_thread(models, self.endpoint, 5.0)
             self.models = {m["id"] for m in data}
