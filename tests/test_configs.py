@@ -231,12 +231,12 @@ def test_the_live_path_drops_a_closing_turn_and_trains_only_fresh_samples(tmp_pa
     old = store.insert(Sample([1, 2, 3], [4, 5], [-0.5, -0.5], reward=-1.0, status="ready"))
     with sqlite3.connect(store.path) as c:
         c.execute("UPDATE samples SET created_at=? WHERE id=?", (time.time() - cfg.data.max_age_s - 60, old))
-    assert data.max_age_s == 600.0 and data.max_staleness == 8
+    assert data.bounds.max_age_s == 600.0 and data.bounds.max_staleness == 8
     from metaclaw.datamodules.rollout import StreamingSampleDataset
 
-    stream = StreamingSampleDataset(store.path, lambda: 0, 0, data.batch_size, None, None, 0.5,
+    stream = StreamingSampleDataset(store.path, lambda: 0, 0, data.batching.batch_size, None, None, 0.5,
                                     min_adapter_version=data._min_adapter_version,
-                                    max_age_s=data.max_age_s)  # fmt: skip
+                                    max_age_s=data.bounds.max_age_s)  # fmt: skip
     assert next(iter(stream))["sample_ids"].tolist() == [answered.id]
     assert store.get(old).meta["dropped"].startswith("stale:age") and store.dropped_reasons()["stale"] == 1
     store.close()

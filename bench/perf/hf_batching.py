@@ -62,7 +62,7 @@ def closed_loop(engine: HFEngine, prompts: list[list[int]], params: SamplingPara
     """`clients` threads, each sending its share of `prompts` one after the other, `think_s` after each reply."""
     engine.batches.clear()
     engine.batch_linger_s = linger_s
-    engine._last_batch = None
+    engine._queue.last_batch = None
 
     def client(mine: list[list[int]]) -> int:
         tokens = 0

@@ -33,8 +33,10 @@ from metaclaw.control.dashboard.data import reward_source
 from metaclaw.evaluation.evaluator import ComplianceEvaluator
 from metaclaw.lifecycle import set_pdeathsig
 from metaclaw.runfiles.layout import AdapterFolder
-from metaclaw.simulate.people import People, PreferenceKind, _pools
+from metaclaw.simulate.people import People, PreferenceKind, phrasings
 from metaclaw.wire.client import Endpoint, load_adapter
+
+COLLAPSE = ("top_opening", "top_opening_share", "opening_entropy", "self_rouge_l")  # eval.jsonl's collapse figures
 
 REPO = Path(__file__).resolve().parents[2]
 SERVER_KEY_ENV = "METACLAW_BENCH_SERVER_KEY"
@@ -161,11 +163,10 @@ class Evaluations:
             return
         self.curve.append({"minutes": round((time.time() - self.watch.t0) / 60, 2),
                            "started_minutes": round((start - self.watch.t0) / 60, 2), "adapter": version,
-                           "compliance": r.compliance, "good": r.good, "nll": r.nll, "n": r.n,
+                           "compliance": r.compliance, "good": r.quality.good, "nll": r.quality.nll, "n": r.n,
                            "errors": r.errors, "seconds": round(r.seconds, 1), "ci": [r.ci_low, r.ci_high],
-                           "top_opening": r.top_opening, "top_opening_share": r.top_opening_share,
-                           "opening_entropy": r.opening_entropy, "self_rouge_l": r.self_rouge_l,
-                           "distinct_replies": r.distinct_replies, "examples": r.examples})  # fmt: skip
+                           **{k: v for k, v in r.as_dict().items() if k in COLLAPSE},
+                           "distinct_replies": r.quality.distinct_replies, "examples": r.examples})  # fmt: skip
         self._last_version, self._last_start = version, start
 
     def _run(self) -> None:
@@ -198,10 +199,7 @@ def _label(next_state: str | None, prefixes: list[tuple[str, str]]) -> str:
 
 def reaction_prefixes() -> list[tuple[str, str]]:
     """Every phrasing of `people.yaml` with its label, longest first (so no phrase shadows a longer one)."""
-    pools = _pools()
-    out = [(p, "praise") for p in pools["praise"]]
-    for kind in pools["kinds"].values():
-        out += [(p, "praise") for p in kind["praise"]] + [(p, "correction") for p in kind["correction"]]
+    out = [(p, label) for label, phrases in phrasings().items() for p in phrases]
     return sorted({(" ".join(p.split()).lower(), label) for p, label in out}, key=lambda x: -len(x[0]))
 
 

@@ -199,27 +199,8 @@ def plan_devices(
     if num_nodes < 1:
         raise DevicePlanError(f"devices.num_nodes must be >= 1, got {num_nodes}")
 
-    name = str(backend.get("name", "hf")).lower()
-    if name not in BACKENDS:
-        raise DevicePlanError(f"backend must be one of {BACKENDS}, got {name!r}")
-    if name == "auto":
-        if infer and vllm_available:
-            name = "vllm"
-        elif infer:
-            name = "hf"
-            warnings.append(f"backend=auto: vLLM is not found, serving with HF generate on the GPU ({VLLM_HOWTO})")
-        else:
-            name = str(backend.get("cpu_engine", "hf"))
-            if name == "onnx" and not onnx_installed():
-                name = "hf"
-                warnings.append(f"backend=auto: onnxruntime is not installed, serving with HF generate in fp32 on the "
-                                f"CPU ({ONNX_HOWTO})")  # fmt: skip
-    elif name == "onnx" and infer:
-        raise DevicePlanError("backend=onnx serves on the CPU: set devices.infer=[] or use backend=vllm|hf")
-    elif name == "onnx" and not onnx_installed():
-        raise DevicePlanError(f"backend=onnx needs onnxruntime, which is not installed: {ONNX_HOWTO}")
-    elif name == "vllm" and not vllm_available:
-        raise DevicePlanError(f"backend=vllm needs vLLM, which is not found: {VLLM_HOWTO}, or use backend=hf")
+    name = _backend(str(backend.get("name", "hf")).lower(), bool(infer), vllm_available, warnings,
+                    str(backend.get("cpu_engine", "hf")))  # fmt: skip
 
     memory = None
     if set(train) & set(infer):
@@ -235,14 +216,7 @@ def plan_devices(
     precision = str(devices.get("precision", "auto"))
     if precision == "auto":
         precision = "bf16-mixed" if train else "32-true"
-    strategy = str(devices.get("strategy", "auto")).lower()
-    if strategy not in STRATEGIES:
-        raise DevicePlanError(f"devices.strategy must be one of {STRATEGIES}, got {strategy!r}")
-    procs = (len(train) or cpu_processes) * num_nodes
-    if strategy == "auto":
-        strategy = "ddp" if procs > 1 else "auto"
-    if strategy == "fsdp" and not train:
-        raise DevicePlanError("devices.strategy=fsdp needs GPUs in devices.train (Lightning's FSDP runs on CUDA)")
+    strategy = _strategy(str(devices.get("strategy", "auto")).lower(), train, (len(train) or cpu_processes) * num_nodes)
     serve_threads, train_threads = thread_budget(
         devices.get("cpu_threads"), cpu_count, serves_here and not train and not infer, cpu_processes
     )
@@ -260,6 +234,43 @@ def plan_devices(
         eval_server=eval_server_plan(devices.get("eval_server", "auto"), serves_here, not infer, cpu_count),
         warnings=tuple(warnings),
     )
+
+
+def _backend(name: str, infer_gpus: bool, vllm_available: bool, warnings: list[str], cpu_engine: str = "hf") -> str:
+    """`backend.name` resolved for the host: `auto` picks vLLM on a GPU where it is installed, else HF; on a CPU host
+    `backend.cpu_engine` (`hf`, or `onnx` where onnxruntime is installed)."""
+    if name not in BACKENDS:
+        raise DevicePlanError(f"backend must be one of {BACKENDS}, got {name!r}")
+    if name == "auto":
+        if infer_gpus and vllm_available:
+            name = "vllm"
+        elif infer_gpus:
+            name = "hf"
+            warnings.append(f"backend=auto: vLLM is not found, serving with HF generate on the GPU ({VLLM_HOWTO})")
+        else:
+            name = cpu_engine
+            if name == "onnx" and not onnx_installed():
+                name = "hf"
+                warnings.append(f"backend=auto: onnxruntime is not installed, serving with HF generate in fp32 on the "
+                                f"CPU ({ONNX_HOWTO})")  # fmt: skip
+    elif name == "onnx" and infer_gpus:
+        raise DevicePlanError("backend=onnx serves on the CPU: set devices.infer=[] or use backend=vllm|hf")
+    elif name == "onnx" and not onnx_installed():
+        raise DevicePlanError(f"backend=onnx needs onnxruntime, which is not installed: {ONNX_HOWTO}")
+    elif name == "vllm" and not vllm_available:
+        raise DevicePlanError(f"backend=vllm needs vLLM, which is not found: {VLLM_HOWTO}, or use backend=hf")
+    return name
+
+
+def _strategy(strategy: str, train: list[int], procs: int) -> str:
+    """`devices.strategy` resolved for `procs` training processes (`auto`: DDP for more than one)."""
+    if strategy not in STRATEGIES:
+        raise DevicePlanError(f"devices.strategy must be one of {STRATEGIES}, got {strategy!r}")
+    if strategy == "auto":
+        strategy = "ddp" if procs > 1 else "auto"
+    if strategy == "fsdp" and not train:
+        raise DevicePlanError("devices.strategy=fsdp needs GPUs in devices.train (Lightning's FSDP runs on CUDA)")
+    return strategy
 
 
 def host_gpu_count() -> int:

@@ -77,7 +77,7 @@ def test_recorded_requests_are_answered_and_captured(rig, path: Path):
         assert len(samples) == before + 1, f"{path.stem} request {i} was not captured"
         s = samples[-1]
         assert s.response_ids and len(s.behaviour_logprobs) == len(s.response_ids)
-        context = s.meta.context or {}
+        context = s.meta.fit.context or {}
         assert context.get("action") != "unfit", context
         # the reply budget: what the agent asked for, at most the room the context policy kept (Claude Code asks
         # for 32,000 tokens, Codex for none: on a CPU either is many minutes, past the agent's own timeout)

@@ -53,7 +53,7 @@ class CostlyEvaluator:
 def test_evaluations_during_training_stay_within_the_budget_but_the_final_adapter_is_measured(tmp_path):
     costly = CostlyEvaluator(seconds=1000.0)  # far above 15% of the time since start
     live = LiveEvaluator(costly, tmp_path, base_model="base", server_url="http://unused", max_share=0.15)
-    live._load_candidate = lambda path: None
+    live.gatekeeper.load_candidate = lambda path: None
     live.start()
     try:
         assert live.wait(30)  # the base model: always measured
@@ -70,7 +70,7 @@ def test_evaluations_during_training_stay_within_the_budget_but_the_final_adapte
 def test_without_a_budget_every_due_adapter_is_measured(tmp_path):
     costly = CostlyEvaluator(seconds=1000.0)
     live = LiveEvaluator(costly, tmp_path, base_model="base", server_url="http://unused", max_share=None)
-    live._load_candidate = lambda path: None
+    live.gatekeeper.load_candidate = lambda path: None
     live.start()
     try:
         live.submit(1, tmp_path / "step-000001", lambda path: None)
@@ -89,7 +89,7 @@ def test_an_uncached_base_model_is_measured_after_training_beside_the_final_adap
     """First run on a machine: the first samples do not wait behind the base model's evaluation."""
     ev = UncachedEvaluator(seconds=1.0)
     live = LiveEvaluator(ev, tmp_path, base_model="base", server_url="http://unused", baseline="auto", max_share=0.15)
-    live._load_candidate = lambda path: None
+    live.gatekeeper.load_candidate = lambda path: None
     live.start()
     try:
         live.submit(1, tmp_path / "step-000001", lambda path: None)
@@ -117,7 +117,7 @@ def test_with_the_gate_a_candidate_over_the_budget_is_neither_measured_nor_serve
     served: list[str] = []
     live = LiveEvaluator(costly, tmp_path, base_model="base", server_url=None, max_share=0.15, gate=True,
                          max_nll_increase=None)  # fmt: skip
-    live._load_candidate = lambda path: None
+    live.gatekeeper.load_candidate = lambda path: None
     live.start()
     try:
         assert live.wait(30)

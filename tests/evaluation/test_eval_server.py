@@ -61,17 +61,17 @@ def test_the_gate_measures_the_served_adapter_on_the_evaluation_server(tmp_path,
         live = build_evaluator(cfg)
         assert live is not None
         live.bind(policy.url, eval_url=evaluation.url)
-        assert live.eval_url == evaluation.url and live.server_url == policy.url
+        assert live.gatekeeper.eval_url == evaluation.url and live.gatekeeper.server_url == policy.url
         track = Track("default", None, lora_name="policy")
-        assert live._served_model(track) == ("tiny", 0)  # the base model answers: nothing to give
+        assert live.gatekeeper.served_model(track) == ("tiny", 0)  # the base model answers: nothing to give
         assert _card(evaluation.url, "policy") is None
         for version, path in zip((3, 4), versions, strict=True):
             load_adapter(Endpoint(policy.url), "policy", str(path), version=version)
-            assert live._served_model(track) == ("policy", version)
+            assert live.gatekeeper.served_model(track) == ("policy", version)
             there = _card(evaluation.url, "policy")
             assert there is not None and there["adapter_version"] == version and there["root"] == str(path)
         live.rebind_eval()  # evaluation's server lost: back to the agent's, nothing mirrored
-        assert live.eval_url == policy.url
+        assert live.gatekeeper.eval_url == policy.url
     finally:
         policy.stop()
         evaluation.stop()

@@ -32,7 +32,7 @@ class HeldEvaluator:
 def test_an_evaluation_still_running_at_the_end_is_named_and_its_late_result_is_not_recorded(tmp_path):
     held = HeldEvaluator()
     live = LiveEvaluator(held, tmp_path, base_model="base", server_url="http://unused", final_timeout_s=0.2)
-    live._load_candidate = lambda path: None  # no server: the held evaluator never asks one
+    live.gatekeeper.load_candidate = lambda path: None  # no server: the held evaluator never asks one
     live.start()
     try:
         assert live.wait(30)  # the base model's point
@@ -42,8 +42,8 @@ def test_an_evaluation_still_running_at_the_end_is_named_and_its_late_result_is_
         assert live.unfinished == [{"agent_id": "default", "step": 3}]
         held.release.set()
         live.stop()
-        live._thread.join(30)
-        assert not live._thread.is_alive()
+        live.worker.thread.join(30)
+        assert not live.worker.thread.is_alive()
     finally:
         held.release.set()
         live.stop()
@@ -72,7 +72,7 @@ def test_an_end_that_waited_long_enough_leaves_nothing_unfinished(tmp_path):
     held = HeldEvaluator()
     held.release.set()
     live = LiveEvaluator(held, tmp_path, base_model="base", server_url="http://unused", final_timeout_s=30)
-    live._load_candidate = lambda path: None
+    live.gatekeeper.load_candidate = lambda path: None
     live.start(baseline=False)
     try:
         live.submit(1, tmp_path / "step-000001", lambda path: None)

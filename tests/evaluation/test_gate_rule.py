@@ -17,7 +17,7 @@ import pytest
 
 from metaclaw.agents import DEFAULT_PROFILE
 from metaclaw.evaluation import LiveEvaluator
-from metaclaw.evaluation.evaluator import EvalResult
+from metaclaw.evaluation.evaluator import EvalResult, ReplyQuality
 from metaclaw.evaluation.gate import compliance_test
 from metaclaw.evaluation.regression import RegressionWatch
 from metaclaw.evaluation.stats import newcombe
@@ -86,7 +86,7 @@ def test_the_judge_fallback_serves_a_candidate_the_evidence_cannot_tell_and_says
     log say the evidence was inconclusive, and who guards it."""
     served: list[Path] = []
     path = tmp_path / "step-000040"
-    decision = live._decide_on_turns(live.tracks[DEFAULT_PROFILE], 40, path, REAL_PATH_STEP_40, served.append)
+    decision = live.gatekeeper.decide_on_turns(live.tracks[DEFAULT_PROFILE], 40, path, REAL_PATH_STEP_40, served.append)
     assert decision["decision"] == "accepted" and served == [path]
     record = gate_records(tmp_path)[-1]
     assert record["decision"] == "accepted" and record["finding"] == "inconclusive"
@@ -104,7 +104,7 @@ def test_the_judge_fallback_refuses_a_candidate_shown_worse(live, tmp_path):
     evidence = json.loads(json.dumps(REAL_PATH_STEP_40))
     evidence["candidate"].update(compliance=0.04, n_eff=12.0)
     served: list[Path] = []
-    decision = live._decide_on_turns(live.tracks[DEFAULT_PROFILE], 44, tmp_path / "step-000044", evidence,
+    decision = live.gatekeeper.decide_on_turns(live.tracks[DEFAULT_PROFILE], 44, tmp_path / "step-000044", evidence,
                                      served.append)  # fmt: skip
     assert decision["decision"] == "rejected" and served == [] and decision["finding"] == "worse"
     assert decision["reasons"][0].startswith("estimated compliance 0.04 (n 12.0) vs served 0.53 (n 32.0): worse")
@@ -115,15 +115,15 @@ def test_the_quality_guard_allows_what_learning_a_rare_preference_costs(live, tm
     """The base NLL of replies that follow a preference the base model rarely follows rises by itself: the main
     job's best adapter (90.6% compliance) went 1.92 -> 2.87 and was refused at the old 0.5; a collapse beyond the
     default 1.0 (the eval's own fluency margin) is still refused."""
-    assert live.max_nll_increase == 1.0
+    assert live.gatekeeper.max_nll_increase == 1.0
     track = live.tracks[DEFAULT_PROFILE]
     evidence = json.loads(json.dumps(REAL_PATH_STEP_40))
     evidence["candidate"].update(compliance=0.53, n_eff=20.0)
     evidence["candidate_nll"] = evidence["served_nll"] + 0.94
     served: list[Path] = []
-    assert live._decide_on_turns(track, 48, tmp_path / "a", evidence, served.append)["decision"] == "accepted"
+    assert live.gatekeeper.decide_on_turns(track, 48, tmp_path / "a", evidence, served.append)["decision"] == "accepted"
     evidence["candidate_nll"] = evidence["served_nll"] + 1.2
-    refused = live._decide_on_turns(track, 52, tmp_path / "b", evidence, served.append)
+    refused = live.gatekeeper.decide_on_turns(track, 52, tmp_path / "b", evidence, served.append)
     assert refused["decision"] == "rejected" and "quality collapsed" in refused["reasons"][0]
     assert refused["quality_turns"] == 8 and "same 8 prompts" in refused["reasons"][0]
     assert served == [tmp_path / "a"]
@@ -143,16 +143,19 @@ def test_the_verifier_path_uses_the_same_rule_and_guard(live, tmp_path):
     track.evaluator = Verifier()
     track.served_score, track.served_n = 0.5, 32
     served: list[Path] = []
-    inconclusive = live._decide(track, 4, tmp_path / "s4", EvalResult("c", 0.34375, 32, nll=2.1), served.append)
+    gate = live.gatekeeper
+    inconclusive = gate.decide(track, 4, tmp_path / "s4", EvalResult("c", 0.34375, 32, quality=ReplyQuality(nll=2.1)),
+                               served.append)
     assert inconclusive["decision"] == "accepted" and inconclusive["finding"] == "inconclusive"
     assert inconclusive["guarded_by"] == "publish.gate.rollback" and track.served_score == 0.34375
-    worse = live._decide(track, 8, tmp_path / "s8", EvalResult("c", 0.0, 32, nll=2.0), served.append)
+    worse = gate.decide(track, 8, tmp_path / "s8", EvalResult("c", 0.0, 32, quality=ReplyQuality(nll=2.0)),
+                        served.append)
     assert worse["decision"] == "rejected" and worse["finding"] == "worse"
     assert worse["reasons"][0].startswith("compliance 0.00 (n 32.0) vs served 0.34 (n 32.0): worse by more than")
     assert track.served_score == 0.34375  # a refused candidate does not move the bar
     track.served_score = 0.65625
-    best = live._decide(track, 52, tmp_path / "s52", EvalResult("c", 0.90625, 32, nll=2.8688357646266627),
-                        served.append)  # fmt: skip
+    best = gate.decide(track, 52, tmp_path / "s52",
+                       EvalResult("c", 0.90625, 32, quality=ReplyQuality(nll=2.8688357646266627)), served.append)
     assert best["decision"] == "accepted" and best["max_nll_increase"] == 1.0
     assert served == [tmp_path / "s4", tmp_path / "s52"]
     records = gate_records(tmp_path)
@@ -172,9 +175,10 @@ def test_after_a_rollback_the_bar_is_the_restored_adapter_not_the_base_model(liv
             return EvalResult(model, 0.75 if model == "policy" else 0.2, 32)
 
     track.evaluator = Evaluator()
-    live.server_url = "http://127.0.0.1:9"  # never asked: what it serves is read through _served_model
-    live._served_model = lambda t: ("policy", 12)
+    live.gatekeeper.server_url = "http://127.0.0.1:9"  # never asked: what it serves is read through served_model
+    live.gatekeeper.served_model = lambda t: ("policy", 12)
     track.served_score = track.served_n = None  # what check_regressions leaves after a rollback
-    decision = live._decide(track, 16, tmp_path / "s16", EvalResult("c", 0.3, 32, nll=2.0), [].append)
+    candidate = EvalResult("c", 0.3, 32, quality=ReplyQuality(nll=2.0))
+    decision = live.gatekeeper.decide(track, 16, tmp_path / "s16", candidate, [].append)
     assert scored == ["policy"] and decision["served"] == 0.75
     assert decision["decision"] == "rejected" and decision["finding"] == "worse"  # 0.30 vs the restored 0.75

@@ -40,10 +40,10 @@ def test_evaluator_scores_base_and_adapter_on_heldout_prompts(served):
     assert base.n == 6 and base.errors == 0 and base.compliance == 0.0
     assert base.failures == {"starts_with": 1.0}
     live = LiveEvaluator(ev, run_dir, base_model="tiny", server_url=url)
-    live._load_candidate(good)
-    adapted = ev.score(live.eval_name)
+    live.gatekeeper.load_candidate(good)
+    adapted = ev.score(live.gatekeeper.eval_name)
     assert adapted.compliance == 1.0 and all(e.startswith(FIXED_ANSWER[:10]) for e in adapted.examples)
-    assert base.nll is None and base.good is None  # no base model named: no quality figures
+    assert base.quality.nll is None and base.quality.good is None  # no base model named: no quality figures
 
 
 def test_quality_is_the_base_models_nll_and_the_gate_refuses_a_collapse(served):
@@ -52,18 +52,19 @@ def test_quality_is_the_base_models_nll_and_the_gate_refuses_a_collapse(served):
     url, run_dir, good, _ = served
     ev = evaluator(url, base_model="tiny", nll_margin=0.0)
     base = ev.score("tiny")
-    assert base.nll is not None and base.nll > 0 and ev.reference_nll == base.nll
-    assert base.nll_threshold == base.nll and 0.0 < base.fluent <= 1.0 and base.good == 0.0  # nothing complies
+    assert base.quality.nll is not None and base.quality.nll > 0 and ev.reference_nll == base.quality.nll
+    quality = base.quality
+    assert quality.nll_threshold == quality.nll and 0.0 < quality.fluent <= 1.0 and quality.good == 0.0  # none complies
     live = LiveEvaluator(ev, run_dir, base_model="tiny", server_url=url)
-    live._load_candidate(good)
-    adapted = ev.score(live.eval_name)
-    assert adapted.compliance == 1.0 and adapted.nll > base.nll
-    assert adapted.good == adapted.fluent  # every reply complies: good = fluent
-    assert adapted.distinct_replies < 0.5  # the same answer to every prompt
+    live.gatekeeper.load_candidate(good)
+    adapted = ev.score(live.gatekeeper.eval_name)
+    assert adapted.compliance == 1.0 and adapted.quality.nll > base.quality.nll
+    assert adapted.quality.good == adapted.quality.fluent  # every reply complies: good = fluent
+    assert adapted.quality.distinct_replies < 0.5  # the same answer to every prompt
     hot_loads = []
     gate = LiveEvaluator(
         ev, run_dir / "gated", base_model="tiny", gate=True, server_url=url,
-        max_nll_increase=(adapted.nll - base.nll) / 2,
+        max_nll_increase=(adapted.quality.nll - base.quality.nll) / 2,
     ).start(baseline=False)  # fmt: skip
     try:
         gate.submit(1, good, hot_loads.append)
@@ -183,15 +184,16 @@ def test_the_base_models_replies_are_sampled_once_and_reused_by_a_later_run(serv
     assert len(list((tmp_path / "cache").glob("*.json"))) == 1
     dead = "http://127.0.0.1:9"
     again = evaluator(dead, base_model="tiny", cache=cache, cache_parts=parts, baseline_name="tiny").score("tiny")
-    assert again.cached and (again.compliance, again.nll, again.n) == (first.compliance, first.nll, first.n)
+    assert again.cached and again.quality.nll == first.quality.nll
+    assert (again.compliance, again.n) == (first.compliance, first.n)
     with pytest.raises(RuntimeError, match="every request"):  # other model files: a miss, sampled again
         evaluator(dead, base_model="tiny", cache=cache, cache_parts={"model_files": "xyz"}, baseline_name="tiny").score(
             "tiny"
         )
     ev = evaluator(url, base_model="tiny", cache=cache, cache_parts=parts, baseline_name="tiny")
     live = LiveEvaluator(ev, run_dir, base_model="tiny", server_url=url)
-    live._load_candidate(good)
-    assert not ev.score(live.eval_name).cached  # an adapter is always sampled
+    live.gatekeeper.load_candidate(good)
+    assert not ev.score(live.gatekeeper.eval_name).cached  # an adapter is always sampled
     assert len(list((tmp_path / "cache").glob("*.json"))) == 1
 
 
@@ -216,7 +218,7 @@ def test_the_default_evaluation_asks_every_reply_in_one_batch_before_scoring(tmp
         ev = ComplianceEvaluator(f"http://127.0.0.1:{port}", PREFS, n_prompts=ev_cfg.n_prompts, max_tokens=16,
                                  temperature=1.0, concurrency=ev_cfg.concurrency, base_model="tiny")  # fmt: skip
         result = ev.score("tiny")
-        assert result.n == ev_cfg.n_prompts and result.errors == 0 and result.nll is not None
+        assert result.n == ev_cfg.n_prompts and result.errors == 0 and result.quality.nll is not None
         time.sleep(1.0)  # the next profile snapshot
         phases = {}
         for f in profile.glob("server-worker-*.json"):

@@ -145,7 +145,8 @@ def test_proxy_defaults_gate_candidates_on_the_judged_heldout_turns(served, tmp_
     assert decision["evidence"]["served"]["model"] == "tiny"
     if plan is not None:
         assert decision["decision"] == "accepted" and decision["finding"] == "inconclusive", decision
-        assert abs(decision["candidate"] - 0.5) < 0.05 and decision["candidate"] < decision["served"] - live.margin
+        margin = live.gatekeeper.margin
+        assert abs(decision["candidate"] - 0.5) < 0.05 and decision["candidate"] < decision["served"] - margin
         assert decision["compliance_test"]["candidate_n"] < 3 and "inconclusive" in decision["note"]
         assert decision["guarded_by"] is None  # this test builds no control plane: the record says nothing watches
         assert models(url)["policy"]["root"].endswith("step-000004")
@@ -158,7 +159,7 @@ def test_proxy_defaults_gate_candidates_on_the_judged_heldout_turns(served, tmp_
     else:
         assert decision["decision"] == "rejected", decision
         assert decision["candidate"] < 0.1 and "estimated compliance" in decision["reasons"][0]
-        assert decision["finding"] == "worse" and decision["compliance_test"]["upper_bound"] < -live.margin
+        assert decision["finding"] == "worse" and decision["compliance_test"]["upper_bound"] < -live.gatekeeper.margin
         assert "policy" not in models(url)  # never served
         assert (candidates[-1] / "adapter_model.safetensors").exists()  # kept on disk
         assert live.counts["gate_rejected"] == 1
@@ -249,7 +250,7 @@ def test_the_gate_asks_only_what_it_does_not_know(served, tmp_path):
     assert set(fast["seconds"]) == phases and all(v >= 0 for v in fast["seconds"].values())  # the gate's cost
     newest = turns.recent()[-3:]  # the got replies' NLL on the same prompts the candidate answered, and only those
     got = [base_nll(Endpoint(url), "tiny", s.prompt_ids, s.response_ids) for s in newest]
-    assert abs(fast["served_nll"] - sum(got) / 3) < 1e-6 and set(turns._got_nll) == {s.id for s in newest}
+    assert abs(fast["served_nll"] - sum(got) / 3) < 1e-6 and set(turns.memo.got_nll) == {s.id for s in newest}
     turns.asked.clear()
     turns.compare("tiny", "tiny", served_version=7)  # another version serves now: asked once ...
     assert turns.asked.count("logprob:tiny") == 2 * n

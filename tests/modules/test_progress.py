@@ -12,7 +12,7 @@ from metaclaw.modules.progress import LoopProgressBar
 
 def test_the_bar_shows_steps_samples_last_heldout_compliance_and_backlog(tmp_path):
     live = LiveEvaluator(None, tmp_path, base_model="base")
-    live.results = [
+    live.records.results = [
         {"step": 0, "agent_id": "default", "compliance": 0.25, "ci_low": 0.13, "ci_high": 0.42},
         {"step": 8, "agent_id": "default", "compliance": 0.5, "ci_low": 0.34, "ci_high": 0.66},
         {"step": 8, "agent_id": "alice", "compliance": 0.9},

@@ -163,7 +163,7 @@ def test_a_turn_whose_reply_the_fitted_prompt_dropped_still_gets_its_reaction(tm
         c.say("first question")
         c.say("No, that is wrong. " + " ".join(f"w{i}" for i in range(120)))
         [turns] = sessions(h.store).values()
-        assert turns[1].meta.context["messages_dropped"] >= 2  # the first exchange is gone from the prompt
+        assert turns[1].meta.fit.context["messages_dropped"] >= 2  # the first exchange is gone from the prompt
         assert (turns[0].next_state or "").startswith("No, that is wrong.")
 
 

@@ -34,17 +34,19 @@ def test_distilled_reply_has_ratio_one_under_the_hinted_prompt_only(policy_serve
     source = Sample(prompt, [5, 6], [-1.0, -1.0], messages=messages, response_text="Paris.", id=1,
                     temperature=temperature, meta={"sampling": {"top_p": 1.0, "top_k": -1}})  # fmt: skip
     distiller = ContextDistiller(policy_server.url, "tiny", policy_server.api_key, min_gain=-1e9, max_tokens=24)
-    (new,), info = asyncio.run(distiller.distill(source, PREFERENCE))
-    assert info["accepted"] == 1 and new.prompt_ids == prompt and new.temperature == temperature
+    replies, info = asyncio.run(distiller.distill(source, PREFERENCE))  # `samples` hinted replies per correction
+    assert replies and info["accepted"] == len(replies)
     hinted = chat_prompt_ids(tiny_tokenizer, hinted_conversation(messages, "Paris.", PREFERENCE, distiller.form))
 
-    def trainer_logprobs(prompt_ids: list[int]) -> torch.Tensor:
-        seq = torch.tensor([prompt_ids + new.response_ids])
+    def trainer_logprobs(prompt_ids: list[int], response_ids: list[int]) -> torch.Tensor:
+        seq = torch.tensor([prompt_ids + response_ids])
         with torch.no_grad(), tiny_policy.reference():
             lp = tiny_policy.logprobs(seq[:, :-1], seq[:, 1:], torch.ones_like(seq[:, :-1]), temperature=temperature)
         return lp[0, len(prompt_ids) - 1 :]
 
-    behaviour = torch.tensor(new.behaviour_logprobs)
-    ratio = torch.exp(trainer_logprobs(hinted) - behaviour)
-    assert torch.allclose(ratio, torch.ones_like(ratio), atol=1e-4), ratio
-    assert not torch.allclose(trainer_logprobs(prompt), behaviour, atol=1e-3)  # not the plain prompt's
+    for new in replies:  # every accepted reply: ratio 1 under the hinted prompt, not under the plain one
+        assert new.prompt_ids == prompt and new.temperature == temperature
+        behaviour = torch.tensor(new.behaviour_logprobs)
+        ratio = torch.exp(trainer_logprobs(hinted, new.response_ids) - behaviour)
+        assert torch.allclose(ratio, torch.ones_like(ratio), atol=1e-4), ratio
+        assert not torch.allclose(trainer_logprobs(prompt, new.response_ids), behaviour, atol=1e-3)

@@ -75,7 +75,7 @@ def test_batched_requests_keep_their_own_logprobs(tiny_spec, policy, fixed_adapt
         (chat_ids(engine.tokenizer, "Name a colour."), SamplingParams(max_tokens=8, temperature=0.0), None),  # alone
         (chat_ids(engine.tokenizer, "What is 2 + 2?"), SamplingParams(max_tokens=16, **dist), "fixed"),  # alone
     ]  # fmt: skip
-    results = _concurrently(engine, engine.generate, engine._pending, jobs)
+    results = _concurrently(engine, engine.generate, engine._queue.pending, jobs)
     assert engine.batches == {3: 1, 1: 2}  # three compatible requests in one batch; the other two on their own
     for i, (prompt, params, adapter) in enumerate(jobs):
         (out,) = results[i]
@@ -109,7 +109,7 @@ def _concurrently(engine: HFEngine, call, pending: list, jobs: list[tuple]) -> d
 
 def _score_concurrently(engine: HFEngine, jobs: list[tuple]) -> dict[int, list]:
     """`engine.score_tokens(*job)` for every job from its own thread, all pending before the first one runs."""
-    return _concurrently(engine, engine.score_tokens, engine._scoring, jobs)
+    return _concurrently(engine, engine.score_tokens, engine._queue.scoring, jobs)
 
 
 def _check_batched_scores(engine: HFEngine, policy) -> None:
@@ -267,7 +267,7 @@ def test_merged_adapter_behaviour_logprobs_are_the_trainers(tiny_spec, policy, f
         for t in threads:
             t.start()
         deadline = time.monotonic() + 30
-        while len(engine._pending) < 3 and time.monotonic() < deadline:
+        while len(engine._queue.pending) < 3 and time.monotonic() < deadline:
             time.sleep(0.01)
     for t in threads:
         t.join(120)
@@ -340,9 +340,9 @@ def test_clients_at_machine_pace_share_batches_instead_of_taking_turns(tiny_spec
             b = threading.Thread(target=lambda: b_results.append(engine.generate(prompt, params)))
             b.start()
             deadline = time.monotonic() + 30
-            while len(engine._pending) < 1 and time.monotonic() < deadline:
+            while len(engine._queue.pending) < 1 and time.monotonic() < deadline:
                 time.sleep(0.005)
-            assert len(engine._pending) == 1
+            assert len(engine._queue.pending) == 1
             first_batch_lets_b_arrive.b = b
         return real(model, tokenizer, prompts, params_list, prefix)
 
@@ -394,7 +394,7 @@ def test_prefix_reuse_across_turns_keeps_the_trainers_logprobs(tiny_spec, policy
                 texts.append(f"{question} ({conv})" + " Tell me more, please." * conv)  # rows of different lengths
                 prompt = _conversation(tok, history.get((adapter, conv), []), texts[-1])
                 jobs.append((prompt, SamplingParams(max_tokens=10 + 3 * conv, **dist), adapter))
-        results = _concurrently(engine, engine.generate, engine._pending, jobs)
+        results = _concurrently(engine, engine.generate, engine._queue.pending, jobs)
         for i, (prompt, _params, adapter) in enumerate(jobs):
             (out,) = results[i]
             theirs = recompute(policy, prompt, out.token_ids, 0.8, adapter is None, top_p=0.95, top_k=30)

@@ -14,14 +14,13 @@ from metaclaw.rollout.proxy_app import create_app
 from metaclaw.rollout.server import ThreadedServer
 from metaclaw.rollout.testing import scripted_upstream
 from metaclaw.simulate import user as simulated
-from metaclaw.simulate.people import POOLS, SESSION_HEADERS, People, PreferenceKind, _pools, kinds
+from metaclaw.simulate.people import POOLS, SESSION_HEADERS, People, PreferenceKind, kinds, phrasings
 from metaclaw.store import SampleStore
 from tests.conftest import REPO
 
 
 def _all_phrases() -> list[str]:
-    pools = _pools()
-    return pools["praise"] + [p for k in pools["kinds"].values() for p in k["praise"] + k["correction"]]
+    return [p for phrases in phrasings().values() for p in phrases]
 
 
 def test_every_kind_has_enough_varied_phrasings_and_a_verifier():

@@ -101,11 +101,11 @@ def test_user_waits_while_enough_turns_wait_to_be_trained():
     user.start()
     try:
         time.sleep(2.5)
-        assert user._started_sessions == 0 and user.stats["waited_s"] >= 1.0
+        assert user.driver.figures()["started"] == 0 and user.stats["waited_s"] >= 1.0
         backlog[0] = 7
         deadline = time.monotonic() + 10
-        while user._started_sessions == 0 and time.monotonic() < deadline:
+        while user.driver.figures()["started"] == 0 and time.monotonic() < deadline:
             time.sleep(0.1)
-        assert user._started_sessions >= 1  # port 9 refuses: the session fails, but it was started
+        assert user.driver.figures()["started"] >= 1  # port 9 refuses: the session fails, but it was started
     finally:
         user.stop(5)

@@ -4,6 +4,7 @@ store of main at 1577f34 (`PRAGMA user_version` 0; the temperature both in its c
 
 from __future__ import annotations
 
+import json
 import shutil
 import sqlite3
 from pathlib import Path
@@ -38,11 +39,11 @@ def test_an_old_store_opens_migrates_and_keeps_every_row(tmp_path):
     assert captured.meta.extra == {"a_key_of_another_version": {"kept": True}}  # unknown keys are kept
     assert captured.meta["judge"] == {"verdict": "good"} and captured.meta.get("hint") is None
     assert dropped.meta.dropped == "no_next_state" and store.dropped_reasons() == {"no_next_state": 1}
-    assert (claimed.status, claimed.claimed_step, claimed.meta.source) == ("claimed", 4, "seed.jsonl")
+    assert (claimed.status, claimed.claimed_step, claimed.meta.origin.source) == ("claimed", 4, "seed.jsonl")
     assert store.by_response_id("chatcmpl-abc")[0].id == captured.id  # the JSON indexes read the same keys
     store.set_score(captured.id, reward=1.0, meta={"hint": "be brief"})
     again = store.get(captured.id)
-    assert again.meta.extra == {"a_key_of_another_version": {"kept": True}} and again.meta.hint == "be brief"
+    assert again.meta.extra == {"a_key_of_another_version": {"kept": True}} and again.meta.judged.hint == "be brief"
     store.close()
     assert SampleStore(path).count() == 3  # a second open: nothing left to migrate
 
@@ -66,4 +67,26 @@ def test_the_record_has_named_fields_and_reads_like_the_dict_it_replaced(tmp_pat
     with sqlite3.connect(store.path) as c:
         (text,) = c.execute("SELECT meta FROM samples WHERE id=?", (i,)).fetchone()
     assert '"temperature"' not in text  # the temperature is stored once per sample
+    store.close()
+
+
+def test_grouped_meta_fields_are_stored_flat_under_their_old_keys(tmp_path):
+    """`SampleMeta` groups its rarer fields (`fit`, `origin`, `judged`); the stored JSON object stays flat, in the
+    key order of the flat record it replaced, and reads back into the same groups."""
+    flat = {"finish_reason": "length", "sampling": {"top_p": 0.9, "top_k": 20}, "has_image": True,
+            "context": {"action": "truncated"}, "session_source": "derived", "response_id": "chatcmpl-x",
+            "conv_tail": "t", "judge": {"verdict": "bad"}, "hint": "be brief", "dropped": "no_hint",
+            "another_version": 1}  # fmt: skip
+    meta = SampleMeta.of(flat)
+    assert (meta.origin.finish_reason, meta.fit.has_image, meta.fit.context, meta.judged.hint) == (
+        "length", True, {"action": "truncated"}, "be brief")  # fmt: skip
+    assert meta.extra == {"another_version": 1} and "fit" not in meta and "origin" not in meta
+    store = SampleStore(tmp_path / "samples.sqlite")
+    sid = store.insert(Sample([1, 2], [3], [-0.5], meta=meta))
+    with sqlite3.connect(tmp_path / "samples.sqlite") as c:
+        raw = c.execute("SELECT meta FROM samples WHERE id = ?", (sid,)).fetchone()[0]
+    assert json.loads(raw) == flat and list(json.loads(raw)) == list(flat)  # the same keys, the same order
+    back = store.get(sid).meta
+    assert back.origin.conv_tail == "t" and back.judged.judge == {"verdict": "bad"} and back.dropped == "no_hint"
+    assert store.by_response_id("chatcmpl-x")[0].id == sid  # the JSON index reads the flat key
     store.close()

@@ -155,6 +155,26 @@ def main(argv: list[str] | None = None) -> int:
 
         return skills_main(argv[1:])
     # -- end of the skills block
+    args = _parser().parse_args(argv)
+    args.timeout = args.timeout or 90.0
+
+    if args.command == "forget":
+        run_dir, args.run_dir = args.run_dir, None  # no control.json needed: the service may not be running
+        url = resolve_url(args.url, None) if args.url else _running(run_dir)
+        args.run_dir = run_dir
+        return forget_main(args, url, bearer_headers(resolve_key(args.key, run_dir)))
+    if args.command == "status" and args.run_dir and not (args.url or os.environ.get("METACLAW_CONTROL_URL")):
+        text = finished_status(args.run_dir)  # a stopped service: its run directory's summary (control.finished)
+        if text is not None:
+            print(text)
+            return 0
+    if args.command == "dashboard" or (args.command == "status" and args.watch):  # docs/dashboard.md
+        return _dashboard(args)
+    return _call(args)
+
+
+def _parser() -> argparse.ArgumentParser:
+    """`python -m metaclaw`'s arguments: the common ones, then one subcommand each."""
     parser = argparse.ArgumentParser(prog="python -m metaclaw", description=__doc__.splitlines()[0])
     _common(parser, None)
     common = argparse.ArgumentParser(add_help=False)
@@ -174,32 +194,27 @@ def main(argv: list[str] | None = None) -> int:
     rb.add_argument("step", type=int)
     rb.add_argument("--agent", default=None, help="roll back this agent's own adapter (default: the default one)")
     add_forget_parser(sub, common)  # privacy (docs/privacy.md): works on the run dir's files
-    args = parser.parse_args(argv)
-    args.timeout = args.timeout or 90.0
+    return parser
 
-    if args.command == "forget":
-        run_dir, args.run_dir = args.run_dir, None  # no control.json needed: the service may not be running
-        url = resolve_url(args.url, None) if args.url else _running(run_dir)
-        args.run_dir = run_dir
-        return forget_main(args, url, bearer_headers(resolve_key(args.key, run_dir)))
-    if args.command == "status" and args.run_dir and not (args.url or os.environ.get("METACLAW_CONTROL_URL")):
-        text = finished_status(args.run_dir)  # a stopped service: its run directory's summary (control.finished)
-        if text is not None:
-            print(text)
-            return 0
-    if args.command == "dashboard" or (args.command == "status" and args.watch):  # docs/dashboard.md
-        from metaclaw.control.dashboard import cli as dash
 
-        if args.command == "dashboard":
-            if not args.run_dir:
-                raise SystemExit("dashboard needs --run-dir DIR (a live service serves /dashboard on its proxy port)")
-            return dash.serve(args.run_dir, args.port, args.show_text, args.key)
-        running = args.url or os.environ.get("METACLAW_CONTROL_URL") or not args.run_dir
-        running = running or (Path(args.run_dir) / CONTROL_FILE).exists()
-        headers = bearer_headers(resolve_key(args.key, args.run_dir))
-        remote = dash.remote_state(resolve_url(args.url, args.run_dir), headers, args.timeout)
-        fetch = dash.with_fallback(remote if running else None, args.run_dir)  # a finished run: its directory
-        return dash.watch(fetch, args.interval)
+def _dashboard(args: argparse.Namespace) -> int:
+    """`dashboard` (a finished run's, served read-only) and `status --watch` (the dashboard's figures, redrawn)."""
+    from metaclaw.control.dashboard import cli as dash
+
+    if args.command == "dashboard":
+        if not args.run_dir:
+            raise SystemExit("dashboard needs --run-dir DIR (a live service serves /dashboard on its proxy port)")
+        return dash.serve(args.run_dir, args.port, args.show_text, args.key)
+    running = args.url or os.environ.get("METACLAW_CONTROL_URL") or not args.run_dir
+    running = running or (Path(args.run_dir) / CONTROL_FILE).exists()
+    headers = bearer_headers(resolve_key(args.key, args.run_dir))
+    remote = dash.remote_state(resolve_url(args.url, args.run_dir), headers, args.timeout)
+    fetch = dash.with_fallback(remote if running else None, args.run_dir)  # a finished run: its directory
+    return dash.watch(fetch, args.interval)
+
+
+def _call(args: argparse.Namespace) -> int:
+    """Send the subcommand to the running service's control routes and print its answer."""
     url = resolve_url(args.url, args.run_dir)
     args.key = resolve_key(args.key, args.run_dir)
     headers = bearer_headers(args.key)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Collection, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import lightning as L
@@ -91,6 +92,26 @@ def check_token_budget(max_tokens: int | None, max_sample_tokens: int | None, wo
         )
 
 
+@dataclass(frozen=True)
+class BatchShape:
+    """How big a claimed batch is (`StreamingSampleDataset`'s arguments of these names)."""
+
+    batch_size: int
+    max_tokens: int | None
+    max_sample_tokens: int | None
+    min_samples: int = 1  # the fewest samples a step claims (at least one per rank)
+
+
+@dataclass(frozen=True)
+class Freshness:
+    """Which samples a claim still takes: from recent enough adapters, skills and time (`data.*`)."""
+
+    min_adapter_version: Callable[[], int | dict[str, int] | None]
+    served_version: Callable[[], int | dict[str, int] | None]
+    max_age_s: float | None
+    latest_skill_generation_only: bool
+
+
 class StreamingSampleDataset(IterableDataset):
     """Yields one collated batch per optimizer step, claimed from the store under that step's number.
 
@@ -126,17 +147,14 @@ class StreamingSampleDataset(IterableDataset):
     ) -> None:
         if batch_size < world_size:
             raise ValueError(f"data.batch_size ({batch_size}) must be >= the number of processes ({world_size})")
-        self.min_samples = max(world_size, min_batch_size)
         check_token_budget(max_tokens, max_sample_tokens, world_size)
         if max_tokens is not None and max_sample_tokens is None and world_size > 1:
             max_sample_tokens = max_tokens // world_size  # so that one sample per rank always fits
         self.store_path, self.first_step, self.pad_id = store_path, first_step, pad_id
-        self.batch_size, self.max_tokens, self.max_sample_tokens = batch_size, max_tokens, max_sample_tokens
+        self.shape = BatchShape(batch_size, max_tokens, max_sample_tokens, max(world_size, min_batch_size))
         self.wait_timeout_s, self.rank, self.world_size = wait_timeout_s, rank, world_size
-        self.min_adapter_version, self.max_backlog = min_adapter_version, max_backlog
-        self.gate, self.latest_skill_generation_only = gate, latest_skill_generation_only
-        self.should_stop = should_stop
-        self.max_age_s, self.served_version = max_age_s, served_version
+        self.fresh = Freshness(min_adapter_version, served_version, max_age_s, latest_skill_generation_only)
+        self.max_backlog, self.gate, self.should_stop = max_backlog, gate, should_stop
         self.epochs = epochs  # optimizer steps per claimed batch (PPO-style epochs)
         self.partition = partition  # agent id -> adapter: batches are single-adapter (docs/agents.md)
         # Many agents in mode=auto: `(open, adapters)`: whether a window is open now (never blocks) and the
@@ -156,7 +174,7 @@ class StreamingSampleDataset(IterableDataset):
                     else:
                         self.end_reason = f"no new sample for {self.wait_timeout_s:g}s (rollout.wait_timeout_s)"
                         if ready := store.count("ready"):
-                            self.end_reason += f"; {ready} ready, fewer than the {self.min_samples} a step needs"
+                            self.end_reason += f"; {ready} ready, fewer than the {self.shape.min_samples} a step needs"
                     log.info("The sample stream ends: %s", self.end_reason)
                     return
                 out = collate_samples(batch[self.rank :: self.world_size], self.pad_id, group=batch)
@@ -192,18 +210,18 @@ class StreamingSampleDataset(IterableDataset):
                 deadline += time.monotonic() - closed_since  # time spent outside a window is not "no samples"
             batch = store.claim_batch(
                 step,
-                self.batch_size,
-                self.max_tokens,
-                self.max_sample_tokens,
-                self.min_adapter_version(),
-                min_samples=self.min_samples,
+                self.shape.batch_size,
+                self.shape.max_tokens,
+                self.shape.max_sample_tokens,
+                self.fresh.min_adapter_version(),
+                min_samples=self.shape.min_samples,
                 max_backlog=self.max_backlog,
-                latest_skill_generation_only=self.latest_skill_generation_only,
+                latest_skill_generation_only=self.fresh.latest_skill_generation_only,
                 partition=self.partition,
                 partitions=allowed,
                 # under a scheduler samples wait for a training window by design: only the version bound applies
-                max_age_s=self.max_age_s if self.gate is None else None,
-                served_version=self.served_version(),
+                max_age_s=self.fresh.max_age_s if self.gate is None else None,
+                served_version=self.fresh.served_version(),
             )
             if batch:
                 return batch
@@ -220,6 +238,28 @@ class StreamingSampleDataset(IterableDataset):
                 time.sleep(min(left, 0.2))  # poll gently: each claim attempt is a write transaction
             else:
                 store.wait_for_ready(min(left, 0.5))  # short waits: a stop request is seen within 0.5 s
+
+
+@dataclass(frozen=True)
+class BatchSettings:
+    """A step's batch (`RolloutDataModule`'s arguments of these names)."""
+
+    batch_size: int
+    min_batch_size: int
+    max_tokens: int | None
+    max_sample_tokens: int | None
+    epochs_per_batch: int
+
+
+@dataclass(frozen=True)
+class SampleBounds:
+    """How fresh a trained sample is and how many may wait (`RolloutDataModule`'s arguments of these names)."""
+
+    max_staleness: int | None
+    max_age_s: float | None
+    max_backlog: int | None
+    backlog_policy: str
+    latest_skill_generation_only: bool
 
 
 class RolloutDataModule(L.LightningDataModule):
@@ -284,27 +324,23 @@ class RolloutDataModule(L.LightningDataModule):
         super().__init__()
         if epochs_per_batch < 1:
             raise ValueError(f"data.epochs_per_batch must be >= 1, got {epochs_per_batch}")
-        self.epochs_per_batch = epochs_per_batch
         if not 1 <= min_batch_size <= batch_size:
             raise ValueError(f"data.min_batch_size ({min_batch_size}) must be in [1, data.batch_size ({batch_size})]")
-        self.min_batch_size = min_batch_size
         if max_staleness is not None and max_staleness < 0:
             raise ValueError(f"data.max_staleness must be null or >= 0, got {max_staleness}")
         if max_age_s is not None and not max_age_s > 0:
             raise ValueError(f"data.max_age_s must be null or > 0, got {max_age_s}")
-        self.max_age_s = max_age_s
         if backlog_policy not in BACKLOG_POLICIES:
             raise ValueError(f"data.backlog_policy must be one of {BACKLOG_POLICIES}, got {backlog_policy!r}")
         if max_backlog is not None and max_backlog < batch_size:
             raise ValueError(f"data.max_backlog ({max_backlog}) must be null or >= data.batch_size ({batch_size})")
-        self.max_backlog, self.backlog_policy = max_backlog, backlog_policy
         self.store_path = store_path
-        self.batch_size, self.max_tokens, self.max_sample_tokens = batch_size, max_tokens, max_sample_tokens
-        self.wait_timeout_s, self.max_staleness, self.pad_id = wait_timeout_s, max_staleness, pad_id
+        self.batching = BatchSettings(batch_size, min_batch_size, max_tokens, max_sample_tokens, epochs_per_batch)
+        self.bounds = SampleBounds(max_staleness, max_age_s, max_backlog, backlog_policy, latest_skill_generation_only)
+        self.wait_timeout_s, self.pad_id = wait_timeout_s, pad_id
         # The adapter version the policy server serves: staleness counts against it. The publisher updates it after
         # each publish (only to what the server confirmed loading); on resume it starts at the checkpoint's step.
         self.served = served if served is not None else ServedVersions()
-        self.latest_skill_generation_only = latest_skill_generation_only
         self.gate = gate
         self.should_stop: Callable[[], bool] = should_stop or (lambda: False)
         self.partition = partition
@@ -326,11 +362,11 @@ class RolloutDataModule(L.LightningDataModule):
         return self.window_open(), self.always_adapters
 
     def _min_adapter_version(self) -> int | dict[str, int] | None:
-        if self.max_staleness is None:
+        if self.bounds.max_staleness is None:
             return None
         if self.partition is not None:  # each adapter against its own served version
-            return {a: v - self.max_staleness for a, v in self.adapter_versions.items()}
-        return self.adapter_version - self.max_staleness
+            return {a: v - self.bounds.max_staleness for a, v in self.adapter_versions.items()}
+        return self.adapter_version - self.bounds.max_staleness
 
     def trainer_version(self) -> int:
         """The version the trainer is at (its global step: the adapter it would publish now); 0 before a trainer
@@ -358,23 +394,23 @@ class RolloutDataModule(L.LightningDataModule):
             self.store_path,
             lambda: trainer.global_step,
             self.pad_id,
-            self.batch_size,
-            self.max_tokens,
-            self.max_sample_tokens,
+            self.batching.batch_size,
+            self.batching.max_tokens,
+            self.batching.max_sample_tokens,
             self.wait_timeout_s,
             trainer.global_rank,
             trainer.world_size,
             self._min_adapter_version,
-            self.max_backlog if self.backlog_policy == "drop_oldest" else None,
+            self.bounds.max_backlog if self.bounds.backlog_policy == "drop_oldest" else None,
             self.gate,
-            self.latest_skill_generation_only,
+            self.bounds.latest_skill_generation_only,
             should_stop=lambda: self.should_stop(),
             partition=self.partition,
             ungated=self._ungated,
-            min_batch_size=self.min_batch_size,
-            max_age_s=self.max_age_s,
+            min_batch_size=self.batching.min_batch_size,
+            max_age_s=self.bounds.max_age_s,
             served_version=self._served_version,
-            epochs=self.epochs_per_batch,
+            epochs=self.batching.epochs_per_batch,
         )
         self._dataset = dataset
         return DataLoader(dataset, batch_size=None, num_workers=0)

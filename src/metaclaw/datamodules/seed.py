@@ -16,6 +16,7 @@ import torch
 from metaclaw.modules.policy import LoraPolicy
 from metaclaw.scoring.hints import hinted_messages
 from metaclaw.store import Sample, SampleMeta, SampleStore
+from metaclaw.store.meta import OriginMeta
 from metaclaw.wire.render import chat_prompt_ids
 
 log = logging.getLogger(__name__)
@@ -69,7 +70,7 @@ def seed_store(
                 next_state=row.get("next_state"),
                 messages=row["messages"],
                 response_text=row["response"],
-                meta=SampleMeta(source=str(path),
+                meta=SampleMeta(origin=OriginMeta(source=str(path)),
                                 dropped=None if usable else "no_hint" if needs_teacher else "no_reward"),
             )
         )

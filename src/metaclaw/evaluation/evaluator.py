@@ -16,12 +16,12 @@ import random
 import time
 from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 from metaclaw import profiling
 from metaclaw.evaluation.cache import BaselineCache
-from metaclaw.evaluation.collapse import collapse_stats
+from metaclaw.evaluation.collapse import CollapseStats, collapse_stats
 from metaclaw.evaluation.quality import base_nll, fluency, text_stats
 from metaclaw.simulate.preferences import PreferenceSet
 from metaclaw.simulate.tasks import load_tasks
@@ -42,8 +42,24 @@ def wilson_interval(successes: int, n: int, z: float = 1.96) -> tuple[float, flo
 
 
 @dataclass
+class ReplyQuality:
+    """How the replies read beside compliance: base-model NLL, fluent and good shares, diversity, junk."""
+
+    nll: float | None = None  # the base model's mean NLL per token of these replies (nats); None: quality off
+    fluent: float | None = None  # share of replies with NLL <= the base model's own mean + nll_margin
+    good: float | None = None  # share of replies that comply and are fluent
+    nll_threshold: float | None = None
+    distinct_2: float = 0.0
+    distinct_replies: float = 0.0
+    junk: float = 0.0
+
+
+_COLLAPSE_KEYS = ("top_opening", "top_opening_share", "opening_entropy", "self_rouge_l")
+
+
+@dataclass
 class EvalResult:
-    """Compliance of one model on the held-out prompts."""
+    """Compliance of one model on the held-out prompts; `as_dict` is the flat eval.jsonl record."""
 
     model: str
     compliance: float
@@ -52,24 +68,39 @@ class EvalResult:
     errors: int = 0
     seconds: float = 0.0
     examples: list[str] = field(default_factory=list)
-    nll: float | None = None  # the base model's mean NLL per token of these replies (nats); None: quality off
-    fluent: float | None = None  # share of replies with NLL <= the base model's own mean + nll_margin
-    good: float | None = None  # share of replies that comply and are fluent
-    nll_threshold: float | None = None
-    distinct_2: float = 0.0
-    distinct_replies: float = 0.0
-    junk: float = 0.0
+    quality: ReplyQuality = field(default_factory=ReplyQuality)
     reward: float | None = None  # judge fallback: the mean judge reward of the held-out turns
     ci_low: float | None = None  # 95% Wilson interval of `compliance`
     ci_high: float | None = None
     cached: bool = False  # the base model's replies came from the cache (sampled by an earlier run)
-    top_opening: str | None = None  # collapse onto a stock phrase (evaluation.collapse): the most common opening,
-    top_opening_share: float | None = None  # ... its share of the replies,
-    opening_entropy: float | None = None  # ... the openings' entropy (bits),
-    self_rouge_l: float | None = None  # ... and the mean ROUGE-L F1 between replies to the same prompt
+    collapse: CollapseStats | None = None  # collapse onto a stock phrase (evaluation.collapse); None: not measured
 
     def as_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        """The record as eval.jsonl stores it: one flat object, the quality and collapse figures among the rest."""
+        out = {f.name: getattr(self, f.name) for f in fields(self) if f.name not in ("quality", "collapse")}
+        head = {k: out.pop(k) for k in ("model", "compliance", "n", "failures", "errors", "seconds", "examples")}
+        collapse = asdict(self.collapse) if self.collapse is not None else dict.fromkeys(_COLLAPSE_KEYS)
+        return {**head, **asdict(self.quality), **out, **collapse}
+
+
+@dataclass(frozen=True)
+class HeldoutAsks:
+    """How the held-out prompts are asked: as the simulated user asks (`ComplianceEvaluator`'s arguments)."""
+
+    samples_per_prompt: int = 1
+    max_tokens: int = 32
+    temperature: float = 1.0
+    system: str | None = None
+    thinking: Thinking = field(default_factory=lambda: Thinking.of(None))
+
+
+@dataclass(frozen=True)
+class BaselineReuse:
+    """Where the base model's replies are reused from, and what identifies it (`eval.cache`)."""
+
+    cache: BaselineCache | None = None
+    parts: dict[str, Any] | None = None  # the served base model beyond its name (files' hash, engine, dtype)
+    name: str | None = None  # the model name whose replies are cached (the server's base model name)
 
 
 class ComplianceEvaluator:
@@ -135,14 +166,12 @@ class ComplianceEvaluator:
         self.prompts = [t.prompt for t in random.Random(seed).sample(tasks, min(n_prompts, len(tasks)))]
         self.api_key, self.timeout_s = api_key, timeout_s
         self.rebind(server_url)
-        self.samples_per_prompt, self.max_tokens, self.temperature = samples_per_prompt, max_tokens, temperature
-        self.system, self.concurrency, self.keep_examples = system, concurrency, keep_examples
+        self.asks = HeldoutAsks(samples_per_prompt, max_tokens, temperature, system, Thinking.of(thinking))
+        self.concurrency, self.keep_examples = concurrency, keep_examples
         self.injector, self.agent_id = injector, agent_id
         self.base_model, self.nll_margin = base_model, nll_margin
         self.reference_nll: float | None = None  # the base model's mean NLL of its own replies (first scored)
-        self.cache, self.cache_parts = cache, cache_parts
-        self.baseline_name = baseline_name or base_model
-        self.thinking = Thinking.of(thinking)
+        self.reuse = BaselineReuse(cache, cache_parts, baseline_name or base_model)
 
     def rebind(self, server_url: str) -> None:
         """Ask `server_url` (a policy server's base URL) from now on."""
@@ -150,7 +179,7 @@ class ComplianceEvaluator:
         self.endpoint = Endpoint(server_url, self.api_key)
 
     def _messages(self, prompt: str) -> list[dict[str, str]]:
-        messages = [{"role": "system", "content": self.system}] if self.system else []
+        messages = [{"role": "system", "content": self.asks.system}] if self.asks.system else []
         messages.append({"role": "user", "content": prompt})
         if self.injector is not None:
             messages, _ = self.injector.inject(messages, self.agent_id)
@@ -158,23 +187,23 @@ class ComplianceEvaluator:
 
     def _cache_key(self, model: str, jobs: list[str]) -> tuple[str, dict[str, Any]] | None:
         """The cache entry of `model`'s replies to `jobs`, when `model` is the base model and a cache is set."""
-        if self.cache is None or self.cache_parts is None or model != self.baseline_name:
+        if self.reuse.cache is None or self.reuse.parts is None or model != self.reuse.name:
             return None
         parts = {
             "model": model,
-            **self.cache_parts,
+            **self.reuse.parts,
             "messages": [self._messages(p) for p in jobs],
-            **self.thinking.fields(self.max_tokens),
-            "temperature": self.temperature,
+            **self.asks.thinking.fields(self.asks.max_tokens),
+            "temperature": self.asks.temperature,
             "quality": bool(self.base_model),
         }
-        return self.cache.key(parts), parts
+        return self.reuse.cache.key(parts), parts
 
     def has_cached(self, model: str) -> bool:
         """Whether `model`'s replies are in the cache (scoring it then asks no server)."""
-        jobs = [p for p in self.prompts for _ in range(self.samples_per_prompt)]
+        jobs = [p for p in self.prompts for _ in range(self.asks.samples_per_prompt)]
         entry = self._cache_key(model, jobs)
-        return entry is not None and self.cache.get(entry[0]) is not None  # type: ignore[union-attr]
+        return entry is not None and self.reuse.cache.get(entry[0]) is not None  # type: ignore[union-attr]
 
     def _sample(self, model: str, jobs: list[str]) -> tuple[list[tuple[str, float | None] | None], bool]:
         """Every job's reply (None: the request failed) and whether they came from the cache.
@@ -185,14 +214,14 @@ class ComplianceEvaluator:
         the batch (293 generate batches for 8 evaluations of 32 replies in a 10-minute main job, i.e. batch ~1)."""
         entry = self._cache_key(model, jobs)
         if entry is not None:
-            stored = self.cache.get(entry[0])  # type: ignore[union-attr]
+            stored = self.reuse.cache.get(entry[0])  # type: ignore[union-attr]
             if stored is not None and len(stored) == len(jobs):
                 return [(r["text"], r["nll"]) for r in stored], True
         with ThreadPoolExecutor(self.concurrency, thread_name_prefix="eval") as pool:
             asked = list(pool.map(lambda p: self._timed(self._ask, model, p), jobs))
             replies = list(pool.map(lambda a: None if a is None else self._timed(self._scored, a), asked))
         if entry is not None and all(r is not None for r in replies):
-            self.cache.put(entry[0], [{"text": r[0], "nll": r[1]} for r in replies], entry[1])  # type: ignore[union-attr,index]
+            self.reuse.cache.put(entry[0], [{"text": r[0], "nll": r[1]} for r in replies], entry[1])  # type: ignore[union-attr,index]
         return replies, False
 
     @staticmethod
@@ -204,13 +233,14 @@ class ComplianceEvaluator:
         """`model`'s reply to `prompt`: its text and, when replies are scored, the prompt's and reply's token ids
         (None: the request failed, counted as an error, never as a compliant or failing reply)."""
         try:
-            fields = self.thinking.fields(self.max_tokens)
+            fields = self.asks.thinking.fields(self.asks.max_tokens)
             body = {"model": model, "messages": self._messages(prompt), "max_tokens": fields.pop("max_tokens"),
-                    "temperature": self.temperature, "user": EVAL_USER, **fields,
+                    "temperature": self.asks.temperature, "user": EVAL_USER, **fields,
                     **({"return_token_ids": True} if self.base_model else {})}  # fmt: skip
             raw = chat(self.endpoint, body, self.timeout_s, max_retries=1)
             choice = raw["choices"][0]
-            text = read_answer(choice.get("message") or {}, choice.get("finish_reason"), "evaluator", self.max_tokens)
+            text = read_answer(choice.get("message") or {}, choice.get("finish_reason"), "evaluator",
+                               self.asks.max_tokens)  # fmt: skip
             if not self.base_model:
                 return text, [], []
             prompt_ids, reply_ids = raw.get("prompt_token_ids"), raw["choices"][0].get("token_ids")
@@ -236,7 +266,7 @@ class ComplianceEvaluator:
         if self.base_model and self.reference_nll is None and model != self.base_model:
             self.score(self.base_model)  # fluency is measured against the base model's own replies
         t0 = time.monotonic()
-        jobs = [p for p in self.prompts for _ in range(self.samples_per_prompt)]
+        jobs = [p for p in self.prompts for _ in range(self.asks.samples_per_prompt)]
         replies, cached = self._sample(model, jobs)
         done = [r for r in replies if r is not None]
         errors = len(replies) - len(done)
@@ -271,11 +301,9 @@ class ComplianceEvaluator:
             errors=errors,
             seconds=time.monotonic() - t0,
             examples=ok_replies[: self.keep_examples],
-            **quality,
-            distinct_2=stats.distinct_2,
-            distinct_replies=stats.distinct_replies,
-            junk=stats.junk,
-            **asdict(collapse),
+            quality=ReplyQuality(**quality, distinct_2=stats.distinct_2, distinct_replies=stats.distinct_replies,
+                                 junk=stats.junk),  # fmt: skip
+            collapse=collapse,
         )
 
     def _quality(self, model: str, compliant: list[bool], nlls: list[float | None]) -> dict[str, float | None]:

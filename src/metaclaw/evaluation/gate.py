@@ -1,5 +1,5 @@
-"""The publish gate's decisions and the regression watch's rollbacks, as `LiveEvaluator` makes them (a mixin:
-the evaluator's thread calls these; `metaclaw.evaluation.live` holds the queue and the reports).
+"""The publish gate's decisions and the regression watch's rollbacks (`Gate`), made on `LiveEvaluator`'s thread
+(`metaclaw.evaluation.live` holds the callback and the reports, `metaclaw.evaluation.worker` the queue).
 
 Every decision is appended to `<run dir>/gate.jsonl` with its evidence and 95% intervals (docs/learning.md
 "Gated updates").
@@ -98,27 +98,45 @@ class Track:
         return bool(getattr(self.evaluator, "by_version", False))
 
 
-class GateDecisions:
-    """Accept, refuse or hold a candidate; roll a regressed adapter back (state lives on `LiveEvaluator`)."""
+class Gate:
+    """Accept, refuse or hold a candidate; roll a regressed adapter back. Every decision goes to `gate.jsonl`.
 
-    tracks: dict[str, Track]
-    gate_path: Path
-    margin: float
-    alpha: float
-    max_nll_increase: float | None
-    min_turns: int
-    base_model: str
-    eval_name: str
-    server_url: str | None
-    _eval_url: str | None  # evaluation's own server (`devices.eval_server`); None: candidates are measured on
-    # `server_url`
-    api_key: str | None
-    watch: Any
-    frozen: Callable[[], str | None] | None
-    _cond: Any
-    _unlogged: list[tuple[int, dict[str, float]]]
+    `tracks` are the agents' tracks (shared with `LiveEvaluator`, which owns them); `metrics` receives the
+    `eval/rolled_back` figures for the training thread to log."""
 
-    def _load_candidate(self, path: Path) -> None: ...
+    def __init__(
+        self,
+        tracks: dict[str, Track],
+        metrics: Callable[[int, dict[str, float]], None],
+        path: Path,
+        base_model: str,
+        margin: float = 0.1,
+        alpha: float = 0.05,
+        max_nll_increase: float | None = 1.0,
+        min_turns: int = 8,
+        eval_name: str = "metaclaw-eval",
+    ) -> None:
+        if not 0 < alpha < 1:
+            raise ValueError(f"publish.gate.alpha must be in (0, 1), got {alpha}")
+        self.tracks, self.metrics, self.gate_path, self.base_model = tracks, metrics, path, base_model
+        self.margin, self.alpha, self.max_nll_increase, self.min_turns = margin, alpha, max_nll_increase, min_turns
+        self.eval_name = eval_name
+        self.server_url: str | None = None  # the agent's policy server (`LiveEvaluator.bind`)
+        self._eval_url: str | None = None  # evaluation's own server (`devices.eval_server`); None: `server_url`
+        self.api_key: str | None = None
+        self.watch: Any = None  # a `RegressionWatch` (`publish.gate.rollback`); None: no watch
+        self.frozen: Callable[[], str | None] | None = None  # a reason not to serve now (a user's rollback)
+
+    @property
+    def eval_url(self) -> str | None:
+        """Where candidates are loaded and measured: evaluation's own server, else the agent's."""
+        return self._eval_url or self.server_url
+
+    def load_candidate(self, path: Path) -> None:
+        """Load `path` on the evaluation server under `eval_name` (never the name the agent is served)."""
+        if self.eval_url is None:
+            raise RuntimeError("no policy server to measure the candidate on: bind one first")
+        load_adapter(Endpoint(self.eval_url, self.api_key), self.eval_name, str(path.resolve()), 60.0)
 
     def check_regressions(self) -> list[dict[str, Any]]:
         """Run the regression watch over every track with a server (its records go to gate.jsonl)."""
@@ -137,24 +155,23 @@ class GateDecisions:
                 if record["decision"] == "rolled_back":
                     track.counts["rolled_back"] += 1
                     track.served_score = track.served_n = None  # measured again before the next candidate
-                self._gate_log(record)
-                with self._cond:
-                    self._unlogged.append((0, {f"{track.prefix}rolled_back": float(track.counts["rolled_back"])}))
+                self.log(record)
+                self.metrics(0, {f"{track.prefix}rolled_back": float(track.counts["rolled_back"])})
                 out.append(record)
         return out
 
-    def _gate_log(self, record: dict[str, Any]) -> None:
+    def log(self, record: dict[str, Any]) -> None:
         metrics.count_gate(record)  # metaclaw_gate_decisions, metaclaw_rollbacks
         self.gate_path.parent.mkdir(parents=True, exist_ok=True)
         with self.gate_path.open("a") as f:
             f.write(json.dumps(record, default=str) + "\n")
 
-    def _decide(self, track: Track, step: int, path: Path, result: EvalResult, hot_load: HotLoad) -> dict[str, Any]:
+    def decide(self, track: Track, step: int, path: Path, result: EvalResult, hot_load: HotLoad) -> dict[str, Any]:
         """Serve `path` unless `compliance_test` shows it worse than `track`'s served adapter or its replies
         collapsed (base NLL above the base model's own by more than `max_nll_increase`)."""
         if track.served_score is None or track.served_n is None:  # not measured yet: what answers the agent now
             # (the base model at first; after a rollback, the restored adapter: never the base model in its place)
-            now = self._served_model(track)[0] if self.server_url else self.base_model
+            now = self.served_model(track)[0] if self.server_url else self.base_model
             measured = track.evaluator.score(now)
             track.served_score, track.served_n = measured.compliance, measured.n
         served = track.served_score
@@ -162,14 +179,15 @@ class GateDecisions:
         decision: dict[str, Any] = {"served": served, "candidate": result.compliance, "served_n": track.served_n,
                                     "finding": test["finding"], "compliance_test": test}  # fmt: skip
         reference = getattr(track.evaluator, "reference_nll", None)
-        if self.max_nll_increase is not None and reference is not None and result.nll is not None:
-            decision.update(base_nll=reference, candidate_nll=result.nll, max_nll_increase=self.max_nll_increase)
+        nll = result.quality.nll
+        if self.max_nll_increase is not None and reference is not None and nll is not None:
+            decision.update(base_nll=reference, candidate_nll=nll, max_nll_increase=self.max_nll_increase)
         reasons = []
         if test["finding"] == "worse":
             reasons.append(describe(test))
-        if "candidate_nll" in decision and result.nll > reference + self.max_nll_increase:
+        if "candidate_nll" in decision and nll > reference + self.max_nll_increase:
             reasons.append(
-                f"quality collapsed: base NLL {result.nll:.2f} > base model's {reference:.2f} + {self.max_nll_increase}"
+                f"quality collapsed: base NLL {nll:.2f} > base model's {reference:.2f} + {self.max_nll_increase}"
             )
         decision["candidate_ci"] = list(wilson(result.compliance * result.n, result.n))
         decision["n"] = result.n
@@ -186,7 +204,7 @@ class GateDecisions:
         log.warning("Gate: %s adapter v%d %s (%s): kept on disk at %s, not served", track.agent, step,
                     "refused" if outcome == "rejected" else "not measurable yet", "; ".join(reasons), path)  # fmt: skip
         out = {"decision": outcome, **decision, "reasons": reasons}
-        self._gate_log({"time": time.time(), "kind": "gate", "agent_id": track.agent, "step": step,
+        self.log({"time": time.time(), "kind": "gate", "agent_id": track.agent, "step": step,
                         "adapter": path.name, "path": str(path), "margin": self.margin, **out})  # fmt: skip
         return out
 
@@ -210,7 +228,7 @@ class GateDecisions:
             log.info("Gate: %s adapter v%d served (%s)", track.agent, step, f"compliance {test['candidate']:.2f} vs "
                      f"served {test['served']:.2f}: {test['finding']}" if test else "measured")  # fmt: skip
         out = {"decision": "accepted", **decision}
-        self._gate_log({"time": time.time(), "kind": "gate", "agent_id": track.agent, "step": step,
+        self.log({"time": time.time(), "kind": "gate", "agent_id": track.agent, "step": step,
                         "adapter": path.name, "path": str(path), "margin": self.margin, **out})  # fmt: skip
         if self.watch is not None and self.server_url:  # remember the version's path: a later rollback's target
             try:
@@ -224,7 +242,7 @@ class GateDecisions:
         cards = [c for c in models(Endpoint(self.server_url or "", self.api_key)) if c.get("id") == track.lora_name]
         return cards[0] if cards else None
 
-    def _served_model(self, track: Track) -> tuple[str, int | None]:
+    def served_model(self, track: Track) -> tuple[str, int | None]:
         """The name the agent is answered by now and its adapter version: its adapter when the server lists it
         (version None when the card has none), else the base model (version 0)."""
         card = self._served_card(track)
@@ -265,19 +283,19 @@ class GateDecisions:
         version = card.get("adapter_version")
         return int(version) if isinstance(version, int) else None
 
-    def _decide_turns(self, track: Track, step: int, path: Path, hot_load: HotLoad) -> dict[str, Any]:
+    def decide_turns(self, track: Track, step: int, path: Path, hot_load: HotLoad) -> dict[str, Any]:
         """The judge fallback's gate: the candidate against the served adapter on the recent held-out turns."""
-        served, served_version = self._served_model(track)
+        served, served_version = self.served_model(track)
         n = len(track.evaluator.recent())
         if n < self.min_turns:
             why = f"{n} judged held-out turns < publish.gate.min_turns {self.min_turns}"
             return self._refuse(track, step, path, {"n": n, "min_turns": self.min_turns}, [why], "held")
-        self._load_candidate(path)
+        self.load_candidate(path)
         evidence = track.evaluator.compare(self.eval_name, served, served_version=served_version)
         evidence["candidate"]["model"] = path.name
-        return self._decide_on_turns(track, step, path, evidence, hot_load)
+        return self.decide_on_turns(track, step, path, evidence, hot_load)
 
-    def _decide_on_turns(
+    def decide_on_turns(
         self, track: Track, step: int, path: Path, evidence: dict[str, Any], hot_load: HotLoad
     ) -> dict[str, Any]:
         """The judge fallback's decision on `compare`'s evidence: the same rule as the verifier's, over each
@@ -303,3 +321,8 @@ class GateDecisions:
         if reasons:
             return self._refuse(track, step, path, decision, reasons)
         return self._accept(track, step, path, hot_load, decision)
+
+    def log_skipped(self, agent: str, step: int, path: Path, reason: str) -> None:
+        """A gated candidate that is never measured nor served, and why, in gate.jsonl."""
+        self.log({"time": time.time(), "kind": "gate", "agent_id": agent, "step": step, "adapter": path.name,
+                  "path": str(path), "decision": "skipped", "reasons": [reason]})  # fmt: skip

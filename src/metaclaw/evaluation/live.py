@@ -1,5 +1,9 @@
 """`LiveEvaluator`: held-out compliance of every published adapter, measured in the background; optional gate.
 
+It is a thin Lightning callback over four parts: the queue worker (`metaclaw.evaluation.worker.EvalWorker`), the
+gate (`metaclaw.evaluation.gate.Gate`), the budget (`metaclaw.evaluation.budget.EvalBudget`) and the records
+(`EvalRecords`: eval.jsonl and the metrics the training thread logs).
+
 The publisher hands each new adapter to `submit(step, path, hot_load)` instead of hot-loading it itself:
 
 - gate off: the adapter is hot-loaded at once; every `every_n_adapters`-th one is queued for evaluation.
@@ -47,9 +51,7 @@ from __future__ import annotations
 
 import json
 import logging
-import threading
 import time
-from collections import deque
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -57,14 +59,13 @@ from typing import Any
 import lightning as L
 
 from metaclaw.agents import DEFAULT_PROFILE
+from metaclaw.evaluation.budget import EvalBudget
 from metaclaw.evaluation.evaluator import ComplianceEvaluator, EvalResult
-from metaclaw.evaluation.gate import GateDecisions, HotLoad, Track
+from metaclaw.evaluation.gate import Gate, HotLoad, Track
 from metaclaw.evaluation.regression import RegressionWatch
-from metaclaw.wire.client import Endpoint, load_adapter
+from metaclaw.evaluation.worker import FINAL_TURNS, TURNS, EvalWorker, Item
 
 log = logging.getLogger(__name__)
-
-TURNS, FINAL_TURNS = -1, -2  # queue markers of the judge fallback: report replaced versions / all versions
 
 
 def _label(unfinished: dict[str, Any]) -> str:
@@ -72,14 +73,42 @@ def _label(unfinished: dict[str, Any]) -> str:
     return f"{unfinished['agent_id']} {'served versions' if step is None else f'step {step}'}"
 
 
+class EvalRecords:
+    """eval.jsonl and the metrics waiting for the training thread (the loggers are not thread-safe).
+
+    `lock` is the worker's: a record and the end of training's summary never disagree."""
+
+    def __init__(self, path: Path, lock: Any) -> None:
+        self.path, self.lock = path, lock
+        self.results: list[dict[str, Any]] = []
+        self._unlogged: list[tuple[int, dict[str, float]]] = []
+
+    def append(self, record: dict[str, Any]) -> None:
+        self.results.append(record)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        with self.path.open("a") as f:
+            f.write(json.dumps(record) + "\n")
+
+    def metrics(self, step: int, figures: dict[str, float]) -> None:
+        """Queue `figures` for the training thread's loggers at `step`."""
+        with self.lock:
+            self._unlogged.append((step, figures))
+
+    def flush(self, trainer: L.Trainer) -> None:
+        """Log the queued figures through the trainer's loggers (from the training thread)."""
+        with self.lock:
+            done, self._unlogged = self._unlogged, []
+        for step, metrics in done:
+            for lg in trainer.loggers:
+                lg.log_metrics(metrics, step=step)
 
 
-class LiveEvaluator(GateDecisions, L.Callback):
+class LiveEvaluator(L.Callback):
     """Evaluates published adapters on a thread of its own; gates hot-swaps when `gate` is on.
 
     Args:
         evaluator: scores a served model name (`ComplianceEvaluator`); may be bound later with `bind`.
-        run_dir: where `eval.jsonl` goes.
+        run_dir: where `eval.jsonl` and `gate.jsonl` go.
         base_model: the server's base model name (the baseline, evaluated first).
         every_n_adapters: evaluation cadence when the gate is off (the gate evaluates every candidate).
         gate: refuse to hot-swap a candidate scoring worse than the served adapter by more than `margin`.
@@ -120,42 +149,19 @@ class LiveEvaluator(GateDecisions, L.Callback):
         watch_every_s: float = 30.0,
         alpha: float = 0.05,
     ) -> None:
-        if baseline not in ("first", "auto"):
-            raise ValueError(f"eval.baseline must be first or auto, got {baseline!r}")
-        if max_share is not None and not 0 < max_share <= 1:
-            raise ValueError(f"eval.max_share must be in (0, 1] or null, got {max_share}")
-        if every_n_adapters < 1 or max_pending < 1:
+        if every_n_adapters < 1:
             raise ValueError("eval.every_n_adapters and eval.max_pending must be >= 1")
-        self.run_dir, self.base_model = Path(run_dir), base_model
-        self.every_n_adapters, self.gate, self.margin, self.eval_name = every_n_adapters, gate, margin, eval_name
-        self.server_url, self.api_key, self.final_timeout_s = server_url, api_key, final_timeout_s
-        self._eval_url: str | None = None  # evaluation's own server (`bind`); None: `server_url`
-        if not 0 < alpha < 1:
-            raise ValueError(f"publish.gate.alpha must be in (0, 1), got {alpha}")
-        self.max_nll_increase, self.min_turns, self.alpha = max_nll_increase, min_turns, alpha
-        self.watch, self.watch_every_s = watch, watch_every_s
-        self.frozen: Callable[[], str | None] | None = None  # a reason not to serve now (a user's rollback)
-        self.path, self.gate_path = self.run_dir / "eval.jsonl", self.run_dir / "gate.jsonl"
-        self.results: list[dict[str, Any]] = []
+        run_dir = Path(run_dir)
+        self.base_model, self.every_n_adapters, self.gate = base_model, every_n_adapters, gate
+        self.final_timeout_s, self.watch_every_s = final_timeout_s, watch_every_s
         self.tracks: dict[str, Track] = {DEFAULT_PROFILE: Track(DEFAULT_PROFILE, evaluator)}
-        self._queue: deque[tuple[str, int, Path | None, HotLoad | None]] = deque()
-        self._max_pending = max_pending
-        self._unlogged: list[tuple[int, dict[str, float]]] = []
-        self._cond = threading.Condition()
-        self._busy = False
-        self._current: tuple[str, int] | None = None  # (agent, step) being evaluated
-        self._current_path: Path | None = None  # the candidate being measured (kept on disk meanwhile)
-        self._stop = False
-        self._closed = False  # nothing is recorded after the end of training stopped waiting
-        self.unfinished: list[dict[str, Any]] = []  # evaluations the end of training did not wait for
-        self._thread: threading.Thread | None = None
+        self.budget = EvalBudget(max_share, baseline)
+        self.worker = EvalWorker(max_pending, self._handle, self._idle, self._idle_s, self._dropped)
+        self.records = EvalRecords(run_dir / "eval.jsonl", self.worker.cond)
+        self.gatekeeper = Gate(self.tracks, self.records.metrics, run_dir / "gate.jsonl", base_model, margin, alpha,
+                               max_nll_increase, min_turns, eval_name)  # fmt: skip
+        self.gatekeeper.server_url, self.gatekeeper.api_key, self.gatekeeper.watch = server_url, api_key, watch
         self.before_final_wait: Callable[[], Any] | None = None  # e.g. stop the simulated user first
-        self.max_share = max_share
-        self._started_at: float | None = None
-        self.busy_s, self._last_cost = 0.0, 0.0  # seconds spent evaluating (cache hits cost none)
-        self._training_over = False
-        self.baseline = baseline
-        self._deferred: list[str] = []  # agents whose base model is measured after training
 
     # ---- wiring ---------------------------------------------------------------------------------------------
     @property
@@ -173,8 +179,32 @@ class LiveEvaluator(GateDecisions, L.Callback):
         return self.tracks[DEFAULT_PROFILE].counts
 
     @property
-    def served_score(self) -> float | None:
-        return self.tracks[DEFAULT_PROFILE].served_score
+    def results(self) -> list[dict[str, Any]]:
+        """Every record appended to eval.jsonl by this run."""
+        return self.records.results
+
+    @property
+    def unfinished(self) -> list[dict[str, Any]]:
+        """The evaluations the end of training did not wait for (the summary names them)."""
+        return self.worker.unfinished
+
+    @property
+    def watch(self) -> RegressionWatch | None:
+        """The regression watch (`publish.gate.rollback`); None: no watch."""
+        return self.gatekeeper.watch
+
+    @watch.setter
+    def watch(self, value: RegressionWatch | None) -> None:
+        self.gatekeeper.watch = value
+
+    @property
+    def frozen(self) -> Callable[[], str | None] | None:
+        """A reason not to serve a candidate now (a user's rollback stands); None: nothing holds them."""
+        return self.gatekeeper.frozen
+
+    @frozen.setter
+    def frozen(self, value: Callable[[], str | None] | None) -> None:
+        self.gatekeeper.frozen = value
 
     def add_agent(
         self, agent: str, evaluator: Any, lora_name: str | None = None, owner: Callable[[str], bool] | None = None
@@ -200,10 +230,10 @@ class LiveEvaluator(GateDecisions, L.Callback):
         `eval_url`: evaluation's own server (`devices.eval_server`, the same settings and key), where candidates
         are loaded and measured; the agent's server (`server_url`) is then only asked what it serves and told
         what to serve. None: both on `server_url`."""
-        self.server_url = server_url.rstrip("/")
-        self._eval_url = eval_url.rstrip("/") if eval_url else None
+        self.gatekeeper.server_url = server_url.rstrip("/")
+        self.gatekeeper._eval_url = eval_url.rstrip("/") if eval_url else None
         if api_key is not None:
-            self.api_key = api_key
+            self.gatekeeper.api_key = api_key
         if evaluator is not None:
             self.evaluator = evaluator
 
@@ -211,30 +241,37 @@ class LiveEvaluator(GateDecisions, L.Callback):
         """Start the worker; with `baseline`, the base model is evaluated first (step 0), for every agent."""
         if all(t.evaluator is None for t in self.tracks.values()):
             raise RuntimeError("LiveEvaluator has no evaluator: bind one before start()")
-        if self._started_at is None:
-            self._started_at = time.monotonic()
-        if self._thread is None:
-            self._thread = threading.Thread(target=self._run, name="live-evaluator", daemon=True)
-            self._thread.start()
+        self.budget.start()
+        self.worker.start()
         for track in self.tracks.values():
             if baseline and track.evaluator is not None and not track.by_version:
-                if self._defer_baseline(track):
-                    self._deferred.append(track.agent)
+                if self.budget.defer_baseline(track, self.base_model, self.gate):
                     log.info("Eval: the base model (%s) is measured after training (not cached yet)", track.agent)
                 else:
                     self._put(track.agent, 0, None, None)
         return self
 
-    def _defer_baseline(self, track: Track) -> bool:
-        if self.baseline != "auto" or self.gate:
-            return False
-        cached = getattr(track.evaluator, "has_cached", None)
-        return cached is not None and not cached(self.base_model)
-
     @property
     def by_version(self) -> bool:
         """The judge fallback: served versions' held-out turns, not candidates sampled on held-out prompts."""
         return any(t.by_version for t in self.tracks.values())
+
+    def rebind_eval(self) -> None:
+        """Evaluation's own server is gone (past its restarts): measure on the agent's server from now on."""
+        self.gatekeeper._eval_url = None
+        for track in self.tracks.values():
+            if track.evaluator is not None:
+                track.evaluator.rebind(self.gatekeeper.server_url)
+
+    def in_use(self) -> set[Path]:
+        """What the publisher's retention (`publish.keep_last`) must keep: the candidates waiting or being measured,
+        and the adapter served before the one served now (the regression watch's rollback target)."""
+        paths = self.worker.paths()
+        if self.watch is not None:
+            for versions in list(self.watch.paths.values()):
+                seen = dict(versions)
+                paths.update(Path(seen[v]) for v in sorted(seen)[-2:] if seen[v])
+        return paths
 
     # ---- the publisher's hook -------------------------------------------------------------------------------
     def submit(self, step: int, path: Path, hot_load: HotLoad, agent: str = DEFAULT_PROFILE) -> None:
@@ -264,113 +301,44 @@ class LiveEvaluator(GateDecisions, L.Callback):
         self._put(agent, step, path, hot_load)
 
     def _put(self, agent: str, step: int, path: Path | None, hot_load: HotLoad | None) -> None:
-        with self._cond:  # at most `max_pending` waiting per agent: its oldest waiting one is dropped
-            waiting = [item for item in self._queue if item[0] == agent]
-            if step == TURNS and waiting:  # any waiting pass of the judge fallback reports the replaced versions
-                return
-            while len(waiting) >= self._max_pending:
-                # a report-only pass goes first (the newcomer reports too): it never pushes a candidate out
-                dropped = next((item for item in waiting if item[1] == TURNS), waiting[0])
-                waiting.remove(dropped)
-                self._queue.remove(dropped)
-                if dropped[1] == TURNS:
-                    continue
-                self.tracks[agent].counts["skipped"] += 1
-                log.info("Eval: skipping %s adapter v%d (a newer one is waiting)", agent, dropped[1])
-                if dropped[3] is not None and dropped[2] is not None:  # a gated candidate: never served, said so
-                    self._log_skipped(agent, dropped[1], dropped[2], "a newer candidate was waiting: it is measured "
-                                      "instead")  # fmt: skip
-            self._queue.append((agent, step, path, hot_load))
+        if self.worker.put((agent, step, path, hot_load)):
             self.tracks[agent].queued.add(step)
-            self._cond.notify_all()
 
-    def _log_skipped(self, agent: str, step: int, path: Path, reason: str) -> None:
-        """A gated candidate that is never measured nor served, and why, in gate.jsonl."""
-        self._gate_log({"time": time.time(), "kind": "gate", "agent_id": agent, "step": step, "adapter": path.name,
-                        "path": str(path), "decision": "skipped", "reasons": [reason]})  # fmt: skip
+    def _dropped(self, item: Item) -> None:
+        """A waiting candidate pushed out by a newer one (the worker's queue bound)."""
+        agent, step, path, hot_load = item
+        self.tracks[agent].counts["skipped"] += 1
+        log.info("Eval: skipping %s adapter v%d (a newer one is waiting)", agent, step)
+        if hot_load is not None and path is not None:  # a gated candidate: never served, said so
+            self.gatekeeper.log_skipped(agent, step, path, "a newer candidate was waiting: it is measured instead")
 
-    # ---- worker ---------------------------------------------------------------------------------------------
-    def _run(self) -> None:
-        while True:
-            with self._cond:
-                while not self._queue and not self._stop:
-                    if not self._cond.wait(self.watch_every_s if self.watch or self.by_version else None):
-                        break  # a quiet spell: look for regressions and versions replaced since
-                if self._stop and not self._queue:
-                    return
-                item = self._queue.popleft() if self._queue else None
-                if item is not None:
-                    self._busy, self._current, self._current_path = True, (item[0], item[1]), item[2]
-            if item is None:
-                self.check_regressions()
-                self._report_replaced()
-                continue
-            track = self.tracks[item[0]]
-            if self._over_budget(track, item[1], item[2], item[3]):
-                track.counts["skipped_budget"] += 1
-                track.queued.discard(item[1])  # the end of training measures it if it is the final one
-                why = (f"evaluations took {self.busy_s:.0f}s of {time.monotonic() - (self._started_at or 0.0):.0f}s "
-                       f"(eval.max_share {self.max_share})")  # fmt: skip
-                log.info("Eval: skipping %s adapter v%d (%s)", track.agent, item[1], why)
-                if item[3] is not None and item[2] is not None:  # a gated candidate: never served unmeasured, said
-                    self._log_skipped(track.agent, item[1], item[2], f"not measured within the evaluation budget: "
-                                      f"{why}; a later candidate is measured when the budget allows")  # fmt: skip
-                with self._cond:
-                    self._busy, self._current, self._current_path = False, None, None
-                    self._cond.notify_all()
-                continue
-            try:
-                self._evaluate(track, *item[1:])
-            except Exception as e:  # noqa: BLE001 - evaluation never takes training down; said loudly
-                track.counts["errors"] += 1
-                log.warning("Eval of %s adapter v%d failed: %r", track.agent, item[1], e)
-                if item[3] is not None:  # gate: an adapter that could not be evaluated is not served
-                    log.warning("Gate: %s adapter v%d not hot-swapped (evaluation failed)", track.agent, item[1])
-            finally:
-                with self._cond:
-                    self._busy, self._current, self._current_path = False, None, None
-                    self._cond.notify_all()
+    # ---- the worker's thread --------------------------------------------------------------------------------
+    def _idle_s(self) -> float | None:
+        return self.watch_every_s if self.watch or self.by_version else None
 
-    def _over_budget(self, track: Track, step: int, path: Path | None, hot_load: HotLoad | None) -> bool:
-        """A mid-training adapter evaluation (not the base, not the final; a gated candidate too) that would exceed
-        the budget; with the base model deferred, every ungated one (its quality figures would measure the base
-        model now). The judge fallback's gate is not budgeted here (it measures served turns, not replies)."""
-        if path is None or step < 0 or self._training_over or (hot_load is not None and track.by_version):
-            return False
-        if track.agent in self._deferred and hot_load is None:
-            return True
-        if self.max_share is None:
-            return False
-        elapsed = time.monotonic() - (self._started_at or time.monotonic())
-        return self.busy_s + self._last_cost > self.max_share * (elapsed + self._last_cost)
+    def _idle(self) -> None:
+        """A quiet spell: look for regressions and versions replaced since."""
+        self.gatekeeper.check_regressions()
+        self._report_replaced()
 
-    def in_use(self) -> set[Path]:
-        """What the publisher's retention (`publish.keep_last`) must keep: the candidates waiting or being measured,
-        and the adapter served before the one served now (the regression watch's rollback target)."""
-        with self._cond:
-            paths = {item[2] for item in self._queue if item[2] is not None}
-            if self._current_path is not None:
-                paths.add(self._current_path)
-        if self.watch is not None:
-            for versions in list(self.watch.paths.values()):
-                seen = dict(versions)
-                paths.update(Path(seen[v]) for v in sorted(seen)[-2:] if seen[v])
-        return paths
-
-    @property
-    def eval_url(self) -> str | None:
-        """Where candidates are loaded and measured: evaluation's own server, else the agent's."""
-        return self._eval_url or self.server_url
-
-    def rebind_eval(self) -> None:
-        """Evaluation's own server is gone (past its restarts): measure on the agent's server from now on."""
-        self._eval_url = None
-        for track in self.tracks.values():
-            if track.evaluator is not None:
-                track.evaluator.rebind(self.server_url)
-
-    def _load_candidate(self, path: Path) -> None:
-        load_adapter(Endpoint(self.eval_url or "", self.api_key), self.eval_name, str(path.resolve()), 60.0)
+    def _handle(self, item: Item) -> None:
+        track, step, path, hot_load = self.tracks[item[0]], item[1], item[2], item[3]
+        if self.budget.over(track, step, path, hot_load):
+            track.counts["skipped_budget"] += 1
+            track.queued.discard(step)  # the end of training measures it if it is the final one
+            why = self.budget.why()
+            log.info("Eval: skipping %s adapter v%d (%s)", track.agent, step, why)
+            if hot_load is not None and path is not None:  # a gated candidate: never served unmeasured, said so
+                self.gatekeeper.log_skipped(track.agent, step, path, f"not measured within the evaluation budget: "
+                                            f"{why}; a later candidate is measured when the budget allows")  # fmt: skip
+            return
+        try:
+            self._evaluate(track, step, path, hot_load)
+        except Exception as e:  # noqa: BLE001 - evaluation never takes training down; said loudly
+            track.counts["errors"] += 1
+            log.warning("Eval of %s adapter v%d failed: %r", track.agent, step, e)
+            if hot_load is not None:  # gate: an adapter that could not be evaluated is not served
+                log.warning("Gate: %s adapter v%d not hot-swapped (evaluation failed)", track.agent, step)
 
     def _evaluate(self, track: Track, step: int, path: Path | None, hot_load: HotLoad | None) -> None:
         evaluator = track.evaluator
@@ -380,27 +348,27 @@ class LiveEvaluator(GateDecisions, L.Callback):
         if track.by_version:  # the judge fallback: gate this candidate, then report the versions replaced
             try:
                 if path is not None and hot_load is not None:
-                    self._decide_turns(track, step, path, hot_load)
+                    self.gatekeeper.decide_turns(track, step, path, hot_load)
             finally:
                 self._report_versions(track)
             return
         if path is None:
             result = evaluator.score(self.base_model)
         else:
-            self._load_candidate(path)
-            result = evaluator.score(self.eval_name)
+            self.gatekeeper.load_candidate(path)
+            result = evaluator.score(self.gatekeeper.eval_name)
         gate = None
         if path is None:
             if track.served_score is None:
                 track.served_score, track.served_n = result.compliance, result.n
         elif hot_load is not None:
-            gate = self._decide(track, step, path, result, hot_load)
+            gate = self.gatekeeper.decide(track, step, path, result, hot_load)
         self._report(track, step, path.name if path else "base", result, gate)
 
     def _report_versions(self, track: Track, final: bool = False, served: int | None = None) -> None:
         """The judge fallback: report the held-out turns of every version replaced (every version at the end)."""
         if served is None and not final:
-            served = self.served_version(track)
+            served = self.gatekeeper.served_version(track)
         track.report_seen = served
         for version in track.evaluator.versions_due(final=final, served=served):
             label = "base" if version == 0 else f"v{version}"
@@ -410,10 +378,10 @@ class LiveEvaluator(GateDecisions, L.Callback):
         """Between evaluations: a version replaced since the last report (the gate's hot-load lands after its
         decision; a user's or the watch's rollback) gets its point on the curve without waiting for a publish."""
         for track in list(self.tracks.values()):
-            if not track.by_version or self._closed or self._stop:
+            if not track.by_version or self.worker.closed:  # stop closes too
                 continue
             try:
-                served = self.served_version(track)
+                served = self.gatekeeper.served_version(track)
                 if served is not None and served != track.report_seen:
                     self._report_versions(track, served=served)
             except Exception as e:  # noqa: BLE001 - evaluation never takes training down; said loudly
@@ -426,28 +394,26 @@ class LiveEvaluator(GateDecisions, L.Callback):
         """Append the record to eval.jsonl, queue its metrics for the training thread, log a line."""
         record: dict[str, Any] = {"step": step, "adapter": adapter, "agent_id": track.agent, "time": time.time()}
         record.update({k: v for k, v in result.as_dict().items() if k != "model"})
-        if not result.cached:
-            self.busy_s += result.seconds
-            self._last_cost = result.seconds
+        self.budget.charge(result)
         if gate is not None:
             record["gate"] = gate
-        with self._cond:
-            if self._closed:  # the summary is written already: a late record would contradict it
+        with self.records.lock:
+            if self.worker.closed:  # the summary is written already: a late record would contradict it
                 log.warning("Eval of %s %s finished after the end of training stopped waiting: not recorded",
                             track.agent, adapter)  # fmt: skip
                 return
             track.counts["evaluated"] += 1
             record["counts"] = dict(track.counts)
-            self._append(record)
+            self.records.append(record)
         figures = {"compliance": result.compliance, "n": float(result.n), "errors": float(result.errors)}
         figures.update({k: getattr(result, k) for k in ("ci_low", "ci_high") if getattr(result, k) is not None})
         figures.update({f"fail_{k}": v for k, v in result.failures.items()})
-        quality = {k: getattr(result, k) for k in ("nll", "fluent", "good", "distinct_2", "distinct_replies", "junk")}
+        quality = {k: getattr(result.quality, k) for k in ("nll", "fluent", "good", "distinct_2", "distinct_replies",
+                                                            "junk")}  # fmt: skip
         quality["reward"] = result.reward
         figures.update({k: float(v) for k, v in quality.items() if v is not None})
         figures.update({k: float(v) for k, v in track.counts.items()})
-        with self._cond:
-            self._unlogged.append((step, {f"{track.prefix}{k}": v for k, v in figures.items()}))
+        self.records.metrics(step, {f"{track.prefix}{k}": v for k, v in figures.items()})
         ci = "" if result.ci_low is None else f" [95% CI {100 * result.ci_low:.0f}-{100 * result.ci_high:.0f}%]"
         log.info(
             "Eval %s%s: held-out compliance %.0f%%%s, good %s, base NLL %s (%d replies, %s)%s",
@@ -455,38 +421,27 @@ class LiveEvaluator(GateDecisions, L.Callback):
             record["adapter"],
             100 * result.compliance,
             ci,
-            "-" if result.good is None else f"{100 * result.good:.0f}%",
-            "-" if result.nll is None else f"{result.nll:.2f}",
+            "-" if result.quality.good is None else f"{100 * result.quality.good:.0f}%",
+            "-" if result.quality.nll is None else f"{result.quality.nll:.2f}",
             result.n,
             "cached" if result.cached else f"{result.seconds:.0f}s",
             f" gate: {record['gate']['decision']}" if "gate" in record else "",
         )
 
-    def _append(self, record: dict[str, Any]) -> None:
-        self.results.append(record)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        with self.path.open("a") as f:
-            f.write(json.dumps(record) + "\n")
-
     # ---- Lightning hooks (training thread) ------------------------------------------------------------------
     def flush(self, trainer: L.Trainer) -> None:
         """Log finished evaluations through the trainer's loggers (from the training thread)."""
-        with self._cond:
-            done, self._unlogged = self._unlogged, []
-        for step, metrics in done:
-            for lg in trainer.loggers:
-                lg.log_metrics(metrics, step=step)
+        self.records.flush(trainer)
 
     def on_train_batch_end(self, trainer: L.Trainer, *args: Any) -> None:
         self.flush(trainer)
 
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        self._training_over = True
+        self.budget.training_over = True
         if self.before_final_wait is not None:
             self.before_final_wait()
-        for agent in self._deferred:
+        for agent in self.budget.take_deferred():
             self._put(agent, 0, None, None)
-        self._deferred = []
         for track in self.tracks.values():
             if track.by_version:
                 self._put(track.agent, FINAL_TURNS, None, None)
@@ -501,38 +456,19 @@ class LiveEvaluator(GateDecisions, L.Callback):
 
     def wait(self, timeout_s: float | None = None) -> bool:
         """Block until the queue is drained (True) or `timeout_s` passed (False)."""
-        deadline = None if timeout_s is None else time.monotonic() + timeout_s
-        with self._cond:
-            while self._queue or self._busy:
-                left = None if deadline is None else deadline - time.monotonic()
-                if left is not None and left <= 0:
-                    log.warning("Eval: %d evaluations still running and %d queued after %.0fs", int(self._busy),
-                                len(self._queue), timeout_s)  # fmt: skip
-                    return False
-                self._cond.wait(left)
-        return True
+        return self.worker.wait(timeout_s)
 
     def close(self) -> list[dict[str, Any]]:
         """Record nothing from now on: the running and queued evaluations go to `unfinished` (the summary names
         them), and one that finishes later is logged and dropped, so eval.jsonl and the summary agree."""
-        with self._cond:
-            if not self._closed:
-                self._closed = True
-                pending = ([self._current] if self._current else []) + [(a, s) for a, s, *_ in self._queue]
-                self.unfinished = [{"agent_id": a, "step": s if s >= 0 else None} for a, s in pending]
-                self._queue.clear()
-                self._cond.notify_all()
-                if self.unfinished:
-                    log.warning(
-                        "Eval: left out of the summary, not finished within eval.final_timeout_s (%.0fs): %s",
-                        self.final_timeout_s, ", ".join(_label(u) for u in self.unfinished),
-                    )
-            return self.unfinished
+        with self.worker.cond:
+            was_closed = self.worker.closed
+            unfinished = self.worker.close()
+        if unfinished and not was_closed:
+            log.warning("Eval: left out of the summary, not finished within eval.final_timeout_s (%.0fs): %s",
+                        self.final_timeout_s, ", ".join(_label(u) for u in unfinished))  # fmt: skip
+        return unfinished
 
     def stop(self, timeout: float = 10.0) -> None:
         self.close()
-        with self._cond:
-            self._stop = True
-            self._cond.notify_all()
-        if self._thread:
-            self._thread.join(timeout)
+        self.worker.stop(timeout)

@@ -124,6 +124,33 @@ def write_report(
     if several:
         summary["agents"] = curves
     judged = any(r.get("reward") is not None for r in results)  # the judge fallback: served versions' turns
+    lines = _table(curves, several, judged) + _not_measured(unfinished or [])
+    lines.append(f"samples trained: {trained}   optimizer steps: {steps}   wall time: {wall_s / 60:.1f} min")
+    if ended_early:
+        lines.append(f"the run ended early, at step {steps}: {ended_early}")
+    if user_stats:
+        lines.append(
+            f"simulated user: {user_stats.get('sessions', 0)} sessions, {user_stats.get('replies', 0)} replies, "
+            f"{user_stats.get('complied', 0)} thanked, {user_stats.get('corrected', 0)} corrected"
+        )
+        for agent, u in (user_stats.get("agents") or {}).items():
+            lines.append(f"  as {agent}: {u.get('replies', 0)} replies, {u.get('complied', 0)} thanked")
+    if curves:
+        plotted = {a: c["curve"] for a, c in curves.items()} if several else main["curve"]
+        try:
+            summary["plot"] = str(plot_curve(plotted, run_dir / "compliance.png", title))
+        except ModuleNotFoundError as e:  # matplotlib is the plots extra
+            log.warning("compliance.png not drawn (%s): pip install 'metaclaw[plots]'", e)
+            summary["plot"] = None
+        drawn = summary["plot"] or "not drawn (pip install 'metaclaw[plots]')"
+        lines.append(f"curve: {drawn}   log: {run_dir / 'eval.jsonl'}")
+    summary["text"] = "\n".join(lines)
+    (run_dir / "summary.json").write_text(json.dumps({k: v for k, v in summary.items() if k != "text"}, indent=1))
+    return summary
+
+
+def _table(curves: dict[str, dict[str, Any]], several: bool, judged: bool) -> list[str]:
+    """The printout's table: one row per evaluated adapter (per agent when `several`)."""
     what = (
         "held-out turns per served version: complies = the judge scored the turn > 0"
         if judged
@@ -152,29 +179,14 @@ def write_report(
             )
     if not curves:
         lines.append("  (no evaluation finished)")
-    for u in unfinished or []:
+    return lines
+
+
+def _not_measured(unfinished: list[dict[str, Any]]) -> list[str]:
+    """A line per evaluation the end of training stopped waiting for."""
+    lines = []
+    for u in unfinished:
         what = "the served versions' turns" if u.get("step") is None else f"step {u['step']}"
         lines.append(f"  not measured: {what} of agent {u.get('agent_id')} (still running when the end of training"
                      " stopped waiting: raise eval.final_timeout_s)")  # fmt: skip
-    lines.append(f"samples trained: {trained}   optimizer steps: {steps}   wall time: {wall_s / 60:.1f} min")
-    if ended_early:
-        lines.append(f"the run ended early, at step {steps}: {ended_early}")
-    if user_stats:
-        lines.append(
-            f"simulated user: {user_stats.get('sessions', 0)} sessions, {user_stats.get('replies', 0)} replies, "
-            f"{user_stats.get('complied', 0)} thanked, {user_stats.get('corrected', 0)} corrected"
-        )
-        for agent, u in (user_stats.get("agents") or {}).items():
-            lines.append(f"  as {agent}: {u.get('replies', 0)} replies, {u.get('complied', 0)} thanked")
-    if curves:
-        plotted = {a: c["curve"] for a, c in curves.items()} if several else main["curve"]
-        try:
-            summary["plot"] = str(plot_curve(plotted, run_dir / "compliance.png", title))
-        except ModuleNotFoundError as e:  # matplotlib is the plots extra
-            log.warning("compliance.png not drawn (%s): pip install 'metaclaw[plots]'", e)
-            summary["plot"] = None
-        drawn = summary["plot"] or "not drawn (pip install 'metaclaw[plots]')"
-        lines.append(f"curve: {drawn}   log: {run_dir / 'eval.jsonl'}")
-    summary["text"] = "\n".join(lines)
-    (run_dir / "summary.json").write_text(json.dumps({k: v for k, v in summary.items() if k != "text"}, indent=1))
-    return summary
+    return lines

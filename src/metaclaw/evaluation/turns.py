@@ -26,12 +26,31 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
 
 from metaclaw.evaluation.evaluator import EvalResult
 from metaclaw.evaluation.quality import base_nll, fluency, text_stats
 from metaclaw.evaluation.stats import snips, wilson
 from metaclaw.store import Sample, SampleStore
 from metaclaw.wire.client import Endpoint, chat, teacher_logprobs
+
+
+@dataclass(frozen=True)
+class TurnCounts:
+    """How many held-out turns count (`HeldoutTurnsEvaluator`'s arguments of the same names)."""
+
+    max_turns: int = 32  # the most recent held-out turns per version that are scored
+    min_turns: int = 4  # a version with fewer is reported only at the end of training
+    quality_turns: int = 8  # the newest held-out turns whose prompts the candidate answers (quality guard)
+    keep_examples: int = 3  # replies kept in the result
+
+
+@dataclass
+class TurnMemo:
+    """What the gate asked the server once: a turn's reply under a fixed model does not change."""
+
+    got_nll: dict[int | None, float | None] = field(default_factory=dict)  # sample id -> base NLL of the user's reply
+    served_lp: dict[tuple[int, int | None], float] = field(default_factory=dict)  # (version, sample id) -> logprob
 
 
 class HeldoutTurnsEvaluator:
@@ -70,14 +89,12 @@ class HeldoutTurnsEvaluator:
         quality_turns: int = 8,
     ) -> None:
         self.store, self.server_url, self.api_key, self.base_model = store, server_url.rstrip("/"), api_key, base_model
-        self.max_turns, self.min_turns, self.nll_margin = max_turns, min_turns, nll_margin
-        self.keep_examples, self.timeout_s, self.owner = keep_examples, timeout_s, owner
-        self.concurrency, self.quality_turns = max(1, int(concurrency)), max(0, int(quality_turns))
+        self.counts = TurnCounts(max_turns, min_turns, max(0, int(quality_turns)), keep_examples)
+        self.nll_margin, self.timeout_s, self.owner = nll_margin, timeout_s, owner
+        self.concurrency = max(1, int(concurrency))
         self.on_phase: Callable[[str], None] | None = None  # called as each phase of `compare` starts (benches)
         self.reported: set[int] = set()
-        # a turn's reply under a fixed model does not change: the gate asks for each once
-        self._got_nll: dict[int | None, float | None] = {}  # sample id -> base NLL of the reply the user got
-        self._served_lp: dict[tuple[int, int | None], float] = {}  # (served version, sample id) -> logprob of the reply
+        self.memo = TurnMemo()  # a turn's reply under a fixed model does not change: the gate asks for each once
         self.reference_nll: float | None = None  # the base model's (version 0) replies: the fluency reference
 
     @property
@@ -111,12 +128,12 @@ class HeldoutTurnsEvaluator:
             counts[s.adapter_version] = counts.get(s.adapter_version, 0) + 1
         newest = max(max(counts, default=-1), -1 if served is None else served)
         due = [v for v in sorted(counts) if v not in self.reported]
-        return due if final else [v for v in due if v < newest and counts[v] >= self.min_turns]
+        return due if final else [v for v in due if v < newest and counts[v] >= self.counts.min_turns]
 
     def score_version(self, version: int) -> EvalResult:
         """The judge's verdicts and the replies' quality for the held-out turns `version` served."""
         t0 = time.monotonic()
-        turns = sorted(self._heldout(version), key=lambda s: s.id)[-self.max_turns :]
+        turns = sorted(self._heldout(version), key=lambda s: s.id)[-self.counts.max_turns :]
         if not turns:
             raise RuntimeError(f"eval: no held-out turns judged for adapter version {version}")
         replies = [s.response_text or "" for s in turns]
@@ -126,11 +143,13 @@ class HeldoutTurnsEvaluator:
             compliance=sum(s.reward > 0 for s in turns) / n,
             n=n,
             failures={"judge": sum(s.reward <= 0 for s in turns) / n},
-            examples=replies[: self.keep_examples],
+            examples=replies[: self.counts.keep_examples],
         )
         result.reward = sum(s.reward for s in turns) / n
         stats = text_stats(replies)
-        result.distinct_2, result.distinct_replies, result.junk = stats.distinct_2, stats.distinct_replies, stats.junk
+        quality = result.quality
+        quality.distinct_2, quality.distinct_replies = stats.distinct_2, stats.distinct_replies
+        quality.junk = stats.junk
         if self.base_model:
             nlls = [
                 base_nll(self.endpoint, self.base_model, s.prompt_ids, s.response_ids, self.timeout_s)
@@ -140,7 +159,7 @@ class HeldoutTurnsEvaluator:
             if version == 0 and self.reference_nll is None:
                 self.reference_nll = fluency(nlls, compliant, None, 0.0)["nll"]
             for key, value in fluency(nlls, compliant, self.reference_nll, self.nll_margin).items():
-                setattr(result, key, value)
+                setattr(result.quality, key, value)
         result.seconds = time.monotonic() - t0
         self.reported.add(version)
         return result
@@ -148,7 +167,7 @@ class HeldoutTurnsEvaluator:
     # ---- the publish gate without a verifier ----------------------------------------------------------------
     def recent(self) -> list[Sample]:
         """The latest `max_turns` judged held-out turns (every version): the gate's evidence."""
-        return sorted(self._heldout(), key=lambda s: s.id)[-self.max_turns :]
+        return sorted(self._heldout(), key=lambda s: s.id)[-self.counts.max_turns :]
 
     def _logprob(self, model: str, s: Sample) -> float:
         lps = teacher_logprobs(self.endpoint, model, s.prompt_ids, s.response_ids, self.timeout_s,
@@ -198,15 +217,15 @@ class HeldoutTurnsEvaluator:
             if s.adapter_version == served_version:
                 return None
             key = (served_version, s.id)
-            if key not in self._served_lp:
-                self._served_lp[key] = self._logprob(served, s)
-            return self._served_lp[key]
+            if key not in self.memo.served_lp:
+                self.memo.served_lp[key] = self._logprob(served, s)
+            return self.memo.served_lp[key]
 
         def got_nll(s: Sample) -> float | None:
-            if s.id not in self._got_nll:
-                self._got_nll[s.id] = base_nll(self.endpoint, self.base_model, s.prompt_ids, s.response_ids,
-                                               self.timeout_s)  # fmt: skip
-            return self._got_nll[s.id]
+            if s.id not in self.memo.got_nll:
+                self.memo.got_nll[s.id] = base_nll(self.endpoint, self.base_model, s.prompt_ids, s.response_ids,
+                                                   self.timeout_s)  # fmt: skip
+            return self.memo.got_nll[s.id]
 
         seconds: dict[str, float] = {}
         out["seconds"] = seconds
@@ -232,8 +251,8 @@ class HeldoutTurnsEvaluator:
                 estimate, n_eff = snips(ratios, good, clip)
                 low, high = wilson(estimate * n_eff, n_eff)
                 out[name] = {"model": model, "compliance": estimate, "n_eff": n_eff, "ci_low": low, "ci_high": high}
-            if self.base_model and self.quality_turns:  # the same prompts on both sides: a turn missing either is out
-                asked = turns[-self.quality_turns :]
+            if self.base_model and self.counts.quality_turns:  # the same prompts both sides
+                asked = turns[-self.counts.quality_turns :]
                 got = timed("got_nll", got_nll, asked)
                 answers = timed("quality_sampling", lambda s: self._answer(candidate, s, self.quality_tokens(s)), asked)
                 answer_of = {id(s): a for s, a in zip(asked, answers, strict=True)}

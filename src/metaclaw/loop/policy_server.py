@@ -18,6 +18,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -83,6 +84,15 @@ def server_env(api_key: str | None) -> dict[str, str]:
 _SECRET_ENV = re.compile(r"^METACLAW_\w*(?:KEY|TOKEN|SECRET)$")
 
 
+@dataclass(frozen=True)
+class ProcessWatch:
+    """How the server process is waited for and kept alive (`PolicyServerProcess`'s arguments of these names)."""
+
+    startup_timeout_s: float = 600.0  # how long to wait for `/health`
+    max_restarts: int = 2  # how many times `watch()` restarts a server that died
+    poll_s: float = 1.0  # how often `watch()` looks at the process
+
+
 class PolicyServerProcess:
     """`with PolicyServerProcess(nodes, run_dir=...) as srv:` runs the policy server on `srv.url` (the run's settings).
 
@@ -121,7 +131,7 @@ class PolicyServerProcess:
         self.config_path = (self.folder / f"{CONFIG_NAME}.yaml").resolve()
         self.args = [*server_command(script), "--config-dir", str(self.config_path.parent), "--config-name",
                      CONFIG_NAME, *(extra_args or [])]  # fmt: skip
-        self.startup_timeout_s, self.max_restarts, self.poll_s = startup_timeout_s, max_restarts, poll_s
+        self.keepalive = ProcessWatch(startup_timeout_s, max_restarts, poll_s)
         self.restarts = 0
         self.restarting = threading.Event()  # set while the watchdog brings a dead server back
         self.proc: subprocess.Popen | None = None
@@ -163,7 +173,7 @@ class PolicyServerProcess:
             self.proc = subprocess.Popen(
                 self.args, stdout=logfile, stderr=subprocess.STDOUT, env=env, start_new_session=True
             )
-        self._deadline = time.monotonic() + self.startup_timeout_s
+        self._deadline = time.monotonic() + self.keepalive.startup_timeout_s
         return self
 
     def wait_ready(self) -> PolicyServerProcess:
@@ -180,7 +190,7 @@ class PolicyServerProcess:
                 pass
             time.sleep(0.5)
         self._kill_group(self.proc)
-        raise TimeoutError(f"{self.label} not healthy after {self.startup_timeout_s}s; see {self.logfile}")
+        raise TimeoutError(f"{self.label} not healthy after {self.keepalive.startup_timeout_s}s; see {self.logfile}")
 
     def unavailable(self) -> bool:
         """True while the watchdog owns the server: it is being restarted, or its process has exited."""
@@ -193,15 +203,15 @@ class PolicyServerProcess:
         self._watcher.start()
 
     def _watch(self, on_restart: Callable[[], None], on_death: Callable[[str], None]) -> None:
-        while not self._closing.wait(self.poll_s):
+        while not self._closing.wait(self.keepalive.poll_s):
             proc = self.proc
             if proc is None or proc.poll() is None:
                 continue
             reason = f"the {self.label} (metaclaw serve, pid {proc.pid}) exited with code {proc.returncode}"
             self.restarting.set()
-            while self.restarts < self.max_restarts and not self._closing.is_set():
+            while self.restarts < self.keepalive.max_restarts and not self._closing.is_set():
                 self.restarts += 1
-                log.error("%s; restarting it (%d/%d, log %s)", reason, self.restarts, self.max_restarts,
+                log.error("%s; restarting it (%d/%d, log %s)", reason, self.restarts, self.keepalive.max_restarts,
                           self.logfile)  # fmt: skip
                 self._kill_group(proc)
                 try:
@@ -234,7 +244,7 @@ class PolicyServerProcess:
         """Stop the watcher, then SIGTERM the server's process group (SIGKILL if it lingers)."""
         self._closing.set()
         if self._watcher is not None and self._watcher is not threading.current_thread():
-            self._watcher.join(timeout=self.startup_timeout_s + 30)
+            self._watcher.join(timeout=self.keepalive.startup_timeout_s + 30)
         if self.proc is not None:
             self._kill_group(self.proc)
 

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-import itertools
 import json
 import logging
 import time
@@ -44,8 +43,10 @@ from metaclaw.rollout.session_tracker import (
     scoped_session_id,
     session_keys,
 )
+from metaclaw.rollout.upstream import UpstreamPools
 from metaclaw.skills.hooks import SkillInjectorLike
 from metaclaw.store import GroupCommitWriter, Sample, SampleMeta, SampleStore, open_session_log
+from metaclaw.store.meta import FitMeta
 from metaclaw.wire import (
     ADAPTER_NAME_HEADER,
     ADAPTER_VERSION_HEADER,
@@ -56,7 +57,6 @@ from metaclaw.wire import (
     RequestError,
     version_headers,
 )
-from metaclaw.wire.client import CallError, Endpoint, models
 from metaclaw.wire.normalize import next_state_text, normalize_messages, normalize_tools
 
 log = logging.getLogger(__name__)
@@ -64,8 +64,6 @@ log = logging.getLogger(__name__)
 SSE_DONE = b"data: [DONE]\n\n"
 # httpcore scans every pooled connection (quadratically) on each request and response close; at 32 concurrent
 # streams that cost ~2 ms CPU per request in one pool, so requests are spread round-robin over small pools.
-POOL_SHARDS = 16
-MAX_UPSTREAM_CONNECTIONS = 512
 dumps = json.JSONEncoder(ensure_ascii=False, separators=(",", ":")).encode
 
 
@@ -78,13 +76,33 @@ class UpstreamError(Exception):
 
 
 @dataclass
+class SessionLink:
+    """Where a main turn sits in its session: the session's state, the turn's index, the writes it awaits."""
+
+    state: SessionState | None = None
+    turn_index: int = -1
+    next_state_write: Future | None = None  # the previous turn's next state, committed before this turn replies
+    query: Query | None = None  # derived sessions: the conversation, to leave its tail for the next request
+    claimed_tail: Tail | None = None  # the tail this turn took from its session (restored if the turn fails)
+    sample_id: int | None = None  # the stored sample, once written
+
+
+@dataclass
+class ClientAsk:
+    """What the client asked to see: the extras it asked for itself, and the model id its replies carry."""
+
+    logprobs: bool = False
+    token_ids: bool = False
+    model: Any = None  # the model id the client asked for: replies carry it, not the upstream's
+
+
+@dataclass
 class Turn:
     """One prepared request: what goes upstream and what the capture needs."""
 
     upstream_body: dict[str, Any]
     stream: bool
-    keep_logprobs: bool
-    keep_token_ids: bool
+    asked: ClientAsk
     main: bool
     agent_id: str
     session_id: str
@@ -92,30 +110,24 @@ class Turn:
     messages: list[dict[str, Any]]
     temperature: float
     meta: SampleMeta = field(default_factory=SampleMeta)
-    state: SessionState | None = None
-    turn_index: int = -1
-    next_state_write: Future | None = None
+    link: SessionLink = field(default_factory=SessionLink)
     capture: TurnCapture = field(default_factory=TurnCapture)
-    sample_id: int | None = None
-    client_model: Any = None  # the model id the client asked for: replies carry it, not the upstream's
     adapter: str | None = None  # the adapter asked upstream (None: the base model or the client's model)
     response_id: str | None = None  # main turns: the reply's `id`, unique, stored with the sample
-    query: Query | None = None  # derived sessions: the conversation, to leave its tail for the next request
-    claimed_tail: Tail | None = None  # the tail this turn took from its session (restored if the turn fails)
 
     @property
     def strips(self) -> bool:
         """Whether the client must not see some of what upstream returns (extras the proxy asked for itself)."""
-        return self.main and not (self.keep_logprobs and self.keep_token_ids)
+        return self.main and not (self.asked.logprobs and self.asked.token_ids)
 
     def for_client(self, body: dict[str, Any]) -> dict[str, Any]:
         """An upstream body or chunk as the client sees it (in place): its model id, no extras of ours."""
-        if self.client_model is not None and "model" in body:
-            body["model"] = self.client_model
+        if self.asked.model is not None and "model" in body:
+            body["model"] = self.asked.model
         body.pop("adapter_version", None)  # in the x-metaclaw-adapter-version header instead
         if self.response_id:
             body["id"] = self.response_id  # unique per turn, stored with the sample (`/v1/feedback` takes it)
-        return strip_extras(body, self.keep_logprobs, self.keep_token_ids) if self.strips else body
+        return strip_extras(body, self.asked.logprobs, self.asked.token_ids) if self.strips else body
 
 
 def sampling_fields(body: dict[str, Any]) -> tuple[float, int, dict[str, Any]]:
@@ -175,63 +187,54 @@ class RolloutProxy:
         session_idle_s: float = 3600.0,
         agents: AgentProfiles | None = None,
     ) -> None:
-        self.upstream = Endpoint(upstream_url, upstream_api_key)  # with or without /v1: one URL rule
-        self.store, self.upstream_url = store, self.upstream.root
-        self.upstream_api_key, self.policy_model, self.base_model = upstream_api_key, policy_model, base_model
+        self.store, self.policy_model, self.base_model, self.skills = store, policy_model, base_model, skills
         self.capture, self.default_temperature, self.default_agent_id = capture, default_temperature, default_agent_id
-        self.request_timeout_s, self.model_refresh_s, self.skills = request_timeout_s, model_refresh_s, skills
+        self.upstream = UpstreamPools(upstream_url, upstream_api_key, request_timeout_s, model_refresh_s)
         self.sessions = SessionTracker(store, open_session_log(store), max_sessions, session_idle_s)
-        self.client: httpx.AsyncClient | None = None  # the first pool: model refreshes
-        self._clients: list[httpx.AsyncClient] = []
-        self._next_client = iter(())
-        self._chat_url = httpx.URL(f"{self.upstream_url}/v1/chat/completions")  # absolute: no per-request merge
         self.writer: GroupCommitWriter | None = None
-        self.upstream_models: set[str] = set()
-        self.upstream_cards: dict[str, dict[str, Any]] = {}  # /v1/models entries: modalities, max_model_len
         self.fit = fit or ClientFit(ImagePolicy(), ContextPolicy(tokenizer=None))
         self.agents = agents or AgentProfiles(lora_name=policy_model or "policy")
         # skills_only: main turns of `skills_only` agents, answered and never captured for training
         self.stats = {"turns": 0, "captured": 0, "capture_errors": 0, "upstream_errors": 0, "skills_only": 0}
-        self._refresher: asyncio.Task | None = None
+
+    @property
+    def upstream_url(self) -> str:
+        return self.upstream.url
+
+    @property
+    def upstream_models(self) -> set[str]:
+        """The models the upstream listed last (`/v1/models`)."""
+        return self.upstream.models
+
+    @upstream_models.setter
+    def upstream_models(self, models: set[str]) -> None:
+        self.upstream.models = models
+
+    @property
+    def upstream_cards(self) -> dict[str, dict[str, Any]]:
+        """The upstream's `/v1/models` entries by id (modalities, max_model_len)."""
+        return self.upstream.cards
+
+    @upstream_cards.setter
+    def upstream_cards(self, cards: dict[str, dict[str, Any]]) -> None:
+        self.upstream.cards = cards
 
     # ---- lifecycle ----------------------------------------------------------------------------------------
     async def start(self) -> None:
         """Open the shared upstream clients (keep-alive pools) and the store's group-commit writer."""
-        headers = self.upstream.headers()
-        per_pool = MAX_UPSTREAM_CONNECTIONS // POOL_SHARDS
-        limits = httpx.Limits(max_connections=per_pool, max_keepalive_connections=per_pool)
-        kw = dict(base_url=self.upstream_url, headers=headers, timeout=self.request_timeout_s, limits=limits)
-        self._clients = [httpx.AsyncClient(**kw) for _ in range(POOL_SHARDS)]
-        self.client, self._next_client = self._clients[0], itertools.cycle(self._clients)
         if self.capture:
             self.writer = GroupCommitWriter(self.store)
-        if self.policy_model and self.model_refresh_s > 0:
-            await self.refresh_models()
-            self._refresher = asyncio.create_task(self._refresh_loop())
+        await self.upstream.start(refresh=bool(self.policy_model))
 
     async def stop(self) -> None:
         """Close the upstream clients and flush the writer (every accepted turn is committed)."""
-        if self._refresher:
-            self._refresher.cancel()
-        for client in self._clients:
-            await client.aclose()
-        self._clients, self.client = [], None
+        await self.upstream.stop()
         if self.writer:
             await asyncio.to_thread(self.writer.close)
             self.writer = None
 
     async def refresh_models(self) -> None:
-        try:
-            data = await asyncio.to_thread(models, self.upstream, 5.0)
-            self.upstream_models = {m["id"] for m in data}
-            self.upstream_cards = {m["id"]: m for m in data}
-        except (CallError, ValueError, KeyError, TypeError):
-            pass
-
-    async def _refresh_loop(self) -> None:
-        while True:
-            await asyncio.sleep(self.model_refresh_s)
-            await self.refresh_models()
+        await self.upstream.refresh()
 
     def upstream_model(self, requested: Any, profile: AgentProfile | None = None) -> Any:
         """The agent's own adapter once the server lists it; the base model (or the client's model) before."""
@@ -271,11 +274,7 @@ class RolloutProxy:
         keys = session_keys(body, headers)
         turn_type = keys.turn_type
         session_id = scoped_session_id(keys.session_id, headers.get(CLIENT_HEADER)) if keys.session_id else ""
-        temperature = body.get("temperature")
-        if temperature is None:
-            temperature = self.default_temperature
-        if not isinstance(temperature, int | float) or isinstance(temperature, bool) or temperature < 0:
-            raise RequestError("temperature must be a non-negative number")
+        temperature = self._temperature(body)
         top_p, top_k, template_kwargs = sampling_fields(body)
         main = turn_type == "main" and self.capture and profile.trains
         if turn_type == "main" and self.capture and not profile.trains:
@@ -286,7 +285,7 @@ class RolloutProxy:
         temp = dist.temperature  # the sample's `temperature` column: stored once (meta.sampling holds top_p/top_k)
         meta = SampleMeta(sampling={"top_p": dist.top_p, "top_k": dist.top_k},
                           chat_template_kwargs=template_kwargs or None,
-                          has_image=True if has_image else None)  # fmt: skip
+                          fit=FitMeta(has_image=True if has_image else None))  # fmt: skip
         derive = self.capture and profile.trains and not keys.session_id
         if derive:  # taken before skills change the messages; never across clients, end users or system prompts
             partition = f"{client}\x1f{keys.end_user or ''}"
@@ -300,16 +299,7 @@ class RolloutProxy:
         model = self.upstream_model(body.get("model"), profile)
         reply_budget = None
         if has_image or self.fit.context.active:
-            limit = body.get("max_completion_tokens", body.get("max_tokens"))
-            limit = limit if isinstance(limit, int) and not isinstance(limit, bool) and limit > 0 else None
-            if limit is None and self.fit.context.active:  # Codex sends none: the rest of an 8k context is minutes
-                limit = reply_budget = self.fit.context.reserve_tokens  # of CPU, past the agent's own timeout
-            card = self.upstream_cards.get(model) if isinstance(model, str) else None
-            messages, tools = await asyncio.to_thread(self.fit.apply, messages, tools, has_image, card, limit, meta)
-            fitted = meta.context if isinstance(meta.context, dict) else {}
-            room = fitted.get("limit", 0) - fitted.get("budget", 0)
-            if fitted.get("action") == "truncated" and (limit or 0) > room > 0:  # a fitted prompt gets the room kept
-                reply_budget = room  # for it (a CPU writes a 32,000-token reply for many minutes; finish: length)
+            messages, tools, reply_budget = await self._fit(body, messages, tools, has_image, model, meta)
         upstream = {k: v for k, v in body.items() if k not in ("messages", "tools", *BODY_EXTRAS)}
         upstream.update(messages=messages, temperature=temperature, model=model)
         if reply_budget is not None:
@@ -324,8 +314,7 @@ class RolloutProxy:
         turn = Turn(
             upstream_body=upstream,
             stream=bool(body.get("stream")),
-            keep_logprobs=keep_lp,
-            keep_token_ids=keep_ids,
+            asked=ClientAsk(keep_lp, keep_ids, body.get("model") if isinstance(body.get("model"), str) else None),
             main=main,
             agent_id=agent_id,
             session_id=session_id,
@@ -333,43 +322,75 @@ class RolloutProxy:
             messages=messages,
             temperature=temp,
             meta=meta,
-            client_model=body.get("model") if isinstance(body.get("model"), str) else None,
             adapter=model if isinstance(model, str) and model in self.upstream_models - {self.base_model} else None,
         )
         if main:
-            if query is not None:
-                turn.state, turn.claimed_tail = self.sessions.claim(query, create=False)
-                if turn.state is None and query.last_assistant >= 0:  # forgotten here (restart)? ask the store
-                    turn.state = await asyncio.to_thread(self.sessions.recover, query)
-                if turn.state is None:
-                    turn.state, _ = self.sessions.claim(query)
-                turn.query, turn.session_id = query, turn.state.session_id
-            else:
-                turn.state = self.sessions.state(agent_id, session_id)
-            meta.session_source = keys.source
-            turn.response_id = meta.response_id = f"chatcmpl-{uuid.uuid4().hex}"
-            turn.turn_index, prev_id = self.sessions.begin_turn(turn.state)
-            new = reaction_messages(sent, turn.state)  # `sent`: the fitted prompt may have dropped the last reply
-            if prev_id is not None and new:  # committed with the next group; awaited before this turn replies
-                text, state = next_state_text(new), turn.state
-                if not text:  # the agent continued on its own (Claude Code after max_tokens): no reaction yet;
-                    state.awaiting = [*state.awaiting, prev_id][-AWAITING_MAX:]  # the person's next words answer it
-                else:
-                    try:  # one group commit, in order: the last write's future stands for all of them
-                        for sample_id in (*state.awaiting, prev_id):
-                            turn.next_state_write = self.writer.submit_next_state(sample_id, text)
-                        state.awaiting = []
-                    except Exception as e:  # noqa: BLE001 - a broken store never fails the request (`finish`)
-                        self._capture_failed(turn, "the previous turn's next state", e)
+            await self._link(turn, query, sent, keys.source)
         elif query is not None:
             turn.session_id = self.sessions.peek(query) or "auto"
         return turn
 
+    def _temperature(self, body: dict[str, Any]) -> float:
+        """The request's temperature (the default when it sets none); a bad value → 400."""
+        temperature = body.get("temperature")
+        if temperature is None:
+            temperature = self.default_temperature
+        if not isinstance(temperature, int | float) or isinstance(temperature, bool) or temperature < 0:
+            raise RequestError("temperature must be a non-negative number")
+        return temperature
+
+    async def _fit(
+        self, body: dict[str, Any], messages: list[dict[str, Any]], tools: Any, has_image: bool, model: Any,
+        meta: SampleMeta,
+    ) -> tuple[list[dict[str, Any]], Any, int | None]:  # fmt: skip
+        """The image and context policies applied to the prompt; the reply's token budget when they set one."""
+        reply_budget = None
+        limit = body.get("max_completion_tokens", body.get("max_tokens"))
+        limit = limit if isinstance(limit, int) and not isinstance(limit, bool) and limit > 0 else None
+        if limit is None and self.fit.context.active:  # Codex sends none: the rest of an 8k context is minutes
+            limit = reply_budget = self.fit.context.reserve_tokens  # of CPU, past the agent's own timeout
+        card = self.upstream_cards.get(model) if isinstance(model, str) else None
+        messages, tools = await asyncio.to_thread(self.fit.apply, messages, tools, has_image, card, limit, meta)
+        fitted = meta.fit.context if isinstance(meta.fit.context, dict) else {}
+        room = fitted.get("limit", 0) - fitted.get("budget", 0)
+        if fitted.get("action") == "truncated" and (limit or 0) > room > 0:  # a fitted prompt gets the room kept
+            reply_budget = room  # for it (a CPU writes a 32,000-token reply for many minutes; finish: length)
+        return messages, tools, reply_budget
+
+    async def _link(self, turn: Turn, query: Query | None, sent: list[dict[str, Any]], source: str) -> None:
+        """A main turn's place in its session (derived from the conversation, or named by headers); the previous
+        turn's next state (the messages `sent` since its reply) is queued for the store's next group commit."""
+        meta, agent_id, session_id = turn.meta, turn.agent_id, turn.session_id
+        if query is not None:
+            turn.link.state, turn.link.claimed_tail = self.sessions.claim(query, create=False)
+            if turn.link.state is None and query.last_assistant >= 0:  # forgotten here (restart)? ask the store
+                turn.link.state = await asyncio.to_thread(self.sessions.recover, query)
+            if turn.link.state is None:
+                turn.link.state, _ = self.sessions.claim(query)
+            turn.link.query, turn.session_id = query, turn.link.state.session_id
+        else:
+            turn.link.state = self.sessions.state(agent_id, session_id)
+        meta.origin.session_source = source
+        turn.response_id = meta.response_id = f"chatcmpl-{uuid.uuid4().hex}"
+        turn.link.turn_index, prev_id = self.sessions.begin_turn(turn.link.state)
+        new = reaction_messages(sent, turn.link.state)  # `sent`: the fitted prompt may have dropped the last reply
+        if prev_id is not None and new:  # committed with the next group; awaited before this turn replies
+            text, state = next_state_text(new), turn.link.state
+            if not text:  # the agent continued on its own (Claude Code after max_tokens): no reaction yet;
+                state.awaiting = [*state.awaiting, prev_id][-AWAITING_MAX:]  # the person's next words answer it
+            else:
+                try:  # one group commit, in order: the last write's future stands for all of them
+                    for sample_id in (*state.awaiting, prev_id):
+                        turn.link.next_state_write = self.writer.submit_next_state(sample_id, text)
+                    state.awaiting = []
+                except Exception as e:  # noqa: BLE001 - a broken store never fails the request (`finish`)
+                    self._capture_failed(turn, "the previous turn's next state", e)
+
     # ---- forwarding ---------------------------------------------------------------------------------------
     async def _send(self, turn: Turn) -> httpx.Response:
         self.stats["turns"] += 1
-        client = next(self._next_client)
-        req = client.build_request("POST", self._chat_url, json=turn.upstream_body)
+        client = self.upstream.next()
+        req = client.build_request("POST", self.upstream.chat_url, json=turn.upstream_body)
         try:
             resp = await client.send(req, stream=turn.stream)
         except httpx.HTTPError as e:
@@ -486,10 +507,10 @@ class RolloutProxy:
         upstream["model"] = self.upstream_model(body.get("model"), profile)
         self._salt(upstream, agent_id or self.default_agent_id, client)
         self.stats["turns"] += 1
-        client = next(self._next_client)
-        req = client.build_request("POST", f"{self.upstream_url}/v1/completions", json=upstream)
+        pool = self.upstream.next()
+        req = pool.build_request("POST", f"{self.upstream.url}/v1/completions", json=upstream)
         try:
-            resp = await client.send(req, stream=bool(body.get("stream")))
+            resp = await pool.send(req, stream=bool(body.get("stream")))
         except httpx.HTTPError as e:
             self.stats["upstream_errors"] += 1
             raise UpstreamError(502, json.dumps({"error": {"message": f"upstream unreachable: {e}"}}).encode()) from e
@@ -534,7 +555,7 @@ class RolloutProxy:
             return b"data: " + dumps(openai_error(message, 500, type_, code)).encode() + b"\n\n"
         if turn.main:
             turn.capture.feed_chunk(chunk)
-        model_ok = turn.client_model is None or chunk.get("model", turn.client_model) == turn.client_model
+        model_ok = turn.asked.model is None or chunk.get("model", turn.asked.model) == turn.asked.model
         if not turn.response_id and not turn.strips and model_ok and "adapter_version" not in chunk:
             return event + b"\n\n"
         return b"data: " + dumps(turn.for_client(chunk)).encode() + b"\n\n"
@@ -545,7 +566,7 @@ class RolloutProxy:
             out[ADAPTER_NAME_HEADER] = turn.adapter
         if turn.response_id:
             out[RESPONSE_ID_HEADER] = turn.response_id
-            out[SESSION_HEADER], out[TURN_HEADER] = turn.session_id, str(turn.turn_index)
+            out[SESSION_HEADER], out[TURN_HEADER] = turn.session_id, str(turn.link.turn_index)
         return out
 
     # ---- capture ------------------------------------------------------------------------------------------
@@ -561,20 +582,20 @@ class RolloutProxy:
             metrics.count_tokens("proxy", self.agents.resolve(turn.agent_id).name,
                                  int(usage.get("prompt_tokens") or len(cap.prompt_ids)),
                                  int(usage.get("completion_tokens") or len(cap.response_ids)))  # fmt: skip
-        if turn.next_state_write is not None:
-            write, turn.next_state_write = turn.next_state_write, None
+        if turn.link.next_state_write is not None:
+            write, turn.link.next_state_write = turn.link.next_state_write, None
             try:
                 await asyncio.shield(asyncio.wrap_future(write))
             except Exception as e:  # noqa: BLE001 - see the docstring
                 self._capture_failed(turn, "the previous turn's next state", e)
-        if not turn.main or turn.state is None:
+        if not turn.main or turn.link.state is None:
             return
-        state, turn.state = turn.state, None
-        if turn.query is not None:  # derived session: the next request of this conversation extends this reply
-            tail = turn.query.tail(turn.capture.assistant_message()) if ok else turn.claimed_tail
+        state, turn.link.state = turn.link.state, None
+        if turn.link.query is not None:  # derived session: the next request of this conversation extends this reply
+            tail = turn.link.query.tail(turn.capture.assistant_message()) if ok else turn.link.claimed_tail
             self.sessions.set_tail(state, tail)
             if tail is not None:
-                turn.meta.conv_tail = tail.full  # lets a restarted proxy find the session again
+                turn.meta.origin.conv_tail = tail.full  # lets a restarted proxy find the session again
         sample = self._sample(turn) if ok else None
         write = None
         if sample is not None:
@@ -585,19 +606,19 @@ class RolloutProxy:
             except Exception as e:  # noqa: BLE001 - the store itself failed
                 self._capture_failed(turn, "the turn", e)
         if write is None:
-            self.sessions.end_turn(state, turn.turn_index, None)
+            self.sessions.end_turn(state, turn.link.turn_index, None)
         else:
             # Session bookkeeping runs on commit even if this request is cancelled meanwhile.
-            write.add_done_callback(lambda w: self._stored(state, turn.turn_index, w))
+            write.add_done_callback(lambda w: self._stored(state, turn.link.turn_index, w))
             try:
-                turn.sample_id = await asyncio.shield(asyncio.wrap_future(write))
+                turn.link.sample_id = await asyncio.shield(asyncio.wrap_future(write))
             except Exception as e:  # noqa: BLE001 - see the docstring
                 self._capture_failed(turn, "the turn", e)
             else:
                 log.debug(
                     "Captured %s turn %d (agent %s): %d prompt + %d response tokens, adapter v%d",
                     turn.session_id,
-                    turn.turn_index,
+                    turn.link.turn_index,
                     turn.agent_id,
                     len(sample.prompt_ids),
                     len(sample.response_ids),
@@ -612,7 +633,7 @@ class RolloutProxy:
     def _broken_stream(self, turn: Turn, error: BaseException) -> None:
         self.stats["upstream_errors"] += 1
         turn.capture.error = f"the upstream failed mid-stream: {error}"
-        log.warning("Upstream stream of session %s turn %d broke: %s", turn.session_id, turn.turn_index, error)
+        log.warning("Upstream stream of session %s turn %d broke: %s", turn.session_id, turn.link.turn_index, error)
 
     def _capture_failed(self, turn: Turn, what: str, error: BaseException) -> None:
         """The store could not record `what`: counted and logged loudly; the user's reply goes out regardless."""
@@ -620,7 +641,7 @@ class RolloutProxy:
         log.error(
             "CAPTURE LOST: %s of session %s turn %d (agent %s) could not be stored (%s: %s); the client still got "
             "its reply. Check the store's disk (full? read-only?): turns are not being recorded for training.",
-            what, turn.session_id, turn.turn_index, turn.agent_id, type(error).__name__, error,
+            what, turn.session_id, turn.link.turn_index, turn.agent_id, type(error).__name__, error,
         )  # fmt: skip
 
     def _sample(self, turn: Turn) -> Sample | None:
@@ -631,12 +652,12 @@ class RolloutProxy:
             self._not_captured(turn, problem)
             return None
         meta = SampleMeta.of(turn.meta)
-        meta.finish_reason, meta.captured_at = cap.finish_reason, time.time()
+        meta.origin.finish_reason, meta.origin.captured_at = cap.finish_reason, time.time()
         status = "dropped" if meta.dropped else "pending"  # e.g. images: the trainer is text-only
         return cap.to_sample(
             agent_id=turn.agent_id,
             session_id=turn.session_id,
-            turn_index=turn.turn_index,
+            turn_index=turn.link.turn_index,
             temperature=turn.temperature,
             messages=turn.messages,
             status=status,
@@ -645,7 +666,7 @@ class RolloutProxy:
 
     def _not_captured(self, turn: Turn, problem: str) -> None:
         self.stats["capture_errors"] += 1
-        log.warning("Turn %s/%d not captured: %s", turn.session_id, turn.turn_index, problem)
+        log.warning("Turn %s/%d not captured: %s", turn.session_id, turn.link.turn_index, problem)
 
     def _stored(self, state: SessionState, turn_index: int, write: Future) -> None:
         """On the writer thread, once the sample's commit returned (or failed)."""

@@ -11,7 +11,8 @@ import asyncio
 import json
 import time
 import zlib
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -33,9 +34,6 @@ def scripted_upstream(
     app = FastAPI()
     state: dict[str, Any] = {"version": 0, "adapters": {}, "requests": [], "completions": []}
     app.state.scripted = state
-
-    def prompt_ids(messages: list[dict[str, Any]]) -> list[int]:
-        return [1] + [i for m in messages for i in word_ids(f"{m.get('role')} {content_text(m.get('content'))}")] + [2]
 
     @app.get("/health")
     async def health() -> dict:
@@ -66,78 +64,102 @@ def scripted_upstream(
         state["requests"].append(body)
         if body.get("model") not in (base_model, *state["adapters"]):
             return JSONResponse({"error": {"message": f"unknown model {body.get('model')}"}}, status_code=404)
-        last_user = next(
-            (content_text(m.get("content")) for m in reversed(body["messages"]) if m["role"] == "user"), ""
-        )
-        tool = bool(body.get("tools")) and "tool" in last_user
-        text = "" if tool else (reply(body) if callable(reply) else reply)
-        words = text.split(" ") if text else []
-        call = {
-            "id": "call_1",
-            "type": "function",
-            "function": {
-                "name": body["tools"][0]["function"]["name"] if tool else "",
-                "arguments": '{"city": "Berlin"}',
-            },
-        }
-        resp_ids = [i for w in words for i in word_ids(w)] if text else word_ids("tool call berlin")
-        resp_ids = resp_ids + [3]
-        lps = [-0.25] * len(resp_ids)
-        version = state["version"] if body.get("model") != base_model else 0
-        headers = {"x-metaclaw-adapter-version": str(version)}
-        finish = "tool_calls" if tool else "stop"
-        p_ids = prompt_ids(body["messages"])
-        want_lp, want_ids = body.get("logprobs"), body.get("return_token_ids")
-        base = {
-            "id": f"chatcmpl-{time.time_ns()}",
-            "model": body["model"],
-            "created": int(time.time()),
-            "adapter_version": version,
-        }
+        answer = _answer(body, reply, state["version"] if body.get("model") != base_model else 0)
+        headers = {"x-metaclaw-adapter-version": str(answer.version)}
         if not body.get("stream"):
-            msg = {"role": "assistant", "content": text or None}
-            if tool:
-                msg["tool_calls"] = [call]
-            choice: dict[str, Any] = {"index": 0, "message": msg, "finish_reason": finish}
-            if want_lp:
-                entries = [{"token": str(t), "logprob": lp} for t, lp in zip(resp_ids, lps, strict=True)]
-                choice["logprobs"] = {"content": entries}
-            out = {
-                **base,
-                "object": "chat.completion",
-                "choices": [choice],
-                "usage": {"prompt_tokens": len(p_ids), "completion_tokens": len(resp_ids)},
-            }
-            if want_ids:
-                choice["token_ids"] = resp_ids
-                out["prompt_token_ids"] = p_ids
-            return JSONResponse(out, headers=headers)
-
-        async def gen():
-            pieces: list[tuple[dict[str, Any], list[int]]] = []
-            if tool:
-                pieces.append(({"role": "assistant", "tool_calls": [{"index": 0, **call}]}, resp_ids[:-1]))
-            else:
-                n = len(words)
-                for k, w in enumerate(words):
-                    ids = word_ids(w)
-                    pieces.append(({"content": w + (" " if k < n - 1 else "")}, ids))
-            pieces.append(({}, [3]))
-            for k, (delta, ids) in enumerate(pieces):
-                last = k == len(pieces) - 1
-                choice = {"index": 0, "delta": delta, "finish_reason": finish if last else None}
-                if want_lp:
-                    choice["logprobs"] = {"content": [{"token": str(t), "logprob": -0.25} for t in ids]}
-                if want_ids:
-                    choice["token_ids"] = ids
-                chunk = {**base, "object": "chat.completion.chunk", "choices": [choice]}
-                if k == 0 and want_ids:
-                    chunk["prompt_token_ids"] = p_ids
-                yield f"data: {json.dumps(chunk)}\n\n"
-                if delay_s:
-                    await asyncio.sleep(delay_s)
-            yield "data: [DONE]\n\n"
-
-        return StreamingResponse(gen(), media_type="text/event-stream", headers=headers)
+            return JSONResponse(_completion(answer), headers=headers)
+        return StreamingResponse(_chunks(answer, delay_s), media_type="text/event-stream", headers=headers)
 
     return app
+
+
+def prompt_ids(messages: list[dict[str, Any]]) -> list[int]:
+    return [1] + [i for m in messages for i in word_ids(f"{m.get('role')} {content_text(m.get('content'))}")] + [2]
+
+
+@dataclass
+class _Answer:
+    """One scripted chat answer: its text (or tool call), ids, logprobs and what the request asked back."""
+
+    body: dict[str, Any]
+    text: str
+    tool: bool
+    call: dict[str, Any]
+    resp_ids: list[int]
+    version: int
+    want_lp: Any
+    want_ids: Any
+
+    @property
+    def finish(self) -> str:
+        return "tool_calls" if self.tool else "stop"
+
+    @property
+    def words(self) -> list[str]:
+        return self.text.split(" ") if self.text else []
+
+    @property
+    def base(self) -> dict[str, Any]:
+        return {"id": f"chatcmpl-{time.time_ns()}", "model": self.body["model"], "created": int(time.time()),
+                "adapter_version": self.version}  # fmt: skip
+
+
+def _answer(body: dict[str, Any], reply: str | Callable[[dict[str, Any]], str], version: int) -> _Answer:
+    last_user = next((content_text(m.get("content")) for m in reversed(body["messages"]) if m["role"] == "user"), "")
+    tool = bool(body.get("tools")) and "tool" in last_user
+    text = "" if tool else (reply(body) if callable(reply) else reply)
+    call = {
+        "id": "call_1",
+        "type": "function",
+        "function": {"name": body["tools"][0]["function"]["name"] if tool else "", "arguments": '{"city": "Berlin"}'},
+    }
+    words = text.split(" ") if text else []
+    resp_ids = ([i for w in words for i in word_ids(w)] if text else word_ids("tool call berlin")) + [3]
+    return _Answer(body, text, tool, call, resp_ids, version, body.get("logprobs"), body.get("return_token_ids"))
+
+
+def _completion(a: _Answer) -> dict[str, Any]:
+    """The non-streamed answer (`chat.completion`)."""
+    msg: dict[str, Any] = {"role": "assistant", "content": a.text or None}
+    if a.tool:
+        msg["tool_calls"] = [a.call]
+    choice: dict[str, Any] = {"index": 0, "message": msg, "finish_reason": a.finish}
+    if a.want_lp:
+        choice["logprobs"] = {"content": [{"token": str(t), "logprob": -0.25} for t in a.resp_ids]}
+    p_ids = prompt_ids(a.body["messages"])
+    out = {
+        **a.base,
+        "object": "chat.completion",
+        "choices": [choice],
+        "usage": {"prompt_tokens": len(p_ids), "completion_tokens": len(a.resp_ids)},
+    }
+    if a.want_ids:
+        choice["token_ids"] = a.resp_ids
+        out["prompt_token_ids"] = p_ids
+    return out
+
+
+async def _chunks(a: _Answer, delay_s: float) -> AsyncIterator[str]:
+    """The streamed answer: a chunk per word (or the tool call), then the finish chunk and `[DONE]`."""
+    pieces: list[tuple[dict[str, Any], list[int]]] = []
+    if a.tool:
+        pieces.append(({"role": "assistant", "tool_calls": [{"index": 0, **a.call}]}, a.resp_ids[:-1]))
+    else:
+        n = len(a.words)
+        pieces += [({"content": w + (" " if k < n - 1 else "")}, word_ids(w)) for k, w in enumerate(a.words)]
+    pieces.append(({}, [3]))
+    base = a.base
+    for k, (delta, ids) in enumerate(pieces):
+        last = k == len(pieces) - 1
+        choice: dict[str, Any] = {"index": 0, "delta": delta, "finish_reason": a.finish if last else None}
+        if a.want_lp:
+            choice["logprobs"] = {"content": [{"token": str(t), "logprob": -0.25} for t in ids]}
+        if a.want_ids:
+            choice["token_ids"] = ids
+        chunk = {**base, "object": "chat.completion.chunk", "choices": [choice]}
+        if k == 0 and a.want_ids:
+            chunk["prompt_token_ids"] = prompt_ids(a.body["messages"])
+        yield f"data: {json.dumps(chunk)}\n\n"
+        if delay_s:
+            await asyncio.sleep(delay_s)
+    yield "data: [DONE]\n\n"

@@ -19,6 +19,7 @@ from __future__ import annotations
 import logging
 import math
 import threading
+from dataclasses import dataclass
 from datetime import date, datetime, timedelta, tzinfo
 from pathlib import Path
 
@@ -98,6 +99,17 @@ def _cost(rules: list, start: datetime | None, until: datetime, zone: tzinfo) ->
     return total
 
 
+@dataclass(frozen=True)
+class CalendarLimits:
+    """The bounds a calendar is read within (`CalendarWindows`'s arguments of the same names)."""
+
+    max_bytes: int = 10 * 1024 * 1024
+    max_events: int = 10000
+    max_rule_expansion: int = 50_000
+    max_total_expansion: int = 200_000
+    timeout_s: float = 30.0
+
+
 class CalendarWindows:
     """Meetings from `source` (a path or an http(s)/webcal URL) as training windows.
 
@@ -136,9 +148,8 @@ class CalendarWindows:
                                 "pip install 'metaclaw[calendar]'")  # fmt: skip
         self.source, self.zone = str(source), zone
         self.refresh = timedelta(minutes=refresh_minutes)
-        self.horizon, self.max_bytes, self.max_events, self.timeout_s = (
-            timedelta(days=horizon_days), max_bytes, max_events, timeout_s)  # fmt: skip
-        self.max_rule_expansion, self.max_total_expansion = max_rule_expansion, max_total_expansion
+        self.horizon = timedelta(days=horizon_days)
+        self.limits = CalendarLimits(max_bytes, max_events, max_rule_expansion, max_total_expansion, timeout_s)
         self.ignored: list[str] = []  # recurring events left out by the expansion bounds, for `status`
         self._screened_out: list[str] = []  # components `screen_recurrences` left out of the last file read
         self._fetch: threading.Thread | None = None  # a URL refresh in flight
@@ -168,23 +179,24 @@ class CalendarWindows:
                 data = path.read_bytes()
             except OSError as e:
                 raise CalendarError(f"scheduler.calendar {self.source}: cannot read it: {e}") from e
-        if len(data) > self.max_bytes:
-            raise CalendarError(f"scheduler.calendar {self.source}: {len(data)} bytes, over {self.max_bytes}")
+        if len(data) > self.limits.max_bytes:
+            raise CalendarError(f"scheduler.calendar {self.source}: {len(data)} bytes, over {self.limits.max_bytes}")
         return data
 
     def _fetch_url(self, url: str) -> bytes:
         """GET `url`, reading at most `max_bytes` (declared or streamed): a huge or endless body is cut off."""
         chunks, seen = [], 0
         try:
-            with httpx.stream("GET", url, timeout=self.timeout_s, follow_redirects=True) as r:
+            with httpx.stream("GET", url, timeout=self.limits.timeout_s, follow_redirects=True) as r:
                 r.raise_for_status()
                 declared = r.headers.get("content-length", "")
-                if declared.isdigit() and int(declared) > self.max_bytes:
-                    raise CalendarError(f"scheduler.calendar {self.source}: {declared} bytes, over {self.max_bytes}")
+                if declared.isdigit() and int(declared) > self.limits.max_bytes:
+                    limit = self.limits.max_bytes
+                    raise CalendarError(f"scheduler.calendar {self.source}: {declared} bytes, over {limit}")
                 for chunk in r.iter_bytes():
                     seen += len(chunk)
-                    if seen > self.max_bytes:
-                        raise CalendarError(f"scheduler.calendar {self.source}: over {self.max_bytes} bytes")
+                    if seen > self.limits.max_bytes:
+                        raise CalendarError(f"scheduler.calendar {self.source}: over {self.limits.max_bytes} bytes")
                     chunks.append(chunk)
         except httpx.HTTPError as e:
             raise CalendarError(f"scheduler.calendar {self.source}: cannot fetch it: {e}") from e
@@ -216,7 +228,7 @@ class CalendarWindows:
                  if ev.name == "VEVENT"]  # fmt: skip
         dropped, total = set(), 0.0
         for cost, i in sorted(costs):
-            if cost > self.max_rule_expansion or total + cost > self.max_total_expansion:
+            if cost > self.limits.max_rule_expansion or total + cost > self.limits.max_total_expansion:
                 dropped.add(i)
             else:
                 total += cost
@@ -230,7 +242,8 @@ class CalendarWindows:
             log.warning(
                 "scheduler.calendar %s: ignoring %d recurring event(s) whose expansion is unbounded or too costly "
                 "(FREQ=SECONDLY/MINUTELY, or over %d candidates each / %d in all): %s",
-                self.source, len(ignored), self.max_rule_expansion, self.max_total_expansion, "; ".join(ignored),
+                self.source, len(ignored), self.limits.max_rule_expansion, self.limits.max_total_expansion,
+                "; ".join(ignored),
             )  # fmt: skip
         ignored = self._screened_out + ignored
         if ignored != self.ignored and self._screened_out:
@@ -264,8 +277,8 @@ class CalendarWindows:
             if s is None or e is None or e <= s:
                 continue
             spans.append((s, e, str(ev.get("SUMMARY", "busy"))))
-            if len(spans) > self.max_events:
-                raise CalendarError(f"scheduler.calendar {self.source}: over {self.max_events} events in range")
+            if len(spans) > self.limits.max_events:
+                raise CalendarError(f"scheduler.calendar {self.source}: over {self.limits.max_events} events in range")
         self._intervals = _merge(sorted(spans))
         self._span = (start, end)
 

@@ -39,6 +39,27 @@ class Window:
     reasons: list[str] = field(default_factory=list)
 
 
+@dataclass(frozen=True)
+class WindowRules:
+    """How windows open and how the trainer meets them (`IdleScheduler`'s arguments of the same names)."""
+
+    min_window_minutes: float = 15.0
+    train_now_minutes: float = 60.0
+    on_user_return: str = "finish"
+    poll_s: float = 5.0
+
+
+@dataclass
+class TrainerLink:
+    """The trainer the scheduler gates: its thread, whether its datamodule waits for windows, what it waited."""
+
+    trainer: L.Trainer | None = None
+    thread: threading.Thread | None = None
+    gating_datamodule: bool = False  # the datamodule calls `wait_until_open` before each claim
+    pending_metrics: dict[str, float] = field(default_factory=dict)  # logged from the trainer's thread
+    waited_s: float = 0.0
+
+
 class IdleScheduler(L.Callback):
     """Training windows from sleep hours, user idle time and calendar meetings (any one opens a window).
 
@@ -94,8 +115,7 @@ class IdleScheduler(L.Callback):
         self.zone = resolve_zone(timezone)
         self.state_path = Path(run_dir) / STATE_FILE
         self.store_path = store_path
-        self.min_window_minutes, self.train_now_minutes = min_window_minutes, train_now_minutes
-        self.on_user_return, self.poll_s = on_user_return, poll_s
+        self.rules = WindowRules(min_window_minutes, train_now_minutes, on_user_return, poll_s)
         self.activity = ActivityTracker(self.clock)  # touched by the proxy on every /v1 request
         self.sources: list[WindowSource] = []
         if sleep_start is not None:
@@ -114,11 +134,7 @@ class IdleScheduler(L.Callback):
         self.should_stop: Callable[[], bool] = should_stop or (lambda: False)
         self.ungated = frozenset(ungated)
         self.state = SchedulerState.load(self.state_path)
-        self.trainer: L.Trainer | None = None
-        self._trainer_thread: threading.Thread | None = None
-        self._pending_metrics: dict[str, float] = {}
-        self.waited_s = 0.0
-        self._gating_datamodule = False
+        self.bound = TrainerLink()
         log.info(
             "Scheduler: %s; state %s",
             ", ".join(self._describe()) or "no window source (always open)",
@@ -140,7 +156,7 @@ class IdleScheduler(L.Callback):
 
     # ---- windows ------------------------------------------------------------------------------------------
     def _long_enough(self, interval: Interval) -> bool:
-        return interval.minutes is None or interval.minutes >= self.min_window_minutes
+        return interval.minutes is None or interval.minutes >= self.rules.min_window_minutes
 
     def evaluate(self, now: datetime | None = None) -> Window:
         """The window at `now` (no side effects)."""
@@ -157,7 +173,7 @@ class IdleScheduler(L.Callback):
             if interval is not None and self._long_enough(interval):
                 reasons.append(interval.reason)
             elif interval is not None:
-                closed.append(f"{interval.reason} is shorter than min_window_minutes={self.min_window_minutes:g}")
+                closed.append(f"{interval.reason} is shorter than min_window_minutes={self.rules.min_window_minutes:g}")
             else:
                 why = getattr(source, "why_closed", None)
                 closed.append(why(now) if why else f"no {source.name} window")
@@ -201,7 +217,7 @@ class IdleScheduler(L.Callback):
         self._wake.set()
 
     def _stopping(self) -> bool:
-        t = self.trainer
+        t = self.bound.trainer
         trainer_stops = t is not None and bool(t.should_stop or getattr(t, "received_sigterm", False))
         return self._stop.is_set() or trainer_stops or self.should_stop()
 
@@ -212,7 +228,7 @@ class IdleScheduler(L.Callback):
             window = self.refresh()
             if window.open:
                 waited = time.monotonic() - started
-                self.waited_s += waited
+                self.bound.waited_s += waited
                 if announced:
                     log.info("Training resumes after %.0f s: %s", waited, "; ".join(window.reasons))
                 return True
@@ -224,7 +240,7 @@ class IdleScheduler(L.Callback):
                     f"{nxt.start.isoformat()} ({nxt.reason})" if nxt else "not predictable",
                 )
                 announced = True
-            deadline = time.monotonic() + self.poll_s
+            deadline = time.monotonic() + self.rules.poll_s
             while not self._stopping() and not self._wake.is_set() and time.monotonic() < deadline:
                 self._wake.wait(min(0.5, max(0.0, deadline - time.monotonic())))
             self._wake.clear()
@@ -257,7 +273,7 @@ class IdleScheduler(L.Callback):
 
     def train_now(self, minutes: float | None = None) -> datetime:
         """Open a window now for `minutes` (default `train_now_minutes`), whatever the sources say."""
-        until = self.clock() + timedelta(minutes=minutes or self.train_now_minutes)
+        until = self.clock() + timedelta(minutes=minutes or self.rules.train_now_minutes)
         self._change(paused=False, train_now_until=until.astimezone(timezone.utc).isoformat())
         return until
 
@@ -277,25 +293,25 @@ class IdleScheduler(L.Callback):
                 "reason": nxt.reason,
             },
             "sources": self._describe(),
-            "min_window_minutes": self.min_window_minutes,
-            "on_user_return": self.on_user_return,
-            "waited_s": round(self.waited_s, 1),
+            "min_window_minutes": self.rules.min_window_minutes,
+            "on_user_return": self.rules.on_user_return,
+            "waited_s": round(self.bound.waited_s, 1),
         }  # fmt: skip
 
     # ---- Lightning hooks ----------------------------------------------------------------------------------
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
-        self.trainer, self._trainer_thread = trainer, threading.current_thread()
-        self._gating_datamodule = getattr(trainer.datamodule, "gate", None) == self.wait_until_open
-        if not self._gating_datamodule:
+        self.bound.trainer, self.bound.thread = trainer, threading.current_thread()
+        self.bound.gating_datamodule = getattr(trainer.datamodule, "gate", None) == self.wait_until_open
+        if not self.bound.gating_datamodule:
             log.warning("Scheduler: the datamodule does not take wait_until_open as its claim gate; steps are gated "
                         "at batch start instead")  # fmt: skip
 
     def on_train_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, idx: int) -> None:
-        if not self._gating_datamodule:
+        if not self.bound.gating_datamodule:
             self.wait_until_open()
 
     def on_before_optimizer_step(self, trainer: L.Trainer, pl_module: L.LightningModule, optimizer: Any) -> None:
-        if self.on_user_return != "abandon" or getattr(pl_module, "current_adapter", None) in self.ungated:
+        if self.rules.on_user_return != "abandon" or getattr(pl_module, "current_adapter", None) in self.ungated:
             return  # an `rl` agent's step (many agents) is not bound to windows
         # rank 0 decides for every rank: replicas that stepped differently would drift apart
         if trainer.strategy.broadcast(self.refresh().open, src=0):
@@ -306,7 +322,7 @@ class IdleScheduler(L.Callback):
             log.info("User came back mid-step %d: step abandoned, %d samples released", trainer.global_step, released)
 
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, *args: Any) -> None:
-        metrics = {"sched/window_open": float(self.state.window_open), "sched/waited_s": self.waited_s}
+        metrics = {"sched/window_open": float(self.state.window_open), "sched/waited_s": self.bound.waited_s}
         if self.store_path:
             store = open_store(self.store_path)
             try:
@@ -316,17 +332,17 @@ class IdleScheduler(L.Callback):
         self._log_metrics(metrics)
 
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        self.trainer = None
+        self.bound.trainer = None
 
     def _log_metrics(self, metrics: dict[str, float]) -> None:
         """Log through the trainer's loggers, from the trainer's thread only (a control request's change is
         logged by the trainer at its next check)."""
         with self._lock:
-            self._pending_metrics.update(metrics)
-            trainer = self.trainer
-            if trainer is None or threading.current_thread() is not self._trainer_thread:
+            self.bound.pending_metrics.update(metrics)
+            trainer = self.bound.trainer
+            if trainer is None or threading.current_thread() is not self.bound.thread:
                 return
-            metrics, self._pending_metrics = self._pending_metrics, {}
+            metrics, self.bound.pending_metrics = self.bound.pending_metrics, {}
         if trainer.is_global_zero:
             for lg in trainer.loggers:
                 lg.log_metrics(metrics, step=trainer.global_step)

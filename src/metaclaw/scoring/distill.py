@@ -37,6 +37,7 @@ from metaclaw.scoring.judges import paragraphs
 from metaclaw.scoring.reactions import sentences
 from metaclaw.scoring.speech_acts import follow_up, is_question, objection, update
 from metaclaw.store import Sample, SampleMeta
+from metaclaw.store.meta import OriginMeta
 from metaclaw.wire.client import Endpoint, chat, teacher_logprobs
 
 log = logging.getLogger(__name__)
@@ -159,7 +160,7 @@ class ContextDistiller:
         dist = sample_distribution(sample.temperature, sample.meta)
         seen = self.redact(sample) if self.redact is not None else sample  # what the teacher may read
         messages = hinted_conversation(seen.messages or [], seen.response_text or "", preference, self.form)
-        budget = len(sample.response_ids) if sample.meta.finish_reason == "length" else self.max_tokens
+        budget = len(sample.response_ids) if sample.meta.origin.finish_reason == "length" else self.max_tokens
         body: dict[str, Any] = {
             "model": self.model, "messages": messages, "max_tokens": budget, "logprobs": True,
             "return_token_ids": True, "n": self.samples, **dist,
@@ -188,7 +189,8 @@ class ContextDistiller:
         """The accepted reply as a `ready` sample on the source turn's prompt (without the preference)."""
         meta = SampleMeta(
             sampling=source.meta.sampling, chat_template_kwargs=source.meta.chat_template_kwargs,
-            tools=source.meta.tools, finish_reason=reply.finish_reason, session_source=source.meta.session_source,
+            tools=source.meta.tools, origin=OriginMeta(finish_reason=reply.finish_reason,
+                                                 session_source=source.meta.origin.session_source),
             skills=source.meta.skills, skill_generation=source.meta.skill_generation, distilled=info,
         )  # fmt: skip
         return Sample(

@@ -48,6 +48,7 @@ import threading
 import unicodedata
 import zlib
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -63,6 +64,7 @@ log = logging.getLogger(__name__)
 
 PROTOTYPES = Path(__file__).with_name("reaction_prototypes.jsonl")
 LABELS = (-1, 0, 1)  # class order of the classifier's probabilities
+NEG, NEU, POS = (LABELS.index(c) for c in (-1, 0, 1))  # their columns
 # A sentence ends after . ! ? (not inside "3.5" nor an ellipsis "..." or "?!") or at a line break.
 SENTENCE = re.compile(r"(?<=[.!?。！？])(?![.!?。！？\d])\s*|\n+")
 CLAUSE = re.compile(r"\s*[,;，；]\s*|\s+[-–—]\s+")
@@ -307,6 +309,21 @@ def segments(paragraph: str) -> list[str]:
 
 
 @dataclass(frozen=True)
+class _Paragraph:
+    """One paragraph of a reaction as the rules read it (`ReactionClassifier._paragraph`)."""
+
+    index: int  # 0: the first paragraph (about the reply); later ones are new asks
+    segs: list[str]  # the paragraph, then its sentences and clauses
+    p: np.ndarray  # [len(segs), 3] probabilities in LABELS order
+    prob: dict[str, np.ndarray]  # part -> its row of `p`
+    sents: list[str]
+    contrasts: list[tuple[str, str]]  # (before, after) of "..., but ..."
+    cut: int  # the first paragraph's next question (the sentences before it are about the reply)
+    later: list[str]  # form requests after the next question: about the next reply
+    praised: list[str]  # sentences that praise a feature of the reply (first paragraph)
+
+
+@dataclass(frozen=True)
 class Reaction:
     """The classifier's reading of one message.
 
@@ -438,65 +455,121 @@ class ReactionClassifier:
             return [results.get(t) or self._cache[t] for t in texts]
 
     def _decide(self, per_para: list[tuple[list[str], np.ndarray]]) -> Reaction:
-        """The verdict from the parts' probabilities, paragraph by paragraph (see the module docstring)."""
-        neg, neu, pos = (LABELS.index(c) for c in (-1, 0, 1))
+        """The verdict from the parts' probabilities (see the module docstring): paragraph by paragraph, the first
+        of the rules in order that decides (`_rules`); none decides: neutral or low confidence."""
         for i, (segs, p) in enumerate(per_para):
-            prob = dict(zip(segs, p, strict=True))
-            sents = sentences(segs[0])
-            later: list[str] = []  # form requests after the next question: about the next reply
-            if i == 0:  # what the sentences before the next question do: object, set a new task, update the ask
-                act = self._act(sents, prob)
-                if act is not None:
-                    return act
-                for k, s in enumerate(sents):
-                    if self.form_rule and form_request(s):
-                        sure = 1 - prob[s][pos] if s in prob else self.threshold
-                        return Reaction(-1.0, float(max(sure, self.threshold)), "form", i, k)
-                    if (
-                        s.rstrip().endswith(("?", "？"))
-                        or CONTENT.search(s)
-                        or (s in prob and prob[s][neu] >= self.threshold and len(s.split()) > 3)
-                    ):
-                        later = [t for t in sents[k + 1 :] if form_request(t)]
-                        break  # the next question or a new request ("ok." is neither): the rest is about the next reply
-            praised = [s for s in sents if praises_feature(s)] if i == 0 else []
-            excused = praised + later
-            read = [q for q in segs if prob[q][neg] >= self.threshold and not self._excused(q, excused, sents, prob)]
-            if read:
-                if all(self._praised_around(q, prob) for q in read):  # "Tables, great.": conflicting, no verdict
-                    return Reaction(0.0, float(max(prob[q][neg] for q in read)), "mixed", i)
-                sentence = self._first_negative_sentence(segs, p[:, neg])
-                return Reaction(-1.0, float(max(prob[q][neg] for q in read)), "negative", i, sentence)
-            cons = contrasts(segs[0])
-            for k, s in enumerate(sents):  # a wish restated as unmet ("I wanted ...", "..., but I asked for ...")
-                wishes = [q for q in (s, *(a for _, a in cons if a in s)) if WISH.match(q)]
-                if SARCASM.search(s):  # "Perfect, if I wanted an essay.": a wish said as sarcasm
-                    return Reaction(-1.0, float(1 - prob[s][pos]) if s in prob else self.threshold, "wish", i, k)
-                praise = [prob[q][pos] for q in clauses(s) if q in prob and q != s and not WISH.match(q)]
-                if wishes and max(praise, default=0.0) < self.threshold:
-                    q = wishes[0]
-                    return Reaction(-1.0, float(1 - prob[q][pos]) if q in prob else self.threshold, "wish", i, k)
-            for before, after in cons:  # praise, then "but ..." that is neither praise nor a new question
-                if before not in prob or after not in prob or prob[before][pos] < self.threshold:
-                    continue
-                question = after.endswith(("?", "？")) and prob[after][neu] >= self.threshold  # "..., but how do I?"
-                if prob[after][pos] < self.threshold and not question:
-                    at = next((k for k, s in enumerate(sents) if after in s), None)
-                    return Reaction(-1.0, float(1 - prob[after][pos]), "contrast", i, at)
-            # An approval is in the first paragraph (later ones are new asks), said by a sentence or a clause of it:
-            # several sentences read together ("It feels bland. Be bolder.") do not add up to one.
-            said = max((prob[q][pos] for q in sents + [c for s in sents for c in clauses(s)] if q in prob), default=0.0)
-            if i == 0 and said >= self.approval:
-                return Reaction(1.0, float(said), "positive", i)
-            if praised:  # "good, straight to the point": the feature named alone reads as a request
-                sure = max(prob[s][pos] if s in prob else 0.0 for s in praised)
-                return Reaction(1.0, float(sure), "praise_feature", i)
+            para = self._paragraph(i, segs, p)
+            for rule in self._rules:
+                reaction = rule(para)
+                if reaction is not None:
+                    return reaction
+        return self._undecided(per_para)
+
+    @property
+    def _rules(self) -> tuple[Callable[[_Paragraph], Reaction | None], ...]:
+        """The rules in the order they are asked; each reads one paragraph and decides or passes (None)."""
+        return (self._rule_act, self._rule_form, self._rule_negative, self._rule_wish, self._rule_contrast,
+                self._rule_approval, self._rule_praise_feature)  # fmt: skip
+
+    def _paragraph(self, i: int, segs: list[str], p: np.ndarray) -> _Paragraph:
+        """Paragraph `i`'s parts (`segs[0]` the paragraph, then its sentences and clauses) and their probabilities;
+        in the first, where the next question starts and the form requests and praised features around it."""
+        prob = dict(zip(segs, p, strict=True))
+        sents = sentences(segs[0])
+        cut, later, praised = len(sents), [], []
+        if i == 0:  # the sentences before the next question object, set a new task or update the ask
+            cut = self._next_question(sents, prob)
+            later = [t for t in sents[cut + 1 :] if form_request(t)]  # form requests about the next reply
+            praised = [s for s in sents if praises_feature(s)]
+        return _Paragraph(i, segs, p, prob, sents, contrasts(segs[0]), cut, later, praised)
+
+    def _next_question(self, sents: list[str], prob: dict[str, np.ndarray]) -> int:
+        """The index of the first sentence that asks the next question or sets a new request ("ok." is neither);
+        `len(sents)`: none does."""
+        for k, s in enumerate(sents):
+            if (
+                s.rstrip().endswith(("?", "？"))
+                or CONTENT.search(s)
+                or (s in prob and prob[s][NEU] >= self.threshold and len(s.split()) > 3)
+            ):
+                return k
+        return len(sents)
+
+    def _rule_act(self, para: _Paragraph) -> Reaction | None:
+        """First paragraph: its speech acts (an objection, a follow-up task, an update of the ask)."""
+        return self._act(para.sents, para.prob) if para.index == 0 else None
+
+    def _rule_form(self, para: _Paragraph) -> Reaction | None:
+        """First paragraph, up to the next question: a request about the reply's form is a correction."""
+        if para.index != 0 or not self.form_rule:
+            return None
+        for k, s in enumerate(para.sents[: para.cut + 1]):
+            if form_request(s):
+                sure = 1 - para.prob[s][POS] if s in para.prob else self.threshold
+                return Reaction(-1.0, float(max(sure, self.threshold)), "form", para.index, k)
+        return None
+
+    def _rule_negative(self, para: _Paragraph) -> Reaction | None:
+        """A part read as negative (not excused as praise or a later form request); all praised around: mixed."""
+        prob, excused = para.prob, para.praised + para.later
+        read = [q for q in para.segs
+                if prob[q][NEG] >= self.threshold and not self._excused(q, excused, para.sents, prob)]  # fmt: skip
+        if not read:
+            return None
+        sure = float(max(prob[q][NEG] for q in read))
+        if all(self._praised_around(q, prob) for q in read):  # "Tables, great.": conflicting, no verdict
+            return Reaction(0.0, sure, "mixed", para.index)
+        return Reaction(-1.0, sure, "negative", para.index, self._first_negative_sentence(para.segs, para.p[:, NEG]))
+
+    def _rule_wish(self, para: _Paragraph) -> Reaction | None:
+        """A wish restated as unmet ("I wanted ...", "..., but I asked for ..."), or said as sarcasm."""
+        prob = para.prob
+        for k, s in enumerate(para.sents):
+            wishes = [q for q in (s, *(a for _, a in para.contrasts if a in s)) if WISH.match(q)]
+            if SARCASM.search(s):  # "Perfect, if I wanted an essay.": a wish said as sarcasm
+                return Reaction(-1.0, float(1 - prob[s][POS]) if s in prob else self.threshold, "wish", para.index, k)
+            praise = [prob[q][POS] for q in clauses(s) if q in prob and q != s and not WISH.match(q)]
+            if wishes and max(praise, default=0.0) < self.threshold:
+                q = wishes[0]
+                return Reaction(-1.0, float(1 - prob[q][POS]) if q in prob else self.threshold, "wish", para.index, k)
+        return None
+
+    def _rule_contrast(self, para: _Paragraph) -> Reaction | None:
+        """Praise, then "but ..." that is neither praise nor a new question ("..., but how do I?")."""
+        prob = para.prob
+        for before, after in para.contrasts:
+            if before not in prob or after not in prob or prob[before][POS] < self.threshold:
+                continue
+            question = after.endswith(("?", "？")) and prob[after][NEU] >= self.threshold
+            if prob[after][POS] < self.threshold and not question:
+                at = next((k for k, s in enumerate(para.sents) if after in s), None)
+                return Reaction(-1.0, float(1 - prob[after][POS]), "contrast", para.index, at)
+        return None
+
+    def _rule_approval(self, para: _Paragraph) -> Reaction | None:
+        """An approval is in the first paragraph (later ones are new asks), said by a sentence or a clause of it:
+        several sentences read together ("It feels bland. Be bolder.") do not add up to one."""
+        if para.index != 0:
+            return None
+        parts = para.sents + [c for s in para.sents for c in clauses(s)]
+        said = max((para.prob[q][POS] for q in parts if q in para.prob), default=0.0)
+        return Reaction(1.0, float(said), "positive", para.index) if said >= self.approval else None
+
+    def _rule_praise_feature(self, para: _Paragraph) -> Reaction | None:
+        """"good, straight to the point": the feature named alone reads as a request."""
+        if not para.praised:
+            return None
+        sure = max(para.prob[s][POS] if s in para.prob else 0.0 for s in para.praised)
+        return Reaction(1.0, float(sure), "praise_feature", para.index)
+
+    def _undecided(self, per_para: list[tuple[list[str], np.ndarray]]) -> Reaction:
+        """No rule decided: neutral when the first paragraph, read whole, is; else low confidence."""
         if not per_para:
             return Reaction(0.0, 1.0, "neutral")
         whole = per_para[0][1][0]  # the first paragraph read as a whole
-        if whole[neu] >= self.threshold:
-            return Reaction(0.0, float(whole[neu]), "neutral")
-        return Reaction(0.0, float(max(p[:, [neg, pos]].max() for _, p in per_para)), "low_confidence")
+        if whole[NEU] >= self.threshold:
+            return Reaction(0.0, float(whole[NEU]), "neutral")
+        return Reaction(0.0, float(max(p[:, [NEG, POS]].max() for _, p in per_para)), "low_confidence")
 
     def _act(self, sents: list[str], prob: dict[str, np.ndarray]) -> Reaction | None:
         """The verdict of the first paragraph's speech acts (`speech_acts`), sentence by sentence until the next

@@ -54,6 +54,37 @@ def is_heldout(session_id: str, share: float) -> bool:
     return share > 0 and zlib.crc32(session_id.encode()) % 10_000 < share * 10_000
 
 
+@dataclass(frozen=True)
+class ScoringPolicy:
+    """What the method consumes and how turns settle (`ScoringWorker`'s arguments of the same names)."""
+
+    needs_reward: bool
+    needs_teacher: bool
+    at_least_one: bool
+    heldout_share: float
+    drop_unanswered: bool  # `no_next_state=drop`: a turn nothing reacted to is settled `dropped`
+
+
+@dataclass(frozen=True)
+class ScoringPace:
+    """How often and how long the worker works (`ScoringWorker`'s arguments of the same names)."""
+
+    poll_s: float
+    session_idle_s: float
+    timeout_s: float
+    max_attempts: int
+    concurrency: int
+
+
+@dataclass
+class ScoringProgress:
+    """The worker's memory between passes: scores computed, failed attempts, each session's last change."""
+
+    scores: dict[int, TurnScore] = field(default_factory=dict)
+    attempts: dict[int, int] = field(default_factory=dict)
+    last_change: dict[tuple[str, str], tuple[int, float]] = field(default_factory=dict)
+
+
 class ScoringWorker:
     """Polls the store and scores pending samples; run it with `start()`/`stop()` (a thread) or `await run_once()`.
 
@@ -118,21 +149,16 @@ class ScoringWorker:
             raise ValueError(f"eval.judge_fallback.heldout_share must be in [0, 1), got {heldout_share}")
         if no_next_state not in ("score", "drop"):
             raise ValueError(f"rollout.scoring.no_next_state must be 'score' or 'drop', got {no_next_state!r}")
-        self.heldout_share, self.drop_unanswered = heldout_share, no_next_state == "drop"
         if needs_teacher and (teacher is None or render_teacher_prompt is None):
             raise ValueError("a method that needs teacher logprobs needs a teacher client and a prompt renderer")
         self.store, self.judge, self.teacher, self.render = store, judge, teacher, render_teacher_prompt
-        self.needs_reward, self.needs_teacher = needs_reward, needs_teacher
-        self.poll_s, self.session_idle_s, self.at_least_one = poll_s, session_idle_s, at_least_one
+        self.policy = ScoringPolicy(needs_reward, needs_teacher, at_least_one, heldout_share, no_next_state == "drop")
+        self.pace = ScoringPace(poll_s, session_idle_s, timeout_s, max_attempts, concurrency)
         self.clock = clock
-        self.timeout_s, self.max_attempts = timeout_s, max_attempts
         self.evolution = EvolutionScheduler(evolver, evolve_every_n_turns) if evolver is not None else None
         self.sessions = open_session_log(store)
-        self.concurrency = concurrency
         self.feedback = FeedbackRule.of(feedback)
-        self._scores: dict[int, TurnScore] = {}
-        self._attempts: dict[int, int] = {}
-        self._last_change: dict[tuple[str, str], tuple[int, float]] = {}
+        self.progress = ScoringProgress()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.distiller = distiller
@@ -150,20 +176,21 @@ class ScoringWorker:
         now = self.clock()
         finished: dict[tuple[str, str], bool] = {}
         todo: list[Sample] = []
+        scores = self.progress.scores
         for key, samples in groups.items():
             newest = max(s.id for s in samples)
-            if self._last_change.get(key, (None,))[0] != newest:
-                self._last_change[key] = (newest, now)
-            finished[key] = key in done or now - self._last_change[key][1] >= self.session_idle_s
+            if self.progress.last_change.get(key, (None,))[0] != newest:
+                self.progress.last_change[key] = (newest, now)
+            finished[key] = key in done or now - self.progress.last_change[key][1] >= self.pace.session_idle_s
             for s in samples:  # feedback that arrived after a score was computed: score again
-                if s.id in self._scores and self._scores[s.id].feedback != feedback_of(s.meta):
-                    del self._scores[s.id]
+                if s.id in self.progress.scores and self.progress.scores[s.id].feedback != feedback_of(s.meta):
+                    del self.progress.scores[s.id]
             todo += [
                 s
                 for s in samples
-                if s.id not in self._scores and (s.next_state is not None or finished[key] or feedback_of(s.meta))
+                if s.id not in scores and (s.next_state is not None or finished[key] or feedback_of(s.meta))
             ]
-        sem = asyncio.Semaphore(self.concurrency)
+        sem = asyncio.Semaphore(self.pace.concurrency)
 
         async def guarded(s: Sample) -> None:
             async with sem:
@@ -178,42 +205,44 @@ class ScoringWorker:
     async def _score(self, s: Sample) -> None:
         try:
             score, fb = TurnScore(), feedback_of(s.meta)
-            if self.drop_unanswered and s.next_state is None and fb is None:
-                self._scores[s.id] = score  # settled `dropped` (no_next_state): nothing to ask a judge about
+            if self.policy.drop_unanswered and s.next_state is None and fb is None:
+                self.progress.scores[s.id] = score  # settled `dropped` (no_next_state): nothing to ask a judge about
                 return
-            if self.needs_reward and (fb is None or self.feedback.needs_judge):
-                verdict = await asyncio.wait_for(self.judge.reward(s), self.timeout_s)
+            if self.policy.needs_reward and (fb is None or self.feedback.needs_judge):
+                verdict = await asyncio.wait_for(self.judge.reward(s), self.pace.timeout_s)
                 score.reward, score.meta["judge"] = verdict.reward, verdict.detail
             if fb is not None:
                 score.meta["judge_reward"] = score.reward
-                score.reward = self.feedback.reward(score.reward, fb["score"]) if self.needs_reward else None
+                score.reward = self.feedback.reward(score.reward, fb["score"]) if self.policy.needs_reward else None
                 score.hint = fb.get("text") or None
-            if self.needs_teacher and score.hint is None and s.next_state:
-                score.hint = await asyncio.wait_for(self.judge.hint(s), self.timeout_s)
-            if self.needs_teacher and score.hint:
+            if self.policy.needs_teacher and score.hint is None and s.next_state:
+                score.hint = await asyncio.wait_for(self.judge.hint(s), self.pace.timeout_s)
+            if self.policy.needs_teacher and score.hint:
                 prompt = await asyncio.to_thread(self.render, s, score.hint)
                 dist = sample_distribution(s.temperature, s.meta)  # the student's: docs/training.md
                 score.teacher = await asyncio.wait_for(
-                    self.teacher.logprobs(prompt, s.response_ids, **dist), self.timeout_s
+                    self.teacher.logprobs(prompt, s.response_ids, **dist), self.pace.timeout_s
                 )
             score.feedback = fb
-            if self.distiller is not None and not is_heldout(s.session_id, self.heldout_share):
+            if self.distiller is not None and not is_heldout(s.session_id, self.policy.heldout_share):
                 await self._distill(s, score)
-            self._scores[s.id] = score
+            self.progress.scores[s.id] = score
             self.stats["scored"] += 1
             if self.evolution is not None:
                 self.evolution.note(s.agent_id, s.id, score.reward, s.messages, s.response_text, s.next_state)
         except Exception as e:  # noqa: BLE001 - a judge may fail in any way; bounded retries below
-            n = self._attempts[s.id] = self._attempts.get(s.id, 0) + 1
+            n = self.progress.attempts[s.id] = self.progress.attempts.get(s.id, 0) + 1
             self.stats["errors"] += 1
-            log.warning("Scoring sample %d failed (attempt %d/%d): %r", s.id, n, self.max_attempts, e)
-            if n >= self.max_attempts:
+            log.warning("Scoring sample %d failed (attempt %d/%d): %r", s.id, n, self.pace.max_attempts, e)
+            if n >= self.pace.max_attempts:
                 fb = feedback_of(s.meta)
-                if fb is not None and self.needs_reward:  # the user's score stands without the judge
+                if fb is not None and self.policy.needs_reward:  # the user's score stands without the judge
                     reward = self.feedback.reward(None, fb["score"])
-                    self._scores[s.id] = TurnScore(reward=reward, meta={"judge_error": repr(e)[:300]}, feedback=fb)
+                    why = {"judge_error": repr(e)[:300]}
+                    self.progress.scores[s.id] = TurnScore(reward=reward, meta=why, feedback=fb)
                 else:
-                    self._scores[s.id] = TurnScore(meta={"judge_error": repr(e)[:300]}, failed=True, feedback=fb)
+                    why = {"judge_error": repr(e)[:300]}
+                    self.progress.scores[s.id] = TurnScore(meta=why, failed=True, feedback=fb)
                     self.stats["judge_failed"] += 1
                 if self.evolution is not None:  # counted as a turn, but no verdict to learn from
                     self.evolution.note(s.agent_id, s.id, None)
@@ -221,7 +250,7 @@ class ScoringWorker:
     async def _distill(self, s: Sample, score: TurnScore) -> None:
         """Learning from the words: a correction whose words state what the person wants becomes a new sample
         (`score.distilled`, stored when the turn settles); the turn's own reward is left as it is."""
-        corrected = (score.reward or 0) < 0 if self.needs_reward else bool(score.hint)
+        corrected = (score.reward or 0) < 0 if self.policy.needs_reward else bool(score.hint)
         if not corrected:
             return
         words = (score.feedback or {}).get("text") or s.next_state  # the person's own words, not a judge's summary
@@ -238,18 +267,18 @@ class ScoringWorker:
 
     # ---- settling -----------------------------------------------------------------------------------------
     def _settle(self, key: tuple[str, str], samples: list[Sample], finished: bool) -> int:
-        scored = [s for s in samples if s.id in self._scores]
+        scored = [s for s in samples if s.id in self.progress.scores]
         complete = finished and len(scored) == len(samples)
-        hold = self.needs_reward and self.at_least_one
+        hold = self.policy.needs_reward and self.policy.at_least_one
         explicit = all(feedback_of(s.meta) for s in samples)  # re-opened by feedback: nothing to wait for
         if hold and not explicit:
             if not complete:
                 return 0
             self._at_least_one(scored)
         for s in scored:
-            self._finalize(s, self._scores.pop(s.id))
+            self._finalize(s, self.progress.scores.pop(s.id))
         if complete:
-            self._last_change.pop(key, None)
+            self.progress.last_change.pop(key, None)
             if self.evolution is not None:
                 self.evolution.session_finished(*key)
         return len(scored)
@@ -262,8 +291,8 @@ class ScoringWorker:
         A turn the judge scored < 0 or the user rated (feedback) is never lifted: the user called it bad, or
         has spoken.
         """
-        judged = [s for s in scored if not self._scores[s.id].failed]
-        rewards = [self._scores[s.id].reward for s in judged]
+        judged = [s for s in scored if not self.progress.scores[s.id].failed]
+        rewards = [self.progress.scores[s.id].reward for s in judged]
         if not judged or not all(r is not None and r <= 0 for r in rewards):
             return
         # a turn with explicit feedback counts towards "all <= 0" but is never lifted: the user has spoken
@@ -273,27 +302,27 @@ class ScoringWorker:
         if not candidates:
             return
         best = max(candidates, key=lambda i: (rewards[i], judged[i].turn_index))
-        sc = self._scores[judged[best].id]
+        sc = self.progress.scores[judged[best].id]
         sc.meta["at_least_one"] = {"from": sc.reward}
         sc.reward = 1.0
 
     def _finalize(self, s: Sample, score: TurnScore) -> None:
-        self._attempts.pop(s.id, None)
-        reward = score.reward if self.needs_reward and not score.failed else None
-        teacher = score.teacher if self.needs_teacher and not score.failed else None
+        self.progress.attempts.pop(s.id, None)
+        reward = score.reward if self.policy.needs_reward and not score.failed else None
+        teacher = score.teacher if self.policy.needs_teacher and not score.failed else None
         meta = dict(score.meta)
         if score.hint:
             meta["hint"] = score.hint
         usable = reward is not None or teacher is not None
-        if self.drop_unanswered and s.next_state is None and score.feedback is None and not score.failed:
+        if self.policy.drop_unanswered and s.next_state is None and score.feedback is None and not score.failed:
             meta["dropped"], usable = "no_next_state", False  # nothing reacted to it: no evidence either way
-        elif usable and is_heldout(s.session_id, self.heldout_share):  # evaluation data: scored, never trained on
+        elif usable and is_heldout(s.session_id, self.policy.heldout_share):  # evaluation data: never trained on
             meta["dropped"], usable = "heldout", False
             self.stats["heldout"] += 1
         elif score.failed:
             meta["dropped"] = "judge_failed"
         elif not usable:
-            meta["dropped"] = "no_hint" if self.needs_teacher else "no_reward"
+            meta["dropped"] = "no_hint" if self.policy.needs_teacher else "no_reward"
         try:
             settled = self.store.set_score(
                 s.id, reward=reward, teacher_logprobs=teacher, status="ready" if usable else "dropped", meta=meta,
@@ -329,7 +358,7 @@ class ScoringWorker:
                         log.debug("Scored %d samples; store: %s", n, await asyncio.to_thread(self.store.counts))
                 except Exception:  # noqa: BLE001 - keep scoring whatever one pass hit
                     log.exception("Scoring pass failed")
-                await asyncio.sleep(self.poll_s)
+                await asyncio.sleep(self.pace.poll_s)
 
         asyncio.run(main())
 

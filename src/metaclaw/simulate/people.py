@@ -13,7 +13,8 @@ arrives; at `human` pace a person reads and types first (seconds), and pauses be
 
 Every turn is recorded (`turns`: the reply, whether it complied, the reaction, the message that carried it),
 so a bench can check from the store how each reaction was trained; every request's header names are counted
-(`headers`) so it can show that no session header was ever sent.
+(`headers`) so it can show that no session header was ever sent. The people run on the one simulated-people
+driver (`metaclaw.simulate.driver.Driver`), as the main job's `SimulatedUser` does.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from typing import Any
 import httpx
 import yaml
 
+from metaclaw.simulate.driver import Driver
 from metaclaw.simulate.preferences import PreferenceSet
 from metaclaw.simulate.tasks import Task, load_tasks
 from metaclaw.wire.client import Endpoint, openai_client
@@ -47,6 +49,13 @@ JOINERS = ("\n\n", " ", "\n", "\n\nAlso, ", " Next: ", " Anyway. ", " Another on
 @cache
 def _pools() -> dict[str, Any]:
     return yaml.safe_load(POOLS.read_text())
+
+
+def phrasings() -> dict[str, list[str]]:
+    """Every phrasing of `people.yaml` by what it says: `praise` (shared and each kind's) and `correction`."""
+    pools = _pools()
+    praise = list(pools["praise"]) + [p for k in pools["kinds"].values() for p in k["praise"]]
+    return {"praise": praise, "correction": [p for k in pools["kinds"].values() for p in k["correction"]]}
 
 
 def kinds() -> tuple[str, ...]:
@@ -105,6 +114,64 @@ class Turn:
     replied_at: float
 
 
+class PeopleClients:
+    """The `openai` and `anthropic` clients people make (their own HTTP clients), counting every request's header
+    names (`headers`) and asking the model the proxy serves (`/v1/models`), as a client does."""
+
+    def __init__(self, base_url: str, api_key: str | None, max_tokens: int, timeout_s: float) -> None:
+        self.endpoint = Endpoint(base_url, api_key)  # with or without /v1: the SDKs get the form each wants
+        self.base_url, self.api_key = self.endpoint.v1, api_key
+        self.max_tokens, self.timeout_s = max_tokens, timeout_s
+        self.headers: Counter[str] = Counter()  # header name -> requests that carried it
+        self.requests = 0
+        self.model: str | None = None
+        self._lock = threading.Lock()
+        self._http: list[Any] = []  # one client per SDK and person, each with the hook that counts headers
+
+    def _seen(self, request: Any) -> None:
+        with self._lock:
+            self.requests += 1
+            self.headers.update({name.lower() for name in request.headers})
+
+    @property
+    def session_headers_sent(self) -> int:
+        """Requests that carried a session header (`X-Session-Id`, ...): 0 for people."""
+        return sum(self.headers[h] for h in SESSION_HEADERS)
+
+    def make(self) -> tuple[Any, Any]:
+        """An `openai` and an `anthropic` client, as a user makes them (their own HTTP clients, header hook)."""
+        import httpx2
+        from anthropic import Anthropic
+        key = self.api_key or "none"
+        hooks = {"request": [self._seen]}
+        oa_http = httpx.Client(timeout=self.timeout_s, event_hooks=hooks)
+        an_http = httpx2.Client(timeout=self.timeout_s, event_hooks=hooks)  # the anthropic SDK's httpx
+        with self._lock:
+            self._http += [oa_http, an_http]
+        oa = openai_client(self.endpoint, self.timeout_s, max_retries=0, http_client=oa_http)
+        an = Anthropic(base_url=self.endpoint.root, api_key=key, http_client=an_http, max_retries=0)
+        return oa, an
+
+    def discover(self) -> None:
+        """Ask the proxy which model it serves (as a client would)."""
+        oa, _ = self.make()
+        self.model = oa.models.list().data[0].id
+
+    def ask(self, clients: tuple[Any, Any], sdk: str, messages: list[dict[str, str]]) -> str:
+        oa, an = clients
+        if sdk == "openai":
+            out = oa.chat.completions.create(model=self.model, messages=messages, max_tokens=self.max_tokens)
+            return out.choices[0].message.content or ""
+        out = an.messages.create(model=self.model, messages=messages, max_tokens=self.max_tokens)
+        return "".join(getattr(b, "text", "") for b in out.content)
+
+    def close(self) -> None:
+        with self._lock:
+            clients, self._http = self._http, []
+        for client in clients:
+            client.close()
+
+
 class People:
     """`people` people, each on its own thread, talking to the proxy at `base_url` (`.../v1`) until `stop()`.
 
@@ -141,62 +208,40 @@ class People:
         paces = [pace] * people if isinstance(pace, str) else list(pace)
         if people < 1 or len(paces) != people or any(p not in PACES for p in paces):
             raise ValueError(f"people: need >= 1 person and a pace in {PACES} for each, got {people} / {pace!r}")
-        self.endpoint = Endpoint(base_url, api_key)  # with or without /v1: the SDKs get the form each wants
-        self.base_url, self.api_key, self.kind, self.paces = self.endpoint.v1, api_key, kind, paces
-        self.verifier = kind.verifier
+        self.kind, self.paces, self.verifier = kind, paces, kind.verifier
         self.tasks: list[Task] = load_tasks(None, "train")
-        self.anthropic_share, self.max_tokens, self.timeout_s, self.seed = anthropic_share, max_tokens, timeout_s, seed
-        self.think_s, self.pause_s, self.max_conversations = think_s, pause_s, max_conversations
+        self.anthropic_share, self.think_s, self.pause_s = anthropic_share, think_s, pause_s
+        self.clients = PeopleClients(base_url, api_key, max_tokens, timeout_s)
         self.turns: list[Turn] = []
-        self.headers: Counter[str] = Counter()  # header name -> requests that carried it
-        self.requests = 0
-        self.errors: list[str] = []
         self._lock = threading.Lock()
-        self._stop = threading.Event()
-        self._threads: list[threading.Thread] = []
-        self._http: list[Any] = []  # one client per SDK and person, each with the hook that counts headers
-        self.model: str | None = None
+        self._mine: dict[int, tuple[Any, Any]] = {}  # each person's clients
+        self.driver = Driver("person", people, self._converse, seed, max_conversations, per_worker=True,
+                             pause=lambda person, rng: self._think(person, rng, self.pause_s), retry_s=2.0)  # fmt: skip
 
-    # ---- what went over the wire -----------------------------------------------------------------------------
-    def _seen(self, request: Any) -> None:
-        with self._lock:
-            self.requests += 1
-            self.headers.update({name.lower() for name in request.headers})
+    @property
+    def headers(self) -> Counter[str]:
+        """Header name -> requests that carried it."""
+        return self.clients.headers
+
+    @property
+    def requests(self) -> int:
+        return self.clients.requests
 
     @property
     def session_headers_sent(self) -> int:
         """Requests that carried a session header (`X-Session-Id`, ...): 0 for people."""
-        return sum(self.headers[h] for h in SESSION_HEADERS)
-
-    # ---- clients ---------------------------------------------------------------------------------------------
-    def _clients(self) -> tuple[Any, Any]:
-        """An `openai` and an `anthropic` client, as a user makes them (their own HTTP clients, header hook)."""
-        import httpx2
-        from anthropic import Anthropic
-
-        key = self.api_key or "none"
-        hooks = {"request": [self._seen]}
-        oa_http = httpx.Client(timeout=self.timeout_s, event_hooks=hooks)
-        an_http = httpx2.Client(timeout=self.timeout_s, event_hooks=hooks)  # the anthropic SDK's httpx
-        with self._lock:
-            self._http += [oa_http, an_http]
-        oa = openai_client(self.endpoint, self.timeout_s, max_retries=0, http_client=oa_http)
-        an = Anthropic(base_url=self.endpoint.root, api_key=key, http_client=an_http, max_retries=0)
-        return oa, an
-
-    def _ask(self, clients: tuple[Any, Any], sdk: str, messages: list[dict[str, str]]) -> str:
-        oa, an = clients
-        if sdk == "openai":
-            out = oa.chat.completions.create(model=self.model, messages=messages, max_tokens=self.max_tokens)
-            return out.choices[0].message.content or ""
-        out = an.messages.create(model=self.model, messages=messages, max_tokens=self.max_tokens)
-        return "".join(getattr(b, "text", "") for b in out.content)
+        return self.clients.session_headers_sent
 
     # ---- one conversation ------------------------------------------------------------------------------------
     def reaction(self, rng: random.Random, complied: bool, question: str | None) -> str:
         """The person's next message: praise or a correction, then the next question (alone on the last turn)."""
         text = rng.choice(self.kind.praise if complied else self.kind.correction)
         return text if question is None else f"{text}{rng.choice(JOINERS)}{question}"
+
+    def _converse(self, person: int, rng: random.Random, number: int) -> None:
+        if person not in self._mine:
+            self._mine[person] = self.clients.make()
+        self.conversation(person, rng, self._mine[person], number)
 
     def conversation(self, person: int, rng: random.Random, clients: tuple[Any, Any], number: int) -> None:
         sdk = "anthropic" if rng.random() < self.anthropic_share else "openai"
@@ -206,10 +251,10 @@ class People:
         messages = [{"role": "user", "content": questions[0]}]
         cid = f"p{person}-c{number}"
         for i in range(4):
-            if self._stop.is_set():
+            if self.driver.stopping.is_set():
                 return
             sent = time.time()
-            reply = self._ask(clients, sdk, messages)
+            reply = self.clients.ask(clients, sdk, messages)
             complied = not self.verifier.check(reply)
             nxt = None if i == 3 else self.reaction(rng, complied, questions[i + 1])
             reaction = None if i == 3 else ("praise" if complied else "correction")
@@ -222,73 +267,46 @@ class People:
 
     def _think(self, person: int, rng: random.Random, span: tuple[float, float]) -> None:
         if self.paces[person] == "human":
-            self._stop.wait(rng.uniform(*span))
-
-    def _run(self, person: int) -> None:
-        rng = random.Random(self.seed * 1000 + person)
-        clients = self._clients()
-        number = 0
-        while not self._stop.is_set() and (self.max_conversations is None or number < self.max_conversations):
-            try:
-                self.conversation(person, rng, clients, number)
-            except Exception as e:  # noqa: BLE001 - a person retries later; the count is reported
-                if self._stop.is_set():
-                    return
-                with self._lock:
-                    self.errors.append(f"person {person}: {e!r}"[:300])
-                log.warning("person %d: conversation %d failed: %r", person, number, e)
-                self._stop.wait(2.0)
-            number += 1
-            self._think(person, rng, self.pause_s)
+            self.driver.stopping.wait(rng.uniform(*span))
 
     # ---- lifecycle -------------------------------------------------------------------------------------------
     def start(self) -> People:
         """Ask the proxy which model it serves (as a client would), then start every person."""
-        oa, _ = self._clients()
-        self.model = oa.models.list().data[0].id
-        for person in range(len(self.paces)):
-            th = threading.Thread(target=self._run, args=(person,), name=f"person-{person}", daemon=True)
-            th.start()
-            self._threads.append(th)
+        self.clients.discover()
+        self.driver.start()
         return self
 
     def join(self, timeout: float | None = None) -> None:
-        for th in self._threads:
-            th.join(timeout)
+        self.driver.join(timeout)
 
     def stop(self, timeout: float = 120.0) -> None:
         """No new message after the one in flight; waits up to `timeout` for it."""
-        self._stop.set()
-        deadline = time.monotonic() + timeout
-        for th in self._threads:
-            th.join(max(0.0, deadline - time.monotonic()))
-        with self._lock:
-            clients, self._http = self._http, []
-        for client in clients:
-            client.close()
+        self.driver.stop(timeout)
+        self.clients.close()
 
     def summary(self) -> dict[str, Any]:
         """Counts of what the people saw and said, and the header names they sent."""
+        figures = self.driver.figures()
         with self._lock:
             turns = list(self.turns)
-            reacted = [t for t in turns if t.reaction]
-            return {
-                "people": len(self.paces),
-                "paces": self.paces,
-                "preference": self.kind.name,
-                "want": self.kind.want,
-                "conversations": len({t.conversation for t in turns}),
-                "replies": len(turns),
-                "reacted": len(reacted),
-                "complied": sum(t.complied for t in reacted),
-                "corrected": sum(t.reaction == "correction" for t in reacted),
-                "anthropic_replies": sum(t.sdk == "anthropic" for t in turns),
-                "requests": self.requests,
-                "request_headers": dict(sorted(self.headers.items())),
-                "session_headers_sent": self.session_headers_sent,
-                "errors": len(self.errors),
-                "first_errors": self.errors[:3],
-            }
+        reacted = [t for t in turns if t.reaction]
+        return {
+            "people": len(self.paces),
+            "paces": self.paces,
+            "preference": self.kind.name,
+            "want": self.kind.want,
+            "conversations": len({t.conversation for t in turns}),
+            "replies": len(turns),
+            "reacted": len(reacted),
+            "complied": sum(t.complied for t in reacted),
+            "corrected": sum(t.reaction == "correction" for t in reacted),
+            "anthropic_replies": sum(t.sdk == "anthropic" for t in turns),
+            "requests": self.requests,
+            "request_headers": dict(sorted(self.headers.items())),
+            "session_headers_sent": self.session_headers_sent,
+            "errors": figures["errors"],
+            "first_errors": self.driver.first_errors[:3],
+        }
 
     def turn_records(self) -> list[dict[str, Any]]:
         with self._lock:

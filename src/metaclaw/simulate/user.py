@@ -11,7 +11,8 @@ correction naming what was wrong and the rule otherwise, then the next question 
 The first sentence carries the verdict (the rule judge's patterns), the rest of the first paragraph is the
 correction (the rule judge's OPD hint). The session's last message is the feedback alone with
 `X-Session-Done`; the agent's reply to it is capped at one token. A share of sessions (`anthropic_share`) goes
-through the Anthropic route `/v1/messages`, the rest through the real `openai` client.
+through the Anthropic route `/v1/messages`, the rest through the real `openai` client. The sessions run on the
+one simulated-people driver (`metaclaw.simulate.driver.Driver`), as the real path's `People` do.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from typing import Any
 import httpx
 
 from metaclaw import profiling
+from metaclaw.simulate.driver import Driver
 from metaclaw.simulate.preferences import PreferenceSet, Violation
 from metaclaw.simulate.tasks import Task, load_tasks
 from metaclaw.thinking import Thinking, read_answer
@@ -46,6 +48,63 @@ def feedback(violations: list[Violation], next_task: str | None = None) -> str:
         parts = [f"{v.problem.rstrip('.')}. {v.instruction}" for v in violations]
         text = f"{CORRECTION} {' '.join(parts)}"
     return f"{text}\n\nNext question: {next_task}" if next_task else text
+
+
+class UserClient:
+    """How the simulated user sends a conversation: the `openai` client, or `/v1/messages` (the Anthropic route).
+
+    Args: as `SimulatedUser`'s (`model`, `temperature`, `thinking`, `api_key`, `timeout_s`)."""
+
+    def __init__(
+        self,
+        base_url: str,
+        model: str = "metaclaw",
+        temperature: float = 1.0,
+        api_key: str | None = None,
+        timeout_s: float = 300.0,
+        thinking: Thinking | Mapping[str, Any] | None = None,
+    ) -> None:
+        self.endpoint = Endpoint(base_url, api_key)  # with or without /v1
+        self.base_url, self.api_key = self.endpoint.v1, api_key
+        self.client = openai_client(self.endpoint, timeout_s, max_retries=1)
+        self.http = httpx.Client(timeout=timeout_s)
+        self.model, self.temperature, self.thinking = model, temperature, Thinking.of(thinking)
+
+    # ---- one request ----------------------------------------------------------------------------------------
+    def ask(self, messages: list[dict[str, str]], headers: dict[str, str], anthropic: bool, max_tokens: int) -> str:
+        """Send the conversation; the assistant's answer (its reasoning, if any, left out)."""
+        fields = self.thinking.fields(max_tokens)
+        if not anthropic:
+            out = self.client.chat.completions.create(
+                model=self.model,
+                messages=messages,
+                max_tokens=fields.pop("max_tokens"),
+                temperature=self.temperature,
+                extra_headers=headers,
+                extra_body=fields or None,
+            )
+            choice = out.choices[0]
+            return read_answer(choice.message.model_dump(), choice.finish_reason, "simulated user", max_tokens)
+        body: dict[str, Any] = {
+            "model": self.model,
+            "temperature": self.temperature,
+            "messages": [m for m in messages if m["role"] != "system"],
+            **fields,
+        }
+        if messages and messages[0]["role"] == "system":
+            body["system"] = messages[0]["content"]
+        hdrs = {**headers, "anthropic-version": "2023-06-01"}
+        if self.api_key:
+            hdrs["x-api-key"] = self.api_key
+        r = self.http.post(f"{self.base_url}/messages", json=body, headers=hdrs)
+        r.raise_for_status()
+        data = r.json()
+        text = "".join(b.get("text", "") for b in data.get("content", []) if b.get("type") == "text")
+        finish = "length" if data.get("stop_reason") == "max_tokens" else data.get("stop_reason")
+        return read_answer({"content": text}, finish, "simulated user (Anthropic route)", max_tokens)
+
+    def close(self) -> None:
+        self.http.close()
 
 
 class SimulatedUser:
@@ -104,63 +163,35 @@ class SimulatedUser:
             raise ValueError(f"simulated user: anthropic_share must be in [0, 1], got {anthropic_share}")
         self.prefs = preferences if isinstance(preferences, PreferenceSet) else PreferenceSet(preferences)
         self.tasks: list[Task] = load_tasks(tasks_file, split)
-        self.endpoint = Endpoint(base_url, api_key)  # with or without /v1
-        self.base_url, self.api_key = self.endpoint.v1, api_key
-        self.client = openai_client(self.endpoint, timeout_s, max_retries=1)
-        self.http = httpx.Client(timeout=timeout_s)
-        self.concurrency, self.turns_per_session, self.anthropic_share = concurrency, turns_per_session, anthropic_share
-        self.model, self.max_tokens, self.temperature, self.system = model, max_tokens, temperature, system
-        self.thinking = Thinking.of(thinking)
-        self.max_sessions, self.seed, self.agent_id = max_sessions, seed, agent_id
+        self.client = UserClient(base_url, model, temperature, api_key, timeout_s, thinking)
+        self.turns_per_session, self.anthropic_share = turns_per_session, anthropic_share
+        self.max_tokens, self.system, self.agent_id = max_tokens, system, agent_id
         self._lock = threading.Lock()
         self._recent: deque[bool] = deque(maxlen=window)
-        self._started_sessions = 0
-        self.stats: dict[str, Any] = {
-            "sessions": 0,
-            "anthropic_sessions": 0,
-            "replies": 0,
-            "complied": 0,
-            "corrected": 0,
-            "errors": 0,
-        }
-        self._stop = threading.Event()
-        self._threads: list[threading.Thread] = []
-        self.max_ahead = max_ahead
-        self.backlog: Callable[[], int] | None = None  # captured turns not yet trained (the live loop's store)
-        self.stats["waited_s"] = 0.0
+        self._stats: dict[str, Any] = {"sessions": 0, "anthropic_sessions": 0, "replies": 0, "complied": 0,
+                                       "corrected": 0}  # fmt: skip
+        self.driver = Driver("simulated-user", concurrency, self._converse, seed, max_sessions, max_ahead=max_ahead)
 
-    # ---- one request ----------------------------------------------------------------------------------------
+    @property
+    def stats(self) -> dict[str, Any]:
+        """Sessions, replies, how many complied or were corrected, failures, seconds waited for training, and the
+        rolling compliance of the last `window` replies."""
+        figures = self.driver.figures()
+        with self._lock:
+            return {**self._stats, "errors": figures["errors"], "waited_s": figures["waited_s"]}
+
+    @property
+    def backlog(self) -> Callable[[], int] | None:
+        """Captured turns not yet trained (the live loop's store; `max_ahead` waits on it)."""
+        return self.driver.backlog
+
+    @backlog.setter
+    def backlog(self, fn: Callable[[], int] | None) -> None:
+        self.driver.backlog = fn
+
     def ask(self, messages: list[dict[str, str]], headers: dict[str, str], anthropic: bool, max_tokens: int) -> str:
         """Send the conversation; the assistant's answer (its reasoning, if any, left out)."""
-        fields = self.thinking.fields(max_tokens)
-        if not anthropic:
-            out = self.client.chat.completions.create(
-                model=self.model,
-                messages=messages,
-                max_tokens=fields.pop("max_tokens"),
-                temperature=self.temperature,
-                extra_headers=headers,
-                extra_body=fields or None,
-            )
-            choice = out.choices[0]
-            return read_answer(choice.message.model_dump(), choice.finish_reason, "simulated user", max_tokens)
-        body: dict[str, Any] = {
-            "model": self.model,
-            "temperature": self.temperature,
-            "messages": [m for m in messages if m["role"] != "system"],
-            **fields,
-        }
-        if messages and messages[0]["role"] == "system":
-            body["system"] = messages[0]["content"]
-        hdrs = {**headers, "anthropic-version": "2023-06-01"}
-        if self.api_key:
-            hdrs["x-api-key"] = self.api_key
-        r = self.http.post(f"{self.base_url}/messages", json=body, headers=hdrs)
-        r.raise_for_status()
-        data = r.json()
-        text = "".join(b.get("text", "") for b in data.get("content", []) if b.get("type") == "text")
-        finish = "length" if data.get("stop_reason") == "max_tokens" else data.get("stop_reason")
-        return read_answer({"content": text}, finish, "simulated user (Anthropic route)", max_tokens)
+        return self.client.ask(messages, headers, anthropic, max_tokens)
 
     # ---- one session ----------------------------------------------------------------------------------------
     def session(self, rng: random.Random, index: int) -> None:
@@ -176,7 +207,7 @@ class SimulatedUser:
         messages: list[dict[str, str]] = [{"role": "system", "content": self.system}] if self.system else []
         messages.append({"role": "user", "content": tasks[0].prompt})
         for t in range(len(tasks)):
-            if self._stop.is_set():
+            if self.driver.stopping.is_set():
                 return
             reply = self.ask(messages, base, anthropic, self.max_tokens)
             violations = self.prefs.check(reply)
@@ -187,68 +218,33 @@ class SimulatedUser:
         # The last feedback ends the session; the agent's acknowledgement is not worth more than one token.
         self.ask(messages, {**base, "X-Session-Done": "true"}, anthropic, 1)
         with self._lock:
-            self.stats["sessions"] += 1
-            self.stats["anthropic_sessions"] += anthropic
+            self._stats["sessions"] += 1
+            self._stats["anthropic_sessions"] += anthropic
 
     def _record(self, ok: bool) -> None:
         with self._lock:
-            self.stats["replies"] += 1
-            self.stats["complied" if ok else "corrected"] += 1
+            self._stats["replies"] += 1
+            self._stats["complied" if ok else "corrected"] += 1
             self._recent.append(ok)
-            self.stats["recent_compliance"] = sum(self._recent) / len(self._recent)
+            self._stats["recent_compliance"] = sum(self._recent) / len(self._recent)
 
-    def _next_index(self) -> int | None:
-        with self._lock:
-            if self.max_sessions is not None and self._started_sessions >= self.max_sessions:
-                return None
-            self._started_sessions += 1
-            return self._started_sessions - 1
-
-    def _worker(self, w: int) -> None:
-        rng = random.Random(self.seed * 1000 + w)
-        while not self._stop.is_set():
-            self._wait_for_training()
-            index = self._next_index()
-            if index is None:
-                return
-            try:
-                self.session(rng, index)
-            except Exception as e:  # noqa: BLE001 - the user keeps talking; the proxy logs the details
-                if self._stop.is_set():
-                    return
-                with self._lock:
-                    self.stats["errors"] += 1
-                log.warning("Simulated session %d failed: %r", index, e)
-                self._stop.wait(1.0)
-
-    def _wait_for_training(self) -> None:
-        """Hold the next session while `max_ahead` or more captured turns wait to be trained."""
-        if self.max_ahead is None or self.backlog is None:
-            return
-        while not self._stop.is_set() and self.backlog() >= self.max_ahead:
-            self._stop.wait(1.0)
-            with self._lock:
-                self.stats["waited_s"] += 1.0
+    def _converse(self, worker: int, rng: random.Random, index: int) -> None:
+        self.session(rng, index)
 
     # ---- lifecycle ------------------------------------------------------------------------------------------
     def start(self) -> SimulatedUser:
         log.info(
             "Simulated user: %d sessions at once, %d tasks each; hidden preference: %s",
-            self.concurrency,
+            self.driver.workers,
             self.turns_per_session,
             self.prefs.describe(),
         )
-        for w in range(self.concurrency):
-            th = threading.Thread(target=self._worker, args=(w,), name=f"simulated-user-{w}", daemon=True)
-            th.start()
-            self._threads.append(th)
+        self.driver.start()
         return self
 
     def join(self, timeout: float | None = None) -> None:
-        for th in self._threads:
-            th.join(timeout)
+        self.driver.join(timeout)
 
     def stop(self, timeout: float = 30.0) -> None:
-        self._stop.set()
-        self.join(timeout)
-        self.http.close()
+        self.driver.stop(timeout)
+        self.client.close()

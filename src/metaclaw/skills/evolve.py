@@ -134,14 +134,13 @@ class EvolutionResult:
 
 @dataclass(frozen=True)
 class ProposalLimits:
-    """How much one evolution call may read and propose: failed turns (and characters of each), proposals, and the
-    characters of a skill's description and body."""
+    """What one evolution may send and accept (`SkillEvolver`'s arguments of the same names)."""
 
-    proposals: int
-    turns: int
-    turn_chars: int
-    description_chars: int
-    body_chars: int
+    max_proposals: int = 3  # proposals considered per call (extra ones are refused)
+    max_turns: int = 8  # failed turns sent per call (the most recent are kept)
+    max_turn_chars: int = 3000  # characters per rendered turn
+    max_description_chars: int = 300  # limit on a proposal's description
+    max_body_chars: int = 4000  # limit on a proposal's body
 
 
 class SkillEvolver:
@@ -215,9 +214,10 @@ class SkillEvolver:
         self, library: SkillLibrary, turns: Sequence[FailedTurn], max_turn_chars: int | None = None
     ) -> list[dict[str, str]]:
         """The chat request: instructions, existing skills (name + description) and the failed turns."""
-        system = SYSTEM_PROMPT.format(max_proposals=self.limits.proposals, max_body_chars=self.limits.body_chars)
+        limits = self.limits
+        system = SYSTEM_PROMPT.format(max_proposals=limits.max_proposals, max_body_chars=limits.max_body_chars)
         existing = "\n".join(f"- {s.name}: {s.description}" for s in library.skills()) or "(none)"
-        failures = "\n\n".join(t.render(max_turn_chars or self.limits.turn_chars) for t in turns)
+        failures = "\n\n".join(t.render(max_turn_chars or self.limits.max_turn_chars) for t in turns)
         user = f"## Existing skills\n{existing}\n\n## Failed turns\n{failures}"
         return [{"role": "system", "content": system}, {"role": "user", "content": user}]
 
@@ -258,7 +258,7 @@ class SkillEvolver:
             ValueError: only for an invalid `agent_id`.
         """
         library = SkillLibrary(self.root, agent_id, seed_bank=self.seed_bank)
-        turns = [t for t in map(FailedTurn.coerce, failed_turns) if t.reward <= 0][-self.limits.turns :]
+        turns = [t for t in map(FailedTurn.coerce, failed_turns) if t.reward <= 0][-self.limits.max_turns :]
         result = EvolutionResult(generation=library.generation)
         if not turns:
             return result
@@ -295,11 +295,11 @@ class SkillEvolver:
         for i, item in enumerate(raw):
             action = item.get("action", "?") if isinstance(item, dict) else "?"
             name = item.get("name") if isinstance(item, dict) else None
-            if i >= self.limits.proposals:
-                log(str(action), name, False, f"over the limit of {self.limits.proposals} proposals per call")
+            if i >= self.limits.max_proposals:
+                log(str(action), name, False, f"over the limit of {self.limits.max_proposals} proposals per call")
                 continue
             try:
-                prop = validate_proposal(item, self.limits.description_chars, self.limits.body_chars)
+                prop = validate_proposal(item, self.limits.max_description_chars, self.limits.max_body_chars)
                 if prop.skill.name in seen:
                     raise ProposalError(f"duplicate name {prop.skill.name!r} within the reply")
                 check_untrusted((prop.skill.description, prop.skill.body), source_text)
@@ -352,7 +352,7 @@ class SkillEvolver:
         """`complete`, retried smaller while the endpoint says the request overflows its model's context: first
         the older half of the failed turns is left out, then (one turn left) its text is halved, down to
         `MIN_TURN_CHARS`. A small model (the embedded one has 2,048 tokens) gets what fits, not a 400."""
-        max_chars = self.limits.turn_chars
+        max_chars = self.limits.max_turn_chars
         while True:
             try:
                 return self.complete(self.build_messages(library, turns, max_chars))

@@ -19,6 +19,7 @@ from typing import Any
 import lightning as L
 import torch
 from hydra.utils import instantiate
+from omegaconf import DictConfig
 
 from metaclaw.distribution import Dist
 from metaclaw.distribution.logprobs import dist_logprobs, token_logprobs
@@ -32,7 +33,7 @@ from metaclaw.training_server.loss_registry import LossRegistry
 from metaclaw.training_server.sample_memory import SampleMemory
 from metaclaw.training_server.schemas import Datum, ForwardBackwardRequest, OptimStepRequest
 from metaclaw.training_server.sessions import AdapterSlot, Session
-from metaclaw.training_server.settings import ServerSettings
+from metaclaw.training_server.settings import Limits, ServerSettings
 from metaclaw.training_server.storage import Area
 from metaclaw.wire.sampling import SamplingParams, SequenceOutput
 
@@ -58,7 +59,6 @@ class TrainingEngine:
 
     def __init__(self, settings: ServerSettings) -> None:
         self.settings = settings
-        self.cfg = settings.app
         self.fabric = _fabric(settings)
         self.losses = LossRegistry(self.cfg.losses)
         self.optimizer_factory = instantiate(self.cfg.optimizer)
@@ -71,11 +71,20 @@ class TrainingEngine:
         self.base_model: Any = None
         self.tokenizer: Any = None
         self.created = 0
-        self.limits = settings.limits
         self.adapters = Area(settings.checkpoint_dir / "adapters", self.limits.adapter_quota_bytes, "adapters")
         self.checkpoints = Area(
             settings.checkpoint_dir / "checkpoints", self.limits.checkpoint_quota_bytes, "checkpoints"
         )
+
+    @property
+    def cfg(self) -> DictConfig:
+        """The server's `app` config (`settings.app`)."""
+        return self.settings.app
+
+    @property
+    def limits(self) -> Limits:
+        """The server's bounds (`settings.limits`): quotas, sessions, request sizes."""
+        return self.settings.limits
 
     # ---- model ---------------------------------------------------------------------------------------------
     def load_base(self, spec: ModelSpec | None = None) -> None:

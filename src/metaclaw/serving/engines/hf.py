@@ -143,6 +143,25 @@ def _token_scores(logits: torch.Tensor, target_ids: Sequence[int], dist: Dist) -
     return [TokenScore(lp, rank) for lp, rank in zip(logprobs.tolist(), ranks, strict=True)]
 
 
+@dataclass
+class _BatchQueue:
+    """Requests waiting to be batched (bounded by the server's max_concurrency: each waiter is a caller), under
+    one lock, and the batches run so far."""
+
+    linger_s: float = 0.0  # `backend.batch_linger_s`
+    pending: list[_Pending] = field(default_factory=list)
+    scoring: list[_PendingScore] = field(default_factory=list)  # the same bound
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    arrived: threading.Condition = field(init=False)  # notified on every generate request queued
+    arrivals: int = 0  # generate requests queued so far
+    last_batch: tuple[float, int, int] | None = None  # (end, arrivals by then, size) of the last batch
+    batches: dict[int, int] = field(default_factory=dict)  # batch size -> generate calls
+    score_batches: dict[int, int] = field(default_factory=dict)  # batch size -> scoring forwards
+
+    def __post_init__(self) -> None:
+        self.arrived = threading.Condition(self.lock)
+
+
 class HFEngine(ServedAdapters):
     """Serve a transformers causal LM (optionally already a `PeftModel`, e.g. the one being trained).
 
@@ -185,15 +204,7 @@ class HFEngine(ServedAdapters):
         self._slots = MergedSlots(model) if merge_adapters else None
         if merge_adapters:
             log.info("HF engine: adapters served merged into a copy of the weights (backend.merge_adapters)")
-        self._pending: list[_Pending] = []  # bounded by the server's max_concurrency (each waiter is a caller)
-        self._scoring: list[_PendingScore] = []  # the same bound
-        self._pending_lock = threading.Lock()
-        self._arrived = threading.Condition(self._pending_lock)  # notified on every generate request queued
-        self.batch_linger_s = float(batch_linger_s)
-        self._arrivals = 0  # generate requests queued so far
-        self._last_batch: tuple[float, int, int] | None = None  # (end, arrivals by then, size) of the last batch
-        self.batches: dict[int, int] = {}  # batch size -> generate calls (for benches and tests)
-        self.score_batches: dict[int, int] = {}  # batch size -> scoring forwards
+        self._queue = _BatchQueue(float(batch_linger_s))
         self.tokenizer = tokenizer
         self.model_name = model_name
         self.max_seq_len = max_seq_len
@@ -205,6 +216,25 @@ class HFEngine(ServedAdapters):
         if self._peft is not None:
             for name in list(self._peft.peft_config):
                 self._registry.publish(LoadedAdapter(name=name, internal=name, version=0, path="<in-memory>"))
+
+    @property
+    def batch_linger_s(self) -> float:
+        """How long a batch's leader may wait for the turns the last batch answered (`backend.batch_linger_s`)."""
+        return self._queue.linger_s
+
+    @batch_linger_s.setter
+    def batch_linger_s(self, seconds: float) -> None:
+        self._queue.linger_s = float(seconds)
+
+    @property
+    def batches(self) -> dict[int, int]:
+        """Batch size -> generate calls (for benches and tests)."""
+        return self._queue.batches
+
+    @property
+    def score_batches(self) -> dict[int, int]:
+        """Batch size -> scoring forwards."""
+        return self._queue.score_batches
 
     @classmethod
     def from_spec(
@@ -351,25 +381,25 @@ class HFEngine(ServedAdapters):
         return None if self.prefix is None else (self.prefix, None if slot is None else slot.internal)
 
     def _count(self, size: int) -> None:
-        self.batches[size] = self.batches.get(size, 0) + 1
+        self._queue.batches[size] = self._queue.batches.get(size, 0) + 1
 
     def _batched(
         self, prompt_ids: list[int], params: SamplingParams, slot: LoadedAdapter | None, key: tuple
     ) -> list[SequenceOutput]:
         """Queue the request; whoever holds the model lock next samples it with the compatible ones waiting."""
         mine = _Pending(prompt_ids, params, (None if slot is None else slot.internal, key))
-        with self._arrived:
-            self._pending.append(mine)
-            self._arrivals += 1
-            self._arrived.notify_all()
+        with self._queue.arrived:
+            self._queue.pending.append(mine)
+            self._queue.arrivals += 1
+            self._queue.arrived.notify_all()
         with self._lock:
             if not mine.done.is_set():  # nobody took it yet: lead a batch
-                with self._arrived:
+                with self._queue.arrived:
                     self._linger(mine.key)
-                    batch = [mine] + [p for p in self._pending if p is not mine and p.key == mine.key]
+                    batch = [mine] + [p for p in self._queue.pending if p is not mine and p.key == mine.key]
                     batch = batch[: self.max_batch_size]
                     for p in batch:
-                        self._pending.remove(p)
+                        self._queue.pending.remove(p)
 
                 def work() -> list[list[SequenceOutput]]:
                     prefix = self._prefix_of(slot)
@@ -379,8 +409,8 @@ class HFEngine(ServedAdapters):
                         )
                         ph["tokens"] = sum(len(o.token_ids) for o in outs)
                     self._count(len(batch))
-                    with self._arrived:
-                        self._last_batch = (time.monotonic(), self._arrivals, len(batch))
+                    with self._queue.arrived:
+                        self._queue.last_batch = (time.monotonic(), self._queue.arrivals, len(batch))
                     return [[out] for out in outs]
 
                 _settle(batch, work)
@@ -389,16 +419,16 @@ class HFEngine(ServedAdapters):
     def _linger(self, key: tuple) -> None:
         """Under `_arrived`: wait for the turns the last batch answered (the module docstring), at most until
         `batch_linger_s` after its end, and never once a batch of `key` is full."""
-        if self.batch_linger_s <= 0 or self._last_batch is None:
+        if self._queue.linger_s <= 0 or self._queue.last_batch is None:
             return
-        end, seen, size = self._last_batch
-        left = end + self.batch_linger_s - time.monotonic()
+        end, seen, size = self._queue.last_batch
+        left = end + self._queue.linger_s - time.monotonic()
         if left <= 0:
             return
         with profiling.phase("batch_linger", cpu="thread"):
-            self._arrived.wait_for(
-                lambda: self._arrivals - seen >= size
-                or sum(p.key == key for p in self._pending) >= self.max_batch_size,
+            self._queue.arrived.wait_for(
+                lambda: self._queue.arrivals - seen >= size
+                or sum(p.key == key for p in self._queue.pending) >= self.max_batch_size,
                 timeout=left,
             )
 
@@ -432,7 +462,7 @@ class HFEngine(ServedAdapters):
             with self._lock, self._model(slot) as model, profiling.phase(f"score:{profiling.purpose()}") as ph:
                 logits = model(input_ids=x, use_cache=False, logits_to_keep=len(target_ids) + 1).logits
                 ph["tokens"] = len(ids)
-                self.score_batches[1] = self.score_batches.get(1, 0) + 1
+                self._queue.score_batches[1] = self._queue.score_batches.get(1, 0) + 1
         return _token_scores(logits[0, :-1], target_ids, dist)
 
     def _score_batched(self, mine: _PendingScore, slot: LoadedAdapter | None) -> list[TokenScore]:
@@ -443,13 +473,13 @@ class HFEngine(ServedAdapters):
         one request of `max_seq_len` tokens would (batch size x the longest target + 1 <= `max_seq_len`): the
         logits [B, longest target + 1, vocab] grow with the batch. Each row's logprobs are its own sequence's under
         its own distribution (the ratio-is-1 tests hold them to the unbatched score within 1e-4)."""
-        with self._pending_lock:
-            self._scoring.append(mine)
+        with self._queue.lock:
+            self._queue.scoring.append(mine)
         with self._lock:
             if not mine.done.is_set():  # nobody took it yet: lead a batch
-                with self._pending_lock:
+                with self._queue.lock:
                     batch, keep = [mine], mine.n_target + 1
-                    for p in self._scoring:
+                    for p in self._queue.scoring:
                         if len(batch) >= self.max_batch_size:
                             break
                         wider = max(keep, p.n_target + 1)
@@ -457,13 +487,13 @@ class HFEngine(ServedAdapters):
                             batch.append(p)
                             keep = wider
                     for p in batch:
-                        self._scoring.remove(p)
+                        self._queue.scoring.remove(p)
 
                 def work() -> list[list[TokenScore]]:
                     with self._model(slot) as model, profiling.phase(f"score:{profiling.purpose()}") as ph:
                         logits = self._score_forward(model, [p.ids for p in batch], keep)
                         ph["tokens"] = sum(len(p.ids) for p in batch)
-                    self.score_batches[len(batch)] = self.score_batches.get(len(batch), 0) + 1
+                    self._queue.score_batches[len(batch)] = self._queue.score_batches.get(len(batch), 0) + 1
                     return [_token_scores(row[keep - p.n_target - 1 : keep - 1], p.ids[-p.n_target :], p.dist)
                             for row, p in zip(logits, batch, strict=True)]  # fmt: skip
 
