@@ -39,6 +39,7 @@ import re
 import shutil
 import threading
 import time
+import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -240,7 +241,6 @@ class OnnxEngine(ServedAdapters):
         self._lock = threading.Lock()  # one run of the graph at a time (the CPU is the limit; no oversubscription)
         self._pending: list[_Pending] = []
         self._pending_lock = threading.Lock()
-        self._ids = 0
 
     @classmethod
     def from_backend(
@@ -286,9 +286,7 @@ class OnnxEngine(ServedAdapters):
         with profiling.phase("hot_load"):
             factors = adapter_factors(path, self.shape.layers, self.shape.lora)
             version = self._registry.next_version(name, path, version)
-            with self._pending_lock:
-                self._ids += 1
-                internal = f"adapter{self._ids}"
+            internal = f"adapter-{uuid.uuid4().hex}"  # never reused (a version's factors are found by it)
             self._factors[internal] = factors
             return self._publish(name, internal, version, path, started)
 
