@@ -19,6 +19,18 @@ from typing import Any, NamedTuple
 TOP_K_OFF = -1
 
 
+GREEDY_BELOW = 1e-5
+"""A temperature under this is greedy (vLLM's `_SAMPLING_EPS`): dividing logits by 1e-308 overflows float32."""
+
+
+def temperature_or_greedy(temperature: Any) -> Any:
+    """A request's temperature in our spelling: one in `[0, GREEDY_BELOW)` becomes 0 (greedy); any other value is
+    kept for the request's own validation to judge."""
+    if isinstance(temperature, int | float) and not isinstance(temperature, bool) and 0 <= temperature < GREEDY_BELOW:
+        return 0.0
+    return temperature
+
+
 def top_k_or_off(top_k: int | None) -> int:
     """A request's `top_k` in our spelling: None and 0 (off in vLLM's and Tinker's spelling) become -1; any other
     value is kept for the request's own validation to judge."""
@@ -36,7 +48,7 @@ class Dist(NamedTuple):
     def of(cls, temperature: float, top_p: float | None = 1.0, top_k: int | None = TOP_K_OFF) -> Dist:
         """The distribution logprobs are over for these sampling settings: greedy is `Dist()`; a `top_k` that is
         not positive is off (-1); a missing `top_p` is 1."""
-        if temperature <= 0:
+        if temperature < GREEDY_BELOW:
             return cls()
         k = int(top_k) if top_k is not None and top_k > 0 else TOP_K_OFF
         return cls(float(temperature), 1.0 if top_p is None else float(top_p), k)

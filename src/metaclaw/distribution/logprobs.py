@@ -11,7 +11,7 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
-from metaclaw.distribution import Dist
+from metaclaw.distribution import GREEDY_BELOW, Dist
 
 Param = Tensor | float | int
 
@@ -109,7 +109,7 @@ def sample_tokens(
     """
     flat = logits.float()
     dist = Dist.of(temperature, top_p, top_k)
-    if temperature <= 0:
+    if temperature < GREEDY_BELOW:
         tokens = flat.argmax(-1)
         return tokens, token_logprobs(flat, tokens)
     scaled = flat / dist.temperature

@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from metaclaw.distribution import Dist, top_k_or_off
+from metaclaw.distribution import Dist, temperature_or_greedy, top_k_or_off
 from metaclaw.wire import RequestError
 
 
@@ -30,6 +30,7 @@ class SamplingParams:
 
     def __post_init__(self) -> None:
         self.top_k = top_k_or_off(self.top_k)
+        self.temperature = temperature_or_greedy(self.temperature)  # every engine and `Dist.of` see one greedy
 
     def validate(self, allow_zero: bool = False) -> None:
         """Raise ValueError naming the field; `allow_zero`: `max_tokens` 0 (a prompt scored, nothing sampled)."""
