@@ -113,6 +113,16 @@ _TAG = re.compile(r"[-\[]")  # a union member's tag in an error's location (`con
 _TYPES = {"str", "int", "float", "bool", "dict", "list", "none"}
 
 
+def _where(loc: tuple[Any, ...]) -> list[str]:
+    """An error's location without the union tags pydantic adds (`str`, `list[...]`, `constrained-str`)."""
+    return [str(part) for part in loc if not _TAG.search(str(part)) and str(part) not in _TYPES | _models(Body)]
+
+
+def _models(cls: type[BaseModel]) -> set[str]:
+    """The names of `cls`'s subclasses: a union of models tags an error's location with the branch's name."""
+    return {name for sub in cls.__subclasses__() for name in (sub.__name__, *_models(sub))}
+
+
 def validated(schema: type[B], body: Any) -> B:
     """`body` checked against `schema`; a `RequestError` (400) naming the first offending field otherwise."""
     if not isinstance(body, dict):
@@ -120,9 +130,10 @@ def validated(schema: type[B], body: Any) -> B:
     try:
         return schema.model_validate(body)
     except ValidationError as exc:
-        err = exc.errors()[0]
-        loc = [str(part) for part in err["loc"] if not _TAG.search(str(part)) and str(part) not in _TYPES]
-        where = ".".join(loc) or "body"
+        errors = exc.errors()
+        # the deepest error (a union's string branch fails at the field, its list branch inside the item at fault)
+        err = max(errors, key=lambda e: len(_where(e["loc"])))
+        where = ".".join(_where(err["loc"])) or "body"
         more = f" (and {exc.error_count() - 1} more)" if exc.error_count() > 1 else ""
         raise RequestError(f"{where}: {err['msg']}{more}", param=str(err["loc"][0]) if err["loc"] else None) from None
 
