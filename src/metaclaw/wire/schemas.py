@@ -110,6 +110,7 @@ class UnloadAdapterBody(Body):
 
 B = TypeVar("B", bound=Body)
 _TAG = re.compile(r"[-\[]")  # a union member's tag in an error's location (`constrained-str`, `list[int]`)
+_INSTANCE = re.compile(r" or instance of \w+")
 _TYPES = {"str", "int", "float", "bool", "dict", "list", "none"}
 
 
@@ -135,7 +136,8 @@ def validated(schema: type[B], body: Any) -> B:
         err = max(errors, key=lambda e: len(_where(e["loc"])))
         where = ".".join(_where(err["loc"])) or "body"
         more = f" (and {exc.error_count() - 1} more)" if exc.error_count() > 1 else ""
-        raise RequestError(f"{where}: {err['msg']}{more}", param=str(err["loc"][0]) if err["loc"] else None) from None
+        msg = _INSTANCE.sub("", err["msg"])  # "a valid dictionary or instance of ChatMessage": our class, not theirs
+        raise RequestError(f"{where}: {msg}{more}", param=str(err["loc"][0]) if err["loc"] else None) from None
 
 
 def _published(node: Any, defs: dict[str, Any]) -> Any:
