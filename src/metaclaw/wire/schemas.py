@@ -141,7 +141,8 @@ def validated(schema: type[B], body: Any) -> B:
 
 
 def _published(node: Any, defs: dict[str, Any]) -> Any:
-    """`node` with its `$ref`s inlined, `title`s dropped, and `X | None` (null: the field's default) written as X."""
+    """`node` with its `$ref`s inlined, `title`s and discriminator mappings dropped, and `X | None` (null: the
+    field's default) written as X."""
     if isinstance(node, list):
         return [_published(v, defs) for v in node]
     if not isinstance(node, dict):
@@ -149,7 +150,8 @@ def _published(node: Any, defs: dict[str, Any]) -> Any:
     ref = node.get("$ref")
     if isinstance(ref, str) and ref.startswith("#/$defs/"):
         return _published(defs[ref.removeprefix("#/$defs/")], defs)
-    out = {k: _published(v, defs) for k, v in node.items() if k not in ("$defs", "title")}
+    # a discriminator's mapping names `$defs` entries, gone once inlined: each branch's `type` const tells them apart
+    out = {k: _published(v, defs) for k, v in node.items() if k not in ("$defs", "title", "discriminator")}
     if out.get("default", 0) is None:
         del out["default"]
     branches = out.get("anyOf")
