@@ -45,7 +45,9 @@ from metaclaw.store import SampleStore
 from metaclaw.wire import CLIENT_HEADER, RequestError
 from metaclaw.wire.bodies import BodyError, load_json
 from metaclaw.wire.normalize import normalize_messages, normalize_tools
-from metaclaw.wire.openapi import PROXY_BODIES, publish_request_bodies
+from metaclaw.wire.openapi import publish_request_bodies
+from metaclaw.wire.proxy_schemas import PROXY_BODIES, PROXY_SCHEMAS
+from metaclaw.wire.schemas import validated
 from metaclaw.wire.security import BearerAuthMiddleware, BodySizeLimitMiddleware, BrowserGuard
 
 log = logging.getLogger(__name__)
@@ -119,6 +121,14 @@ async def _json(request: Request) -> Any:
         return load_json(await request.body())
     except BodyError as e:
         raise RequestError(str(e)) from e
+
+
+async def _body(request: Request, path: str) -> dict[str, Any]:
+    """The route's JSON body, checked against the schema it publishes (`metaclaw.wire.proxy_schemas`) before it is
+    normalised: a 400 naming the field, in the route's error shape (`install_error_handlers`)."""
+    body = await _json(request)
+    validated(PROXY_SCHEMAS[path], body)
+    return body
 
 
 def _headers(request: Request) -> dict[str, str]:
@@ -219,7 +229,8 @@ def chat_router(proxy: RolloutProxy) -> APIRouter:
 
     @router.post("/v1/chat/completions")
     async def chat(request: Request) -> Response:
-        turn = await proxy.prepare(await _json(request), _headers(request), client_of(request))
+        turn = await proxy.prepare(await _body(request, "/v1/chat/completions"), _headers(request),
+                                   client_of(request))
         try:
             if not turn.stream:
                 body, headers = await proxy.complete_bytes(turn)
@@ -232,8 +243,8 @@ def chat_router(proxy: RolloutProxy) -> APIRouter:
     @router.post("/v1/completions")
     async def completions(request: Request) -> Response:
         """Legacy completions, passed through to the policy server and not captured (docs/clients.md)."""
-        body = await _json(request)
-        agent_id = proxy.agent_of(body if isinstance(body, dict) else {}, _headers(request))
+        body = await _body(request, "/v1/completions")
+        agent_id = proxy.agent_of(body, _headers(request))
         try:
             resp = await proxy.legacy_completions(body, agent_id, client_of(request))
         except UpstreamError as e:
@@ -276,7 +287,7 @@ def anthropic_router(proxy: RolloutProxy) -> APIRouter:
 
     @router.post("/v1/messages")
     async def messages(request: Request) -> Response:
-        body = await _json(request)
+        body = await _body(request, "/v1/messages")
         openai_body = to_openai_request(body)
         openai_body.update({k: body[k] for k in BODY_EXTRAS if k in body})  # session keys, as on the OpenAI route
         user = (body.get("metadata") or {}).get("user_id") if isinstance(body.get("metadata"), dict) else None
@@ -298,9 +309,7 @@ def anthropic_router(proxy: RolloutProxy) -> APIRouter:
     @router.post("/v1/messages/count_tokens")
     async def count_tokens(request: Request) -> JSONResponse:
         """Anthropic's token counting: the prompt as the served model's chat template renders it."""
-        body = await _json(request)
-        if not isinstance(body, dict):
-            raise RequestError("the request body must be a JSON object")
+        body = await _body(request, "/v1/messages/count_tokens")
         messages, has_image = normalize_messages(to_openai_messages(body))
         tools = normalize_tools(body.get("tools"))
         context = proxy.fit.context
@@ -325,7 +334,7 @@ def responses_router(proxy: RolloutProxy) -> APIRouter:
     @router.post("/v1/responses")
     async def responses(request: Request) -> Response:
         """OpenAI's Responses API (Codex): translated to a chat turn, captured like one (`rollout.responses`)."""
-        body = await _json(request)
+        body = await _body(request, "/v1/responses")
         chat_body = to_chat_request(body)
         chat_body.update({k: body[k] for k in BODY_EXTRAS if k in body})
         turn = await proxy.prepare(chat_body, _headers(request), client_of(request))
@@ -363,10 +372,8 @@ def sessions_router(proxy: RolloutProxy) -> APIRouter:
 
     @router.post("/v1/sessions/done")
     async def session_done(request: Request) -> JSONResponse:
-        body = await _json(request)
+        body = await _body(request, "/v1/sessions/done")
         hdr = _headers(request)
-        if not isinstance(body, dict):
-            raise RequestError("the request body must be a JSON object")
         session_id = body.get("session_id") or hdr.get("x-session-id")
         agent_id = proxy.agent_of(body, hdr)
         if not isinstance(session_id, str) or not session_id:

@@ -110,7 +110,18 @@ class UnloadAdapterBody(Body):
 
 B = TypeVar("B", bound=Body)
 _TAG = re.compile(r"[-\[]")  # a union member's tag in an error's location (`constrained-str`, `list[int]`)
+_INSTANCE = re.compile(r" or instance of \w+")
 _TYPES = {"str", "int", "float", "bool", "dict", "list", "none"}
+
+
+def _where(loc: tuple[Any, ...]) -> list[str]:
+    """An error's location without the union tags pydantic adds (`str`, `list[...]`, `constrained-str`)."""
+    return [str(part) for part in loc if not _TAG.search(str(part)) and str(part) not in _TYPES | _models(Body)]
+
+
+def _models(cls: type[BaseModel]) -> set[str]:
+    """The names of `cls`'s subclasses: a union of models tags an error's location with the branch's name."""
+    return {name for sub in cls.__subclasses__() for name in (sub.__name__, *_models(sub))}
 
 
 def validated(schema: type[B], body: Any) -> B:
@@ -120,15 +131,18 @@ def validated(schema: type[B], body: Any) -> B:
     try:
         return schema.model_validate(body)
     except ValidationError as exc:
-        err = exc.errors()[0]
-        loc = [str(part) for part in err["loc"] if not _TAG.search(str(part)) and str(part) not in _TYPES]
-        where = ".".join(loc) or "body"
+        errors = exc.errors()
+        # the deepest error (a union's string branch fails at the field, its list branch inside the item at fault)
+        err = max(errors, key=lambda e: len(_where(e["loc"])))
+        where = ".".join(_where(err["loc"])) or "body"
         more = f" (and {exc.error_count() - 1} more)" if exc.error_count() > 1 else ""
-        raise RequestError(f"{where}: {err['msg']}{more}", param=str(err["loc"][0]) if err["loc"] else None) from None
+        msg = _INSTANCE.sub("", err["msg"])  # "a valid dictionary or instance of ChatMessage": our class, not theirs
+        raise RequestError(f"{where}: {msg}{more}", param=str(err["loc"][0]) if err["loc"] else None) from None
 
 
 def _published(node: Any, defs: dict[str, Any]) -> Any:
-    """`node` with its `$ref`s inlined, `title`s dropped, and `X | None` (null: the field's default) written as X."""
+    """`node` with its `$ref`s inlined, `title`s and discriminator mappings dropped, and `X | None` (null: the
+    field's default) written as X."""
     if isinstance(node, list):
         return [_published(v, defs) for v in node]
     if not isinstance(node, dict):
@@ -136,7 +150,8 @@ def _published(node: Any, defs: dict[str, Any]) -> Any:
     ref = node.get("$ref")
     if isinstance(ref, str) and ref.startswith("#/$defs/"):
         return _published(defs[ref.removeprefix("#/$defs/")], defs)
-    out = {k: _published(v, defs) for k, v in node.items() if k not in ("$defs", "title")}
+    # a discriminator's mapping names `$defs` entries, gone once inlined: each branch's `type` const tells them apart
+    out = {k: _published(v, defs) for k, v in node.items() if k not in ("$defs", "title", "discriminator")}
     if out.get("default", 0) is None:
         del out["default"]
     branches = out.get("anyOf")
