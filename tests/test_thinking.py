@@ -222,4 +222,5 @@ def test_thinking_settings_are_checked():
     with pytest.raises(ValueError, match="model.thinking.template_kwargs"):
         Thinking(template_kwargs={"enable_thinking": [1]})
     assert Thinking(template_kwargs={"enable_thinking": False}, budget=5).fields(None) == {
-        "chat_template_kwargs": {"enable_thinking": False}}
+        "chat_template_kwargs": {"enable_thinking": False}
+    }

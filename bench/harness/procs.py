@@ -80,7 +80,11 @@ def stop_group(proc: subprocess.Popen, timeout: float = 15) -> int | None:
 
 @contextmanager
 def serving(
-    cmd: Sequence[str], health_url: str, log: Path, env: Mapping[str, str] | None = None, timeout_s: float = 180,
+    cmd: Sequence[str],
+    health_url: str,
+    log: Path,
+    env: Mapping[str, str] | None = None,
+    timeout_s: float = 180,
     headers: Mapping[str, str] | None = None,
 ) -> Iterator[subprocess.Popen]:
     """Run `cmd` from the repo root until the block ends; fail with the log's tail if it never gets healthy."""

@@ -150,8 +150,13 @@ def main() -> None:
     repo = args.repo.resolve()
     cmd = [sys.executable, str(repo / "train.py"), f"rollout.max_time={max_time}", f"hydra.run.dir={run_dir}",
            *args.overrides]  # fmt: skip
-    env = {**os.environ, "METACLAW_PROFILE_DIR": str(prof_dir), "HF_HUB_OFFLINE": "1", "WANDB_MODE": "offline",
-           "PYTHONPATH": os.pathsep.join([str(repo / "src"), os.environ.get("PYTHONPATH", "")])}
+    env = {
+        **os.environ,
+        "METACLAW_PROFILE_DIR": str(prof_dir),
+        "HF_HUB_OFFLINE": "1",
+        "WANDB_MODE": "offline",
+        "PYTHONPATH": os.pathsep.join([str(repo / "src"), os.environ.get("PYTHONPATH", "")]),
+    }
     if args.report is None:
         load_before = os.getloadavg()
         out.mkdir(parents=True, exist_ok=True)

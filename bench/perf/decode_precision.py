@@ -113,8 +113,11 @@ def main() -> None:
         "tokens_per_row": args.tokens,
         "load_avg_1m": round(os.getloadavg()[0], 2),
         "tokens_per_s": speed,
-        "speedup_vs_fp32": {name: {k: round(v / speed["fp32"][k], 2) for k, v in s.items()} for name, s in
-                            speed.items() if name != "fp32"},  # fmt: skip
+        "speedup_vs_fp32": {
+            name: {k: round(v / speed["fp32"][k], 2) for k, v in s.items()}
+            for name, s in speed.items()
+            if name != "fp32"
+        },  # fmt: skip
         "logprob_gap": gap,
     }
     publish(__file__, args, report)

@@ -67,8 +67,10 @@ def main() -> None:
         "torch_threads": torch.get_num_threads(),
         "load_before": [round(x, 2) for x in load_before],
         "load_after": [round(x, 2) for x in os.getloadavg()],
-        "tokens_per_s": {str(size): round(sum(r["tokens"] for r in rs) / sum(r["wall_s"] for r in rs), 1)
-                         for size, rs in runs.items()},  # fmt: skip
+        "tokens_per_s": {
+            str(size): round(sum(r["tokens"] for r in rs) / sum(r["wall_s"] for r in rs), 1)
+            for size, rs in runs.items()
+        },  # fmt: skip
         "wall_s": {str(size): round(sum(r["wall_s"] for r in rs) / len(rs), 2) for size, rs in runs.items()},
         "batches": {str(size): rs[-1]["batches"] for size, rs in runs.items()},
     }

@@ -241,8 +241,11 @@ def main() -> None:
         "server_args": args.server_arg,
         "machine": {"cpus": os.cpu_count(), "load_avg": [round(x, 2) for x in os.getloadavg()]},
         "turns": len(turns),
-        "prompt_tokens": {"min": min(prompt_lens), "mean": round(sum(prompt_lens) / len(prompt_lens)),
-                          "max": max(prompt_lens)},  # fmt: skip
+        "prompt_tokens": {
+            "min": min(prompt_lens),
+            "mean": round(sum(prompt_lens) / len(prompt_lens)),
+            "max": max(prompt_lens),
+        },  # fmt: skip
         "reply_tokens_mean": round(sum(len(t["response_ids"]) for t in turns) / len(turns), 1),
         "concurrency": evaluator.concurrency,
         "quality_turns": evaluator.quality_turns,

@@ -189,8 +189,10 @@ def run(args: argparse.Namespace) -> dict:
     }  # fmt: skip
 
     def ratio(old: str, new: str) -> dict:
-        r = {"step_time_old_over_new": round(out[old]["step_s_median"] / out[new]["step_s_median"], 2),
-             "step_cpu_time_old_over_new": round(out[old]["step_cpu_s_median"] / out[new]["step_cpu_s_median"], 2)}
+        r = {
+            "step_time_old_over_new": round(out[old]["step_s_median"] / out[new]["step_s_median"], 2),
+            "step_cpu_time_old_over_new": round(out[old]["step_cpu_s_median"] / out[new]["step_cpu_s_median"], 2),
+        }
         if args.profile:
             r["peak_memory_old_over_new"] = round(out[old]["peak_step_mib"] / max(out[new]["peak_step_mib"], 1e-9), 2)
         return r
@@ -214,8 +216,12 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--steps", type=int, default=3, help="timed steps per case (after one profiled step)")
     parser.add_argument("--chunk", type=int, default=512, help="policy.logprob_chunk_size")
     parser.add_argument("--checkpointing", choices=["off", "on", "both"], default="both")
-    parser.add_argument("--paths", default="old,new", choices=["old,new", "new", "old"],
-                        help="new only: an agent-sized batch whose full logits would not fit (four 7k-token turns)")
+    parser.add_argument(
+        "--paths",
+        default="old,new",
+        choices=["old,new", "new", "old"],
+        help="new only: an agent-sized batch whose full logits would not fit (four 7k-token turns)",
+    )
     parser.add_argument("--no-profile", dest="profile", action="store_false",
                         help="timed steps only (no profiled step: no memory figures)")  # fmt: skip
     add_results_argument(parser)

@@ -44,8 +44,16 @@ def make_batch(vocab: int, batch: int, seq: int, seed: int = 0) -> dict[str, tor
         ids = torch.randint(5, vocab, (seq,), generator=g).tolist()
         prompt, response = ids[: seq // 2], ids[seq // 2 :]
         lp = (-torch.rand(len(response), generator=g) * 3).tolist()
-        samples.append(Sample(prompt_ids=prompt, response_ids=response, behaviour_logprobs=lp,
-                              reward=float(i % 2 * 2 - 1), temperature=0.7, id=i + 1))
+        samples.append(
+            Sample(
+                prompt_ids=prompt,
+                response_ids=response,
+                behaviour_logprobs=lp,
+                reward=float(i % 2 * 2 - 1),
+                temperature=0.7,
+                id=i + 1,
+            )
+        )
     return collate_samples(samples, pad_id=0)
 
 
@@ -82,9 +90,17 @@ class StepTimer(L.Callback):
 def lightning_steps(policy: LoraPolicy, batch: dict, steps: int, lr: float) -> list[float]:
     module = OnlineRLModule(policy, ImportanceSamplingLoss(), RLAdvantage(), partial(torch.optim.AdamW, lr=lr))
     timer = StepTimer()
-    trainer = L.Trainer(max_steps=steps, accelerator="cpu", devices=1, logger=False, enable_progress_bar=False,
-                        enable_checkpointing=False, enable_model_summary=False, gradient_clip_val=1.0,
-                        callbacks=[timer])
+    trainer = L.Trainer(
+        max_steps=steps,
+        accelerator="cpu",
+        devices=1,
+        logger=False,
+        enable_progress_bar=False,
+        enable_checkpointing=False,
+        enable_model_summary=False,
+        gradient_clip_val=1.0,
+        callbacks=[timer],
+    )
     trainer.fit(module, DataLoader([batch] * steps, batch_size=None))
     return timer.times
 
@@ -112,13 +128,24 @@ def main() -> None:
         lit += lightning_steps(lit_policy, batch, args.steps, args.lr)[1:]
     tokens = int(batch["attention_mask"].sum())
     h, m = statistics.median(hand), statistics.median(lit)
-    publish(__file__, args, {
-        "model": args.model, "batch": args.batch, "seq": args.seq, "tokens_per_step": tokens,
-        "steps_measured_each": len(hand), "cpu_count": os.cpu_count(), "torch_threads": torch.get_num_threads(),
-        "hand_s_per_step_median": round(h, 4), "lightning_s_per_step_median": round(m, 4),
-        "hand_tokens_per_s": round(tokens / h, 1), "lightning_tokens_per_s": round(tokens / m, 1),
-        "lightning_over_hand": round(m / h, 4),
-    })
+    publish(
+        __file__,
+        args,
+        {
+            "model": args.model,
+            "batch": args.batch,
+            "seq": args.seq,
+            "tokens_per_step": tokens,
+            "steps_measured_each": len(hand),
+            "cpu_count": os.cpu_count(),
+            "torch_threads": torch.get_num_threads(),
+            "hand_s_per_step_median": round(h, 4),
+            "lightning_s_per_step_median": round(m, 4),
+            "hand_tokens_per_s": round(tokens / h, 1),
+            "lightning_tokens_per_s": round(tokens / m, 1),
+            "lightning_over_hand": round(m / h, 4),
+        },
+    )
 
 
 if __name__ == "__main__":

@@ -171,18 +171,22 @@ def main() -> None:
                 tokens = fn()
                 tps[name].append(tokens / (time.perf_counter() - t0))
     med = {name: statistics.median(values) for name, values in tps.items()}
-    publish(__file__, args, {
-        "model": args.model,
-        "datums": args.datums,
-        "tokens_per_step": tokens,
-        "repeats": args.repeats,
-        "torch_threads": torch.get_num_threads(),
-        "server_tokens_per_s": round(med["server"], 1),
-        "engine_in_process_tokens_per_s": round(med["engine"], 1),
-        "torch_peft_tokens_per_s": round(med["torch"], 1),
-        "ratio_server_vs_torch": round(med["server"] / med["torch"], 3),
-        "ratio_engine_vs_torch": round(med["engine"] / med["torch"], 3),
-    })
+    publish(
+        __file__,
+        args,
+        {
+            "model": args.model,
+            "datums": args.datums,
+            "tokens_per_step": tokens,
+            "repeats": args.repeats,
+            "torch_threads": torch.get_num_threads(),
+            "server_tokens_per_s": round(med["server"], 1),
+            "engine_in_process_tokens_per_s": round(med["engine"], 1),
+            "torch_peft_tokens_per_s": round(med["torch"], 1),
+            "ratio_server_vs_torch": round(med["server"] / med["torch"], 3),
+            "ratio_engine_vs_torch": round(med["engine"] / med["torch"], 3),
+        },
+    )
 
 
 if __name__ == "__main__":

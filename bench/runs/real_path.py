@@ -142,9 +142,16 @@ class Evaluations:
         # the people's client sends no temperature: the proxy's default (1.0) is what they meet
         per_prompt = getattr(args, "samples_per_prompt", 1)
         self.evaluator = ComplianceEvaluator(
-            server_url, kind.rules, tasks_file=getattr(args, "heldout_tasks", None), n_prompts=args.eval_prompts,
-            samples_per_prompt=per_prompt, max_tokens=args.max_tokens, temperature=1.0, api_key=key,
-            concurrency=min(args.eval_prompts * per_prompt, 64), base_model=self.base,
+            server_url,
+            kind.rules,
+            tasks_file=getattr(args, "heldout_tasks", None),
+            n_prompts=args.eval_prompts,
+            samples_per_prompt=per_prompt,
+            max_tokens=args.max_tokens,
+            temperature=1.0,
+            api_key=key,
+            concurrency=min(args.eval_prompts * per_prompt, 64),
+            base_model=self.base,
         )  # fmt: skip  (every prompt at once: one batched generate, like eval.concurrency)
         self.curve: list[dict[str, Any]] = []
         self.errors: list[str] = []
@@ -280,7 +287,8 @@ def store_figures(db_path: str | Path) -> dict[str, Any]:
             "hinted_replies": sum(len(d.get("gains", [])) for d in distill),
             "accepted": sum(d.get("accepted", 0) for d in distill),
             "no_stated_preference": sum(d.get("skipped") == "no stated preference" for d in distill),
-            "failed": sum("error" in d for d in distill), "stored": sum(r["label"] == "distilled" for r in rows),
+            "failed": sum("error" in d for d in distill),
+            "stored": sum(r["label"] == "distilled" for r in rows),
             "trained": sum(r["label"] == "distilled" for r in trained),
             "gain": _stats([g for d in distill for g in d.get("gains", [])]),
         },
@@ -371,9 +379,19 @@ def gate_figures(path: Path, t0: float | None) -> dict[str, Any]:
         "findings": dict(Counter(str(r["finding"]) for r in gates if r.get("finding"))),  # docs/online_loop.md "Gate"
         "first_served_minute": minute(accepted[0]) if accepted else None,
         "rollbacks": sum(r.get("kind") == "regression" for r in rows),
-        "measured": [{"step": r.get("step"), "minute": minute(r), "decision": r.get("decision"), "n": r.get("n"),
-                      "served": r.get("served"), "candidate": r.get("candidate"), "finding": r.get("finding")}
-                     for r in gates if r.get("decision") in ("accepted", "rejected")],  # fmt: skip
+        "measured": [
+            {
+                "step": r.get("step"),
+                "minute": minute(r),
+                "decision": r.get("decision"),
+                "n": r.get("n"),
+                "served": r.get("served"),
+                "candidate": r.get("candidate"),
+                "finding": r.get("finding"),
+            }
+            for r in gates
+            if r.get("decision") in ("accepted", "rejected")
+        ],  # fmt: skip
     }
 
 

@@ -89,8 +89,15 @@ def main() -> None:
                 text = engine.tokenizer.decode(o.token_ids, skip_special_tokens=True)
                 base = engine.prompt_logprobs(plain, o.token_ids)
                 gain = token_gain(o.logprobs, base)
-                rows.append({"ok": kind.verifier.complies(text), "gain": gain, "accepted": accepts(gain), "text": text,
-                             "total": gain * len(base)})
+                rows.append(
+                    {
+                        "ok": kind.verifier.complies(text),
+                        "gain": gain,
+                        "accepted": accepts(gain),
+                        "text": text,
+                        "total": gain * len(base),
+                    }
+                )
         ok = [r for r in rows if r["ok"]]
         acc = [r for r in rows if r["accepted"]]
         med = lambda xs: round(statistics.median(xs), 3) if xs else None  # noqa: E731

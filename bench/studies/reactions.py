@@ -210,9 +210,13 @@ def kinds_report(judge: ReactionJudge, path: Path = KINDS_DATA) -> dict[str, Any
         "corrections_as_approval": sum(r["pred"] == 1 for r in corr),
         "worst_kind_corrections": min(v["corrections"] for v in per_kind.values()),
         "per_category": {
-            c: {"n": len(g), "accuracy": share([r["pred"] == r["label"] for r in g]),
-                "verdicts": {str(v): sum(r["pred"] == v for r in g) for v in LABELS}}
-            for c in sorted({r["category"] for r in rows}) for g in [[r for r in rows if r["category"] == c]]
+            c: {
+                "n": len(g),
+                "accuracy": share([r["pred"] == r["label"] for r in g]),
+                "verdicts": {str(v): sum(r["pred"] == v for r in g) for v in LABELS},
+            }
+            for c in sorted({r["category"] for r in rows})
+            for g in [[r for r in rows if r["category"] == c]]
         },  # fmt: skip
         "per_phrasing_corrections": {
             f: share([r["pred"] == -1 for r in corr if r["phrasing"] == f])
@@ -221,7 +225,8 @@ def kinds_report(judge: ReactionJudge, path: Path = KINDS_DATA) -> dict[str, Any
         "per_kind": per_kind,
         "misread": [
             {"text": r["text"], "category": r["category"], "label": r["label"], "verdict": r["pred"]}
-            for r in rows if r["pred"] != r["label"]
+            for r in rows
+            if r["pred"] != r["label"]
         ],  # fmt: skip
     }
 

@@ -30,8 +30,11 @@ sys.path[:0] = [str(REPO / "src"), str(REPO)]  # run as `python bench/<kind>/<na
 from bench.harness import add_results_argument, publish  # noqa: E402
 
 LINE = re.compile(r"^\[(?P<ts>[\d\- :,]+)\]\[(?P<logger>[^\]]+)\]\[(?P<level>[A-Z]+)\] - (?P<msg>.*)$")
-FOLD = [(re.compile(r"(/[\w.\-+]+)+"), "PATH"), (re.compile(r"\b[0-9a-f]{8,}\b"), "HEX"),
-        (re.compile(r"\d+(\.\d+)?"), "#")]
+FOLD = [
+    (re.compile(r"(/[\w.\-+]+)+"), "PATH"),
+    (re.compile(r"\b[0-9a-f]{8,}\b"), "HEX"),
+    (re.compile(r"\d+(\.\d+)?"), "#"),
+]
 ADVERT = re.compile(r"💡|litlogger|Tip:", re.I)
 READY = "Rollout proxy ready"
 

@@ -134,7 +134,6 @@ class AgentProfiles:
         return self.default if adapter == DEFAULT_ADAPTER else self.listed[adapter]
 
 
-
 def _mode(spec: dict[str, Any], agent_id: str) -> str:
     unknown = set(spec) - {"mode"}
     if unknown:

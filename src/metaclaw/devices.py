@@ -48,6 +48,7 @@ def onnx_installed() -> bool:
     """Whether the ONNX engine's packages (onnxruntime, onnx: the onnx extra) are importable."""
     return all(importlib.util.find_spec(m) is not None for m in ("onnxruntime", "onnx"))
 
+
 STRATEGIES = ("auto", "ddp", "fsdp")
 
 
@@ -96,8 +97,10 @@ class DevicePlan:
             serve, train = self.serve_threads or "default", self.train_threads or "default"
             threads = f"; torch threads: serve {serve}, train {train}"
         evaluation = "; evaluation: a server of its own" if self.eval_server else ""
-        return (f"train: {strategy} on {where}{nodes}, {self.precision}; serve: {engine} on {serve_on}{shared}{threads}"
-                f"{evaluation}")
+        return (
+            f"train: {strategy} on {where}{nodes}, {self.precision}; serve: {engine} on {serve_on}{shared}{threads}"
+            f"{evaluation}"
+        )
 
 
 def _ids(value: Any, name: str, gpu_count: int) -> list[int] | None:
@@ -209,8 +212,11 @@ def plan_devices(
             memory = min(share, float(backend.get("gpu_memory_utilization", 0.9)))
         warnings.append(
             f"inference shares cuda:{infer[0]} with training (devices.infer={infer}, devices.train={train}): "
-            + (f"vLLM takes {memory:.0%} of its memory (devices.colocate_infer_memory)" if memory else
-               "the HF engine holds a second copy of the base model")  # fmt: skip
+            + (
+                f"vLLM takes {memory:.0%} of its memory (devices.colocate_infer_memory)"
+                if memory
+                else "the HF engine holds a second copy of the base model"
+            )  # fmt: skip
         )
 
     precision = str(devices.get("precision", "auto"))

@@ -80,8 +80,15 @@ class Recorder:
         except ValueError:
             body = {"<non-json bytes>": len(raw)}
         headers = {k: v for k, v in request.headers.items() if k.lower() not in CREDENTIAL_HEADERS | HOP_HEADERS}
-        line = {"agent": self.label, "method": request.method, "path": request.url.path,
-                "query": request.url.query, "headers": headers, "body": body, "timing": timing or {}}
+        line = {
+            "agent": self.label,
+            "method": request.method,
+            "path": request.url.path,
+            "query": request.url.query,
+            "headers": headers,
+            "body": body,
+            "timing": timing or {},
+        }
         with self._lock, self.out.open("a") as f:
             f.write(json.dumps(line) + "\n")
             self.count += 1

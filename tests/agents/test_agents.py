@@ -47,7 +47,7 @@ def openclaw(svc: Service, base: str, home: Path, work: Path, i: int, text: str)
     cmd = ["openclaw", "agent", "--local", "--session-id", "metaclaw-agents-test", "--timeout", "900",
            "--message", text, "--json"]  # fmt: skip
     out = run(cmd, home, work, {})
-    body = json.loads(out[out.index("{"):])
+    body = json.loads(out[out.index("{") :])
     body = body.get("result", body)  # `{payloads, meta}`, in some versions under `result`
     meta = body.get("meta") or {}
     assert meta.get("stopReason") not in ("error", "aborted"), meta.get("stopReason")
@@ -62,7 +62,7 @@ def claude_code(svc: Service, base: str, home: Path, work: Path, i: int, text: s
            "API_TIMEOUT_MS": "900000"}  # fmt: skip
     cmd = ["claude", "-p", text, "--output-format", "json", *(["--continue"] if i else [])]
     out = run(cmd, home, work, env)
-    body = json.loads(out[out.index("{"):])
+    body = json.loads(out[out.index("{") :])
     assert not body.get("is_error"), body.get("result")
     return out, str(body.get("result") or "")
 
@@ -135,7 +135,7 @@ def test_agent_completes_five_turns_through_the_proxy(service: Service, tmp_path
             assert answer.strip(), f"{name} printed no answer on turn {i + 1}"
     lines = [json.loads(line) for line in record.read_text().splitlines()]
     chats = [r for r in lines if r["method"] == "POST" and "count_tokens" not in r["path"]]
-    assert chats and all(r["timing"].get("status") == 200 for r in chats[-len(TURNS):]), [r["timing"] for r in chats]
+    assert chats and all(r["timing"].get("status") == 200 for r in chats[-len(TURNS) :]), [r["timing"] for r in chats]
     calls = sum('"tool_calls"' in json.dumps(r["body"]) or '"function_call"' in json.dumps(r["body"]) for r in chats)
     service.results[name] = {"turns": turns, "requests": [r["timing"] for r in chats], "requests_with_calls": calls}
     if os.environ.get("METACLAW_RECORD_FIXTURES") == "1":

@@ -9,8 +9,13 @@ import pytest
 from tests.conformance.conftest import PROXY_KEY
 from tests.conformance.fixtures import PNG
 
-TOOLS = [{"name": "get_weather", "description": "Weather for a city",
-          "input_schema": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}]
+TOOLS = [
+    {
+        "name": "get_weather",
+        "description": "Weather for a city",
+        "input_schema": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+    }
+]
 HISTORY = [
     {"role": "user", "content": "What's the weather in Paris and Rome?"},
     {"role": "assistant", "content": [

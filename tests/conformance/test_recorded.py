@@ -35,8 +35,16 @@ def rig(tiny_tokenizer, tmp_path_factory) -> Iterator[SimpleNamespace]:
     twice SmolLM2's tokens for these prompts, so the context policy fits every one) behind the proxy, defaults."""
     run_dir = tmp_path_factory.mktemp("recorded-server")
     port, key = free_port(), "recorded-server-key"
-    cmd = [sys.executable, "serve.py", "model=tiny", "model.max_seq_len=8192", f"serve.port={port}",
-           f"hydra.run.dir={run_dir}", f"serve.adapter_root={run_dir / 'adapters'}", "serve.default_max_tokens=16"]
+    cmd = [
+        sys.executable,
+        "serve.py",
+        "model=tiny",
+        "model.max_seq_len=8192",
+        f"serve.port={port}",
+        f"hydra.run.dir={run_dir}",
+        f"serve.adapter_root={run_dir / 'adapters'}",
+        "serve.default_max_tokens=16",
+    ]
     url = f"http://127.0.0.1:{port}"
     with serving(cmd, f"{url}/health", run_dir / "server.log", env={"METACLAW_API_KEY": key}):
         store = SampleStore(run_dir / "samples.sqlite")

@@ -63,11 +63,15 @@ def make_run(run_dir: Path) -> Path:
     with sqlite3.connect(run_dir / "samples.sqlite") as db:  # the two trained samples: step 4's batch
         db.execute("UPDATE samples SET claimed_step=4 WHERE status='consumed'")
     (run_dir / "csv").mkdir()
-    rows = ["step,loss/total,rollout/reward_mean,train/lr,train/grad_norm,train/samples_per_min,"
-            "rollout/replies_per_min,train/sample_age_s,train/version_lag,loss/ratio_mean,loss/ratio_min,"
-            "loss/ratio_max,loss/ratio_truncated_frac,epoch"]
-    rows += [f"{s},{0.5 - 0.05 * s},{0.1 * s},0.0003,{1.0 + s},{2.0},{3.0},{60 + s},{1},1.0,0.9,1.2,0.01,0"
-             for s in range(1, 9)]
+    rows = [
+        "step,loss/total,rollout/reward_mean,train/lr,train/grad_norm,train/samples_per_min,"
+        "rollout/replies_per_min,train/sample_age_s,train/version_lag,loss/ratio_mean,loss/ratio_min,"
+        "loss/ratio_max,loss/ratio_truncated_frac,epoch"
+    ]
+    rows += [
+        f"{s},{0.5 - 0.05 * s},{0.1 * s},0.0003,{1.0 + s},{2.0},{3.0},{60 + s},{1},1.0,0.9,1.2,0.01,0"
+        for s in range(1, 9)
+    ]
     (run_dir / "csv" / "metrics.csv").write_text("\n".join(rows) + "\n")
     return run_dir
 

@@ -90,8 +90,12 @@ def test_the_units_command_answers_health_and_metrics(tmp_path):
             time.sleep(0.5)
         assert {"metaclaw_samples", "metaclaw_served_adapter_version", "metaclaw_requests",
                 "metaclaw_train_steps"} <= names, names  # fmt: skip
-        r = httpx.post(f"{url}/v1/chat/completions", headers=headers, timeout=120,
-                       json={"model": "metaclaw", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4})
+        r = httpx.post(
+            f"{url}/v1/chat/completions",
+            headers=headers,
+            timeout=120,
+            json={"model": "metaclaw", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4},
+        )
         assert r.status_code == 200, r.text
         text = httpx.get(f"{url}/metrics", headers=headers).text
         families = {f.name: f for f in text_string_to_metric_families(text)}

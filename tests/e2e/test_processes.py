@@ -73,9 +73,15 @@ def test_every_override_given_to_train_reaches_the_server_it_starts_and_sigterm_
         # the thread budget of the device plan reached the engine's worker process (devices.cpu_threads.serve)
         threads = expected.devices.cpu_threads.serve
         assert threads is not None and report["devices"]["cpu_threads"]["serve"] == threads
-        assert report["effective"] == {"model_path": str(local), "max_seq_len": 768, "backend": "hf",
-                                       "device": "cpu", "dtype": "float32", "torch_threads": threads,
-                                       "tool_call_format": "hermes"}  # fmt: skip  (its template's, serve: auto)
+        assert report["effective"] == {
+            "model_path": str(local),
+            "max_seq_len": 768,
+            "backend": "hf",
+            "device": "cpu",
+            "dtype": "float32",
+            "torch_threads": threads,
+            "tool_call_format": "hermes",
+        }  # fmt: skip  (its template's, serve: auto)
         assert models(url, KEY)["data"][0]["max_model_len"] == 768
 
         time.sleep(2.0)  # waiting for samples, with no timeout: the service stays up

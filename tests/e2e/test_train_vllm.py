@@ -130,4 +130,3 @@ def test_sigkill_of_train_takes_the_vllm_server_with_it(tmp_path):
         assert not wait_gone(everything, timeout=60), "processes of the run (vLLM's among them) outlived train.py"
     finally:
         kill_tree(proc)
-

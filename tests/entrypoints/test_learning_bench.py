@@ -68,7 +68,8 @@ def test_runs_of_separate_invocations_are_merged_and_compared_at_one_wall_minute
     assert table[1]["at_18_min"]["step"] == 4
     assert table[2]["at_18_min"] is None and table[2]["error"]  # a failed run stays in the table, with no figure
     assert merged["runs"][0]["overrides"] == ["eval.every_n_adapters=5"] and merged["runs"][1]["source"].endswith(
-        "short.json")
+        "short.json"
+    )
     bench.plot(merged["runs"], tmp_path / "six.png", "merged")
     assert (tmp_path / "six.png").read_bytes()[:4] == b"\x89PNG"
 

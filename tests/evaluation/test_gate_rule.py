@@ -144,18 +144,25 @@ def test_the_verifier_path_uses_the_same_rule_and_guard(live, tmp_path):
     track.served_score, track.served_n = 0.5, 32
     served: list[Path] = []
     gate = live.gatekeeper
-    inconclusive = gate.decide(track, 4, tmp_path / "s4", EvalResult("c", 0.34375, 32, quality=ReplyQuality(nll=2.1)),
-                               served.append)
+    inconclusive = gate.decide(
+        track, 4, tmp_path / "s4", EvalResult("c", 0.34375, 32, quality=ReplyQuality(nll=2.1)), served.append
+    )
     assert inconclusive["decision"] == "accepted" and inconclusive["finding"] == "inconclusive"
     assert inconclusive["guarded_by"] == "publish.gate.rollback" and track.served_score == 0.34375
-    worse = gate.decide(track, 8, tmp_path / "s8", EvalResult("c", 0.0, 32, quality=ReplyQuality(nll=2.0)),
-                        served.append)
+    worse = gate.decide(
+        track, 8, tmp_path / "s8", EvalResult("c", 0.0, 32, quality=ReplyQuality(nll=2.0)), served.append
+    )
     assert worse["decision"] == "rejected" and worse["finding"] == "worse"
     assert worse["reasons"][0].startswith("compliance 0.00 (n 32.0) vs served 0.34 (n 32.0): worse by more than")
     assert track.served_score == 0.34375  # a refused candidate does not move the bar
     track.served_score = 0.65625
-    best = gate.decide(track, 52, tmp_path / "s52",
-                       EvalResult("c", 0.90625, 32, quality=ReplyQuality(nll=2.8688357646266627)), served.append)
+    best = gate.decide(
+        track,
+        52,
+        tmp_path / "s52",
+        EvalResult("c", 0.90625, 32, quality=ReplyQuality(nll=2.8688357646266627)),
+        served.append,
+    )
     assert best["decision"] == "accepted" and best["max_nll_increase"] == 1.0
     assert served == [tmp_path / "s4", tmp_path / "s52"]
     records = gate_records(tmp_path)

@@ -211,8 +211,14 @@ def test_the_default_evaluation_asks_every_reply_in_one_batch_before_scoring(tmp
     assert ev_cfg.concurrency >= ev_cfg.n_prompts
     profile = tmp_path / "profile"
     port = free_port()
-    cmd = [sys.executable, "serve.py", "model=tiny", "backend.max_batch_size=64", f"serve.port={port}",
-           f"hydra.run.dir={tmp_path / 'server'}"]  # train.py's backend (batches of up to 64)
+    cmd = [
+        sys.executable,
+        "serve.py",
+        "model=tiny",
+        "backend.max_batch_size=64",
+        f"serve.port={port}",
+        f"hydra.run.dir={tmp_path / 'server'}",
+    ]  # train.py's backend (batches of up to 64)
     env = {"METACLAW_PROFILE_DIR": str(profile), "METACLAW_PROFILE_EVERY_S": "0.2"}
     with serving(cmd, f"http://127.0.0.1:{port}/health", tmp_path / "server.log", env=env):
         ev = ComplianceEvaluator(f"http://127.0.0.1:{port}", PREFS, n_prompts=ev_cfg.n_prompts, max_tokens=16,

@@ -1,6 +1,5 @@
 """Every conf/loss option composes, instantiates and runs on a tiny batch."""
 
-
 import pytest
 import torch
 from hydra import compose, initialize_config_dir

@@ -23,8 +23,9 @@ def test_a_judge_outage_shows_in_the_counters(tmp_path):
         store.insert(Sample([1, 2], [3], [-1.0], session_id="s", turn_index=i, next_state="ok" if i < 2 else None))
     store.insert(Sample([1, 2], [3], [-1.0], session_id="t"))  # another session, still open
     SessionLog(store.path).touch("default", "s", done=True)
-    worker = ScoringWorker(store, DownJudge(), needs_reward=True, max_attempts=1, session_idle_s=1e9,
-                           no_next_state="score")  # every turn goes to the judge
+    worker = ScoringWorker(
+        store, DownJudge(), needs_reward=True, max_attempts=1, session_idle_s=1e9, no_next_state="score"
+    )  # every turn goes to the judge
     asyncio.run(worker.run_once())
     monitor = HealthMonitor(str(store.path))
     monitor.attach(worker=worker)

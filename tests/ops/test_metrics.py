@@ -58,13 +58,16 @@ def test_proxy_metrics_parse_and_move(tmp_path, upstream):
         unwatch()
     route = "/v1/chat/completions"
     requests = value(after, "metaclaw_requests_total", server="proxy", route=route, agent="default", code="200")
-    assert requests - value(before, "metaclaw_requests_total", server="proxy", route=route, agent="default",
-                            code="200") == 2  # an unlisted agent is the default profile: no id becomes a label
+    assert (
+        requests - value(before, "metaclaw_requests_total", server="proxy", route=route, agent="default", code="200")
+        == 2
+    )  # an unlisted agent is the default profile: no id becomes a label
     assert value(after, "metaclaw_request_duration_seconds_count", server="proxy", route=route, agent="default") >= 2
     assert value(after, "metaclaw_requests_total", server="proxy", route="/metrics", agent="default", code="401") >= 1
     for kind in ("prompt", "completion"):
         grew = value(after, "metaclaw_tokens_total", server="proxy", agent="default", kind=kind) - value(
-            before, "metaclaw_tokens_total", server="proxy", agent="default", kind=kind)
+            before, "metaclaw_tokens_total", server="proxy", agent="default", kind=kind
+        )
         assert grew > 0, kind
     assert value(after, "metaclaw_samples", status="pending") == 2
     assert value(after, "metaclaw_served_adapter_version", agent="default") == 3

@@ -26,7 +26,8 @@ def test_a_mistyped_key_suggests_the_close_match_not_a_plus():
 
 def test_a_wrong_type_names_the_field_and_what_it_takes():
     assert one_line(["train", "data.batch_size=four"]) == (
-        "metaclaw: data.batch_size='four': input should be a valid integer, unable to parse string as an integer")
+        "metaclaw: data.batch_size='four': input should be a valid integer, unable to parse string as an integer"
+    )
     assert one_line(["train", "log.format=jsno"]) == "metaclaw: log.format='jsno': input should be 'text' or 'json'"
     assert one_line(["serve", "serve.port=70000"]).startswith("metaclaw: serve.port=70000: input should be less")
 
@@ -53,7 +54,8 @@ def test_a_missing_run_directory(tmp_path):
 def test_an_unknown_model_names_the_options():
     assert one_line(["train", "model=qwen3_8bb"]) == (
         "metaclaw: unknown model 'qwen3_8bb': did you mean model=qwen3_8b? (options: qwen3_4b, qwen3_8b, smollm2_135m, "
-        "tiny)")
+        "tiny)"
+    )
 
 
 def test_valid_overrides_and_hydra_options_pass(monkeypatch):
@@ -73,7 +75,12 @@ def test_a_device_plan_mistake_is_one_line_without_a_traceback(tmp_path):
     from tests.procs import REPO
 
     env = {"PYTHONPATH": str(REPO / "src"), "HF_HUB_OFFLINE": "1", "PATH": "/usr/bin:/bin"}
-    out = subprocess.run([sys.executable, "-m", "metaclaw", "train", "model=tiny", "devices.train=[0,0]",
-                          f"hydra.run.dir={tmp_path}"], capture_output=True, text=True, timeout=120, env=env)
+    out = subprocess.run(
+        [sys.executable, "-m", "metaclaw", "train", "model=tiny", "devices.train=[0,0]", f"hydra.run.dir={tmp_path}"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+    )
     assert out.returncode == 2 and "Traceback" not in out.stderr + out.stdout
     assert "Config: devices.train lists a GPU twice: [0, 0]" in out.stderr + out.stdout

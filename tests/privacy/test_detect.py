@@ -84,8 +84,12 @@ def test_encoded_keys_are_found(text):
 
 def test_encodings_do_not_flag_clean_look_alikes():
     png = base64.b64encode(bytes(range(256)) * 4).decode()
-    for text in (f"data:image/png;base64,{png}", "sha256 " + "ab12" * 16, "a b c d e f g h i j k l m n o p q r s t u v",
-                 "hex dump 48656c6c6f2c20746869732069732061206275696c64206e6f7465"):
+    for text in (
+        f"data:image/png;base64,{png}",
+        "sha256 " + "ab12" * 16,
+        "a b c d e f g h i j k l m n o p q r s t u v",
+        "hex dump 48656c6c6f2c20746869732069732061206275696c64206e6f7465",
+    ):
         assert find_secrets(text) == [], text
 
 

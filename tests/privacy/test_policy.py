@@ -137,8 +137,11 @@ def test_a_loopback_url_that_is_not_this_runs_server_gets_redacted_text():
     evolver = Recorder("http://127.0.0.1:8001/v1", "run-key")
     RedactingEvolver(evolver, policy).evolve("a", [{"sample_id": 1, "messages": s.messages, "response": EMAIL}])
     assert EMAIL not in str(evolver.seen)
-    ours = [Recorder("http://127.0.0.1:8000/", "run-key"), Recorder("http://127.0.0.1:8000/v1", "run-key"),
-            Recorder("http://127.0.0.1:9000", "any")]  # our server (the evolver's /v1 too); the owner's trusted one
+    ours = [
+        Recorder("http://127.0.0.1:8000/", "run-key"),
+        Recorder("http://127.0.0.1:8000/v1", "run-key"),
+        Recorder("http://127.0.0.1:9000", "any"),
+    ]  # our server (the evolver's /v1 too); the owner's trusted one
     for judge in ours:
         asyncio.run(RedactingJudge(judge, policy).reward(s))
         assert EMAIL in judge.seen[0].messages[1]["content"], judge.endpoint

@@ -38,8 +38,12 @@ CHAT_ATTACKS = {
     "message_name": {"messages": [{**USER, "name": KEY}]},
     "tool_call_id": {"messages": tool_call_turn(KEY), "tools": [fn_tool()]},
     "chat_template_kwargs": {"messages": [USER], "chat_template_kwargs": {"note": f"token {KEY}"}},
-    "split_across_messages": {"messages": [{"role": "user", "content": f"my token is {KEY[:20]}"},
-                                           {"role": "user", "content": f"{KEY[20:]} - why is it rejected?"}]},
+    "split_across_messages": {
+        "messages": [
+            {"role": "user", "content": f"my token is {KEY[:20]}"},
+            {"role": "user", "content": f"{KEY[20:]} - why is it rejected?"},
+        ]
+    },
 }
 ANTHROPIC_TOOL = {"name": "shell", "description": f"uses {KEY}", "input_schema": {"type": "object", "properties": {}}}
 RESPONSES_TOOL = {"type": "function", "name": "shell", "description": f"uses {KEY}",

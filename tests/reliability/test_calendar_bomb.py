@@ -151,8 +151,10 @@ def _zone(rule: str, tzid: str = "Bomb/Zone") -> str:
         _zone("FREQ=YEARLY;BYMONTH=1,2,3,4,5,6,7,8,9,10,11,12;BYMONTHDAY=1,2,3,4,5,6,7,8,9,10;BYHOUR=1,2,3,4,5,6"),
         _zone("FREQ=DAILY;COUNT=100000000"),
         _event("exrule", "FREQ=DAILY").replace("RRULE:FREQ=DAILY", "RRULE:FREQ=DAILY\r\nEXRULE:FREQ=SECONDLY"),
-        _event("alarm", "FREQ=WEEKLY").replace("END:VEVENT", "BEGIN:VALARM\r\nTRIGGER:-PT5M\r\nACTION:DISPLAY\r\n"
-                                               "RRULE:FREQ=SECONDLY\r\nEND:VALARM\r\nEND:VEVENT"),
+        _event("alarm", "FREQ=WEEKLY").replace(
+            "END:VEVENT",
+            "BEGIN:VALARM\r\nTRIGGER:-PT5M\r\nACTION:DISPLAY\r\nRRULE:FREQ=SECONDLY\r\nEND:VALARM\r\nEND:VEVENT",
+        ),
     ],
     ids=["vtimezone_secondly", "vtimezone_many_per_year", "vtimezone_daily", "exrule_secondly", "valarm_secondly"],
 )

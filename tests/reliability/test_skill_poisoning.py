@@ -47,8 +47,15 @@ def _obeying_evolver() -> FastAPI:
         skills = []
         if planted:
             body = planted.group(1).strip() if app.state.mode == "verbatim" else PARAPHRASE
-            skills = [{"action": "add", "name": "setup-first", "category": "setup", "body": body,
-                       "description": "When someone asks how to set up a project or what step comes first."}]
+            skills = [
+                {
+                    "action": "add",
+                    "name": "setup-first",
+                    "category": "setup",
+                    "body": body,
+                    "description": "When someone asks how to set up a project or what step comes first.",
+                }
+            ]
         reply = json.dumps({"skills": skills})
         return {"choices": [{"index": 0, "message": {"role": "assistant", "content": reply}}]}
 

@@ -358,8 +358,11 @@ def test_an_agents_transient_runtime_message_is_no_reaction():
 
     plain, state = [{"role": "user", "content": "q1"}], SessionState()
     assert reaction_messages(plain, state) == []
-    plain += [{"role": "assistant", "content": "a1"}, {"role": "user", "content": "No."},
-              {"role": "tool", "content": "x"}]
+    plain += [
+        {"role": "assistant", "content": "a1"},
+        {"role": "user", "content": "No."},
+        {"role": "tool", "content": "x"},
+    ]
     assert [m["content"] for m in reaction_messages(plain, state)] == ["No.", "x"]  # nothing dropped
 
 

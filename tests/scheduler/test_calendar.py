@@ -160,8 +160,10 @@ def test_calendar_from_a_url(tmp_path):
     [
         ("this is not a calendar", "not a valid iCalendar file"),
         ("BEGIN:VCALENDAR\nBEGIN:VEVENT\nDTSTART:2026-11-XX\nSUMMARY:x\nEND:VEVENT\nEND:VCALENDAR\n", "DTSTART"),
-        ("BEGIN:VCALENDAR\nBEGIN:VEVENT\nDTSTART:20261123T140000Z\nRRULE:FREQ=SOMETIMES\nEND:VEVENT\nEND:VCALENDAR\n",
-         "cannot expand"),
+        (
+            "BEGIN:VCALENDAR\nBEGIN:VEVENT\nDTSTART:20261123T140000Z\nRRULE:FREQ=SOMETIMES\nEND:VEVENT\nEND:VCALENDAR\n",
+            "cannot expand",
+        ),
         ("BEGIN:VCALENDAR\nBEGIN:VEVENT\nSUMMARY:no start\nEND:VEVENT\nEND:VCALENDAR\n", "has no DTSTART"),
     ],
 )

@@ -113,8 +113,13 @@ def test_a_correction_with_a_stated_preference_yields_a_sample_on_the_prompt_wit
 
 @pytest.mark.parametrize(
     "reaction",
-    ["Great. Now give me a shorter version for Twitter.", "haha, the weather here is lovely today", "lovely, cheers",
-     "What about rice?", None],
+    [
+        "Great. Now give me a shorter version for Twitter.",
+        "haha, the weather here is lovely today",
+        "lovely, cheers",
+        "What about rice?",
+        None,
+    ],
     ids=["follow-up task", "small talk", "praise", "new question", "no reaction"],
 )
 def test_no_sample_from_a_follow_up_praise_a_new_question_or_silence(tmp_path, judge, reaction):

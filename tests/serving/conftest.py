@@ -128,7 +128,14 @@ def vllm_http(tiny_spec, tmp_path_factory):
 
     venv = need_vllm_env()
     log = tmp_path_factory.mktemp("vllm") / "vllm.log"
-    engine = VLLMServerEngine.from_spec(tiny_spec, venv=str(venv), log_file=str(log), max_loras=2, max_lora_rank=16,
-                                        enforce_eager=True, gpu_memory_utilization=0.1)  # CPU: a share of RAM
+    engine = VLLMServerEngine.from_spec(
+        tiny_spec,
+        venv=str(venv),
+        log_file=str(log),
+        max_loras=2,
+        max_lora_rank=16,
+        enforce_eager=True,
+        gpu_memory_utilization=0.1,
+    )  # CPU: a share of RAM
     yield engine
     engine.close()

@@ -41,7 +41,7 @@ def test_a_template_without_tools_gets_them_in_the_text(tiny_tokenizer):
     assert "<tool_response>\npineapple\n</tool_response>" in text
     # what the model is shown a call looks like is what the server's parser reads back from a reply
     start = text.index("<|im_start|>assistant\n") + len("<|im_start|>assistant\n")
-    reply = text[start: text.index("<|im_end|>", start)]
+    reply = text[start : text.index("<|im_end|>", start)]
     content, calls = PARSERS["hermes"].split(reply)
     assert content == "" and calls[0]["function"]["name"] == "read_file"
     assert json.loads(calls[0]["function"]["arguments"]) == {"path": "notes.txt"}

@@ -49,8 +49,9 @@ class ScriptedLLM:
         class Handler(BaseHTTPRequestHandler):
             def do_POST(self) -> None:  # noqa: N802 (http.server API)
                 body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
-                outer.requests.append({"path": self.path, "json": json.loads(body), "auth": self.headers.get(
-                    "Authorization")})
+                outer.requests.append(
+                    {"path": self.path, "json": json.loads(body), "auth": self.headers.get("Authorization")}
+                )
                 chars = sum(len(m.get("content") or "") for m in outer.requests[-1]["json"].get("messages", []))
                 time.sleep(outer.delay_s)
                 if outer.context_chars is not None and chars > outer.context_chars:

@@ -36,7 +36,11 @@ def test_bad_agent_is_a_usage_error(root, capsys):
 
 
 def test_module_entry_point(root):
-    proc = subprocess.run([sys.executable, "-m", "metaclaw.skills", "--root", str(root), "list"],
-                          capture_output=True, text=True, timeout=60)
+    proc = subprocess.run(
+        [sys.executable, "-m", "metaclaw.skills", "--root", str(root), "list"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert proc.returncode == 0, proc.stderr
     assert "skills for agent 'default'" in proc.stdout

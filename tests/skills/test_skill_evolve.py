@@ -24,8 +24,12 @@ DUPLICATE = {
     "to run.\n- Re-read the request and make sure every part was done.",
 }
 TURNS = [
-    {"sample_id": "s-1", "messages": [{"role": "user", "content": "add requests to the project"}],
-     "response": "Added `requests` to requirements.txt.", "reward": -1.0},
+    {
+        "sample_id": "s-1",
+        "messages": [{"role": "user", "content": "add requests to the project"}],
+        "response": "Added `requests` to requirements.txt.",
+        "reward": -1.0,
+    },
     FailedTurn("s-2", "user: install numpy\nassistant: done", "pip install numpy", 0.0),
     {"sample_id": "s-ok", "prompt": "fine", "response": "fine", "reward": 1.0},  # not a failure: ignored
 ]
@@ -94,8 +98,13 @@ def test_schema_violations_and_edit(root, llm):
         dict(NEW_SKILL, action="edit", name="no-such-skill"),
         "not an object",
     ]
-    edit = {"action": "edit", "name": "safe-shell-commands", "description": "Run shell commands safely.",
-            "category": "safety", "body": "- Confirm before rm -rf.\n- Prefer --dry-run first."}
+    edit = {
+        "action": "edit",
+        "name": "safe-shell-commands",
+        "description": "Run shell commands safely.",
+        "category": "safety",
+        "body": "- Confirm before rm -rf.\n- Prefer --dry-run first.",
+    }
     llm.replies.append(json.dumps({"skills": [*bad, edit]}))
     result = make(root, llm, max_proposals=10).evolve("alice", TURNS)
     assert result.accepted_names == ["safe-shell-commands"] and len(result.rejected) == len(bad)

@@ -40,8 +40,13 @@ def test_list_of_parts_content(root):
     injector = SkillInjector(root, top_k=1)
     messages = [
         {"role": "system", "content": [{"type": "text", "text": "Be brief."}]},
-        {"role": "user", "content": [{"type": "text", "text": "[Mon 2026-01-05 10:00 UTC] the api key leaked in git"},
-                                     {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}]},
+        {
+            "role": "user",
+            "content": [
+                {"type": "text", "text": "[Mon 2026-01-05 10:00 UTC] the api key leaked in git"},
+                {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}},
+            ],
+        },
     ]
     before = copy.deepcopy(messages)
     out, names = injector.inject(messages)

@@ -24,8 +24,10 @@ def test_existing_metaclaw_bank_format_loads(root):
     # MetaClaw's own banks have only name + description (quoted) in the front matter
     d = root / SHARED_POOL / "debug-systematically"
     d.mkdir(parents=True)
-    (d / "SKILL.md").write_text('---\nname: debug-systematically\ndescription: "Use this when a test fails."\n---\n\n'
-                                "# Debug Systematically\n\n1. Reproduce\n")
+    (d / "SKILL.md").write_text(
+        '---\nname: debug-systematically\ndescription: "Use this when a test fails."\n---\n\n'
+        "# Debug Systematically\n\n1. Reproduce\n"
+    )
     lib = SkillLibrary(root)  # _shared exists, so it is not re-seeded
     (skill,) = lib.skills()
     assert skill.name == "debug-systematically" and skill.category == "general" and skill.body.startswith("# Debug")
@@ -70,9 +72,13 @@ def test_reload_when_file_changes_and_no_temp_leftovers(root):
 
 def test_malformed_skill_skipped_with_warning(root, caplog):
     SkillLibrary(root)
-    bad = {"no-front-matter": "# just markdown\n", "bad-yaml": "---\nname: [unclosed\n---\nbody\n",
-           "no-name": "---\ndescription: nameless\n---\nbody\n", "bad-name": "---\nname: ../../etc\n---\nbody\n",
-           "not-mapping": "---\n- a\n- b\n---\nbody\n"}
+    bad = {
+        "no-front-matter": "# just markdown\n",
+        "bad-yaml": "---\nname: [unclosed\n---\nbody\n",
+        "no-name": "---\ndescription: nameless\n---\nbody\n",
+        "bad-name": "---\nname: ../../etc\n---\nbody\n",
+        "not-mapping": "---\n- a\n- b\n---\nbody\n",
+    }
     for folder, text in bad.items():
         (root / SHARED_POOL / folder).mkdir()
         (root / SHARED_POOL / folder / "SKILL.md").write_text(text)

@@ -55,8 +55,13 @@ def test_extract_query_latest_user_message_and_parts():
         {"role": "system", "content": "You are helpful."},
         {"role": "user", "content": "first question"},
         {"role": "assistant", "content": "answer"},
-        {"role": "user", "content": [{"type": "text", "text": "[Mon 2026-01-05 10:00 UTC] second"},
-                                     {"type": "image_url", "image_url": {"url": "data:..."}}]},
+        {
+            "role": "user",
+            "content": [
+                {"type": "text", "text": "[Mon 2026-01-05 10:00 UTC] second"},
+                {"type": "image_url", "image_url": {"url": "data:..."}},
+            ],
+        },
         {"role": "tool", "content": "tool output", "tool_call_id": "x"},
     ]
     assert extract_query(messages) == "second"
@@ -70,8 +75,10 @@ def test_strip_patterns_are_configurable():
     msg = [{"role": "user", "content": "ACME-HEADER v2 | rotate the logs"}]
     assert extract_query(msg) == "ACME-HEADER v2 | rotate the logs"
     assert extract_query(msg, patterns=[r"^ACME-HEADER v\d+ \| "]) == "rotate the logs"
-    assert extract_query([{"role": "user", "content": "<system-reminder>x</system-reminder> hi"}], patterns=[]) \
+    assert (
+        extract_query([{"role": "user", "content": "<system-reminder>x</system-reminder> hi"}], patterns=[])
         == "<system-reminder>x</system-reminder> hi"
+    )
 
 
 @pytest.mark.parametrize("kind", ["bm25", "embedding"])
@@ -97,7 +104,10 @@ def test_embedding_cache_keyed_by_content_hash(tmp_path, embedding_ranker):
 
     ranker = EmbeddingRanker(model_dir=embedding_ranker.model_dir, cache_dir=tmp_path)
     ranker._model, ranker._tokenizer, ranker._torch = (  # share the loaded model; the cache is what is tested
-        embedding_ranker._model, embedding_ranker._tokenizer, embedding_ranker._torch)
+        embedding_ranker._model,
+        embedding_ranker._tokenizer,
+        embedding_ranker._torch,
+    )
     a = Skill("alpha-skill", "Rotate log files daily.", body="Use logrotate.")
     ranker.skill_vectors([a])
     files = sorted(p.name for p in ranker.cache_dir.glob("*.npy"))

@@ -18,8 +18,10 @@ OLD = Path(__file__).parent / "data" / "store_2026-11-26.sqlite"
 
 def _rows(path: Path) -> list[tuple]:
     with sqlite3.connect(path) as c:
-        return c.execute("SELECT id, status, reward, temperature, adapter_version, claimed_step, prompt_ids,"
-                         " response_ids, behaviour_logprobs, next_state FROM samples ORDER BY id").fetchall()
+        return c.execute(
+            "SELECT id, status, reward, temperature, adapter_version, claimed_step, prompt_ids,"
+            " response_ids, behaviour_logprobs, next_state FROM samples ORDER BY id"
+        ).fetchall()
 
 
 def test_an_old_store_opens_migrates_and_keeps_every_row(tmp_path):

@@ -32,8 +32,9 @@ def offline(monkeypatch: pytest.MonkeyPatch) -> None:
             {"messages": [{"role": "user", "content": f"Say {w}."}, {"role": "assistant", "content": f"{w}!"}]}
             for w in ("hello", "yes", "blue", "seven", "tea", "rain")
         ],
-        "openai/gsm8k": [{"question": f"What is {a} + {a}?", "answer": f"{a} + {a} = {2 * a}\n#### {2 * a}"}
-                         for a in range(1, 7)],  # fmt: skip
+        "openai/gsm8k": [
+            {"question": f"What is {a} + {a}?", "answer": f"{a} + {a} = {2 * a}\n#### {2 * a}"} for a in range(1, 7)
+        ],  # fmt: skip
     }
 
     def load_dataset(name: str, *args: object, **kwargs: object) -> datasets.DatasetDict:

@@ -22,18 +22,25 @@ TOOLS = [{"type": "function", "function": {"name": "read_file", "description": "
 CALL = {"id": "c1", "type": "function", "function": {"name": "read_file", "arguments": '{"path": "notes.txt"}'}}
 BODIES = {
     "plain": {"messages": [{"role": "user", "content": "hi"}]},
-    "developer and parts": {"messages": [
-        {"role": "developer", "content": "Be brief."},
-        {"role": "user", "content": [{"type": "text", "text": "What is "}, {"type": "text", "text": "2+2?"}]},
-    ]},  # fmt: skip
-    "tools and a call": {"tools": TOOLS, "messages": [
-        {"role": "system", "content": "Be brief."},
-        {"role": "user", "content": "What is in notes.txt?"},
-        {"role": "assistant", "content": None, "tool_calls": [CALL]},
-        {"role": "tool", "tool_call_id": "c1", "content": "pineapple"},
-    ]},  # fmt: skip
-    "template kwargs": {"messages": [{"role": "user", "content": "hi"}],
-                        "chat_template_kwargs": {"enable_thinking": False}},  # fmt: skip
+    "developer and parts": {
+        "messages": [
+            {"role": "developer", "content": "Be brief."},
+            {"role": "user", "content": [{"type": "text", "text": "What is "}, {"type": "text", "text": "2+2?"}]},
+        ]
+    },  # fmt: skip
+    "tools and a call": {
+        "tools": TOOLS,
+        "messages": [
+            {"role": "system", "content": "Be brief."},
+            {"role": "user", "content": "What is in notes.txt?"},
+            {"role": "assistant", "content": None, "tool_calls": [CALL]},
+            {"role": "tool", "tool_call_id": "c1", "content": "pineapple"},
+        ],
+    },  # fmt: skip
+    "template kwargs": {
+        "messages": [{"role": "user", "content": "hi"}],
+        "chat_template_kwargs": {"enable_thinking": False},
+    },  # fmt: skip
 }
 
 

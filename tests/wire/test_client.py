@@ -79,8 +79,12 @@ def _hot_loader(url: str, tmp: Path) -> None:
 
 
 def _distiller(url: str, tmp: Path) -> None:
-    body = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "logprobs": True,
-            "return_token_ids": True}
+    body = {
+        "model": "tiny",
+        "messages": [{"role": "user", "content": "hi"}],
+        "logprobs": True,
+        "return_token_ids": True,
+    }
     assert ContextDistiller(url, "tiny")._ask(body)[0].token_ids
 
 

@@ -70,8 +70,10 @@ def seed_store(
                 next_state=row.get("next_state"),
                 messages=row["messages"],
                 response_text=row["response"],
-                meta=SampleMeta(origin=OriginMeta(source=str(path)),
-                                dropped=None if usable else "no_hint" if needs_teacher else "no_reward"),
+                meta=SampleMeta(
+                    origin=OriginMeta(source=str(path)),
+                    dropped=None if usable else "no_hint" if needs_teacher else "no_reward",
+                ),
             )
         )
         n += 1

@@ -301,8 +301,9 @@ class ComplianceEvaluator:
             errors=errors,
             seconds=time.monotonic() - t0,
             examples=ok_replies[: self.keep_examples],
-            quality=ReplyQuality(**quality, distinct_2=stats.distinct_2, distinct_replies=stats.distinct_replies,
-                                 junk=stats.junk),  # fmt: skip
+            quality=ReplyQuality(
+                **quality, distinct_2=stats.distinct_2, distinct_replies=stats.distinct_replies, junk=stats.junk
+            ),  # fmt: skip
             collapse=collapse,
         )
 

@@ -30,8 +30,17 @@ from metaclaw.wire.client import CallError, Endpoint, load_adapter, models
 log = logging.getLogger("metaclaw.evaluation.live")
 
 HotLoad = Callable[[Path], Any]
-COUNTS = ("evaluated", "skipped", "skipped_budget", "gate_accepted", "gate_rejected", "errors", "gate_held",
-          "rolled_back", "gate_inconclusive")
+COUNTS = (
+    "evaluated",
+    "skipped",
+    "skipped_budget",
+    "gate_accepted",
+    "gate_rejected",
+    "errors",
+    "gate_held",
+    "rolled_back",
+    "gate_inconclusive",
+)
 RULE = "one-sided upper bound of candidate - served (Newcombe's hybrid score interval) < -margin"
 
 

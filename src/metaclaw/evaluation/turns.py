@@ -112,9 +112,7 @@ class HeldoutTurnsEvaluator:
         return [
             s
             for s in rows
-            if s.meta.dropped == "heldout"
-            and s.reward is not None
-            and (self.owner is None or self.owner(s.agent_id))
+            if s.meta.dropped == "heldout" and s.reward is not None and (self.owner is None or self.owner(s.agent_id))
         ]
 
     def versions_due(self, final: bool = False, served: int | None = None) -> list[int]:
@@ -152,8 +150,7 @@ class HeldoutTurnsEvaluator:
         quality.junk = stats.junk
         if self.base_model:
             nlls = [
-                base_nll(self.endpoint, self.base_model, s.prompt_ids, s.response_ids, self.timeout_s)
-                for s in turns
+                base_nll(self.endpoint, self.base_model, s.prompt_ids, s.response_ids, self.timeout_s) for s in turns
             ]
             compliant = [s.reward > 0 for s in turns]
             if version == 0 and self.reference_nll is None:

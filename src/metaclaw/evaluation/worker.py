@@ -135,4 +135,3 @@ class EvalWorker:
             self.cond.notify_all()
         if self.thread:
             self.thread.join(timeout)
-

@@ -70,8 +70,9 @@ def check_config(config: dict[str, Any], run: RunAdapters, any_base: bool) -> tu
         raise ExportError(f"target_modules must be a list of module names, got {targets!r}")
     extra = sorted(set(targets) - set(lora["target_modules"]))
     if extra:
-        raise ExportError(f"target modules {extra} are not among this run's policy.target_modules "
-                          f"{lora['target_modules']}")
+        raise ExportError(
+            f"target modules {extra} are not among this run's policy.target_modules {lora['target_modules']}"
+        )
     base = str(config.get("base_model_name_or_path") or "")
     spec = run.model_spec()
     known = {spec.name.lower(), Path(str(spec.local_dir())).name.lower(), Path(spec.path).name.lower()}

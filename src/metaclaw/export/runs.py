@@ -26,7 +26,6 @@ from metaclaw.wire import ADAPTER_CONFIG, ADAPTER_WEIGHTS
 __all__ = ["ExportError", "RunAdapters", "file_sha256", "write_json_atomically"]
 
 
-
 class ExportError(ValueError):
     """A request the command refuses: it names what does not fit (the CLI prints it and exits 2)."""
 

@@ -110,8 +110,10 @@ def build_distiller(cfg: DictConfig, server: Endpoint | None, privacy: PrivacyPo
     if not node or not node.enabled:
         return None
     if server is None and node.distiller.get("base_url") is None:
-        log.warning("Learning from the words is OFF: distill.distiller.base_url is null and there is no policy "
-                    "server to ask (set distill.distiller.base_url, or distill.enabled=false to silence this)")
+        log.warning(
+            "Learning from the words is OFF: distill.distiller.base_url is null and there is no policy "
+            "server to ask (set distill.distiller.base_url, or distill.enabled=false to silence this)"
+        )
         return None
     distiller = instantiate(with_server(node.distiller, server, "distill.distiller"))
     if privacy is not None and privacy.redacts_for(distiller.endpoint):

@@ -129,8 +129,10 @@ class OnlineRLModule(L.LightningModule):
         `clip_grad_norm_`; Lightning's FSDP precision refuses `norm` clipping)."""
         from lightning.pytorch.strategies import FSDPStrategy
 
-        if gradient_clip_val and gradient_clip_algorithm in (None, "norm") and isinstance(
-            self.trainer.strategy, FSDPStrategy
+        if (
+            gradient_clip_val
+            and gradient_clip_algorithm in (None, "norm")
+            and isinstance(self.trainer.strategy, FSDPStrategy)
         ):
             self.trainer.strategy.model.clip_grad_norm_(gradient_clip_val)
             return

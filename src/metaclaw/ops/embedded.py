@@ -45,8 +45,9 @@ def main(argv: list[str]) -> int:
             bootstrap = [sys.executable, "-m", "ensurepip", "--upgrade"]
             print(f"no pip in this environment ({sys.executable}): {' '.join(bootstrap)}", flush=True)
             if subprocess.call(bootstrap) != 0:
-                print("metaclaw models install: ensurepip failed; put `uv` on PATH or install pip here",
-                      file=sys.stderr)
+                print(
+                    "metaclaw models install: ensurepip failed; put `uv` on PATH or install pip here", file=sys.stderr
+                )
                 return 1
             importlib.invalidate_caches()
         print(" ".join(install_command()), flush=True)

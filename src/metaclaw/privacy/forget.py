@@ -136,8 +136,15 @@ def forget(
             quotes = Quotes(t for r in rows for t in sample_texts(r[4], r[5], r[6]))
             skills = skills_from(Path(skills_root), by_agent) if skills_root is not None and ids else {}
             copies = _injected(conn, skills) - ids  # other turns whose prompt carried such a skill
-            rows += conn.execute(f"SELECT id, agent_id, status, claimed_step, NULL, NULL, NULL FROM samples WHERE id "
-                                 f"IN ({','.join('?' * len(copies))})", sorted(copies)).fetchall() if copies else []
+            rows += (
+                conn.execute(
+                    f"SELECT id, agent_id, status, claimed_step, NULL, NULL, NULL FROM samples WHERE id "
+                    f"IN ({','.join('?' * len(copies))})",
+                    sorted(copies),
+                ).fetchall()
+                if copies
+                else []
+            )
             trained = [(r[1], r[3]) for r in rows if r[2] in ("claimed", "consumed") and r[3] is not None]
             report.claimed_now = sorted(r[0] for r in rows if r[2] == "claimed")
             report.samples_deleted = conn.execute(f"DELETE FROM samples WHERE {where}", args).rowcount

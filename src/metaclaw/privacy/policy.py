@@ -163,6 +163,7 @@ class PrivacyPolicy:
             sample.teacher_logprobs = None
             log.warning("Turn %s/%d dropped (%s): never stored verbatim, scored or trained on",
                         sample.session_id, sample.turn_index, sample.meta.dropped)  # fmt: skip
+
         def redact_one(text: str, label: bool) -> str:
             found = [f for f in (*self.findings(text, label), *across.get(text, ())) if self._redacts(f)]
             return redact(text, found) if found else text

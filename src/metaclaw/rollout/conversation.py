@@ -120,9 +120,7 @@ class Query:
 
     __slots__ = ("agent_id", "last_assistant", "reply", "lax", "_candidates", "_all", "_new", "_opening")
 
-    def __init__(
-        self, messages: list[dict[str, Any]], agent_id: str, partition: str = "", lax: bool = False
-    ) -> None:
+    def __init__(self, messages: list[dict[str, Any]], agent_id: str, partition: str = "", lax: bool = False) -> None:
         kept = [m for m in messages if m.get("role") != "system"]
         roles = [m.get("role") for m in kept]
         k = max((i for i, r in enumerate(roles) if r == "assistant"), default=-1)

@@ -85,8 +85,11 @@ def slim_tools(tools: list[dict[str, Any]], level: int) -> list[dict[str, Any]]:
 
     def strip(schema: Any, names: bool = False) -> Any:  # names: the keys are property names, all kept
         if isinstance(schema, dict):
-            return {k: strip(v, k in ("properties", "patternProperties", "$defs", "definitions") and not names)
-                    for k, v in schema.items() if names or k not in ("description", "examples", "title")}
+            return {
+                k: strip(v, k in ("properties", "patternProperties", "$defs", "definitions") and not names)
+                for k, v in schema.items()
+                if names or k not in ("description", "examples", "title")
+            }
         if isinstance(schema, list):
             return [strip(v) for v in schema]
         return schema

@@ -229,8 +229,7 @@ def chat_router(proxy: RolloutProxy) -> APIRouter:
 
     @router.post("/v1/chat/completions")
     async def chat(request: Request) -> Response:
-        turn = await proxy.prepare(await _body(request, "/v1/chat/completions"), _headers(request),
-                                   client_of(request))
+        turn = await proxy.prepare(await _body(request, "/v1/chat/completions"), _headers(request), client_of(request))
         try:
             if not turn.stream:
                 body, headers = await proxy.complete_bytes(turn)
@@ -402,7 +401,10 @@ def guarded(app: FastAPI, proxy: RolloutProxy, api_key: str | None, max_body_byt
         BodySizeLimitMiddleware(app, max_body_bytes, anthropic_paths=ANTHROPIC_PATHS),
         lambda inner: metrics.MetricsMiddleware(  # counts refused keys (401) too
             BearerAuthMiddleware(inner, api_key, open_paths=open_paths, anthropic_paths=ANTHROPIC_PATHS),
-            "proxy", [*routes, "/metrics"], agent_of),
+            "proxy",
+            [*routes, "/metrics"],
+            agent_of,
+        ),
     )
 
 

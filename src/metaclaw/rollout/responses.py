@@ -175,7 +175,7 @@ def _tool_choice(choice: Any) -> Any:
         return {"type": "function", "function": {"name": choice["name"]}}
     if isinstance(choice, dict) and choice.get("type") in ("allowed_tools",):
         return choice.get("mode", "auto")
-    raise RequestError("tool_choice must be auto, none, required or {\"type\": \"function\", \"name\": ...}")
+    raise RequestError('tool_choice must be auto, none, required or {"type": "function", "name": ...}')
 
 
 def to_chat_request(body: Any) -> dict[str, Any]:

@@ -556,7 +556,7 @@ class ReactionClassifier:
         return Reaction(1.0, float(said), "positive", para.index) if said >= self.approval else None
 
     def _rule_praise_feature(self, para: _Paragraph) -> Reaction | None:
-        """"good, straight to the point": the feature named alone reads as a request."""
+        """ "good, straight to the point": the feature named alone reads as a request."""
         if not para.praised:
             return None
         sure = max(para.prob[s][POS] if s in para.prob else 0.0 for s in para.praised)

@@ -47,4 +47,3 @@ def hinted_prompt_ids(tokenizer: Any, sample: Sample, hint: str) -> list[int]:
     (same tools, same `chat_template_kwargs`, generation prompt). An empty hint gives the student's prompt."""
     messages = hinted_messages(sample.messages or [], hint)
     return chat_prompt_ids(tokenizer, messages, sample.meta.tools, sample.meta.chat_template_kwargs)
-

@@ -142,6 +142,7 @@ class PeopleClients:
         """An `openai` and an `anthropic` client, as a user makes them (their own HTTP clients, header hook)."""
         import httpx2
         from anthropic import Anthropic
+
         key = self.api_key or "none"
         hooks = {"request": [self._seen]}
         oa_http = httpx.Client(timeout=self.timeout_s, event_hooks=hooks)

@@ -20,10 +20,12 @@ def build_parser() -> argparse.ArgumentParser:
     """The argparse parser (global `--agent`/`--root` also accepted after the subcommand)."""
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--agent", default=argparse.SUPPRESS, help=f"agent id (default: {DEFAULT_AGENT_ID})")
-    common.add_argument("--root", default=argparse.SUPPRESS, help="skills root (default: $METACLAW_SKILLS_ROOT "
-                        "or ~/.metaclaw/skills)")
-    parser = argparse.ArgumentParser(prog="python -m metaclaw.skills", description="Inspect and manage skills.",
-                                     parents=[common])
+    common.add_argument(
+        "--root", default=argparse.SUPPRESS, help="skills root (default: $METACLAW_SKILLS_ROOT or ~/.metaclaw/skills)"
+    )
+    parser = argparse.ArgumentParser(
+        prog="python -m metaclaw.skills", description="Inspect and manage skills.", parents=[common]
+    )
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("list", parents=[common], help="list the skills the agent sees")
     show = sub.add_parser("show", parents=[common], help="print one skill's SKILL.md")
@@ -126,8 +128,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                 continue
             status = "accepted" if e.get("accepted") else "rejected"
             sources = ",".join(map(str, e.get("source_sample_ids") or [])) or "-"
-            print(f"{e.get('ts', '?')}  {e.get('action', '?'):<7} {e.get('name') or '-':<32} {status:<8} "
-                  f"sources={sources}  {e.get('reason', '')}")
+            print(
+                f"{e.get('ts', '?')}  {e.get('action', '?'):<7} {e.get('name') or '-':<32} {status:<8} "
+                f"sources={sources}  {e.get('reason', '')}"
+            )
         return 0
     # remove
     try:
@@ -135,7 +139,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (KeyError, ValueError) as exc:
         print(exc.args[0] if exc.args else str(exc), file=sys.stderr)
         return 1
-    library.append_history({"action": "remove", "name": args.name, "source_sample_ids": [], "accepted": True,
-                            "reason": "removed via CLI", "generation": library.generation})
+    library.append_history(
+        {
+            "action": "remove",
+            "name": args.name,
+            "source_sample_ids": [],
+            "accepted": True,
+            "reason": "removed via CLI",
+            "generation": library.generation,
+        }
+    )
     print(f"removed {args.name!r} for agent {agent!r} (generation {library.generation})")
     return 0

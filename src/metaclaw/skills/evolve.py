@@ -41,6 +41,7 @@ LINE = "\n"  # list-of-parts content: one line per part
 class ContextTooLong(RuntimeError):
     """The endpoint refused the request as longer than its model's context (400 `context_length_exceeded`)."""
 
+
 SYSTEM_PROMPT = """You improve the skill library of an AI assistant. A skill is a short Markdown instruction \
 that is injected into the system prompt when it is relevant. You get turns where the assistant did badly \
 (reward <= 0) and the list of existing skills. Find the general lesson behind the failures and propose at most \
@@ -272,8 +273,14 @@ class SkillEvolver:
         auto = self.approval == "auto_safe" and agent_id != DEFAULT_AGENT_ID
 
         def log(action: str, name: str | None, accepted: bool, reason: str, **more: Any) -> dict[str, Any]:
-            entry = {"action": action, "name": name, "source_sample_ids": sources, "accepted": accepted,
-                     "reason": reason, **more}
+            entry = {
+                "action": action,
+                "name": name,
+                "source_sample_ids": sources,
+                "accepted": accepted,
+                "reason": reason,
+                **more,
+            }
             if sessions:
                 entry["source_session_ids"] = sessions
             if accepted:
@@ -365,7 +372,11 @@ class SkillEvolver:
                     raise
                 logger.info(
                     "skill evolution for agent %r: request over the model's context (%s); retrying with %d failed "
-                    "turns of at most %d characters", agent_id, exc, len(turns), max_chars,
+                    "turns of at most %d characters",
+                    agent_id,
+                    exc,
+                    len(turns),
+                    max_chars,
                 )
 
     def _check_duplicates(self, library: SkillLibrary, action: str, skill: Skill) -> None:

@@ -24,8 +24,27 @@ _STOPWORD_TEXT = """a an and are as at be been but by can could did do does doin
     were what when where which who why will with would you your yours please hi hello hey thanks thank ok okay
     let lets can't i'm it's also any some all about up out get got"""
 STOPWORDS = frozenset(_STOPWORD_TEXT.split())
-_SUFFIXES = ("ational", "ization", "fulness", "iveness", "ations", "ation", "ments", "ment", "ness", "ings", "ing",
-             "ies", "ied", "ers", "er", "ed", "ly", "es", "s")
+_SUFFIXES = (
+    "ational",
+    "ization",
+    "fulness",
+    "iveness",
+    "ations",
+    "ation",
+    "ments",
+    "ment",
+    "ness",
+    "ings",
+    "ing",
+    "ies",
+    "ied",
+    "ers",
+    "er",
+    "ed",
+    "ly",
+    "es",
+    "s",
+)
 
 
 def stem(token: str) -> str:

@@ -52,7 +52,7 @@ _LOOKALIKES = str.maketrans(
     "\u0430\u0432\u0435\u0433\u0456\u0458\u043a\u043c\u043d\u043e\u0440\u0441\u0442\u0443\u0445\u0455\u04bb\u0501"
     "\u0410\u0412\u0415\u041a\u041c\u041d\u041e\u0420\u0421\u0422\u0425\u0405\u0406\u0408"
     "\u03b1\u03bf\u03c1\u03c4\u03c5\u03b9\u03ba\u03bd\u0391\u0392\u0395\u0397\u0399\u039a\u039c\u039d\u039f\u03a1\u03a4\u03a7",
-    "aberijkmhopctyxshd" "ABEKMHOPCTXSIJ" "aoptuikvABEHIKMNOPTX",
+    "aberijkmhopctyxshdABEKMHOPCTXSIJaoptuikvABEHIKMNOPTX",
 )
 _CODE_RE = re.compile(r"```[^\n]*\n?(.*?)```|`([^`\n]+)`", re.S)
 

@@ -56,7 +56,7 @@ def migrate(conn: sqlite3.Connection, path: object = "") -> int:
         if found > SCHEMA_VERSION:
             raise NewerStoreError(f"the sample store {path} has schema version {found}; this metaclaw knows up to "
                                   f"{SCHEMA_VERSION}: open it with the metaclaw that wrote it")  # fmt: skip
-        for migration in MIGRATIONS[min(found, SCHEMA_VERSION):]:
+        for migration in MIGRATIONS[min(found, SCHEMA_VERSION) :]:
             migration(conn)
         _add_columns(conn)
         conn.execute(f"PRAGMA user_version={SCHEMA_VERSION}")  # a constant of ours

@@ -64,9 +64,7 @@ def create_app(engine: TrainingEngine, vllm: EngineSampler | None = None) -> Fas
     # The last middleware added runs first: the key is checked before a byte of the body is read, so a keyless
     # client cannot make the server buffer up to max_body_bytes (issue 31).
     app.add_middleware(BodySizeLimitMiddleware, max_bytes=settings.max_body_bytes)
-    app.add_middleware(
-        BearerAuthMiddleware, api_key=settings.api_key, open_paths=OPEN_PATHS, extra_keys=(tinker_key,)
-    )
+    app.add_middleware(BearerAuthMiddleware, api_key=settings.api_key, open_paths=OPEN_PATHS, extra_keys=(tinker_key,))
     # outermost: a web page in the user's browser is refused by Host (DNS rebinding) and Origin before anything else
     app.add_middleware(BrowserGuardMiddleware, guard=BrowserGuard(settings.host), checks="origin")
     for router in ROUTERS:

@@ -30,8 +30,11 @@ def template_tool_support(tokenizer: Any) -> tuple[bool, bool]:
         return cached[1]
     fn = {"name": _PROBE, "parameters": {"type": "object", "properties": {}}}
     user = {"role": "user", "content": "x"}
-    call = {"role": "assistant", "content": "", "tool_calls": [{"id": "c0", "type": "function",
-                                                                "function": {"name": _PROBE, "arguments": "{}"}}]}
+    call = {
+        "role": "assistant",
+        "content": "",
+        "tool_calls": [{"id": "c0", "type": "function", "function": {"name": _PROBE, "arguments": "{}"}}],
+    }
 
     def renders(messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> bool:
         try:

@@ -194,9 +194,7 @@ class BrowserGuard:
         name = host_name(host)
         return name in self._names or (self._any_ip and _is_ip(name))
 
-    def problem(
-        self, method: str, headers: dict[bytes, bytes], checks: str = "all"
-    ) -> tuple[int, str, str] | None:
+    def problem(self, method: str, headers: dict[bytes, bytes], checks: str = "all") -> tuple[int, str, str] | None:
         """`(status, message, error type)` when the request must be refused, else None.
 
         `checks`: `all`, `origin` (Host and Origin only) or `content_type` (the JSON content type only), so the
@@ -249,9 +247,7 @@ class BrowserGuardMiddleware:
     outside the key check and `checks="content_type"` inside it answer a keyless request 401 before 415.
     """
 
-    def __init__(
-        self, app: ASGIApp, guard: BrowserGuard | None = None, checks: str = "all", **fields: object
-    ) -> None:
+    def __init__(self, app: ASGIApp, guard: BrowserGuard | None = None, checks: str = "all", **fields: object) -> None:
         for name in ("allowed_hosts", "allowed_origins", "anthropic_paths"):
             if name in fields:
                 fields[name] = tuple(fields[name] or ())  # type: ignore[arg-type]

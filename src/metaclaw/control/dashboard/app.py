@@ -70,7 +70,8 @@ def mount_dashboard(app: ASGIApp | None, data: DashboardData, api_key: str, guar
     routes = create_dashboard_app(data, key_required=bool(api_key))
     shell = ("/dashboard", "/dashboard/api/auth", *(f"/dashboard/static/{a}" for a in ASSETS))  # no data in these
     guarded = (guard or BrowserGuard()).around_auth(
-        routes, lambda inner: BearerAuthMiddleware(inner, api_key, open_paths=shell))
+        routes, lambda inner: BearerAuthMiddleware(inner, api_key, open_paths=shell)
+    )
 
     async def dispatch(scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http":

@@ -81,8 +81,18 @@ def read_adapter(path: str | Path, device: torch.device | str = "cpu") -> tuple[
 
 #: options of `conf/backend/auto.yaml` only the vLLM engine reads
 VLLM_ONLY_OPTIONS = frozenset(
-    {"gpu_memory_utilization", "max_loras", "max_lora_rank", "enforce_eager", "lora_target_modules", "venv", "command",
-     "extra_args", "log_file", "startup_timeout_s"}
+    {
+        "gpu_memory_utilization",
+        "max_loras",
+        "max_lora_rank",
+        "enforce_eager",
+        "lora_target_modules",
+        "venv",
+        "command",
+        "extra_args",
+        "log_file",
+        "startup_timeout_s",
+    }
 )
 
 
@@ -427,8 +437,10 @@ class HFEngine(ServedAdapters):
             return
         with profiling.phase("batch_linger", cpu="thread"):
             self._queue.arrived.wait_for(
-                lambda: self._queue.arrivals - seen >= size
-                or sum(p.key == key for p in self._queue.pending) >= self.max_batch_size,
+                lambda: (
+                    self._queue.arrivals - seen >= size
+                    or sum(p.key == key for p in self._queue.pending) >= self.max_batch_size
+                ),
                 timeout=left,
             )
 

@@ -252,9 +252,7 @@ class VLLMEngine(ServedAdapters):
         self._loop.call_soon_threadsafe(self._loop.stop)
 
 
-def _processed_scores(
-    flat: Any, start: int, targets: list[int], dist: tuple[float, float, int]
-) -> list[TokenScore]:
+def _processed_scores(flat: Any, start: int, targets: list[int], dist: tuple[float, float, int]) -> list[TokenScore]:
     """Scores of `targets` under `dist` from vLLM's flat raw prompt logprobs (positions `start`...)."""
     rows, ranks = [], []
     for i in range(len(targets)):

@@ -114,8 +114,13 @@ class VLLMServerEngine(ServedAdapters):
         if options:
             raise ValueError(f"backend=vllm: options it does not know: {sorted(options)}")
         server = VLLMServer(
-            vllm_command(process.get("command"), process.get("venv")), flags, port, infer_devices,
-            process.get("extra_args") or (), process.get("log_file"), float(process.get("startup_timeout_s", 900)),
+            vllm_command(process.get("command"), process.get("venv")),
+            flags,
+            port,
+            infer_devices,
+            process.get("extra_args") or (),
+            process.get("log_file"),
+            float(process.get("startup_timeout_s", 900)),
         ).start()
         try:
             probe_attach(server.url, server.api_key, spec.name, spec.max_seq_len)  # the flags, checked and named
@@ -222,8 +227,12 @@ class VLLMServerEngine(ServedAdapters):
         version = None if slot is None else slot.version
         choices = sorted(reply["choices"], key=lambda c: c["index"])
         return [
-            SequenceOutput(list(c["token_ids"]), [float(x) for x in c["logprobs"]["token_logprobs"]],
-                           "length" if c.get("finish_reason") == "length" else "stop", version)  # fmt: skip
+            SequenceOutput(
+                list(c["token_ids"]),
+                [float(x) for x in c["logprobs"]["token_logprobs"]],
+                "length" if c.get("finish_reason") == "length" else "stop",
+                version,
+            )  # fmt: skip
             for c in choices
         ]
 

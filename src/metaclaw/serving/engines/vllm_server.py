@@ -42,6 +42,7 @@ log = logging.getLogger(__name__)
 
 _LIBC = ctypes.CDLL(None, use_errno=True) if sys.platform.startswith("linux") else None
 
+
 def _die_with_parent() -> None:
     """In the child between fork and exec: SIGTERM when the parent exits (no allocation, no imports here)."""
     if _LIBC is not None:

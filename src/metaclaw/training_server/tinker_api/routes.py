@@ -110,6 +110,7 @@ def service_router(tk: Tinker) -> APIRouter:
     """The SDK's service calls: client config, health, capabilities, client sessions, telemetry."""
     router = APIRouter()
     engine, owner, reg = tk.engine, tk.owner, tk.reg
+
     @router.post("/client/config")
     async def client_config() -> dict:
         config = t.ClientConfigResponse(
@@ -174,6 +175,7 @@ def model_router(tk: Tinker) -> APIRouter:
     router = APIRouter()
     engine, owner, reg = tk.engine, tk.owner, tk.reg
     store, model = tk.store, tk.model
+
     @router.post("/create_model")
     async def create_model(request: Request) -> dict:
         req = await parse(request, t.CreateModelRequest)
@@ -212,6 +214,7 @@ def training_router(tk: Tinker) -> APIRouter:
     """`forward_backward` and `optim_step`, in each model's `seq_id` order."""
     router = APIRouter()
     engine, owner, model, seq, consumed = tk.engine, tk.owner, tk.model, tk.seq, tk.consumed
+
     @router.post("/forward_backward")
     async def forward_backward(request: Request) -> dict:
         body = wire.decompress(await request.body(), request.headers.get("content-encoding"),
@@ -262,6 +265,7 @@ def weights_router(tk: Tinker) -> APIRouter:
     """`save_weights` and `save_weights_for_sampler`."""
     router = APIRouter()
     engine, owner, reg, model, seq, consumed = tk.engine, tk.owner, tk.reg, tk.model, tk.seq, tk.consumed
+
     @router.post("/save_weights")
     async def save_weights(request: Request) -> dict:
         req = await parse(request, t.SaveWeightsRequest)
@@ -302,6 +306,7 @@ def load_router(tk: Tinker) -> APIRouter:
     router = APIRouter()
     engine, owner, reg, store = tk.engine, tk.owner, tk.reg, tk.store
     model, seq, consumed = tk.model, tk.seq, tk.consumed
+
     @router.post("/load_weights")
     async def load_weights(request: Request) -> dict:
         req = await parse(request, t.LoadWeightsRequest)
@@ -351,6 +356,7 @@ def future_router(tk: Tinker) -> APIRouter:
     """`retrieve_future`, and a 404 naming any route this server does not offer (keep it last)."""
     router = APIRouter()
     store, limits = tk.store, tk.limits
+
     @router.post("/retrieve_future")
     async def retrieve_future(request: Request) -> Response:
         req = await parse(request, t.FutureRetrieveRequest)
