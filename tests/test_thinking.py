@@ -20,6 +20,7 @@ from fastapi import FastAPI, Request
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
+from metaclaw import thinking
 from metaclaw.config import CONFIG_DIR
 from metaclaw.evaluation.evaluator import ComplianceEvaluator
 from metaclaw.evaluation.turns import HeldoutTurnsEvaluator
@@ -45,6 +46,12 @@ THOUGHT = ["Let", "me", "think", "about", "what", "the", "user", "asks", "and", 
 ANSWER = "The answer is 42 ."
 MAX_TOKENS = 24  # what the demo's simulated user asks (conf/rollout/simulated_user.yaml)
 QUESTION = [{"role": "user", "content": "What is six times seven?"}]
+
+
+@pytest.fixture(autouse=True)
+def _fresh_warnings():
+    """`read_answer` warns the first time per caller in a process; an earlier test's evaluator must not use it up."""
+    thinking._said.counts.clear()
 
 
 @pytest.fixture(scope="module")

@@ -387,11 +387,11 @@ def sessions_router(proxy: RolloutProxy) -> APIRouter:
 
 
 def guarded(app: FastAPI, proxy: RolloutProxy, api_key: str | None, max_body_bytes: int, guard: BrowserGuard | None,
-            metrics_open: bool) -> Any:  # fmt: skip
-    """`app` behind the browser guard, the body limit, the metrics and the key check (in that order, outside in)."""
+            metrics_open: bool, paths: list[str]) -> Any:  # fmt: skip
+    """`app` behind the browser guard, the body limit, the metrics and the key check (in that order, outside in);
+    `paths`: its routes' paths (the metrics' `route` label; any other path counts as `other`)."""
     guard = (guard or BrowserGuard()).with_anthropic_paths(*ANTHROPIC_PATHS)
     open_paths = ("/health", "/metrics") if metrics_open else ("/health",)
-    paths = [str(getattr(r, "path", "")) for r in app.routes]
     routes = [p.replace("{model_id:path}", "*") for p in paths if p.startswith(("/v1/", "/health"))]
 
     def agent_of(headers: dict[str, str]) -> str:  # a configured profile's name: a bounded label
@@ -440,10 +440,13 @@ def create_app(
     app = FastAPI(title="metaclaw rollout proxy", lifespan=lifespan, **docs)
     publish_request_bodies(app, {**PROXY_BODIES, "/v1/feedback": feedback.FeedbackRequest.model_json_schema()})
     install_error_handlers(app)
-    for router in (service_router(proxy), models_router(proxy, served_model), chat_router(proxy),
-                   anthropic_router(proxy), responses_router(proxy), sessions_router(proxy)):  # fmt: skip
+    routers = (service_router(proxy), models_router(proxy, served_model), chat_router(proxy),
+               anthropic_router(proxy), responses_router(proxy), sessions_router(proxy))  # fmt: skip
+    for router in routers:
         app.include_router(router)
-    return guarded(app, proxy, api_key, max_body_bytes, guard, metrics_open)
+    # the routers' own paths: FastAPI 0.136 keeps an included router as one entry of `app.routes`, without a path
+    paths = [str(getattr(r, "path", "")) for router in routers for r in router.routes]
+    return guarded(app, proxy, api_key, max_body_bytes, guard, metrics_open, paths)
 
 
 class ProxyService:

@@ -273,14 +273,7 @@ class SkillEvolver:
         auto = self.approval == "auto_safe" and agent_id != DEFAULT_AGENT_ID
 
         def log(action: str, name: str | None, accepted: bool, reason: str, **more: Any) -> dict[str, Any]:
-            entry = {
-                "action": action,
-                "name": name,
-                "source_sample_ids": sources,
-                "accepted": accepted,
-                "reason": reason,
-                **more,
-            }
+            entry = dict(action=action, name=name, source_sample_ids=sources, accepted=accepted, reason=reason, **more)
             if sessions:
                 entry["source_session_ids"] = sessions
             if accepted:
