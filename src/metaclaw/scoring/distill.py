@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import dataclasses
 import logging
 import statistics
 from collections.abc import Callable, Sequence
@@ -43,6 +44,13 @@ from metaclaw.wire.client import Endpoint, chat, teacher_logprobs
 log = logging.getLogger(__name__)
 
 HINTED_FORMS = ("system", "prefix", "suffix", "restate")
+CONTEXTS = ("fresh", "turn")
+"""Which conversation the preference is distilled into: `fresh`, the turn's request alone as a new conversation (its
+system messages and its last user message, without the reaction to an earlier reply that opens a later turn's
+message: the scorer's convention, the reaction comes first), which is what the person wants to hold next time, with
+no earlier correction in view; or `turn`, the conversation as it happened (a later turn's prompt then already holds
+the person's earlier corrections, so the preference adds little and its replies are rarely accepted: 1 of 41 later
+turns in docs/results/2026-11-28-learn-from-words.md)."""
 """Where the preference goes in the teacher's context: a system message (merged into the conversation's own, if
 any), before the last user message, after it (OPD's hint, `scoring.hints`), or the exchange as it happened with
 the last request restated after the correction (`bench/studies/distill_signal.py` measures each)."""
@@ -91,6 +99,25 @@ def hinted_conversation(
     return [*out, {"role": "assistant", "content": reply}, {"role": "user", "content": f"{preference}\n\n{request}"}]
 
 
+def fresh_conversation(messages: Sequence[dict[str, Any]], turn_index: int) -> list[dict[str, Any]]:
+    """The turn's request as a new conversation: the leading system messages and the last user message; at a later
+    turn (`turn_index` > 0) that message's first paragraph is the reaction to the earlier reply (the scorer reads
+    it so: the reaction comes first) and is left out when a request follows it. A copy; `messages` is unchanged."""
+    out = copy.deepcopy(list(messages))
+    system = []
+    for m in out:
+        if m.get("role") not in ("system", "developer"):
+            break
+        system.append(m)
+    last = next((m for m in reversed(out) if m.get("role") == "user"), None)
+    if last is None:
+        return out
+    parts = paragraphs(content_text(last.get("content")))
+    if turn_index > 0 and len(parts) >= 2:
+        last = {"role": "user", "content": "\n\n".join(parts[1:])}
+    return [*system, last]
+
+
 def token_gain(hinted: Sequence[float], plain: Sequence[float]) -> float:
     """Mean per-token log-probability gain of a reply, hinted context over plain (nats): how much the preference
     explains it."""
@@ -126,6 +153,11 @@ class ContextDistiller:
         form: where the preference goes in context (`HINTED_FORMS`).
         samples: hinted replies asked per correction (one request, `n`): each is accepted or not on its own.
         min_gain: the acceptance bound of `accepts` (nats per token).
+        context: the conversation the preference is distilled into (`CONTEXTS`).
+        replays: each accepted reply is trained this many more times, in the steps after its first (the store
+            copies it as it is claimed, `SampleStore.claim_batch`; a copy keeps the original's capture time, so
+            `data.max_age_s` and `data.max_staleness` bound it like any sample). A handful of accepted replies is
+            what a correction yields; one gradient step each moved nothing in 20 minutes.
         max_tokens: the reply budget when the turn's own reply was not cut at its budget (then that length).
         timeout_s: per request.
     """
@@ -140,14 +172,19 @@ class ContextDistiller:
         min_gain: float = 0.5,
         max_tokens: int = 256,
         timeout_s: float = 120.0,
+        context: str = "fresh",
+        replays: int = 2,
     ) -> None:
         if form not in HINTED_FORMS:
             raise ValueError(f"distill.distiller.form must be one of {HINTED_FORMS}, got {form!r}")
+        if context not in CONTEXTS or not 0 <= replays <= 8:
+            raise ValueError(f"distill.distiller: context in {CONTEXTS} and replays in [0, 8], got {context!r}, {replays}")
         if max_tokens < 1 or not 1 <= samples <= 16:
             raise ValueError(f"distill.distiller: max_tokens >= 1 and samples in [1, 16], got {max_tokens}, {samples}")
         self.endpoint = Endpoint(base_url, api_key) if base_url else None
         self.model = model
         self.form, self.samples, self.min_gain = form, samples, min_gain
+        self.context, self.replays = context, replays
         self.max_tokens, self.timeout_s = max_tokens, timeout_s
         self.stats = {"asked": 0, "accepted": 0, "rejected": 0, "failed": 0}
         self.redact: Callable[[Sample], Sample] | None = None  # set when the teacher is off this machine
@@ -159,34 +196,55 @@ class ContextDistiller:
         self.stats["asked"] += 1
         dist = sample_distribution(sample.temperature, sample.meta)
         seen = self.redact(sample) if self.redact is not None else sample  # what the teacher may read
-        messages = hinted_conversation(seen.messages or [], seen.response_text or "", preference, self.form)
+        plain_messages, prompt_ids = seen.messages or [], list(sample.prompt_ids)
+        if self.context == "fresh":
+            fresh = fresh_conversation(plain_messages, sample.turn_index)
+            if fresh != plain_messages:  # a later turn: the new conversation's prompt, as the server renders it
+                plain_messages = fresh
+                prompt_ids = await asyncio.to_thread(self._render, self._body(sample, fresh, 1, 1, dist))
+        messages = hinted_conversation(plain_messages, seen.response_text or "", preference, self.form)
         budget = len(sample.response_ids) if sample.meta.origin.finish_reason == "length" else self.max_tokens
+        replies = await asyncio.to_thread(self._ask, self._body(sample, messages, budget, self.samples, dist))
+        gains = []
+        for reply in replies:
+            plain = await asyncio.to_thread(
+                teacher_logprobs, self.endpoint, self.model, prompt_ids, reply.token_ids, self.timeout_s,
+                dist["temperature"], dist["top_p"], dist["top_k"],
+            )  # fmt: skip
+            gains.append(token_gain(reply.logprobs, plain))
+        kept = [(r, g) for r, g in zip(replies, gains, strict=True) if accepts(g, self.min_gain)]
+        info = {"from": sample.id, "preference": preference, "form": self.form, "context": self.context,
+                "teacher": self.model, "gains": [round(g, 4) for g in gains], "accepted": len(kept)}  # fmt: skip
+        self.stats["accepted"] += len(kept)
+        self.stats["rejected"] += len(gains) - len(kept)
+        base = dataclasses.replace(sample, prompt_ids=prompt_ids, messages=plain_messages)
+        extra = {"replays_left": self.replays}
+        return [self._sample(base, reply, {**info, "gain": round(g, 4), **extra}) for reply, g in kept], info
+
+    def _body(self, sample: Sample, messages: list[dict[str, Any]], budget: int, n: int, dist: dict[str, Any]
+              ) -> dict[str, Any]:  # fmt: skip
+        """A chat request to the teacher for `messages` in the turn's own setting (tools, template arguments)."""
         body: dict[str, Any] = {
             "model": self.model, "messages": messages, "max_tokens": budget, "logprobs": True,
-            "return_token_ids": True, "n": self.samples, **dist,
+            "return_token_ids": True, "n": n, **dist,
         }  # fmt: skip
         if sample.meta.tools:
             body["tools"] = sample.meta.tools
         if sample.meta.chat_template_kwargs:
             body["chat_template_kwargs"] = sample.meta.chat_template_kwargs
-        replies = await asyncio.to_thread(self._ask, body)
-        gains = []
-        for reply in replies:
-            plain = await asyncio.to_thread(
-                teacher_logprobs, self.endpoint, self.model, sample.prompt_ids, reply.token_ids, self.timeout_s,
-                dist["temperature"], dist["top_p"], dist["top_k"],
-            )  # fmt: skip
-            gains.append(token_gain(reply.logprobs, plain))
-        kept = [(r, g) for r, g in zip(replies, gains, strict=True) if accepts(g, self.min_gain)]
-        info = {"from": sample.id, "preference": preference, "form": self.form, "teacher": self.model,
-                "gains": [round(g, 4) for g in gains], "accepted": len(kept)}  # fmt: skip
-        self.stats["accepted"] += len(kept)
-        self.stats["rejected"] += len(gains) - len(kept)
-        return [self._sample(sample, reply, {**info, "gain": round(g, 4)}) for reply, g in kept], info
+        return body
+
+    def _render(self, body: dict[str, Any]) -> list[int]:
+        """The prompt ids the teacher renders for `body` (its `prompt_token_ids`; one token is generated)."""
+        assert self.endpoint is not None  # checked by `distill`
+        ids = chat(self.endpoint, body, self.timeout_s).get("prompt_token_ids")
+        if not ids:
+            raise RuntimeError("the teacher did not return prompt_token_ids (return_token_ids) for the fresh prompt")
+        return [int(t) for t in ids]
 
     @staticmethod
     def _sample(source: Sample, reply: HintedReply, info: dict[str, Any]) -> Sample:
-        """The accepted reply as a `ready` sample on the source turn's prompt (without the preference)."""
+        """The accepted reply as a `ready` sample on `source`'s prompt (without the preference)."""
         meta = SampleMeta(
             sampling=source.meta.sampling, chat_template_kwargs=source.meta.chat_template_kwargs,
             tools=source.meta.tools, origin=OriginMeta(finish_reason=reply.finish_reason,

@@ -63,6 +63,11 @@ CREATE INDEX IF NOT EXISTS samples_session ON samples(agent_id, session_id, turn
 CREATE INDEX IF NOT EXISTS samples_response_id ON samples(json_extract(meta, '$.response_id'));
 CREATE INDEX IF NOT EXISTS samples_conv_tail ON samples(json_extract(meta, '$.conv_tail'));
 """
+# What a replayed distilled reply copies of its original row (`SampleStore._replay_distilled`).
+REPLAY_COLUMNS = (
+    "agent_id, session_id, turn_index, prompt_ids, response_ids, behaviour_logprobs, teacher_logprobs, reward,"
+    " adapter_version, temperature, next_state, messages, response_text, created_at, scored_at"
+)
 # A store written by an older version is migrated when opened (`metaclaw.store.migrations`, PRAGMA user_version).
 # Explicit feedback (`/v1/feedback`) may reopen a scored sample that was not trained on: ready ones, and ones
 # dropped only because the judge gave no signal or failed (the feedback is a signal).
@@ -527,8 +532,28 @@ class SampleStore:
                 [(step, now, plan.served[i], now, i) for i in plan.batch],
             )
             marks = ",".join("?" * len(plan.batch))
+            self._replay_distilled(c, plan.batch, now)
             rows = c.execute(f"SELECT * FROM samples WHERE id IN ({marks}) ORDER BY id DESC", plan.batch)
             return [self._row(r) for r in rows.fetchall()]
+
+    @staticmethod
+    def _replay_distilled(c: sqlite3.Connection, ids: Sequence[int], now: float) -> None:
+        """Distilled replies (`meta.distilled`, a cross-entropy row: no ratio, no reward) with replays left
+        (`distill.distiller.replays`) are copied as `ready` when claimed, with one replay fewer, so each is trained
+        in that many later steps too; the copy keeps the original's capture time (`data.max_age_s` and
+        `data.max_staleness` bound it as they bound the original), and the claimed original keeps none left, so a
+        released claim is never copied twice."""
+        marks = ",".join("?" * len(ids))
+        left = "CAST(json_extract(meta, '$.distilled.replays_left') AS INTEGER)"
+        which = f"id IN ({marks}) AND json_type(meta, '$.distilled') = 'object' AND {left} > 0"
+        c.execute(
+            f"INSERT INTO samples ({REPLAY_COLUMNS}, status, meta, updated_at) SELECT {REPLAY_COLUMNS}, 'ready',"
+            f" json_set(meta, '$.distilled.replays_left', {left} - 1), ? FROM samples WHERE {which} ORDER BY id",
+            (now, *ids),
+        )
+        c.execute(
+            f"UPDATE samples SET meta = json_set(meta, '$.distilled.replays_left', 0) WHERE {which}", tuple(ids)
+        )
 
     @staticmethod
     def _latest_skill_generations(c: sqlite3.Connection) -> dict[str, int]:
