@@ -14,8 +14,14 @@ import pytest
 from metaclaw.modules.health import HealthMonitor
 from metaclaw.privacy import PrivacyPolicy
 from metaclaw.rollout.server import ThreadedServer
-from metaclaw.rollout.testing import scripted_upstream, word_ids
-from metaclaw.scoring.distill import ContextDistiller, hinted_conversation, stated_preference, token_gain
+from metaclaw.rollout.testing import prompt_ids, scripted_upstream, word_ids
+from metaclaw.scoring.distill import (
+    ContextDistiller,
+    fresh_conversation,
+    hinted_conversation,
+    stated_preference,
+    token_gain,
+)
 from metaclaw.scoring.judges import RuleJudge
 from metaclaw.scoring.reactions import ReactionJudge
 from metaclaw.scoring.worker import ScoringWorker
@@ -40,8 +46,8 @@ def turn(store: SampleStore, next_state: str | None, session: str = "s1") -> int
                                response_text="About ten minutes.", next_state=next_state))  # fmt: skip
 
 
-def run(store: SampleStore, judge, url: str, min_gain: float = 0.1, **kw) -> ScoringWorker:
-    distiller = ContextDistiller(url, "tiny", min_gain=min_gain, samples=1)
+def run(store: SampleStore, judge, url: str, min_gain: float = 0.1, context: str = "fresh", **kw) -> ScoringWorker:
+    distiller = ContextDistiller(url, "tiny", min_gain=min_gain, samples=1, context=context)
     worker = SeedRulesWorker(store, judge, session_idle_s=1e9, at_least_one=False, no_next_state="drop",
                            distiller=distiller, **kw)  # fmt: skip
     asyncio.run(worker.run_once())
@@ -177,3 +183,59 @@ def test_a_failing_teacher_is_said_and_the_turn_still_settles(tmp_path, judge):
     assert store.get(source).status == "ready" and store.get(source).reward == -1.0
     assert worker.stats["distill_failed"] == 1 and "error" in store.get(source).meta["distill"]
     assert distilled(store) == []
+
+
+EARLIER = [
+    {"role": "system", "content": "Be brief."},
+    {"role": "user", "content": "Hi there!"},
+    {"role": "assistant", "content": "Hello! I'm Sam."},
+    {"role": "user", "content": f"{PREFERENCE}\n\nHow long should pasta cook?"},
+]
+
+
+def test_a_fresh_conversation_is_the_request_alone_without_the_earlier_reaction():
+    assert fresh_conversation(EARLIER, 1) == [EARLIER[0], {"role": "user", "content": "How long should pasta cook?"}]
+    assert fresh_conversation(QUESTION, 0) == QUESTION  # a first turn is already fresh
+    one = [*EARLIER[:3], {"role": "user", "content": "Why?"}]
+    assert fresh_conversation(one, 1) == [EARLIER[0], {"role": "user", "content": "Why?"}]  # no reaction to drop
+    opening = [{"role": "user", "content": "Hi.\n\nHow long should pasta cook?"}]
+    assert fresh_conversation(opening, 0) == opening  # a first message's paragraphs are all the request
+    assert len(EARLIER) == 4 and EARLIER[3]["content"].startswith(PREFERENCE)  # a copy
+
+
+def test_a_later_turn_is_distilled_into_a_fresh_conversation_and_trained_on_its_plain_prompt(tmp_path, judge):
+    """At a later turn the prompt already holds the person's earlier correction, so the preference adds little
+    there (1 of 41 later turns accepted in the real-path runs); the fresh conversation has none of it."""
+    store = SampleStore(tmp_path / "s.sqlite")
+    prompt = [1, *word_ids("user Hi there! assistant Hello! I'm Sam."), 2]
+    with ThreadedServer(app := scripted_upstream("Hi, I am Kuro. About ten minutes.")) as up:
+        source = store.insert(Sample(prompt, [11, 3], [-1.0, -1.0], session_id="s1", turn_index=1, messages=EARLIER,
+                                     response_text="Ten minutes.", next_state=f"{PREFERENCE}\n\nAnd rice?"))  # fmt: skip
+        run(store, judge, up.url)
+        render, asked = app.state.scripted["requests"]
+    fresh = [EARLIER[0], {"role": "user", "content": "How long should pasta cook?"}]
+    assert render["messages"] == fresh and render["max_tokens"] == 1  # the plain prompt, as the teacher renders it
+    assert asked["messages"] == [EARLIER[0], {"role": "user", "content": f"{PREFERENCE}\n\nHow long should pasta cook?"}]
+    (new,) = distilled(store)
+    assert new.prompt_ids == prompt_ids(fresh) != store.get(source).prompt_ids  # trained on the fresh plain prompt
+    assert new.messages == fresh and new.meta.distilled["context"] == "fresh"
+    assert new.meta.distilled["replays_left"] == 2
+
+
+def test_turn_context_keeps_the_conversation_as_it_happened(tmp_path, judge):
+    store = SampleStore(tmp_path / "s.sqlite")
+    with ThreadedServer(app := scripted_upstream("Hi, I am Kuro.")) as up:
+        source = store.insert(Sample([1, 2], [11, 3], [-1.0, -1.0], session_id="s1", turn_index=1, messages=EARLIER,
+                                     response_text="Ten minutes.", next_state=PREFERENCE))  # fmt: skip
+        run(store, judge, up.url, context="turn")
+        (asked,) = app.state.scripted["requests"]
+    assert asked["messages"][:3] == EARLIER[:3]
+    (new,) = distilled(store)
+    assert new.prompt_ids == store.get(source).prompt_ids
+
+
+def test_the_distiller_refuses_an_unknown_context_or_replay_count():
+    with pytest.raises(ValueError, match="context"):
+        ContextDistiller("http://127.0.0.1:9", "tiny", context="elsewhere")
+    with pytest.raises(ValueError, match="replays"):
+        ContextDistiller("http://127.0.0.1:9", "tiny", replays=-1)

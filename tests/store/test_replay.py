@@ -1,0 +1,46 @@
+"""Replayed distilled replies (issue 42, `distill.distiller.replays`): an accepted reply written with the person's
+stated preference in context is trained in that many later steps too, bounded, and nothing else is ever replayed."""
+
+from __future__ import annotations
+
+import sqlite3
+import time
+
+from metaclaw.store import SampleMeta, SampleStore
+from tests.store.conftest import make
+
+
+def distilled(replays: int, **kw):
+    return make(status="ready", meta=SampleMeta(distilled={"from": 1, "replays_left": replays}), **kw)
+
+
+def test_a_distilled_reply_is_trained_in_as_many_later_steps_as_it_has_replays(store):
+    source = store.insert(distilled(2))
+    trained = []
+    for step in range(4):
+        batch = store.claim_batch(step=step, max_samples=4)
+        trained.append([(s.response_ids, s.meta.distilled["replays_left"]) for s in batch])
+    reply = list(range(10, 13))
+    assert trained == [[(reply, 0)], [(reply, 0)], [(reply, 0)], []]  # the step itself, then 2 replays, then no more
+    assert [r.id for r in store.select()][0] == source and store.count() == 3
+    with sqlite3.connect(store.path) as c:  # a copy keeps the capture time (data.max_age_s)
+        assert len({r[0] for r in c.execute("SELECT created_at FROM samples")}) == 1
+
+
+def test_only_distilled_rows_are_replayed_and_a_released_claim_is_not_copied_twice(store):
+    plain = store.insert(make(status="ready"))
+    store.insert(distilled(1))
+    assert len(store.claim_batch(step=0, max_samples=4)) == 2
+    assert store.release_claims(0) == 2  # the step was abandoned: both are ready again
+    assert len(store.claim_batch(step=1, max_samples=8)) == 3  # the two again, and the one copy made at step 0
+    assert store.claim_batch(step=2, max_samples=8) == []  # no second copy of the released original
+    assert store.count() == 3 and store.get(plain).status == "claimed"
+
+
+def test_a_copy_is_bounded_by_age_like_its_original(store):
+    store.insert(distilled(1))
+    store.claim_batch(step=0, max_samples=4)
+    with sqlite3.connect(store.path) as c:  # another process: an hour passes
+        c.execute("UPDATE samples SET created_at=?", (time.time() - 3600,))
+    assert store.claim_batch(step=1, max_samples=4, max_age_s=600) == []
+    assert store.dropped_reasons() == {"stale": 1}
