@@ -142,3 +142,21 @@ def test_learning_rate_and_gradient_norm_are_logged_every_step(tiny_policy):
     assert float(trainer.callback_metrics["train/grad_norm"]) > 0
     module, trainer = _fit(tiny_policy, [_batch([0.0, 0.0])])  # all-zero advantage: no gradient, no step
     assert float(trainer.callback_metrics.get("train/grad_norm", 0.0)) == 0.0  # never the previous step's
+
+
+@pytest.mark.filterwarnings("ignore::UserWarning")
+def test_a_zero_advantage_step_hands_its_samples_back_to_the_store(tiny_policy, tmp_path):
+    """No sample is consumed without a gradient (issue 42): the skipped step's samples are `ready` again."""
+    from metaclaw.datamodules.rollout import RolloutDataModule
+    from metaclaw.store import SampleStore
+
+    store = SampleStore(tmp_path / "s.sqlite")
+    ids = [store.insert(Sample([5, 6, 7], [8, 9, 10], [-2.0] * 3, reward=-1.0, status="ready")) for _ in range(2)]
+    data = RolloutDataModule(str(tmp_path / "s.sqlite"), batch_size=2, min_batch_size=2, wait_timeout_s=0.5)
+    module = OnlineRLModule(policy=tiny_policy, loss=ImportanceSamplingLoss(), advantage=RLAdvantage(baseline_momentum=None),
+                            optimizer=functools.partial(torch.optim.AdamW, lr=1e-2))  # fmt: skip
+    trainer = L.Trainer(max_steps=1, logger=False, enable_progress_bar=False, enable_checkpointing=False,
+                        enable_model_summary=False, accelerator="cpu")  # fmt: skip
+    trainer.fit(module, datamodule=data)
+    assert module.skipped["zero_advantage"] == 1 and module.deferred == 2
+    assert [(store.get(i).status, store.get(i).meta.deferred) for i in ids] == [("ready", 1)] * 2

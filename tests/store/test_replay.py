@@ -44,3 +44,18 @@ def test_a_copy_is_bounded_by_age_like_its_original(store):
         c.execute("UPDATE samples SET created_at=?", (time.time() - 3600,))
     assert store.claim_batch(step=1, max_samples=4, max_age_s=600) == []
     assert store.dropped_reasons() == {"stale": 1}
+
+
+def test_a_step_without_a_gradient_hands_its_samples_back_to_train_beside_other_rewards(store):
+    """Four equal corrections centred on their own mean have advantage 0: such a step takes no gradient, and
+    its samples used to be consumed anyway (19 of the main job's 69 steps). Now they come back `ready`, and the
+    next batch takes them first, beside a newer sample, never alone (their rewards would be equal again)."""
+    equal = [store.insert(make(status="ready", reward=-1.0)) for _ in range(4)]
+    assert {s.id for s in store.claim_batch(step=0, max_samples=4)} == set(equal)
+    assert store.defer(equal) == 4
+    assert [store.get(i).meta.deferred for i in equal] == [1] * 4
+    assert store.claim_batch(step=1, max_samples=4) == []  # alone they would have equal rewards again
+    newer = [store.insert(make(status="ready", reward=r)) for r in (1.0, -1.0, 0.0)]
+    batch = store.claim_batch(step=2, max_samples=4)
+    assert newer[-1] in {s.id for s in batch} and len(set(equal) & {s.id for s in batch}) == 3  # deferred first
+    assert store.defer([newer[0]]) == 0  # only claimed samples can be handed back

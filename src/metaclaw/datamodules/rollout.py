@@ -415,6 +415,15 @@ class RolloutDataModule(L.LightningDataModule):
         self._dataset = dataset
         return DataLoader(dataset, batch_size=None, num_workers=0)
 
+    def defer(self, sample_ids: list[int]) -> int:
+        """A step took no gradient (all advantages zero): its samples go back to the store's `ready` samples, to be
+        trained beside other rewards (`SampleStore.defer`, `claims.plan_claim`); returns how many."""
+        store = open_store(self.store_path)
+        try:
+            return store.defer(sample_ids)
+        finally:
+            store.close()
+
     @property
     def end_reason(self) -> str | None:
         """Why the sample stream ended the run (`StreamingSampleDataset.end_reason`); None if it did not."""

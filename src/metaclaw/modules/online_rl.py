@@ -102,6 +102,7 @@ class OnlineRLModule(L.LightningModule):
         self._t0 = 0.0
         # steps that took no optimizer step, by reason
         self.skipped = {"nonfinite": 0, "zero_advantage": 0, "forgotten": 0}
+        self.deferred = 0  # samples handed back by zero-advantage steps (`_defer`)
         self.stepped: set[str] = set()  # adapters trained since the publisher last wrote them (`take_stepped`)
         self.current_adapter = "default"  # the adapter of the batch in progress
         self._refused = False  # the step in progress takes no optimizer step (DDP: its gradients are dropped)
@@ -181,6 +182,8 @@ class OnlineRLModule(L.LightningModule):
         skip = self._skip_reason(loss, advantages.detach(), mask, bool(batch.get("forgotten")))
         if skip is not None:
             self.skipped[skip] += 1
+        if skip == "zero_advantage":
+            self._defer(batch)
         self._log_step(batch, advantages, loss, metrics, adv_metrics, skip)
         if skip is None:
             self.stepped.add(batch.get("adapter", "default"))
@@ -221,6 +224,15 @@ class OnlineRLModule(L.LightningModule):
         self.log_dict({f"{prefix}loss/{k}": torch.as_tensor(v).float() for k, v in metrics.items()}, batch_size=n)
         if batch["has_reward"].any():
             self.log(f"{prefix}rollout/reward_mean", batch["reward"][batch["has_reward"]].mean(), batch_size=n)
+
+    def _defer(self, batch: dict[str, Any]) -> None:
+        """No sample is consumed without a gradient: a batch whose advantages are all zero (equal rewards) goes
+        back to the store (each rank its own slice), to be trained beside other rewards (`RolloutDataModule.defer`).
+        A run fed by a plain data loader has no store: its batch is only skipped."""
+        datamodule = getattr(self._trainer, "datamodule", None) if self._trainer is not None else None
+        defer = getattr(datamodule, "defer", None)
+        if defer is not None and "sample_ids" in batch:
+            self.deferred += defer([int(i) for i in batch["sample_ids"].tolist() if int(i) >= 0])
 
     def _skip_reason(self, loss: Tensor, advantages: Tensor, mask: Tensor, forgotten: bool = False) -> str | None:
         """`forgotten` if any rank's slice holds a sample forgotten since the claim (`modules.rewind`),
@@ -270,6 +282,7 @@ class OnlineRLModule(L.LightningModule):
         n = mask.shape[0]
         for reason, count in self.skipped.items():
             self.log(f"train/skipped_{reason}", float(count), prog_bar=True, reduce_fx="max", batch_size=n)
+        self.log("train/deferred_samples", float(self.deferred), reduce_fx="max", batch_size=n)
         signal = ((advantages.detach() != 0) & mask).any(dim=-1)
         self.log("train/zero_advantage_frac", 1.0 - signal.float().mean(), batch_size=n)
         if skip in ("nonfinite", "forgotten"):  # nothing from this step may reach the running means

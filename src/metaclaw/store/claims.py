@@ -11,6 +11,10 @@ without a database. The rules (docs/online_loop.md, "Freshness"):
   trainer has moved away from, and its reward answers a reply the user no longer gets.
 - **Too long / old skill generation**: a sample longer than `max_sample_tokens`, or gathered under an agent's
   older skill generation, is dropped too.
+- **Deferred first, never alone.** A batch whose advantages were all zero (four equal rewards) took no step; its
+  samples came back `ready` with `meta.deferred` (`SampleStore.defer`). The next batch takes them first, beside at
+  least one newer sample, so the rewards they are centred on differ and they get a gradient; alone they wait (the
+  staleness bounds still settle them). No sample is consumed without a gradient (issue 42).
 - **Many adapters** (`partition`): a batch holds one adapter's samples; among the adapters that can make a
   batch, the one trained least recently goes first (`last_trained`, from the store's `claimed_at`; never trained
   counts as longest ago; ties: the oldest fresh sample), so no adapter starves while another's traffic keeps
@@ -26,7 +30,8 @@ from typing import Any
 # the ready samples' columns a claim decides on (`n_tokens`: prompt + response, from the blobs' byte lengths)
 LIGHT_READY_SQL = (
     "SELECT id, agent_id, adapter_version, created_at, (length(prompt_ids) + length(response_ids)) / ? AS n_tokens,"
-    " json_extract(meta, '$.skill_generation') AS gen FROM samples WHERE status='ready' ORDER BY id DESC"
+    " json_extract(meta, '$.skill_generation') AS gen, json_extract(meta, '$.deferred') AS deferred FROM samples"
+    " WHERE status='ready' ORDER BY id DESC"
 )
 # when each agent's samples were last claimed for a step (many adapters: the one trained least recently goes first)
 LAST_TRAINED_SQL = "SELECT agent_id, MAX(claimed_at) FROM samples WHERE claimed_at IS NOT NULL GROUP BY agent_id"
@@ -88,14 +93,7 @@ def plan_claim(
             fresh.setdefault(part, []).append(r)
     candidates = []  # (oldest fresh id, part, batch)
     for part, part_rows in fresh.items():
-        batch, tokens = [], 0
-        for r in part_rows:  # newest first
-            if batch and max_tokens is not None and tokens + r["n_tokens"] > max_tokens:
-                break
-            batch.append(r)
-            tokens += r["n_tokens"]
-            if len(batch) >= max_samples:
-                break
+        batch = _fill(part_rows, max_samples, max_tokens)
         if len(batch) >= min_samples:
             candidates.append((part_rows[-1]["id"], part, batch))
     if candidates:
@@ -107,6 +105,28 @@ def plan_claim(
         plan.batch = [r["id"] for r in batch]
         plan.served = {r["id"]: _per_part(served_version, part) for r in batch}
     return plan
+
+
+def _deferred(row: Mapping[str, Any]) -> bool:
+    return "deferred" in row.keys() and bool(row["deferred"])
+
+
+def _fill(rows: Sequence[Mapping[str, Any]], max_samples: int, max_tokens: int | None) -> list[Mapping[str, Any]]:
+    """One adapter's batch from its fresh `rows` (newest first): the newest sample not deferred, then the deferred
+    ones, then newer-first the rest, within `max_samples` and `max_tokens`; returned newest first. Empty when
+    every row is deferred: a batch of them alone would have the same equal rewards again."""
+    new = [r for r in rows if not _deferred(r)]
+    if not new:
+        return []
+    batch, tokens = [], 0
+    for r in [new[0], *(r for r in rows if _deferred(r)), *new[1:]]:
+        if batch and max_tokens is not None and tokens + r["n_tokens"] > max_tokens:
+            break
+        batch.append(r)
+        tokens += r["n_tokens"]
+        if len(batch) >= max_samples:
+            break
+    return sorted(batch, key=lambda r: -r["id"])
 
 
 @dataclass

@@ -69,6 +69,7 @@ class SampleMeta(MutableMapping[str, Any]):
     feedback: dict[str, Any] | None = None  # the user's explicit score (`/v1/feedback`)
     privacy: dict[str, Any] | None = None  # what the privacy screen found and did
     dropped: str | None = None  # why the sample is never trained on (`reason[: detail]`)
+    deferred: int | None = None  # steps that claimed it and took no gradient (all advantages 0): `SampleStore.defer`
     extra: dict[str, Any] = field(default_factory=dict)  # keys of another version, kept as they were
 
     @classmethod
@@ -130,7 +131,7 @@ _GROUPS = {"fit": FitMeta, "origin": OriginMeta, "judged": JudgedMeta}
 _NAMED = ("finish_reason", "sampling", "chat_template_kwargs", "tools", "has_image", "images", "images_replaced",
           "context", "skills", "skill_generation", "session_source", "response_id", "conv_tail", "captured_at",
           "source", "judge", "judge_reward", "judge_error", "at_least_one", "hint", "distilled", "feedback",
-          "privacy", "dropped")  # fmt: skip
+          "privacy", "dropped", "deferred")  # fmt: skip
 _HOME: dict[str, str] = {  # stored key -> the group that holds it ("": the record itself)
     **{f.name: "" for f in fields(SampleMeta) if f.name not in _GROUPS and f.name != "extra"},
     **{f.name: group for group, cls in _GROUPS.items() for f in fields(cls)},

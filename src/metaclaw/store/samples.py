@@ -576,6 +576,25 @@ class SampleStore:
                 self._ready.notify_all()
         return released
 
+    def defer(self, sample_ids: Sequence[int]) -> int:
+        """The claimed samples of a step that took no gradient (all advantages zero: equal rewards) go back to
+        `ready` with `meta.deferred` counted, so a later batch trains them beside other rewards
+        (`claims.plan_claim`: deferred first, never alone); returns how many."""
+        ids = [int(i) for i in sample_ids]
+        if not ids:
+            return 0
+        with self._tx() as c:
+            marks = ",".join("?" * len(ids))
+            deferred = c.execute(
+                "UPDATE samples SET status='ready', claimed_step=NULL, claimed_at=NULL, served_version=NULL,"
+                " meta=json_set(meta, '$.deferred', COALESCE(json_extract(meta, '$.deferred'), 0) + 1), updated_at=?"
+                f" WHERE status='claimed' AND id IN ({marks})",
+                (time.time(), *ids),
+            ).rowcount
+            if deferred:
+                self._ready.notify_all()
+        return deferred
+
     def mark_consumed(self, below_step: int) -> int:
         """A checkpoint after `below_step` optimizer steps exists: claims of earlier steps are consumed."""
         with self._tx() as c:
