@@ -217,6 +217,7 @@ def real_path(args: argparse.Namespace, out: Path) -> dict[str, Any]:
         "minutes_per_run": args.minutes,
         "people": args.people,
         "pace": args.pace,
+        "reactions": args.reactions,
         "phrasings": args.phrasings,
         "max_tokens": args.max_tokens,
         "heldout_tasks": args.heldout_tasks,
@@ -263,6 +264,13 @@ def main() -> None:
         choices=["train", "heldout", "all"],
         default="train",
         help="which share of the people's phrasings (every 5th is held out)",
+    )
+    real.add_argument(
+        "--reactions",
+        choices=["all", "human"],
+        default="all",
+        help="all: people react to every reply at once; human: to half of them, a quarter of those minutes late, "
+        "the rest followed by no-verdict messages (simulate.people.human_mode)",
     )
     real.add_argument("--anthropic-share", type=float, default=0.25, help="conversations through /v1/messages")
     real.add_argument("--max-tokens", type=int, default=48, help="max_tokens the people's client sends")

@@ -33,7 +33,7 @@ from metaclaw.control.dashboard.data import reward_source
 from metaclaw.evaluation.evaluator import ComplianceEvaluator
 from metaclaw.lifecycle import set_pdeathsig
 from metaclaw.runfiles.layout import AdapterFolder
-from metaclaw.simulate.people import People, PreferenceKind, phrasings
+from metaclaw.simulate.people import People, PreferenceKind, human_mode, phrasings
 from metaclaw.wire.client import Endpoint, load_adapter
 
 COLLAPSE = ("top_opening", "top_opening_share", "opening_entropy", "self_rouge_l")  # eval.jsonl's collapse figures
@@ -331,6 +331,7 @@ def run_real_path(kind_name: str, method: str, args: Any, out: Path) -> dict[str
             anthropic_share=args.anthropic_share,
             max_tokens=args.max_tokens,
             seed=args.seed,
+            **(human_mode() if getattr(args, "reactions", "all") == "human" else {}),
         ).start()
         evals.start()
         deadline = watch.t0 + args.minutes * 60

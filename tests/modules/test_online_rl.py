@@ -153,7 +153,8 @@ def test_a_zero_advantage_step_hands_its_samples_back_to_the_store(tiny_policy, 
     store = SampleStore(tmp_path / "s.sqlite")
     ids = [store.insert(Sample([5, 6, 7], [8, 9, 10], [-2.0] * 3, reward=-1.0, status="ready")) for _ in range(2)]
     data = RolloutDataModule(str(tmp_path / "s.sqlite"), batch_size=2, min_batch_size=2, wait_timeout_s=0.5)
-    module = OnlineRLModule(policy=tiny_policy, loss=ImportanceSamplingLoss(), advantage=RLAdvantage(baseline_momentum=None),
+    advantage = RLAdvantage(baseline_momentum=None)
+    module = OnlineRLModule(policy=tiny_policy, loss=ImportanceSamplingLoss(), advantage=advantage,
                             optimizer=functools.partial(torch.optim.AdamW, lr=1e-2))  # fmt: skip
     trainer = L.Trainer(max_steps=1, logger=False, enable_progress_bar=False, enable_checkpointing=False,
                         enable_model_summary=False, accelerator="cpu")  # fmt: skip

@@ -209,13 +209,15 @@ def test_a_later_turn_is_distilled_into_a_fresh_conversation_and_trained_on_its_
     store = SampleStore(tmp_path / "s.sqlite")
     prompt = [1, *word_ids("user Hi there! assistant Hello! I'm Sam."), 2]
     with ThreadedServer(app := scripted_upstream("Hi, I am Kuro. About ten minutes.")) as up:
-        source = store.insert(Sample(prompt, [11, 3], [-1.0, -1.0], session_id="s1", turn_index=1, messages=EARLIER,
-                                     response_text="Ten minutes.", next_state=f"{PREFERENCE}\n\nAnd rice?"))  # fmt: skip
+        later = Sample(prompt, [11, 3], [-1.0, -1.0], session_id="s1", turn_index=1, messages=EARLIER,
+                       response_text="Ten minutes.", next_state=f"{PREFERENCE}\n\nAnd rice?")  # fmt: skip
+        source = store.insert(later)
         run(store, judge, up.url)
         render, asked = app.state.scripted["requests"]
     fresh = [EARLIER[0], {"role": "user", "content": "How long should pasta cook?"}]
     assert render["messages"] == fresh and render["max_tokens"] == 1  # the plain prompt, as the teacher renders it
-    assert asked["messages"] == [EARLIER[0], {"role": "user", "content": f"{PREFERENCE}\n\nHow long should pasta cook?"}]
+    hinted = {"role": "user", "content": f"{PREFERENCE}\n\nHow long should pasta cook?"}
+    assert asked["messages"] == [EARLIER[0], hinted]
     (new,) = distilled(store)
     assert new.prompt_ids == prompt_ids(fresh) != store.get(source).prompt_ids  # trained on the fresh plain prompt
     assert new.messages == fresh and new.meta.distilled["context"] == "fresh"

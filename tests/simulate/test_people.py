@@ -110,3 +110,30 @@ def test_identity_openings_are_ours_with_held_out_ones_apart_and_other_kinds_hav
     assert not [p for p in probes for x in ours if p == x or (len(p.split()) >= 3 and p.rstrip("?.") in x)]
     assert PreferenceKind.load("number").openings == ()
     assert not train.verifier.complies("I'm an AI assistant.") and train.verifier.complies("Hi, I'm KURO.")
+
+
+def test_people_in_human_mode_skip_react_late_and_send_no_verdict_messages(proxy):
+    """Half the replies reacted to, a share of those late (here 2-3 s: the store's reopen rule is tested with a
+    10-minute gap in tests/scoring), the rest followed by the next question, a follow-up task or a correction
+    of the person's own request: kind-free words that judge no reply."""
+    url, store = proxy
+    people = People(f"{url}/v1", PreferenceKind.load("number"), people=1, api_key="k", max_conversations=6, seed=5,
+                    react_share=0.5, late_share=0.5, late_s=(2.0, 3.0))  # fmt: skip
+    people.start()
+    people.join(120)
+    people.stop()
+    summary, turns = people.summary(), people.turn_records()
+    assert summary["errors"] == 0 and summary["late"] >= 1 and summary["no_verdict"] >= 1
+    assert 0 < summary["reacted"] < summary["replies"] - summary["conversations"]  # some replies got no reaction
+    late = [t for t in turns if t["late_s"] > 0]
+    assert all(t["late_s"] >= 2.0 and t["reaction"] in ("praise", "correction") for t in late)
+    pools = yaml.safe_load(POOLS.read_text())
+    for t in turns:
+        if t["reaction"] == "followup":
+            assert t["next_message"] in pools["followups"]
+        if t["reaction"] == "own_correction":
+            assert t["next_message"] in pools["own_corrections"]
+    next_states = {s.next_state for s in store.select()}
+    assert all(t["next_message"] in next_states for t in late)  # each late reaction reached the turn it answers
+    with pytest.raises(ValueError, match="react_share"):
+        People(f"{url}/v1", PreferenceKind.load("number"), react_share=1.5)

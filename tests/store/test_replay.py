@@ -6,7 +6,7 @@ from __future__ import annotations
 import sqlite3
 import time
 
-from metaclaw.store import SampleMeta, SampleStore
+from metaclaw.store import SampleMeta
 from tests.store.conftest import make
 
 

@@ -178,7 +178,9 @@ class ContextDistiller:
         if form not in HINTED_FORMS:
             raise ValueError(f"distill.distiller.form must be one of {HINTED_FORMS}, got {form!r}")
         if context not in CONTEXTS or not 0 <= replays <= 8:
-            raise ValueError(f"distill.distiller: context in {CONTEXTS} and replays in [0, 8], got {context!r}, {replays}")
+            raise ValueError(
+                f"distill.distiller: context in {CONTEXTS} and replays in [0, 8], got {context!r}, {replays}"
+            )
         if max_tokens < 1 or not 1 <= samples <= 16:
             raise ValueError(f"distill.distiller: max_tokens >= 1 and samples in [1, 16], got {max_tokens}, {samples}")
         self.endpoint = Endpoint(base_url, api_key) if base_url else None

@@ -11,6 +11,13 @@ preference, a correction otherwise, drawn from the phrasing pools of `people.yam
 words). A4 is the turn nothing reacts to. At `machine` pace the next message goes as soon as the reply
 arrives; at `human` pace a person reads and types first (seconds), and pauses between conversations.
 
+Real people do not react to every reply (`react_share`), and some react late (`late_share` of their reactions,
+`late_s` after the reply: past the proxy's `session_idle_s`, so the turn was already settled; meanwhile the
+person starts other conversations and comes back). A reply nobody reacts to is followed by the next question
+alone, a follow-up task ("Now a shorter version.") or a correction of the person's own request ("Sorry, I meant
+for two people."), drawn from the kind-free pools `followups` and `own_corrections` of `people.yaml`: none is a
+verdict on the reply, so none may be trained as one (`human_mode()`: half reacted, a quarter of those late).
+
 Every turn is recorded (`turns`: the reply, whether it complied, the reaction, the message that carried it),
 so a bench can check from the store how each reaction was trained; every request's header names are counted
 (`headers`) so it can show that no session header was ever sent. The people run on the one simulated-people
@@ -43,6 +50,7 @@ POOLS = Path(__file__).with_name("people.yaml")
 PHRASINGS = ("train", "heldout", "all")
 PACES = ("machine", "human")
 SESSION_HEADERS = ("x-session-id", "x-turn-type", "x-session-done", "x-agent-id")
+MAX_PARKED = 2  # conversations a person leaves open to react late; at this many they wait for the first
 JOINERS = ("\n\n", " ", "\n", "\n\nAlso, ", " Next: ", " Anyway. ", " Another one: ", "\n\nok, ")
 
 
@@ -108,10 +116,29 @@ class Turn:
     sdk: str
     reply: str
     complied: bool
-    reaction: str | None  # praise | correction | None (the closing turn: nothing reacted)
+    reaction: str | None  # praise | correction | followup | own_correction | None (none, or the closing turn)
     next_message: str | None
     sent_at: float
     replied_at: float
+    late_s: float = 0.0  # the reaction was sent this long after the reply
+
+
+@dataclass
+class Parked:
+    """A conversation a person left to react late: where it stands and when they come back to it."""
+
+    due: float
+    number: int
+    sdk: str
+    index: int  # the turn whose reply the late message reacts to
+    messages: list[dict[str, str]]
+    questions: list[str | None]
+
+
+def human_mode() -> dict[str, Any]:
+    """People as they are (issue 42): they react to half the replies, a quarter of those reactions come minutes
+    late (after the proxy's 300 s idle bound), and the rest of their next messages carry no verdict."""
+    return {"react_share": 0.5, "late_share": 0.25, "late_s": (330.0, 600.0)}
 
 
 class PeopleClients:
@@ -189,6 +216,9 @@ class People:
         timeout_s: per request.
         seed: question and phrasing choice.
         max_conversations: each person stops after this many (None: until `stop()`).
+        react_share: share of replies the person reacts to (praise or correction); the others are followed by
+            the next question alone, a follow-up task or a correction of their own request (no verdict).
+        late_share: share of the reactions sent late, `late_s` (a uniform range, seconds) after the reply.
     """
 
     def __init__(
@@ -205,7 +235,17 @@ class People:
         timeout_s: float = 300.0,
         seed: int = 0,
         max_conversations: int | None = None,
+        react_share: float = 1.0,
+        late_share: float = 0.0,
+        late_s: tuple[float, float] = (330.0, 600.0),
     ) -> None:
+        if not (0.0 <= react_share <= 1.0 and 0.0 <= late_share <= 1.0 and 0 <= late_s[0] <= late_s[1]):
+            raise ValueError(f"people: react_share and late_share in [0, 1], 0 <= late_s, got {react_share}, "
+                             f"{late_share}, {late_s}")  # fmt: skip
+        self.react_share, self.late_share, self.late_s = react_share, late_share, late_s
+        pools = _pools()
+        self.followups, self.own_corrections = list(pools["followups"]), list(pools["own_corrections"])
+        self._parked: dict[int, list[Parked]] = {}  # person -> conversations left to react late
         paces = [pace] * people if isinstance(pace, str) else list(pace)
         if people < 1 or len(paces) != people or any(p not in PACES for p in paces):
             raise ValueError(f"people: need >= 1 person and a pace in {PACES} for each, got {people} / {pace!r}")
@@ -239,9 +279,29 @@ class People:
         text = rng.choice(self.kind.praise if complied else self.kind.correction)
         return text if question is None else f"{text}{rng.choice(JOINERS)}{question}"
 
+    def next_message(self, rng: random.Random, complied: bool, question: str | None) -> tuple[str | None, str | None]:
+        """`(what the person says next, what it is)`: a reaction to `react_share` of the replies, otherwise no
+        verdict: the next question alone, a follow-up task, or a correction of their own request."""
+        if rng.random() < self.react_share:
+            return self.reaction(rng, complied, question), "praise" if complied else "correction"
+        draw = rng.random()
+        if draw < 0.25:
+            return rng.choice(self.followups), "followup"
+        if draw < 0.45:
+            return rng.choice(self.own_corrections), "own_correction"
+        return question, None  # the next question alone (None on the last turn: the person just leaves)
+
     def _converse(self, person: int, rng: random.Random, number: int) -> None:
         if person not in self._mine:
             self._mine[person] = self.clients.make()
+        parked = self._parked.setdefault(person, [])
+        if len(parked) >= MAX_PARKED:  # a person keeps a couple of conversations open, then goes back to one
+            self.driver.stopping.wait(max(0.0, min(p.due for p in parked) - time.time()))
+        due = sorted((p for p in parked if p.due <= time.time()), key=lambda p: p.due)
+        if due:  # come back to a conversation left to react late
+            parked.remove(due[0])
+            self._talk(person, rng, self._mine[person], due[0])
+            return
         self.conversation(person, rng, self._mine[person], number)
 
     def conversation(self, person: int, rng: random.Random, clients: tuple[Any, Any], number: int) -> None:
@@ -249,21 +309,38 @@ class People:
         questions: list[str | None] = [t.prompt for t in rng.sample(self.tasks, 3)] + [None]
         if self.kind.openings and rng.random() < 0.5:  # people say hello first (drawn only for kinds that do)
             questions[0] = rng.choice(self.kind.openings)
-        messages = [{"role": "user", "content": questions[0]}]
-        cid = f"p{person}-c{number}"
-        for i in range(4):
+        first = [{"role": "user", "content": questions[0] or ""}]
+        self._talk(person, rng, clients, Parked(0.0, number, sdk, 0, first, questions))
+
+    def _talk(self, person: int, rng: random.Random, clients: tuple[Any, Any], at: Parked) -> None:
+        """Go on with a conversation from `at`: a new one (index 0), or one the person comes back to late."""
+        cid, messages, late = f"p{person}-c{at.number}", at.messages, at.due > 0
+        for i in range(at.index, 4):
             if self.driver.stopping.is_set():
                 return
-            sent = time.time()
-            reply = self.clients.ask(clients, sdk, messages)
-            complied = not self.verifier.check(reply)
-            nxt = None if i == 3 else self.reaction(rng, complied, questions[i + 1])
-            reaction = None if i == 3 else ("praise" if complied else "correction")
-            with self._lock:
-                self.turns.append(Turn(person, cid, i, sdk, reply, complied, reaction, nxt, sent, time.time()))
+            nxt: str | None
+            if late:  # the late message reacts to the reply at `at.index`, already received
+                late, reply, messages = False, messages[-1]["content"], messages[:-1]
+                with self._lock:
+                    turn = next(t for t in reversed(self.turns) if t.conversation == cid and t.index == i)
+                    nxt = self.reaction(rng, turn.complied, at.questions[i + 1])
+                    turn.next_message, turn.late_s = nxt, time.time() - turn.replied_at
+            else:
+                sent = time.time()
+                reply = self.clients.ask(clients, at.sdk, messages)
+                complied = not self.verifier.check(reply)
+                nxt, reaction = (None, None) if i == 3 else self.next_message(rng, complied, at.questions[i + 1])
+                with self._lock:
+                    self.turns.append(Turn(person, cid, i, at.sdk, reply, complied, reaction, nxt, sent, time.time()))
+                if reaction in ("praise", "correction") and rng.random() < self.late_share:
+                    messages = [*messages, {"role": "assistant", "content": reply}]
+                    due = time.time() + rng.uniform(*self.late_s)
+                    left = Parked(due, at.number, at.sdk, i, messages, at.questions)
+                    self._parked.setdefault(person, []).append(left)
+                    return  # the person goes off to other conversations and reacts when `due`
             if nxt is None:
                 return
-            messages += [{"role": "assistant", "content": reply}, {"role": "user", "content": nxt}]
+            messages = [*messages, {"role": "assistant", "content": reply}, {"role": "user", "content": nxt}]
             self._think(person, rng, self.think_s)
 
     def _think(self, person: int, rng: random.Random, span: tuple[float, float]) -> None:
@@ -290,7 +367,7 @@ class People:
         figures = self.driver.figures()
         with self._lock:
             turns = list(self.turns)
-        reacted = [t for t in turns if t.reaction]
+        reacted = [t for t in turns if t.reaction in ("praise", "correction")]
         return {
             "people": len(self.paces),
             "paces": self.paces,
@@ -301,6 +378,8 @@ class People:
             "reacted": len(reacted),
             "complied": sum(t.complied for t in reacted),
             "corrected": sum(t.reaction == "correction" for t in reacted),
+            "late": sum(t.late_s > 0 for t in reacted),
+            "no_verdict": sum(t.reaction in ("followup", "own_correction") for t in turns),
             "anthropic_replies": sum(t.sdk == "anthropic" for t in turns),
             "requests": self.requests,
             "request_headers": dict(sorted(self.headers.items())),

@@ -108,7 +108,7 @@ def plan_claim(
 
 
 def _deferred(row: Mapping[str, Any]) -> bool:
-    return "deferred" in row.keys() and bool(row["deferred"])
+    return "deferred" in row.keys() and bool(row["deferred"])  # noqa: SIM118 - sqlite3.Row: `in` reads values
 
 
 def _fill(rows: Sequence[Mapping[str, Any]], max_samples: int, max_tokens: int | None) -> list[Mapping[str, Any]]:

@@ -551,9 +551,7 @@ class SampleStore:
             f" json_set(meta, '$.distilled.replays_left', {left} - 1), ? FROM samples WHERE {which} ORDER BY id",
             (now, *ids),
         )
-        c.execute(
-            f"UPDATE samples SET meta = json_set(meta, '$.distilled.replays_left', 0) WHERE {which}", tuple(ids)
-        )
+        c.execute(f"UPDATE samples SET meta = json_set(meta, '$.distilled.replays_left', 0) WHERE {which}", tuple(ids))
 
     @staticmethod
     def _latest_skill_generations(c: sqlite3.Connection) -> dict[str, int]:
