@@ -24,7 +24,7 @@ from metaclaw.scoring.distill import (
 )
 from metaclaw.scoring.judges import RuleJudge
 from metaclaw.scoring.reactions import ReactionJudge
-from metaclaw.scoring.worker import ScoringWorker
+from metaclaw.scoring.worker import DISTILL_BACKLOG, ScoringWorker
 from metaclaw.store import Sample, SampleStore
 
 # The mechanisms as seed 002 states them (+1 at least once, closing turns judged); the product's rules are
@@ -241,3 +241,22 @@ def test_the_distiller_refuses_an_unknown_context_or_replay_count():
         ContextDistiller("http://127.0.0.1:9", "tiny", context="elsewhere")
     with pytest.raises(ValueError, match="replays"):
         ContextDistiller("http://127.0.0.1:9", "tiny", replays=-1)
+
+
+def test_a_correction_settles_before_its_distillation_and_the_queue_is_bounded(tmp_path, judge):
+    """The teacher's generation runs off the scoring path: the corrected turn is `ready` with its own score
+    before the teacher is asked (under load the distiller held every score back by 6 minutes at a time)."""
+    store = SampleStore(tmp_path / "s.sqlite")
+    with ThreadedServer(app := scripted_upstream("Hi, I am Kuro. About ten minutes.")) as up:
+        source = turn(store, f"{PREFERENCE}\n\nHow tall is Everest?")
+        worker = SeedRulesWorker(store, judge, session_idle_s=1e9, at_least_one=False, no_next_state="drop",
+                                 distiller=ContextDistiller(up.url, "tiny", min_gain=0.1, samples=1))  # fmt: skip
+        asyncio.run(worker.run_once(drain_distill=False))
+        assert store.get(source).status == "ready" and store.get(source).reward == -1.0
+        assert store.get(source).meta["distill"] == {"queued": True} and app.state.scripted["requests"] == []
+        assert asyncio.run(worker.distill_next()) and not asyncio.run(worker.distill_next())
+        (new,) = distilled(store)
+        assert store.get(source).meta["distill"]["accepted"] == 1 and new.meta.distilled["from"] == source
+    for _ in range(DISTILL_BACKLOG + 3):
+        worker._queue_distill(store.get(source), PREFERENCE)
+    assert len(worker._distill_queue) == DISTILL_BACKLOG and worker.stats["distill_backlog_dropped"] == 3

@@ -21,6 +21,7 @@ import logging
 import threading
 import time
 import zlib
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -46,7 +47,12 @@ class TurnScore:
     meta: dict[str, Any] = field(default_factory=dict)
     failed: bool = False  # scoring failed `max_attempts` times: settled as dropped, never trained on
     feedback: dict[str, Any] | None = None  # the feedback this score was computed with
-    distilled: list[Sample] = field(default_factory=list)  # replies written with the stated preference (distill)
+    preference: str | None = None  # what the person's correction says they want: distilled once the turn settles
+
+
+DISTILL_BACKLOG = 32
+"""Corrections waiting to be distilled (`ScoringWorker`); the newest is distilled first, the oldest dropped when full:
+a preference the person keeps stating comes back in their next correction, and an old one's turn ages out anyway."""
 
 
 def is_heldout(session_id: str, share: float) -> bool:
@@ -121,6 +127,9 @@ class ScoringWorker:
             correction states what the person wants gets a second, new sample: the teacher's reply with that
             preference in context, trained on the prompt without it. The corrected turn keeps its own score.
             Never for held-out sessions; a distillation that fails is logged and counted, the turn still settles.
+            It runs off the scoring path: a turn settles with its own score at once and is queued
+            (`DISTILL_BACKLOG`, newest first, the oldest dropped and counted), so the teacher's generation never
+            holds back the scores training waits for (it held them for 6 minutes at a time under load).
     """
 
     def __init__(
@@ -162,12 +171,16 @@ class ScoringWorker:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.distiller = distiller
+        self._distill_queue: deque[tuple[Sample, str]] = deque()  # (settled turn, preference), newest on the right
+        self._distill_lock = threading.Lock()
         self.stats = {"scored": 0, "ready": 0, "dropped": 0, "errors": 0, "judge_failed": 0, "heldout": 0,
-                      "distilled": 0, "distill_failed": 0}  # fmt: skip
+                      "distilled": 0, "distill_failed": 0, "distill_backlog_dropped": 0}  # fmt: skip
 
     # ---- one pass -----------------------------------------------------------------------------------------
-    async def run_once(self) -> int:
-        """Score what can be scored now and settle what can be settled; returns how many samples were settled."""
+    async def run_once(self, drain_distill: bool = True) -> int:
+        """Score what can be scored now and settle what can be settled; returns how many samples were settled.
+        With `drain_distill` the distillations the settled turns queued run before it returns (the background
+        loop runs them beside the next passes instead)."""
         pending = await asyncio.to_thread(self.store.select, "pending")
         done = await asyncio.to_thread(self.sessions.done_sessions)
         groups: dict[tuple[str, str], list[Sample]] = {}
@@ -200,6 +213,9 @@ class ScoringWorker:
         settled = 0
         for key, samples in groups.items():
             settled += await asyncio.to_thread(self._settle, key, samples, finished[key])
+        if drain_distill:
+            while await self.distill_next():
+                pass
         return settled
 
     async def _score(self, s: Sample) -> None:
@@ -225,7 +241,7 @@ class ScoringWorker:
                 )
             score.feedback = fb
             if self.distiller is not None and not is_heldout(s.session_id, self.policy.heldout_share):
-                await self._distill(s, score)
+                self._wants_distill(s, score)
             self.progress.scores[s.id] = score
             self.stats["scored"] += 1
             if self.evolution is not None:
@@ -247,23 +263,42 @@ class ScoringWorker:
                 if self.evolution is not None:  # counted as a turn, but no verdict to learn from
                     self.evolution.note(s.agent_id, s.id, None)
 
-    async def _distill(self, s: Sample, score: TurnScore) -> None:
-        """Learning from the words: a correction whose words state what the person wants becomes a new sample
-        (`score.distilled`, stored when the turn settles); the turn's own reward is left as it is."""
+    def _wants_distill(self, s: Sample, score: TurnScore) -> None:
+        """Learning from the words: a correction whose words state what the person wants is distilled once the
+        turn settles (`score.preference`); the turn's own reward is left as it is."""
         corrected = (score.reward or 0) < 0 if self.policy.needs_reward else bool(score.hint)
         if not corrected:
             return
         words = (score.feedback or {}).get("text") or s.next_state  # the person's own words, not a judge's summary
-        preference = stated_preference(words)
-        if preference is None:
-            score.meta["distill"] = {"skipped": "no stated preference"}
-            return
+        score.preference = stated_preference(words)
+        score.meta["distill"] = {"skipped": "no stated preference"} if score.preference is None else {"queued": True}
+
+    def _queue_distill(self, s: Sample, preference: str) -> None:
+        """Bounded (`DISTILL_BACKLOG`): a full queue drops its oldest correction, counted."""
+        with self._distill_lock:
+            if len(self._distill_queue) >= DISTILL_BACKLOG:
+                self._distill_queue.popleft()
+                self.stats["distill_backlog_dropped"] += 1
+            self._distill_queue.append((s, preference))
+
+    async def distill_next(self) -> bool:
+        """Distil the newest queued correction (a fresh preference first); False when none is queued. Its
+        accepted replies are stored as new samples; what happened is noted on the corrected turn (`meta.distill`)."""
+        with self._distill_lock:
+            if not self._distill_queue:
+                return False
+            s, preference = self._distill_queue.pop()
+        assert self.distiller is not None  # only queued with one
         try:
-            score.distilled, score.meta["distill"] = await self.distiller.distill(s, preference)
+            new, info = await self.distiller.distill(s, preference)
         except Exception as e:  # noqa: BLE001 - the turn's own score stands; the failure is counted and said
             self.stats["distill_failed"] += 1
-            score.meta["distill"] = {"error": repr(e)[:300]}
+            new, info = [], {"error": repr(e)[:300]}
             log.warning("Sample %d: context distillation failed: %r", s.id, e)
+        if new:
+            await asyncio.to_thread(self._store_distilled, s, new)
+        await asyncio.to_thread(self.store.note, s.id, "distill", info)
+        return True
 
     # ---- settling -----------------------------------------------------------------------------------------
     def _settle(self, key: tuple[str, str], samples: list[Sample], finished: bool) -> int:
@@ -336,8 +371,8 @@ class ScoringWorker:
             self.store.set_score(s.id, status="dropped", meta={**meta, "dropped": f"invalid_score: {e}"})
         s.reward = reward
         self.stats["ready" if usable else "dropped"] += 1
-        if score.distilled and usable:
-            self._store_distilled(s, score.distilled)
+        if score.preference is not None and usable:
+            self._queue_distill(s, score.preference)
 
     def _store_distilled(self, source: Sample, new: list[Sample]) -> None:
         """Store the distilled samples (`ready`; the store's privacy screen applies as to any captured turn)."""
@@ -350,15 +385,26 @@ class ScoringWorker:
 
     # ---- background thread --------------------------------------------------------------------------------
     def _loop(self) -> None:
-        async def main() -> None:
+        async def distilling() -> None:
             while not self._stop.is_set():
                 try:
-                    n = await self.run_once()
+                    if not await self.distill_next():
+                        await asyncio.sleep(self.pace.poll_s)
+                except Exception:  # noqa: BLE001 - keep distilling whatever one correction hit
+                    log.exception("Distillation failed")
+
+        async def main() -> None:
+            background = asyncio.create_task(distilling()) if self.distiller is not None else None
+            while not self._stop.is_set():
+                try:
+                    n = await self.run_once(drain_distill=False)
                     if n:
                         log.debug("Scored %d samples; store: %s", n, await asyncio.to_thread(self.store.counts))
                 except Exception:  # noqa: BLE001 - keep scoring whatever one pass hit
                     log.exception("Scoring pass failed")
                 await asyncio.sleep(self.pace.poll_s)
+            if background is not None:
+                background.cancel()
 
         asyncio.run(main())
 

@@ -415,6 +415,15 @@ class SampleStore:
                 self._ready.notify_all()
         return True
 
+    def note(self, sample_id: int, key: str, value: Any) -> None:
+        """Record `value` (JSON) under `meta.<key>` of a sample whatever its status (e.g. what its distillation
+        did, after the turn settled); `key` is a name the code chooses, never request data."""
+        if not key.isidentifier():
+            raise ValueError(f"a meta key must be a name, got {key!r}")
+        with self._tx() as c:
+            c.execute("UPDATE samples SET meta=json_set(meta, ?, json(?)), updated_at=? WHERE id=?",
+                      (f"$.{key}", json.dumps(value), time.time(), sample_id))  # fmt: skip
+
     def add_feedback(self, sample_id: int, feedback: dict[str, Any]) -> tuple[str, str]:
         """Store `feedback` as the sample's `meta.feedback` (the latest wins); a sample scored but not trained
         on goes back to `pending` so the scorer settles it again with the feedback. Returns (status before,
