@@ -168,7 +168,7 @@ class ContextDistiller:
         model: str,
         api_key: str | None = None,
         form: str = "prefix",
-        samples: int = 2,
+        samples: int = 4,
         min_gain: float = 0.5,
         max_tokens: int = 256,
         timeout_s: float = 120.0,
