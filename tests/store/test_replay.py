@@ -59,3 +59,14 @@ def test_a_step_without_a_gradient_hands_its_samples_back_to_train_beside_other_
     batch = store.claim_batch(step=2, max_samples=4)
     assert newer[-1] in {s.id for s in batch} and len(set(equal) & {s.id for s in batch}) == 3  # deferred first
     assert store.defer([newer[0]]) == 0  # only claimed samples can be handed back
+
+
+def test_a_turn_reopened_by_a_late_reaction_is_as_fresh_as_the_reaction(store):
+    """A reaction 10 minutes after the reply reopens its turn (`meta.late_reaction`: 600 s); counted from the
+    capture it would be stale at once (`data.max_age_s` 600), so the person's late words would never train."""
+    late = store.insert(make(status="ready", reward=-1.0, meta=SampleMeta(extra={"late_reaction": 600.0})))
+    plain = store.insert(make(status="ready", reward=1.0))
+    with sqlite3.connect(store.path) as c:  # both replies were captured 11 minutes ago
+        c.execute("UPDATE samples SET created_at=?", (time.time() - 660,))
+    assert [s.id for s in store.claim_batch(step=0, max_samples=4, max_age_s=600)] == [late]
+    assert store.get(plain).meta.dropped.startswith("stale:age")

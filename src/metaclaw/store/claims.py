@@ -6,7 +6,8 @@ without a database. The rules (docs/online_loop.md, "Freshness"):
 - **Newest first.** A step trains on the newest ready samples: a live user's latest turns, produced by the
   adapter being served now. The oldest wait, and are settled by the bounds below (or the backlog bound).
 - **Staleness bounds.** A sample more than `max_staleness` adapter versions behind the served adapter, or
-  captured more than `max_age_s` seconds ago, is never trained: it is settled `dropped` with reason `stale`
+  captured more than `max_age_s` seconds ago (a turn reopened by a late reaction: since the reaction, which is
+  bounded by `LATE_REACTION_MAX_AGE_S`), is never trained: it is settled `dropped` with reason `stale`
   (kept in the store, counted in `rollout/dropped_stale`). Its behaviour logprobs come from a policy the
   trainer has moved away from, and its reward answers a reply the user no longer gets.
 - **Too long / old skill generation**: a sample longer than `max_sample_tokens`, or gathered under an agent's
@@ -30,7 +31,8 @@ from typing import Any
 # the ready samples' columns a claim decides on (`n_tokens`: prompt + response, from the blobs' byte lengths)
 LIGHT_READY_SQL = (
     "SELECT id, agent_id, adapter_version, created_at, (length(prompt_ids) + length(response_ids)) / ? AS n_tokens,"
-    " json_extract(meta, '$.skill_generation') AS gen, json_extract(meta, '$.deferred') AS deferred FROM samples"
+    " json_extract(meta, '$.skill_generation') AS gen, json_extract(meta, '$.deferred') AS deferred,"
+    " COALESCE(json_extract(meta, '$.late_reaction'), 0) AS late FROM samples"
     " WHERE status='ready' ORDER BY id DESC"
 )
 # when each agent's samples were last claimed for a step (many adapters: the one trained least recently goes first)
@@ -77,7 +79,7 @@ def plan_claim(
         part = partition(r["agent_id"]) if partition is not None else None
         floor = _per_part(min_adapter_version, part)
         gen, newest = r["gen"], (generations or {}).get(r["agent_id"])
-        age = now - r["created_at"]
+        age = now - r["created_at"] - _late(r)  # a late reaction's turn: from when the person reacted
         reason = None
         if max_sample_tokens is not None and r["n_tokens"] > max_sample_tokens:
             reason = f"too_long:{r['n_tokens']}>{max_sample_tokens}"
@@ -105,6 +107,10 @@ def plan_claim(
         plan.batch = [r["id"] for r in batch]
         plan.served = {r["id"]: _per_part(served_version, part) for r in batch}
     return plan
+
+
+def _late(row: Mapping[str, Any]) -> float:
+    return float(row["late"] or 0) if "late" in row.keys() else 0.0  # noqa: SIM118 - sqlite3.Row: `in` reads values
 
 
 def _deferred(row: Mapping[str, Any]) -> bool:
