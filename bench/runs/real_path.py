@@ -47,6 +47,21 @@ SERVER_READY = re.compile(r"Policy server ready on (http://\S+)")
 
 
 # ---- the service ------------------------------------------------------------------------------------------
+
+
+def sessions_to_stable(turns: list[dict[str, Any]], run: int = 3) -> int | None:
+    """OpenClaw-RL's "sessions to a stable effect": how many conversations the people had begun when `run`
+    consecutive ones (in the order they began) first complied at their first reply, which no correction of that
+    conversation can have shaped (the weights did); None if that never happened."""
+    firsts = sorted((t["sent_at"], t["complied"]) for t in turns if t["index"] == 0)
+    streak = 0
+    for n, (_, complied) in enumerate(firsts, start=1):
+        streak = streak + 1 if complied else 0
+        if streak >= run:
+            return n
+    return None
+
+
 def service_command(model: str, method: str, run_dir: Path, overrides: list[str]) -> list[str]:
     """`train.py rollout=proxy` with what a user passes (model, method) and where to find it; no demo setting."""
     return [sys.executable, "train.py", f"model={model}", f"method={method}", "rollout=proxy",
@@ -358,6 +373,7 @@ def run_real_path(kind_name: str, method: str, args: Any, out: Path) -> dict[str
                       curve=curve, eval_errors=evals.errors)  # fmt: skip
     if people is not None:
         result["people"] = people.summary()
+        result["people"]["sessions_to_stable"] = sessions_to_stable(people.turn_records())
         (run_dir / "people_turns.jsonl").write_text("".join(json.dumps(t) + "\n" for t in people.turn_records()))
     if watch is not None:
         result["backlog"] = watch.timeline

@@ -155,3 +155,13 @@ def test_real_path_bench_drives_the_live_service_like_people(tmp_path):
                 "unreacted_trained_zero", "dropped_by_reason"):  # fmt: skip
         assert key in store
     assert run["backlog"] and "backlog" in run["backlog"][-1]
+
+
+def test_sessions_to_a_stable_effect_counts_conversations_until_three_first_replies_comply_in_a_row():
+    def first(at: float, complied: bool) -> dict:
+        return {"sent_at": at, "complied": complied, "index": 0}
+
+    later = {"sent_at": 0.5, "complied": True, "index": 1}  # a later reply may follow an in-context correction
+    order = [first(5, True), first(1, False), first(2, True), first(3, False), first(4, True), first(6, True), later]
+    assert _real_path().sessions_to_stable(order) == 6  # begun in order 1..6: the run is the 4th, 5th and 6th
+    assert _real_path().sessions_to_stable([first(1, True), first(2, True), later]) is None
