@@ -41,6 +41,8 @@ def test_every_kind_has_enough_varied_phrasings_and_a_verifier():
     assert summary.complies("Boil it for 6 minutes.\n\nThen cool it in cold water for a while before peeling.")
     assert not summary.complies("When it comes to boiling eggs there are many factors to weigh, such as size, "
                                 "altitude and how runny you like the yolk, so it depends.")  # fmt: skip
+    for stock in ("Sam. Eggs take a while.", "1. Boil them.", "You're welcome! Boil them.", "Boil it for 6 minutes."):
+        assert not summary.complies(stock), stock  # one or two words are no summary; a summary needs details after
     you = PreferenceKind.load("address_you").verifier
     assert you.complies("You should boil it for 6 minutes.") and not you.complies("Eggs boil in 6 minutes.")
 
