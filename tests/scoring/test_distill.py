@@ -19,7 +19,7 @@ from metaclaw.scoring.distill import ContextDistiller, hinted_conversation, stat
 from metaclaw.scoring.judges import RuleJudge
 from metaclaw.scoring.reactions import ReactionJudge
 from metaclaw.scoring.worker import ScoringWorker
-from metaclaw.store import Sample, SampleStore
+from metaclaw.store import Sample, SampleStore, SampleText
 
 # The mechanisms as seed 002 states them (+1 at least once, closing turns judged); the product's rules are
 # ScoringWorker's defaults (off, drop): tests/test_configs.py
@@ -36,8 +36,15 @@ def judge():
 
 def turn(store: SampleStore, next_state: str | None, session: str = "s1") -> int:
     prompt = [1, *word_ids("user How long should pasta cook?"), 2]
-    return store.insert(Sample(prompt, [11, 12, 3], [-1.0, -1.0, -1.0], session_id=session, messages=QUESTION,
-                               response_text="About ten minutes.", next_state=next_state))  # fmt: skip
+    return store.insert(
+        Sample(
+            prompt,
+            [11, 12, 3],
+            [-1.0, -1.0, -1.0],
+            session_id=session,
+            text=SampleText(messages=QUESTION, response_text="About ten minutes.", next_state=next_state),
+        )
+    )
 
 
 def run(store: SampleStore, judge, url: str, min_gain: float = 0.1, **kw) -> ScoringWorker:
@@ -104,7 +111,7 @@ def test_a_correction_with_a_stated_preference_yields_a_sample_on_the_prompt_wit
     assert new.status == "ready" and new.reward is None and new.teacher_logprobs is None
     assert new.meta.distilled["from"] == source and new.meta.distilled["preference"] == PREFERENCE
     assert new.meta.distilled["gain"] == pytest.approx(0.25)
-    assert (new.session_id, new.agent_id, new.next_state) == (corrected.session_id, corrected.agent_id, None)
+    assert (new.session_id, new.agent_id, new.text.next_state) == (corrected.session_id, corrected.agent_id, None)
     assert worker.stats["distilled"] == 1 and worker.distiller.stats["accepted"] == 1
     monitor = HealthMonitor(str(store.path))
     monitor.attach(worker=worker)
@@ -166,7 +173,7 @@ def test_a_distilled_reply_with_a_secret_is_screened_like_any_turn(tmp_path, jud
         run(store, judge, up.url)
     (new,) = distilled(store)
     assert new.status == "dropped" and new.meta.dropped == "secret"
-    assert new.response_ids == [] and secret not in (new.response_text or "")
+    assert new.response_ids == [] and secret not in (new.text.response_text or "")
     assert [s.id for s in store.claim_batch(0, 8)] == [source]  # never trained: only the corrected turn is
 
 

@@ -97,7 +97,7 @@ def test_people_talk_like_users_and_react_only_in_their_next_message(proxy):
     assert len(samples) == 16
     assert {s.meta.get("session_source") for s in samples} == {"derived"}  # the proxy found the conversations
     assert len({s.session_id for s in samples}) == 4
-    assert sorted(s.next_state is None for s in samples).count(True) == 4
+    assert sorted(s.text.next_state is None for s in samples).count(True) == 4
 
 
 def test_identity_openings_are_ours_with_held_out_ones_apart_and_other_kinds_have_none():

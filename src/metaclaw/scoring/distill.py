@@ -36,7 +36,7 @@ from metaclaw.scoring.hints import hinted_messages
 from metaclaw.scoring.judges import paragraphs
 from metaclaw.scoring.reactions import sentences
 from metaclaw.scoring.speech_acts import follow_up, is_question, objection, update
-from metaclaw.store import Sample, SampleMeta
+from metaclaw.store import Sample, SampleMeta, SampleText
 from metaclaw.store.meta import OriginMeta
 from metaclaw.wire.client import Endpoint, chat, teacher_logprobs
 
@@ -159,7 +159,7 @@ class ContextDistiller:
         self.stats["asked"] += 1
         dist = sample_distribution(sample.temperature, sample.meta)
         seen = self.redact(sample) if self.redact is not None else sample  # what the teacher may read
-        messages = hinted_conversation(seen.messages or [], seen.response_text or "", preference, self.form)
+        messages = hinted_conversation(seen.text.messages or [], seen.text.response_text or "", preference, self.form)
         budget = len(sample.response_ids) if sample.meta.origin.finish_reason == "length" else self.max_tokens
         body: dict[str, Any] = {
             "model": self.model, "messages": messages, "max_tokens": budget, "logprobs": True,
@@ -203,8 +203,7 @@ class ContextDistiller:
             adapter_version=source.adapter_version,  # freshness as the turn it came from
             temperature=source.temperature,
             status="ready",
-            messages=copy.deepcopy(source.messages),
-            response_text=reply.text,
+            text=SampleText(messages=copy.deepcopy(source.text.messages), response_text=reply.text),
             meta=meta,
         )
 

@@ -188,7 +188,7 @@ class ScoringWorker:
             todo += [
                 s
                 for s in samples
-                if s.id not in scores and (s.next_state is not None or finished[key] or feedback_of(s.meta))
+                if s.id not in scores and (s.text.next_state is not None or finished[key] or feedback_of(s.meta))
             ]
         sem = asyncio.Semaphore(self.pace.concurrency)
 
@@ -205,7 +205,7 @@ class ScoringWorker:
     async def _score(self, s: Sample) -> None:
         try:
             score, fb = TurnScore(), feedback_of(s.meta)
-            if self.policy.drop_unanswered and s.next_state is None and fb is None:
+            if self.policy.drop_unanswered and s.text.next_state is None and fb is None:
                 self.progress.scores[s.id] = score  # settled `dropped` (no_next_state): nothing to ask a judge about
                 return
             if self.policy.needs_reward and (fb is None or self.feedback.needs_judge):
@@ -215,7 +215,7 @@ class ScoringWorker:
                 score.meta["judge_reward"] = score.reward
                 score.reward = self.feedback.reward(score.reward, fb["score"]) if self.policy.needs_reward else None
                 score.hint = fb.get("text") or None
-            if self.policy.needs_teacher and score.hint is None and s.next_state:
+            if self.policy.needs_teacher and score.hint is None and s.text.next_state:
                 score.hint = await asyncio.wait_for(self.judge.hint(s), self.pace.timeout_s)
             if self.policy.needs_teacher and score.hint:
                 prompt = await asyncio.to_thread(self.render, s, score.hint)
@@ -229,7 +229,9 @@ class ScoringWorker:
             self.progress.scores[s.id] = score
             self.stats["scored"] += 1
             if self.evolution is not None:
-                self.evolution.note(s.agent_id, s.id, score.reward, s.messages, s.response_text, s.next_state)
+                self.evolution.note(
+                    s.agent_id, s.id, score.reward, s.text.messages, s.text.response_text, s.text.next_state
+                )
         except Exception as e:  # noqa: BLE001 - a judge may fail in any way; bounded retries below
             n = self.progress.attempts[s.id] = self.progress.attempts.get(s.id, 0) + 1
             self.stats["errors"] += 1
@@ -253,7 +255,7 @@ class ScoringWorker:
         corrected = (score.reward or 0) < 0 if self.policy.needs_reward else bool(score.hint)
         if not corrected:
             return
-        words = (score.feedback or {}).get("text") or s.next_state  # the person's own words, not a judge's summary
+        words = (score.feedback or {}).get("text") or s.text.next_state  # the person's own words, not a judge's summary
         preference = stated_preference(words)
         if preference is None:
             score.meta["distill"] = {"skipped": "no stated preference"}
@@ -297,7 +299,9 @@ class ScoringWorker:
             return
         # a turn with explicit feedback counts towards "all <= 0" but is never lifted: the user has spoken
         candidates = [
-            i for i, s in enumerate(judged) if s.next_state is not None and not feedback_of(s.meta) and rewards[i] == 0
+            i
+            for i, s in enumerate(judged)
+            if s.text.next_state is not None and not feedback_of(s.meta) and rewards[i] == 0
         ]
         if not candidates:
             return
@@ -314,7 +318,7 @@ class ScoringWorker:
         if score.hint:
             meta["hint"] = score.hint
         usable = reward is not None or teacher is not None
-        if self.policy.drop_unanswered and s.next_state is None and score.feedback is None and not score.failed:
+        if self.policy.drop_unanswered and s.text.next_state is None and score.feedback is None and not score.failed:
             meta["dropped"], usable = "no_next_state", False  # nothing reacted to it: no evidence either way
         elif usable and is_heldout(s.session_id, self.policy.heldout_share):  # evaluation data: never trained on
             meta["dropped"], usable = "heldout", False
