@@ -259,7 +259,7 @@ def main() -> None:
         },  # fmt: skip
         "reply_tokens_mean": round(sum(len(t["response_ids"]) for t in turns) / len(turns), 1),
         "concurrency": evaluator.concurrency,
-        "quality_turns": evaluator.quality_turns,
+        "quality_turns": evaluator.counts.quality_turns,
         "load_threads": args.load,
         "setup_s": round(setup_s, 1),
         "gates": gates,
