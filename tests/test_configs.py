@@ -212,13 +212,21 @@ def test_the_live_path_drops_a_closing_turn_and_trains_only_fresh_samples(tmp_pa
 
     from metaclaw.loop.wiring import build_worker
     from metaclaw.scoring.judges import RuleJudge
-    from metaclaw.store import Sample, SampleStore, SessionLog
+    from metaclaw.store import Sample, SampleStore, SampleText, SessionLog
 
     cfg = _compose("train", ["rollout=proxy", "model=tiny", "judge=rule"], tmp_path)
     store = SampleStore(cfg.store_path)
     for turn, next_state in enumerate(["thanks, that works", None]):
-        store.insert(Sample([1, 2, 3], [4, 5], [-0.5, -0.5], session_id="s", turn_index=turn, next_state=next_state,
-                            messages=[{"role": "user", "content": "q"}], response_text="r"))  # fmt: skip
+        store.insert(
+            Sample(
+                [1, 2, 3],
+                [4, 5],
+                [-0.5, -0.5],
+                session_id="s",
+                turn_index=turn,
+                text=SampleText(messages=[{"role": "user", "content": "q"}], response_text="r", next_state=next_state),
+            )
+        )
     SessionLog(store.path).touch("default", "s", done=True)
     worker = build_worker(cfg, store, tokenizer=None, server=None)
     assert isinstance(worker.judge, RuleJudge)

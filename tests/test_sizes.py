@@ -12,8 +12,6 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-import pytest
-
 ROOT = Path(__file__).resolve().parents[1] / "src"
 MAX_FUNCTION_LINES = 80
 MAX_CLASS_ATTRIBUTES = 15
@@ -69,9 +67,6 @@ def test_no_function_is_longer_than_80_lines():
     assert functions == [], "split these by concern:\n" + "\n".join(functions)
 
 
-# The one class left over the rule: `Sample` (store/samples.py, 17 attributes), the stored row's record (its
-# fields are the SQLite columns, read and set all over src/). Strict: the day it passes, the marker must go.
-@pytest.mark.xfail(strict=True, reason="issue 45: Sample (store/samples.py, 17 attributes) is not grouped yet")
 def test_no_class_has_more_than_15_attributes():
     _, classes = oversized(ROOT)
     assert classes == [], "split these into collaborators or nested records:\n" + "\n".join(classes)

@@ -35,7 +35,7 @@ from metaclaw.serving.protocol import parse_chat_request
 from metaclaw.serving.sampling import SequenceOutput
 from metaclaw.simulate.user import SimulatedUser
 from metaclaw.skills.evolve import SkillEvolver
-from metaclaw.store import Sample
+from metaclaw.store import Sample, SampleText
 from metaclaw.thinking import Thinking, read_answer
 from metaclaw.wire.parsing import TextDecoder, parse_completion
 from metaclaw.wire.render import chat_prompt_ids
@@ -80,8 +80,10 @@ def test_qwen3_template_prefills_an_empty_think_block_only_when_thinking_is_off(
 
 
 def test_the_teacher_renders_each_sample_as_it_was_rendered(qwen3_tokenizer):
-    off = Sample([1], [2], [-0.1], messages=QUESTION, meta={"chat_template_kwargs": {"enable_thinking": False}})
-    on = Sample([1], [2], [-0.1], messages=QUESTION)
+    off = Sample(
+        [1], [2], [-0.1], text=SampleText(messages=QUESTION), meta={"chat_template_kwargs": {"enable_thinking": False}}
+    )
+    on = Sample([1], [2], [-0.1], text=SampleText(messages=QUESTION))
     assert qwen3_tokenizer.decode(hinted_prompt_ids(qwen3_tokenizer, off, "")).endswith(PREFILL)
     assert not qwen3_tokenizer.decode(hinted_prompt_ids(qwen3_tokenizer, on, "")).endswith(PREFILL)
 
@@ -149,8 +151,13 @@ def callers(url: str, thinking: Thinking, tmp_path: Path, tokenizer: Any) -> dic
                            thinking=thinking)  # fmt: skip
     gate = HeldoutTurnsEvaluator(None, url, "qwen3")  # type: ignore[arg-type]  # _answer never reads the store
     # The gate answers a held-out turn's prompt rendered as the user's was, within the got reply's length.
-    turn = Sample([1], [2] * (MAX_TOKENS + thinking.budget), [-0.1] * (MAX_TOKENS + thinking.budget),
-                  messages=QUESTION, meta={"chat_template_kwargs": thinking.template_kwargs or None})  # fmt: skip
+    turn = Sample(
+        [1],
+        [2] * (MAX_TOKENS + thinking.budget),
+        [-0.1] * (MAX_TOKENS + thinking.budget),
+        text=SampleText(messages=QUESTION),
+        meta={"chat_template_kwargs": thinking.template_kwargs or None},
+    )
 
     def gate_answer() -> str:
         got = gate._answer("qwen3", turn, MAX_TOKENS + thinking.budget)

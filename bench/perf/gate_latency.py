@@ -44,7 +44,7 @@ from bench.harness import add_results_argument, free_port, publish, serving  # n
 from metaclaw.config import CONFIG_DIR, register_resolvers  # noqa: E402
 from metaclaw.evaluation.turns import HeldoutTurnsEvaluator  # noqa: E402
 from metaclaw.simulate.tasks import load_tasks  # noqa: E402
-from metaclaw.store import Sample, SampleStore  # noqa: E402
+from metaclaw.store import Sample, SampleStore, SampleText  # noqa: E402
 from metaclaw.wire.client import Endpoint, load_adapter  # noqa: E402
 
 SYSTEM = (
@@ -117,10 +117,21 @@ def build_turns(url: str, key: str, model: str, n_turns: int, reply_tokens: int,
 def fill_store(store: SampleStore, turns: list[dict[str, Any]], seed: int) -> None:
     rng = random.Random(seed)
     for t in turns:
-        store.insert(Sample(t["prompt_ids"], t["response_ids"], t["logprobs"], session_id=t["session"],
-                            turn_index=t["turn"], adapter_version=0, reward=rng.choice([1.0, -1.0]),
-                            status="dropped", meta={"dropped": "heldout"}, messages=t["messages"],
-                            response_text=t["text"], temperature=1.0))  # fmt: skip
+        store.insert(
+            Sample(
+                t["prompt_ids"],
+                t["response_ids"],
+                t["logprobs"],
+                session_id=t["session"],
+                turn_index=t["turn"],
+                adapter_version=0,
+                reward=rng.choice([1.0, -1.0]),
+                status="dropped",
+                meta={"dropped": "heldout"},
+                text=SampleText(messages=t["messages"], response_text=t["text"]),
+                temperature=1.0,
+            )
+        )
 
 
 def server_cpu(server: psutil.Process) -> float:
@@ -248,7 +259,7 @@ def main() -> None:
         },  # fmt: skip
         "reply_tokens_mean": round(sum(len(t["response_ids"]) for t in turns) / len(turns), 1),
         "concurrency": evaluator.concurrency,
-        "quality_turns": evaluator.quality_turns,
+        "quality_turns": evaluator.counts.quality_turns,
         "load_threads": args.load,
         "setup_s": round(setup_s, 1),
         "gates": gates,

@@ -45,7 +45,7 @@ from metaclaw.serving.sampling import SamplingParams  # noqa: E402
 from metaclaw.simulate.preferences import PreferenceSet  # noqa: E402
 from metaclaw.simulate.tasks import load_tasks  # noqa: E402
 from metaclaw.simulate.user import feedback  # noqa: E402
-from metaclaw.store import Sample  # noqa: E402
+from metaclaw.store import Sample, SampleText  # noqa: E402
 from metaclaw.wire.render import chat_prompt_ids  # noqa: E402
 
 
@@ -79,7 +79,7 @@ def main() -> None:
     t0 = time.perf_counter()
     # the hint the live loop gives a reply that breaks every rule: the rule judge on the user's correction
     correction = feedback([v for v in prefs.check("") if v.kind != "answered"])
-    hint = asyncio.run(judge.hint(Sample([1], [1], [0.0], next_state=correction))) or ""
+    hint = asyncio.run(judge.hint(Sample([1], [1], [0.0], text=SampleText(next_state=correction)))) or ""
     for task in load_tasks(user.tasks_file, split="heldout")[: args.prompts]:
         messages = [*system, {"role": "user", "content": task.prompt}]
         plain = chat_prompt_ids(engine.tokenizer, messages)

@@ -46,7 +46,7 @@ from metaclaw.scoring.reactions import LABELS, ReactionJudge, load_prototypes  #
 from metaclaw.simulate.preferences import PreferenceSet  # noqa: E402
 from metaclaw.simulate.tasks import load_tasks  # noqa: E402
 from metaclaw.simulate.user import feedback  # noqa: E402
-from metaclaw.store import Sample  # noqa: E402
+from metaclaw.store import Sample, SampleText  # noqa: E402
 
 # Replies the simulated user judges (each breaks some presets and follows others).
 REPLIES = [
@@ -67,7 +67,7 @@ def judge_cfg(name: str) -> dict[str, Any]:
 
 def verdicts(judge: Any, texts: list[str]) -> list[int]:
     async def run() -> list[float]:
-        return [(await judge.reward(Sample([1], [2], [-0.1], next_state=t))).reward for t in texts]
+        return [(await judge.reward(Sample([1], [2], [-0.1], text=SampleText(next_state=t)))).reward for t in texts]
 
     return [int(v) for v in asyncio.run(run())]
 

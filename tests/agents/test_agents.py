@@ -154,7 +154,7 @@ def test_every_reacted_turn_is_captured_and_trained(service: Service):
     while time.monotonic() < deadline:
         state = {}
         for s in store.select():
-            msgs = s.messages or []
+            msgs = s.text.messages or []
             reply = max((k for k, m in enumerate(msgs) if m.get("role") == "assistant"), default=-1)
             last = json.dumps([m.get("content") for m in msgs[reply + 1 :] if m.get("role") == "user"])
             for name in AGENTS:

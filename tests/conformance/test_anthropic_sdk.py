@@ -43,7 +43,7 @@ def test_messages_with_tools_results_and_parallel_tool_use(rig, client):
     assert isinstance(msg, anthropic.types.Message) and msg.model == "claude-sonnet-4-5"
     assert msg.stop_reason in ("end_turn", "max_tokens", "tool_use")
     [s] = rig.store.select()[n:]
-    assert s.status == "pending" and [m["role"] for m in s.messages] == ["system", "user", "assistant", "tool",
+    assert s.status == "pending" and [m["role"] for m in s.text.messages] == ["system", "user", "assistant", "tool",
                                                                          "tool", "user"]  # fmt: skip
     assert msg.usage.input_tokens == len(s.prompt_ids) and msg.usage.output_tokens == len(s.response_ids)
 

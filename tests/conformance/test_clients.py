@@ -61,7 +61,10 @@ def test_openai_sdk_responses_plain_and_streamed(rig, oa):
     r = oa.responses.create(model="metaclaw", instructions="Be brief.", input="Hello!", max_output_tokens=6)
     s = trained_turn(rig, n)
     assert r.id == s.meta["response_id"] and r.usage.output_tokens == len(s.response_ids)
-    assert r.usage.input_tokens == len(s.prompt_ids) and s.messages[0] == {"role": "system", "content": "Be brief."}
+    assert r.usage.input_tokens == len(s.prompt_ids) and s.text.messages[0] == {
+        "role": "system",
+        "content": "Be brief.",
+    }
     n = rig.store.count()
     events = list(oa.responses.create(model="metaclaw", input="Count to three.", max_output_tokens=6, stream=True))
     s = trained_turn(rig, n)
@@ -184,7 +187,7 @@ def test_codex_requests(rig):
         assert second.session_id != first.session_id
         return
     assert second.session_id == first.session_id and second.turn_index == first.turn_index + 1
-    assert {"role": "tool", "tool_call_id": "call_k2", "content": "# Project\nA readme."} in second.messages
+    assert {"role": "tool", "tool_call_id": "call_k2", "content": "# Project\nA readme."} in second.text.messages
 
 
 # OpenClaw with a custom provider (`models.providers.<id>` with `api: "openai-completions"`, `baseUrl`, `apiKey`):
@@ -218,4 +221,4 @@ def test_langchain_and_litellm_requests(rig, oa, client):
                                                            stream=False)  # fmt: skip
         assert raw.parse().choices[0].message.role == "assistant"
     s = trained_turn(rig, n)
-    assert s.messages[-1] == {"role": "user", "content": "Hi there"}
+    assert s.text.messages[-1] == {"role": "user", "content": "Hi there"}

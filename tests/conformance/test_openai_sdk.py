@@ -32,12 +32,12 @@ def test_tools_tool_results_parallel_calls_developer_and_reasoning(rig, client):
     assert isinstance(r, openai.types.chat.ChatCompletion) and r.model == "gpt-agent"
     assert r.choices[0].finish_reason in ("stop", "length", "tool_calls")
     s = assert_captured(rig, n)
-    assert s.messages[0] == {"role": "system", "content": AGENT_HISTORY[0]["content"]}
-    assert [c["id"] for c in s.messages[2]["tool_calls"]] == ["call_a", "call_b"]
-    assert [m["tool_call_id"] for m in s.messages[3:5]] == ["call_a", "call_b"]
+    assert s.text.messages[0] == {"role": "system", "content": AGENT_HISTORY[0]["content"]}
+    assert [c["id"] for c in s.text.messages[2]["tool_calls"]] == ["call_a", "call_b"]
+    assert [m["tool_call_id"] for m in s.text.messages[3:5]] == ["call_a", "call_b"]
     assert s.meta["tools"][1]["function"]["parameters"]["properties"]["mode"]["enum"] == ["sync", "background"]
     # what the model saw is what training sees: the prompt ids are the chat template of the stored messages
-    rendered = rig.tokenizer.apply_chat_template(s.messages, tools=s.meta["tools"], add_generation_prompt=True)
+    rendered = rig.tokenizer.apply_chat_template(s.text.messages, tools=s.meta["tools"], add_generation_prompt=True)
     assert s.prompt_ids == list(rendered["input_ids"] if hasattr(rendered, "keys") else rendered)
 
 
@@ -46,8 +46,8 @@ def test_openclaw_parts_thinking_and_tool_result_role(rig, client):
     r = client.chat.completions.create(model="openclaw", messages=OPENCLAW_HISTORY, max_tokens=6)
     assert r.choices[0].message.role == "assistant"
     s = assert_captured(rig, n)
-    assert s.messages[2]["tool_calls"][0]["function"] == {"name": "exec", "arguments": '{"command": "ls notes"}'}
-    assert s.messages[3] == {"role": "tool", "tool_call_id": "tc1", "content": "a.md\nb.md"}
+    assert s.text.messages[2]["tool_calls"][0]["function"] == {"name": "exec", "arguments": '{"command": "ls notes"}'}
+    assert s.text.messages[3] == {"role": "tool", "tool_call_id": "tc1", "content": "a.md\nb.md"}
 
 
 def test_streaming_with_include_usage(rig, client):
@@ -109,7 +109,7 @@ def test_image_turn_answers_and_is_recorded_not_trainable(rig, client):
     samples = rig.store.select()[n:]
     assert [s.status for s in samples] == ["dropped", "dropped"]
     assert all(s.meta["dropped"].startswith("image") and s.meta["images"] == "placeholder" for s in samples)
-    assert "[image omitted" in samples[0].messages[0]["content"]
+    assert "[image omitted" in samples[0].text.messages[0]["content"]
 
 
 def test_huge_openclaw_system_prompt_is_fitted_and_trained_as_seen(rig, client):
@@ -125,9 +125,9 @@ def test_huge_openclaw_system_prompt_is_fitted_and_trained_as_seen(rig, client):
     assert ctx["action"] == "truncated" and ctx["limit"] == 1024 and ctx["prompt_tokens_before"] > 1024
     assert ctx["tool_results_elided"] >= 1 and ctx["system_trimmed_tokens"] > 0
     assert len(s.prompt_ids) == ctx["prompt_tokens_after"] <= ctx["budget"]
-    assert s.messages[0]["role"] == "system" and s.messages[0]["content"].startswith("You are OpenClaw")
-    assert s.messages[-1] == {"role": "user", "content": "Summarise both."}
-    rendered = rig.tokenizer.apply_chat_template(s.messages, tools=s.meta["tools"], add_generation_prompt=True)
+    assert s.text.messages[0]["role"] == "system" and s.text.messages[0]["content"].startswith("You are OpenClaw")
+    assert s.text.messages[-1] == {"role": "user", "content": "Summarise both."}
+    rendered = rig.tokenizer.apply_chat_template(s.text.messages, tools=s.meta["tools"], add_generation_prompt=True)
     assert s.prompt_ids == list(rendered["input_ids"] if hasattr(rendered, "keys") else rendered)
 
 

@@ -14,7 +14,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from metaclaw.store import Sample, SampleStore
+from metaclaw.store import Sample, SampleStore, SampleText
 from tests.dashboard.cdp import Browser, find_chromium
 from tests.procs import REPO, stop_group
 
@@ -56,9 +56,23 @@ def make_run(run_dir: Path) -> Path:
         (None, "dropped", {"dropped": "no_next_state"}), (None, "ready", {}),
         (-1.0, "ready", {"feedback": {"score": -1.0}}),
     ]):  # fmt: skip
-        store.insert(Sample([1, 2], [3], [-1.0], session_id=f"s{i // 2}", turn_index=i % 2, reward=reward,
-                            status=status, meta=meta, response_text="SECRET-REPLY-TEXT", next_state="thanks",
-                            messages=[{"role": "user", "content": "hello"}]))  # fmt: skip
+        store.insert(
+            Sample(
+                [1, 2],
+                [3],
+                [-1.0],
+                session_id=f"s{i // 2}",
+                turn_index=i % 2,
+                reward=reward,
+                status=status,
+                meta=meta,
+                text=SampleText(
+                    messages=[{"role": "user", "content": "hello"}],
+                    response_text="SECRET-REPLY-TEXT",
+                    next_state="thanks",
+                ),
+            )
+        )
     store.close()
     with sqlite3.connect(run_dir / "samples.sqlite") as db:  # the two trained samples: step 4's batch
         db.execute("UPDATE samples SET claimed_step=4 WHERE status='consumed'")

@@ -113,7 +113,7 @@ def test_live_loop_captures_scores_trains_and_hot_swaps(policy_server):
     assert any(s.reward is not None for s in samples) and store.counts()["consumed"] >= 2
     assert all(s.adapter_version in (0, 1, 2) for s in samples)
     tool_turns = [s for s in samples if s.meta.get("tools")]
-    assert tool_turns and any(s.next_state == "great, thanks" for s in tool_turns)
+    assert tool_turns and any(s.text.next_state == "great, thanks" for s in tool_turns)
     assert sorted(p.name for p in (run_dir / "adapters").glob("step-*")) == ["step-000001", "step-000002"]
     assert list((run_dir / "adapters" / "step-000002").glob("*.safetensors"))
     r = httpx.post(

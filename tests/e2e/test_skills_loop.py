@@ -131,7 +131,7 @@ def test_injected_skills_reach_the_policy_server_and_the_sample(loop):
     assert "verify-before-claiming-done" in sample.meta["skills"]
     assert all(f"### {name}" in prompt for name in sample.meta["skills"])
     assert sample.meta["skill_generation"] == 0
-    assert "## Active skills" in sample.messages[0]["content"]  # the stored messages are the ones sent upstream
+    assert "## Active skills" in sample.text.messages[0]["content"]  # the stored messages are the ones sent upstream
     loop.ask([{"role": "user", "content": "write a haiku"}], X_Agent_Id="ada", X_Turn_Type="side")
     assert len(loop.store.select(agent_id="ada")) == 1  # side turns: forwarded, neither injected nor stored
 

@@ -86,7 +86,7 @@ def test_store_figures_say_how_each_reaction_was_trained(tmp_path):
     import sqlite3
 
     from metaclaw.simulate.people import PreferenceKind
-    from metaclaw.store import Sample, SampleStore
+    from metaclaw.store import Sample, SampleStore, SampleText
 
     kind = PreferenceKind.load("number", "all")
     correction, praise = kind.correction[0], kind.praise[0]
@@ -100,7 +100,7 @@ def test_store_figures_say_how_each_reaction_was_trained(tmp_path):
         (praise, 3, None, None),
     ]  # fmt: skip
     for i, (next_state, version, reward, meta) in enumerate(cases):
-        sid = store.insert(Sample([1, 2], [3], [-0.5], session_id=f"s{i}", next_state=next_state,
+        sid = store.insert(Sample([1, 2], [3], [-0.5], session_id=f"s{i}", text=SampleText(next_state=next_state),
                                   adapter_version=version, meta={"session_source": "derived"}))  # fmt: skip
         if meta is not None:
             store.set_score(sid, reward=reward, status="dropped" if "dropped" in meta else "ready", meta=meta)

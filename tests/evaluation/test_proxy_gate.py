@@ -22,7 +22,7 @@ from metaclaw.evaluation.turns import HeldoutTurnsEvaluator
 from metaclaw.loop.eval_wiring import bind_evaluator, build_evaluator, build_watch
 from metaclaw.loop.wiring import heldout_share
 from metaclaw.modules.publisher import AdapterPublisher
-from metaclaw.store import Sample, SampleStore
+from metaclaw.store import Sample, SampleStore, SampleText
 from metaclaw.wire.client import Endpoint, load_adapter, teacher_logprobs
 from tests.e2e.conftest import running_policy_server
 from tests.entrypoints.test_train import compose_train
@@ -75,8 +75,9 @@ def held_out_turns(
         reply = own if kind == "own" else tok_answer
         sample = Sample(
             prompt_ids, reply, teacher_logprobs(Endpoint(url), "tiny", prompt_ids, reply), session_id=f"s{i}-{n}",
-            messages=messages, response_text="", status="dropped", meta={"dropped": "heldout"},
-            next_state="Thanks, that is perfect." if good else "That's wrong, not what I asked.",
+            text=SampleText(messages=messages, response_text="",
+                            next_state="Thanks, that is perfect." if good else "That's wrong, not what I asked."),
+            status="dropped", meta={"dropped": "heldout"},
         )  # fmt: skip
         sample.reward = asyncio.run(judge.reward(sample)).reward
         assert sample.reward == (1.0 if good else -1.0)

@@ -6,7 +6,7 @@ import asyncio
 
 from metaclaw.modules.health import HealthMonitor
 from metaclaw.scoring.worker import ScoringWorker
-from metaclaw.store import Sample, SampleStore, SessionLog
+from metaclaw.store import Sample, SampleStore, SampleText, SessionLog
 
 
 class DownJudge:
@@ -20,7 +20,11 @@ class DownJudge:
 def test_a_judge_outage_shows_in_the_counters(tmp_path):
     store = SampleStore(tmp_path / "s.sqlite")
     for i in range(3):
-        store.insert(Sample([1, 2], [3], [-1.0], session_id="s", turn_index=i, next_state="ok" if i < 2 else None))
+        store.insert(
+            Sample(
+                [1, 2], [3], [-1.0], session_id="s", turn_index=i, text=SampleText(next_state="ok" if i < 2 else None)
+            )
+        )
     store.insert(Sample([1, 2], [3], [-1.0], session_id="t"))  # another session, still open
     SessionLog(store.path).touch("default", "s", done=True)
     worker = ScoringWorker(

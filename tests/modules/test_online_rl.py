@@ -159,5 +159,5 @@ def test_a_zero_advantage_step_hands_its_samples_back_to_the_store(tiny_policy, 
     trainer = L.Trainer(max_steps=1, logger=False, enable_progress_bar=False, enable_checkpointing=False,
                         enable_model_summary=False, accelerator="cpu")  # fmt: skip
     trainer.fit(module, datamodule=data)
-    assert module.skipped["zero_advantage"] == 1 and module.deferred == 2
+    assert module.skipped["zero_advantage"] == 1 and data.deferred == 2
     assert [(store.get(i).status, store.get(i).meta.deferred) for i in ids] == [("ready", 1)] * 2

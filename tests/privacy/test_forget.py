@@ -10,16 +10,24 @@ from metaclaw.control.cli import main
 from metaclaw.privacy.forget import apply_retention
 from metaclaw.skills import SkillLibrary
 from metaclaw.skills.skill import Skill
-from metaclaw.store import Sample, SampleMeta, SampleStore, SessionLog
+from metaclaw.store import Sample, SampleMeta, SampleStore, SampleText, SessionLog
 
 ALICE = "Alice plans tulips along the north fence of Lindenweg 14"
 BOB = "Bob asks how to rebase a branch onto main"
 
 
 def add(store: SampleStore, agent: str, session: str, text: str, status: str = "ready") -> int:
-    return store.insert(Sample(prompt_ids=[3, 4], response_ids=[5], behaviour_logprobs=[-0.1], agent_id=agent,
-                               session_id=session, messages=[{"role": "user", "content": text}],
-                               response_text=f"reply to: {text}", status=status))  # fmt: skip
+    return store.insert(
+        Sample(
+            prompt_ids=[3, 4],
+            response_ids=[5],
+            behaviour_logprobs=[-0.1],
+            agent_id=agent,
+            session_id=session,
+            text=SampleText(messages=[{"role": "user", "content": text}], response_text=f"reply to: {text}"),
+            status=status,
+        )
+    )
 
 
 def on_disk(path) -> bytes:
@@ -103,10 +111,10 @@ def test_forget_reaches_the_copies_outside_the_rows(tmp_path, capsys):
     add(store, "bob", "b1", BOB)
     assert store.claim_batch(step=2, max_samples=10)  # claimed, not yet consumed: the trainer holds it
     store.insert(Sample(prompt_ids=[3], response_ids=[5], behaviour_logprobs=[-0.1], agent_id="alice",
-                                session_id="a2", messages=[{"role": "system", "content": "## Active skills\n"
-                                "### fence-beds\nPlan the beds along the fence first."}, {"role": "user",
-                                "content": "Water schedule?"}], response_text="Daily.", status="pending",
-                                meta=SampleMeta(skills=["fence-beds"])))  # fmt: skip
+                        session_id="a2", text=SampleText(messages=[{"role": "system", "content": "## Active skills\n"
+                        "### fence-beds\nPlan the beds along the fence first."}, {"role": "user",
+                        "content": "Water schedule?"}], response_text="Daily."), status="pending",
+                        meta=SampleMeta(skills=["fence-beds"])))  # fmt: skip
     library = SkillLibrary(skills, "alice", seed_bank=False)
     provenance = {"provenance": {"source_sample_ids": [first]}}
     library.add(Skill("fence-beds", "Plan the beds along the fence first.", body="Beds first.", extra=provenance))

@@ -101,7 +101,7 @@ def _planted_keys(server_url, run_dir, tmp_path) -> None:
     assert {s.session_id for s in dropped} == {"k", "n"} and all(s.prompt_ids == [] for s in dropped)
     assert metrics["rollout/dropped_secret"] >= 3  # both turns of session k, the second of n
     [first_n] = [s for s in store.select(session_id="n") if s.turn_index == 0]
-    assert "[REDACTED:" in first_n.next_state  # the judge reads no key
+    assert "[REDACTED:" in first_n.text.next_state  # the judge reads no key
     # not dropped for the key (trainable), unless an evolved skill made its skill generation old meanwhile
     assert first_n.status != "dropped" or first_n.meta["dropped"].startswith("old_skill_generation"), first_n.meta
     tokenizer = instantiate(cfg.model).load_tokenizer()

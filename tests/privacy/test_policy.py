@@ -9,7 +9,7 @@ import pytest
 
 from metaclaw.privacy import PrivacyPolicy
 from metaclaw.privacy.outbound import RedactingEvolver, RedactingJudge, teacher_renderer
-from metaclaw.store import GroupCommitWriter, Sample, SampleStore
+from metaclaw.store import GroupCommitWriter, Sample, SampleStore, SampleText
 from metaclaw.wire.client import Endpoint
 
 KEY = "sk-proj-" + "Zq7Lm2Xc9Vb4Nn1Kp8Rt5Wy3" * 2
@@ -19,8 +19,13 @@ CARD = "4111 1111 1111 1111"
 
 def sample(text: str, response: str = "Sure.", **kw) -> Sample:
     messages = [{"role": "system", "content": "You are a coding agent."}, {"role": "user", "content": text}]
-    return Sample(prompt_ids=[5, 6, 7], response_ids=[8, 9], behaviour_logprobs=[-0.5, -0.25], messages=messages,
-                  response_text=response, **kw)  # fmt: skip
+    return Sample(
+        prompt_ids=[5, 6, 7],
+        response_ids=[8, 9],
+        behaviour_logprobs=[-0.5, -0.25],
+        text=SampleText(messages=messages, response_text=response),
+        **kw,
+    )
 
 
 def file_bytes(store: SampleStore) -> bytes:
@@ -46,9 +51,11 @@ def test_a_turn_holding_a_secret_is_dropped_redacted_and_never_in_the_file(store
     assert s.status == "dropped" and s.meta["dropped"] == "secret" and "openai_key" in s.meta["privacy"]["secret_kinds"]
     assert s.prompt_ids == [] and s.response_ids == [] and s.behaviour_logprobs == []  # the ids spell the key
     assert s.meta["privacy"]["tokens_discarded"] == {"prompt": 3, "response": 2}
-    assert "[REDACTED:" in s.messages[1]["content"] and "why does the client fail?" in s.messages[1]["content"]
+    assert (
+        "[REDACTED:" in s.text.messages[1]["content"] and "why does the client fail?" in s.text.messages[1]["content"]
+    )
     g = store.get(good)
-    assert g.status == "pending" and g.prompt_ids == [5, 6, 7] and "[REDACTED:" in g.next_state
+    assert g.status == "pending" and g.prompt_ids == [5, 6, 7] and "[REDACTED:" in g.text.next_state
     assert store.dropped_reasons() == {"secret": 1}
     assert store.select("pending") == [g]  # what the scorer (judge, teacher, evolver) reads: the key is not there
     assert KEY.encode() not in file_bytes(store) and KEY[8:30].encode() not in file_bytes(store)
@@ -62,8 +69,8 @@ def test_a_secret_in_the_reply_drops_the_turn_too(store):
 def test_pii_follows_its_category(store):
     kept = store.insert(sample(f"Mail the report to {EMAIL}, my server is 81.2.69.160"))
     s = store.get(kept)  # email: redact_text (token ids kept, trained on); ip: keep
-    assert s.status == "pending" and s.prompt_ids == [5, 6, 7] and EMAIL not in s.messages[1]["content"]
-    assert "81.2.69.160" in s.messages[1]["content"] and s.meta["privacy"]["pii_redacted"] == ["email"]
+    assert s.status == "pending" and s.prompt_ids == [5, 6, 7] and EMAIL not in s.text.messages[1]["content"]
+    assert "81.2.69.160" in s.text.messages[1]["content"] and s.meta["privacy"]["pii_redacted"] == ["email"]
     card = store.get(store.insert(sample(f"my card {CARD} was declined")))  # card: drop
     assert card.status == "dropped" and card.meta["dropped"] == "pii:card" and card.prompt_ids == []
     assert EMAIL.encode() not in file_bytes(store) and CARD.encode() not in file_bytes(store)
@@ -101,19 +108,21 @@ def test_outbound_calls_off_this_machine_get_redacted_text():
     policy = PrivacyPolicy()  # email: redact_text, ip: keep; outbound: redact_untrusted redacts every category
     policy.bind_own_server(Endpoint("http://127.0.0.1:8000", "run-key"))  # this run's policy server (loop.wiring)
     s = sample(f"ping 81.2.69.160 and mail {EMAIL}")  # stored as is with keep; here: straight from a store
-    s.next_state = f"also cc {EMAIL}"
+    s.text.next_state = f"also cc {EMAIL}"
     local, remote = Recorder("http://127.0.0.1:8000", "run-key"), Recorder("https://judge.example.com")
     asyncio.run(RedactingJudge(local, policy).reward(s))
     asyncio.run(RedactingJudge(remote, policy).reward(s))
-    assert EMAIL in local.seen[0].messages[1]["content"]  # our own server: the stored text
+    assert EMAIL in local.seen[0].text.messages[1]["content"]  # our own server: the stored text
     sent = remote.seen[0]
-    assert "81.2.69.160" not in sent.messages[1]["content"] and EMAIL not in sent.messages[1]["content"]
-    assert EMAIL not in sent.next_state and EMAIL in s.next_state  # a copy: the sample itself is unchanged
+    assert "81.2.69.160" not in sent.text.messages[1]["content"] and EMAIL not in sent.text.messages[1]["content"]
+    assert EMAIL not in sent.text.next_state and EMAIL in s.text.next_state  # a copy: the sample itself is unchanged
     evolver = Recorder("https://api.example.com/v1")
-    RedactingEvolver(evolver, policy).evolve("a", [{"sample_id": 1, "messages": s.messages, "response": EMAIL}])
+    RedactingEvolver(evolver, policy).evolve("a", [{"sample_id": 1, "messages": s.text.messages, "response": EMAIL}])
     assert EMAIL not in str(evolver.seen)
     seen = []
-    render = teacher_renderer(lambda smp, hint: seen.append(smp.messages) or [1], Recorder("http://10.0.0.9"), policy)
+    render = teacher_renderer(
+        lambda smp, hint: seen.append(smp.text.messages) or [1], Recorder("http://10.0.0.9"), policy
+    )
     render(s, "hint")
     assert EMAIL not in str(seen)
     assert not PrivacyPolicy(outbound="off").redacts_for(Endpoint("https://judge.example.com"))
@@ -133,9 +142,9 @@ def test_a_loopback_url_that_is_not_this_runs_server_gets_redacted_text():
                  Recorder("http://127.0.0.1:8000", None)]  # fmt: skip
     for judge in strangers:
         asyncio.run(RedactingJudge(judge, policy).reward(s))
-        assert EMAIL not in judge.seen[0].messages[1]["content"], judge.endpoint
+        assert EMAIL not in judge.seen[0].text.messages[1]["content"], judge.endpoint
     evolver = Recorder("http://127.0.0.1:8001/v1", "run-key")
-    RedactingEvolver(evolver, policy).evolve("a", [{"sample_id": 1, "messages": s.messages, "response": EMAIL}])
+    RedactingEvolver(evolver, policy).evolve("a", [{"sample_id": 1, "messages": s.text.messages, "response": EMAIL}])
     assert EMAIL not in str(evolver.seen)
     ours = [
         Recorder("http://127.0.0.1:8000/", "run-key"),
@@ -144,7 +153,7 @@ def test_a_loopback_url_that_is_not_this_runs_server_gets_redacted_text():
     ]  # our server (the evolver's /v1 too); the owner's trusted one
     for judge in ours:
         asyncio.run(RedactingJudge(judge, policy).reward(s))
-        assert EMAIL in judge.seen[0].messages[1]["content"], judge.endpoint
+        assert EMAIL in judge.seen[0].text.messages[1]["content"], judge.endpoint
     assert PrivacyPolicy().redacts_for(Endpoint("http://127.0.0.1:8000", "run-key"))  # no server bound: nothing is ours
     with pytest.raises(ValueError, match="redact_untrusted"):
         PrivacyPolicy(outbound="redact_external")

@@ -204,17 +204,23 @@ def test_evolver_reply_target_and_interpolation_stay_text() -> None:
 
 # ---- sample store rows --------------------------------------------------------------------------------------
 def test_store_rows_keep_interpolations_and_targets_as_data(tmp_path: Path) -> None:
-    from metaclaw.store import Sample, SampleStore
+    from metaclaw.store import Sample, SampleStore, SampleText
 
     store = SampleStore(tmp_path / "samples.db")
     try:
         meta = {"_target_": "os.system", "note": "${oc.env:HOME}"}
         messages = [{"role": "user", "content": "${oc.env:HOME}", "_target_": "builtins.exec"}]
         sid = store.insert(
-            Sample(prompt_ids=[1, 2], response_ids=[3], behaviour_logprobs=[-0.5], meta=meta, messages=messages)
+            Sample(
+                prompt_ids=[1, 2],
+                response_ids=[3],
+                behaviour_logprobs=[-0.5],
+                meta=meta,
+                text=SampleText(messages=messages),
+            )
         )
         row = store.get(sid)
-        assert row.meta == meta and row.messages == messages
+        assert row.meta == meta and row.text.messages == messages
     finally:
         store.close()
 

@@ -36,4 +36,4 @@ def test_the_policys_reasoning_never_reaches_what_the_judge_scores():
         streamed.feed_chunk({"choices": [{"delta": delta, "token_ids": [3]}]})
     for capture in (whole, streamed):
         assert capture.response_text == "Paris."
-        assert "think" not in capture.to_sample(agent_id="a").response_text
+        assert "think" not in capture.to_sample(agent_id="a").text.response_text

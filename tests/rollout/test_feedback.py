@@ -15,7 +15,7 @@ import pytest
 from metaclaw.scoring.judges import RuleJudge
 from metaclaw.scoring.teacher import TeacherClient
 from metaclaw.scoring.worker import ScoringWorker
-from metaclaw.store import Sample, SampleStore, SessionLog
+from metaclaw.store import Sample, SampleStore, SampleText, SessionLog
 from tests.rollout.conftest import make_harness
 
 # The mechanisms as seed 002 states them (+1 at least once, closing turns judged); the product's rules are
@@ -179,7 +179,15 @@ def test_feedback_arriving_while_a_session_is_held_is_not_lost(tmp_path):
     store = SampleStore(tmp_path / "s.sqlite")
     for i, ns in enumerate(["that's wrong", None]):
         store.insert(
-            Sample([1], [2], [-0.1], session_id="s", turn_index=i, next_state=ns, meta={"response_id": f"r{i}"})
+            Sample(
+                [1],
+                [2],
+                [-0.1],
+                session_id="s",
+                turn_index=i,
+                text=SampleText(next_state=ns),
+                meta={"response_id": f"r{i}"},
+            )
         )
     worker = SeedRulesWorker(store, RuleJudge(), needs_reward=True, session_idle_s=1e9)
     asyncio.run(worker.run_once())  # turn 0 scored (-1) and held until the session finishes

@@ -26,7 +26,7 @@ def test_non_streaming_turn_is_captured_with_server_tokens(harness):
     assert s.status == "pending" and s.turn_index == 0 and s.session_id.startswith("auto-")
     assert s.prompt_ids[0] == 1 and len(s.response_ids) == len(s.behaviour_logprobs) > 0
     assert s.temperature == 1.0 and s.adapter_version == 0
-    assert s.messages == [SYSTEM, {"role": "user", "content": "hi"}]
+    assert s.text.messages == [SYSTEM, {"role": "user", "content": "hi"}]
     sent = harness.upstream_state["requests"][-1]
     assert sent["logprobs"] is True and sent["return_token_ids"] is True and sent["temperature"] == 1.0
 
@@ -49,7 +49,7 @@ def test_multi_turn_session_without_headers_sets_next_state(harness):
     assert text == "Sure, here is the answer."
     first, second = harness.store.select()
     assert first.session_id == second.session_id and (first.turn_index, second.turn_index) == (0, 1)
-    assert first.next_state == "thanks!" and second.next_state is None
+    assert first.text.next_state == "thanks!" and second.text.next_state is None
     assert second.response_ids and len(second.behaviour_logprobs) == len(second.response_ids)
 
 
@@ -68,7 +68,7 @@ def test_an_agents_own_continuation_is_no_reaction_and_the_persons_next_words_an
     c.chat.completions.create(model="m", messages=msgs)
     samples = harness.store.select()
     assert len(samples) == 4 and len({s.session_id for s in samples}) == 1
-    assert [s.next_state for s in samples] == ["Thanks, that's all for now."] * 3 + [None]
+    assert [s.text.next_state for s in samples] == ["Thanks, that's all for now."] * 3 + [None]
 
 
 def test_headers_select_session_agent_side_turns_and_done(harness):
@@ -82,7 +82,7 @@ def test_headers_select_session_agent_side_turns_and_done(harness):
     c.chat.completions.create(model="m", messages=msgs, extra_headers=done, temperature=0.7)
     samples = harness.store.select()
     assert [(s.session_id, s.agent_id, s.turn_index) for s in samples] == [("s1", "agent-a", 0), ("s1", "agent-a", 1)]
-    assert samples[0].next_state == "b" and samples[1].temperature == 0.7
+    assert samples[0].text.next_state == "b" and samples[1].temperature == 0.7
     assert ("agent-a", "s1") in harness.proxy.sessions.log.done_sessions()
 
 
@@ -118,7 +118,7 @@ def test_tool_calls_pass_through_and_are_captured(harness, stream):
         msg = c.chat.completions.create(**kw).choices[0].message
         assert msg.tool_calls[0].function.name == "get_weather"
     [s] = harness.store.select()
-    assert "[tool call]" in s.response_text and s.meta["tools"] == tools
+    assert "[tool call]" in s.text.response_text and s.meta["tools"] == tools
     assert s.meta["finish_reason"] == "tool_calls"
 
 

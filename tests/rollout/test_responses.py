@@ -34,7 +34,7 @@ def test_text_reply_with_instructions_is_captured_and_trained_on(harness, client
     sent = harness.upstream_state["requests"][-1]
     assert sent["messages"] == [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "What is 2+2?"}]
     [s] = harness.store.select()
-    assert s.status == "pending" and s.meta["response_id"] == r.id and s.response_text == r.output_text
+    assert s.status == "pending" and s.meta["response_id"] == r.id and s.text.response_text == r.output_text
     assert len(s.behaviour_logprobs) == len(s.response_ids) == r.usage.output_tokens
     fb = httpx.post(f"{harness.url}/v1/feedback", json={"response_id": r.id, "score": 1.0})  # the resp_ id names it
     assert fb.status_code == 200 and harness.store.get(s.id).meta["feedback"]["score"] == 1.0

@@ -80,12 +80,12 @@ def test_interleaved_conversations_with_equal_openings_stay_apart(h):
     assert len(got) == 2
     for turns in got.values():
         assert [s.turn_index for s in turns] == [0, 1, 2]
-    by_first_next = {turns[0].next_state: turns for turns in got.values()}
+    by_first_next = {turns[0].text.next_state: turns for turns in got.values()}
     assert set(by_first_next) == {"tell me about a", "tell me about b"}
-    assert by_first_next["tell me about a"][1].next_state == "more a"
-    assert by_first_next["tell me about b"][1].next_state == "more b"
+    assert by_first_next["tell me about a"][1].text.next_state == "more a"
+    assert by_first_next["tell me about b"][1].text.next_state == "more b"
     # each turn's stored messages are its own conversation's
-    assert all(s.messages[-1]["content"].endswith(" a") for s in by_first_next["tell me about a"][1:])
+    assert all(s.text.messages[-1]["content"].endswith(" a") for s in by_first_next["tell me about a"][1:])
 
 
 def test_identical_conversations_pair_up_instead_of_merging(tmp_path, upstream):
@@ -94,7 +94,7 @@ def test_identical_conversations_pair_up_instead_of_merging(tmp_path, upstream):
         a.say("hi"), b.say("hi"), a.say("ok"), b.say("ok"), a.say("bye"), b.say("bye")
         got = sessions(h.store)
         assert sorted(len(t) for t in got.values()) == [3, 3]
-        assert all([s.next_state for s in t] == ["ok", "bye", None] for t in got.values())
+        assert all([s.text.next_state for s in t] == ["ok", "bye", None] for t in got.values())
 
 
 def test_a_changing_system_prompt_does_not_split_a_session(h):
@@ -103,7 +103,7 @@ def test_a_changing_system_prompt_does_not_split_a_session(h):
         c.say(text, system=f"You are helpful. Current time: 12:0{i}:{i * 7:02d}")
     [turns] = sessions(h.store).values()
     assert [s.turn_index for s in turns] == [0, 1, 2]
-    assert [s.next_state for s in turns] == ["and now?", "thanks", None]
+    assert [s.text.next_state for s in turns] == ["and now?", "thanks", None]
 
 
 def test_trimmed_history_edited_reply_and_tool_turns_continue(h):
@@ -116,7 +116,7 @@ def test_trimmed_history_edited_reply_and_tool_turns_continue(h):
     c.messages[-1]["content"] = "[edited] " + c.messages[-1]["content"]  # the client rewrote the reply
     c.say("fourth question")
     [turns] = sessions(h.store).values()
-    assert [s.next_state for s in turns] == ["second question", "third question", "fourth question", None]
+    assert [s.text.next_state for s in turns] == ["second question", "third question", "fourth question", None]
 
     tools = [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}]
     t = Chat(oai(h), tools=tools)
@@ -131,7 +131,7 @@ def test_trimmed_history_edited_reply_and_tool_turns_continue(h):
     t.client.chat.completions.create(model="m", messages=t.messages, tools=tools)
     tool_turns = [v for k, v in sessions(h.store).items() if k != turns[0].session_id]
     assert [[s.turn_index for s in v] for v in tool_turns] == [[0, 1]]
-    assert tool_turns[0][0].next_state == "[tool result] 18C"
+    assert tool_turns[0][0].text.next_state == "[tool result] 18C"
 
 
 def test_openclaws_transient_context_message_does_not_split_its_session(h):
@@ -146,8 +146,8 @@ def test_openclaws_transient_context_message_does_not_split_its_session(h):
         history.append({"role": "assistant", "content": reply})
     [turns] = sessions(h.store).values()
     assert [s.turn_index for s in turns] == [0, 1, 2, 3]
-    assert [(s.next_state or "").split("\n")[0] for s in turns] == ["Thanks! A fun fact?", "Keep it shorter.", "Bye.",
-                                                                      ""]  # fmt: skip
+    assert [(s.text.next_state or "").split("\n")[0] for s in turns] == ["Thanks! A fun fact?", "Keep it shorter.",
+                                                                           "Bye.", ""]  # fmt: skip
     # a stranger who knows the opening but not the reply it got starts a session of its own
     client.chat.completions.create(model="m", messages=[history[0], {"role": "assistant", "content": "other"},
                                                          {"role": "user", "content": "hijack"}])  # fmt: skip
@@ -164,7 +164,7 @@ def test_a_turn_whose_reply_the_fitted_prompt_dropped_still_gets_its_reaction(tm
         c.say("No, that is wrong. " + " ".join(f"w{i}" for i in range(120)))
         [turns] = sessions(h.store).values()
         assert turns[1].meta.fit.context["messages_dropped"] >= 2  # the first exchange is gone from the prompt
-        assert (turns[0].next_state or "").startswith("No, that is wrong.")
+        assert (turns[0].text.next_state or "").startswith("No, that is wrong.")
 
 
 def test_a_failed_turn_leaves_the_session_open_for_the_retry(h):
@@ -177,7 +177,7 @@ def test_a_failed_turn_leaves_the_session_open_for_the_retry(h):
     c.messages.pop()  # the client retries the same request
     c.say("second")
     [turns] = sessions(h.store).values()
-    assert [(s.turn_index, s.next_state) for s in turns] == [(0, "second"), (2, None)]
+    assert [(s.turn_index, s.text.next_state) for s in turns] == [(0, "second"), (2, None)]
 
 
 def test_session_keys_other_clients_send(h):
@@ -276,8 +276,8 @@ def test_a_restarted_proxy_finds_derived_sessions_in_the_store(tmp_path, numbere
     second.close()
     got = sorted(sessions(h2.store).values(), key=len)
     assert [[s.turn_index for s in t] for t in got] == [[0], [0, 1], [0, 1, 2]]
-    assert [s.next_state for s in got[2]] == ["second a", "third a", None]
-    assert [s.next_state for s in got[1]] == ["second b", None]
+    assert [s.text.next_state for s in got[2]] == ["second a", "third a", None]
+    assert [s.text.next_state for s in got[1]] == ["second b", None]
     assert h2.proxy.sessions.stats["derived_recovered"] == 2
 
 

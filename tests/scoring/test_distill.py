@@ -25,7 +25,7 @@ from metaclaw.scoring.distill import (
 from metaclaw.scoring.judges import RuleJudge
 from metaclaw.scoring.reactions import ReactionJudge
 from metaclaw.scoring.worker import DISTILL_BACKLOG, ScoringWorker
-from metaclaw.store import Sample, SampleStore
+from metaclaw.store import Sample, SampleStore, SampleText
 
 # The mechanisms as seed 002 states them (+1 at least once, closing turns judged); the product's rules are
 # ScoringWorker's defaults (off, drop): tests/test_configs.py
@@ -42,8 +42,15 @@ def judge():
 
 def turn(store: SampleStore, next_state: str | None, session: str = "s1") -> int:
     prompt = [1, *word_ids("user How long should pasta cook?"), 2]
-    return store.insert(Sample(prompt, [11, 12, 3], [-1.0, -1.0, -1.0], session_id=session, messages=QUESTION,
-                               response_text="About ten minutes.", next_state=next_state))  # fmt: skip
+    return store.insert(
+        Sample(
+            prompt,
+            [11, 12, 3],
+            [-1.0, -1.0, -1.0],
+            session_id=session,
+            text=SampleText(messages=QUESTION, response_text="About ten minutes.", next_state=next_state),
+        )
+    )
 
 
 def run(store: SampleStore, judge, url: str, min_gain: float = 0.1, context: str = "fresh", **kw) -> ScoringWorker:
@@ -110,7 +117,7 @@ def test_a_correction_with_a_stated_preference_yields_a_sample_on_the_prompt_wit
     assert new.status == "ready" and new.reward is None and new.teacher_logprobs is None
     assert new.meta.distilled["from"] == source and new.meta.distilled["preference"] == PREFERENCE
     assert new.meta.distilled["gain"] == pytest.approx(0.25)
-    assert (new.session_id, new.agent_id, new.next_state) == (corrected.session_id, corrected.agent_id, None)
+    assert (new.session_id, new.agent_id, new.text.next_state) == (corrected.session_id, corrected.agent_id, None)
     assert worker.stats["distilled"] == 1 and worker.distiller.stats["accepted"] == 1
     monitor = HealthMonitor(str(store.path))
     monitor.attach(worker=worker)
@@ -172,7 +179,7 @@ def test_a_distilled_reply_with_a_secret_is_screened_like_any_turn(tmp_path, jud
         run(store, judge, up.url)
     (new,) = distilled(store)
     assert new.status == "dropped" and new.meta.dropped == "secret"
-    assert new.response_ids == [] and secret not in (new.response_text or "")
+    assert new.response_ids == [] and secret not in (new.text.response_text or "")
     assert [s.id for s in store.claim_batch(0, 8)] == [source]  # never trained: only the corrected turn is
 
 
@@ -209,8 +216,8 @@ def test_a_later_turn_is_distilled_into_a_fresh_conversation_and_trained_on_its_
     store = SampleStore(tmp_path / "s.sqlite")
     prompt = [1, *word_ids("user Hi there! assistant Hello! I'm Sam."), 2]
     with ThreadedServer(app := scripted_upstream("Hi, I am Kuro. About ten minutes.")) as up:
-        later = Sample(prompt, [11, 3], [-1.0, -1.0], session_id="s1", turn_index=1, messages=EARLIER,
-                       response_text="Ten minutes.", next_state=f"{PREFERENCE}\n\nAnd rice?")  # fmt: skip
+        words = SampleText(messages=EARLIER, response_text="Ten minutes.", next_state=f"{PREFERENCE}\n\nAnd rice?")
+        later = Sample(prompt, [11, 3], [-1.0, -1.0], session_id="s1", turn_index=1, text=words)
         source = store.insert(later)
         run(store, judge, up.url)
         render, asked = app.state.scripted["requests"]
@@ -220,15 +227,15 @@ def test_a_later_turn_is_distilled_into_a_fresh_conversation_and_trained_on_its_
     assert asked["messages"] == [EARLIER[0], hinted]
     (new,) = distilled(store)
     assert new.prompt_ids == prompt_ids(fresh) != store.get(source).prompt_ids  # trained on the fresh plain prompt
-    assert new.messages == fresh and new.meta.distilled["context"] == "fresh"
+    assert new.text.messages == fresh and new.meta.distilled["context"] == "fresh"
     assert new.meta.distilled["replays_left"] == 2
 
 
 def test_turn_context_keeps_the_conversation_as_it_happened(tmp_path, judge):
     store = SampleStore(tmp_path / "s.sqlite")
     with ThreadedServer(app := scripted_upstream("Hi, I am Kuro.")) as up:
-        source = store.insert(Sample([1, 2], [11, 3], [-1.0, -1.0], session_id="s1", turn_index=1, messages=EARLIER,
-                                     response_text="Ten minutes.", next_state=PREFERENCE))  # fmt: skip
+        words = SampleText(messages=EARLIER, response_text="Ten minutes.", next_state=PREFERENCE)
+        source = store.insert(Sample([1, 2], [11, 3], [-1.0, -1.0], session_id="s1", turn_index=1, text=words))
         run(store, judge, up.url, context="turn")
         (asked,) = app.state.scripted["requests"]
     assert asked["messages"][:3] == EARLIER[:3]
@@ -257,6 +264,5 @@ def test_a_correction_settles_before_its_distillation_and_the_queue_is_bounded(t
         assert asyncio.run(worker.distill_next()) and not asyncio.run(worker.distill_next())
         (new,) = distilled(store)
         assert store.get(source).meta["distill"]["accepted"] == 1 and new.meta.distilled["from"] == source
-    for _ in range(DISTILL_BACKLOG + 3):
-        worker._queue_distill(store.get(source), PREFERENCE)
-    assert len(worker._distill_queue) == DISTILL_BACKLOG and worker.stats["distill_backlog_dropped"] == 3
+    dropped = [worker.progress.distill.push(store.get(source), PREFERENCE) for _ in range(DISTILL_BACKLOG + 3)]
+    assert len(worker.progress.distill) == DISTILL_BACKLOG and dropped.count(True) == 3

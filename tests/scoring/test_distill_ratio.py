@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from metaclaw.scoring.distill import ContextDistiller, hinted_conversation
-from metaclaw.store import Sample
+from metaclaw.store import Sample, SampleText
 from metaclaw.wire.render import chat_prompt_ids
 from tests.serving.conftest import running_server
 
@@ -31,7 +31,7 @@ def test_distilled_reply_has_ratio_one_under_the_hinted_prompt_only(policy_serve
                                                                     temperature):  # fmt: skip
     messages = [{"role": "user", "content": "What is the capital of France?"}]
     prompt = chat_prompt_ids(tiny_tokenizer, messages)
-    source = Sample(prompt, [5, 6], [-1.0, -1.0], messages=messages, response_text="Paris.", id=1,
+    source = Sample(prompt, [5, 6], [-1.0, -1.0], text=SampleText(messages=messages, response_text="Paris."), id=1,
                     temperature=temperature, meta={"sampling": {"top_p": 1.0, "top_k": -1}})  # fmt: skip
     distiller = ContextDistiller(policy_server.url, "tiny", policy_server.api_key, min_gain=-1e9, max_tokens=24)
     replies, info = asyncio.run(distiller.distill(source, PREFERENCE))  # `samples` hinted replies per correction

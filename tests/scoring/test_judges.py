@@ -9,12 +9,12 @@ from fastapi import FastAPI, Request
 
 from metaclaw.rollout.server import ThreadedServer
 from metaclaw.scoring.judges import LLMJudge, RuleJudge, majority, parse_boxed, select_judge
-from metaclaw.store import Sample
+from metaclaw.store import Sample, SampleText
 
 
 def sample(next_state: str | None, response: str = "It is Munich.") -> Sample:
     msgs = [{"role": "user", "content": "Capital of Germany?"}]
-    return Sample([1, 2], [3], [-0.1], next_state=next_state, messages=msgs, response_text=response)
+    return Sample([1, 2], [3], [-0.1], text=SampleText(messages=msgs, response_text=response, next_state=next_state))
 
 
 @pytest.mark.parametrize(

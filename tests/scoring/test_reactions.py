@@ -19,7 +19,7 @@ from metaclaw.scoring.judges import LLMJudge, RuleJudge, select_judge
 from metaclaw.scoring.reactions import LABELS, ReactionClassifier, ReactionJudge, load_prototypes
 from metaclaw.simulate.preferences import Violation
 from metaclaw.simulate.user import feedback
-from metaclaw.store import Sample
+from metaclaw.store import Sample, SampleText
 
 REPO = Path(__file__).resolve().parents[2]
 CONF = CONFIG_DIR
@@ -35,7 +35,9 @@ def judge() -> ReactionJudge:
 
 def turn(next_state: str | None) -> Sample:
     msgs = [{"role": "user", "content": "How far is it from Paris to Lyon?"}]
-    return Sample([1, 2], [3], [-0.1], next_state=next_state, messages=msgs, response_text="About 465 km.")
+    return Sample(
+        [1, 2], [3], [-0.1], text=SampleText(messages=msgs, response_text="About 465 km.", next_state=next_state)
+    )
 
 
 def reward(judge: ReactionJudge, text: str | None) -> float:

@@ -23,7 +23,7 @@ from metaclaw.rollout.server import ThreadedServer
 from metaclaw.scoring.teacher import TeacherClient, hinted_prompt_ids
 from metaclaw.serving.completions import render_prompt
 from metaclaw.serving.protocol import parse_chat_request
-from metaclaw.store import Sample, SampleStore
+from metaclaw.store import Sample, SampleStore, SampleText
 from tests.serving.conftest import running_server
 
 # Reacts to a template kwarg the way Qwen3's reacts to enable_thinking=false (an empty think block).
@@ -92,12 +92,14 @@ def test_teacher_prompt_is_rendered_with_the_requests_template_kwargs(tiny_token
             "chat_template_kwargs": {"enable_thinking": False}}  # fmt: skip
     served = render_prompt(SimpleNamespace(tokenizer=tok, max_seq_len=4096), parse_chat_request(body, 16))
     meta = {"chat_template_kwargs": {"enable_thinking": False}}
-    sample = Sample(served, [5], [-1.0], messages=body["messages"], meta=meta)
+    sample = Sample(served, [5], [-1.0], text=SampleText(messages=body["messages"]), meta=meta)
     assert hinted_prompt_ids(tok, sample, "") == served
     assert "<think>" in tok.decode(served)
     hinted = tok.decode(hinted_prompt_ids(tok, sample, "say Paris"))
     assert "[Hint from hindsight: say Paris]" in hinted and hinted.endswith("<think>\n\n</think>\n\n")
-    plain = Sample(served, [5], [-1.0], messages=body["messages"])  # what main did: the kwargs were lost
+    plain = Sample(
+        served, [5], [-1.0], text=SampleText(messages=body["messages"])
+    )  # what main did: the kwargs were lost
     assert hinted_prompt_ids(tok, plain, "") != served
 
 

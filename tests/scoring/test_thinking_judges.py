@@ -20,7 +20,7 @@ from metaclaw.config import CONFIG_DIR
 from metaclaw.rollout.server import ThreadedServer
 from metaclaw.scoring.judges import HINT_SYSTEM, LLMJudge
 from metaclaw.skills.evolve import SkillEvolver
-from metaclaw.store import Sample
+from metaclaw.store import Sample, SampleText
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -51,7 +51,9 @@ def thinking_upstream(style: str) -> FastAPI:
 
 def turn() -> Sample:
     msgs = [{"role": "user", "content": "Capital of Germany?"}]
-    return Sample([1, 2], [3], [-0.1], next_state="No, wrong.", messages=msgs, response_text="It is Munich.")
+    return Sample(
+        [1, 2], [3], [-0.1], text=SampleText(messages=msgs, response_text="It is Munich.", next_state="No, wrong.")
+    )
 
 
 def qwen3_conf(node: str) -> dict[str, Any]:

@@ -11,7 +11,7 @@ from metaclaw.rollout.testing import scripted_upstream
 from metaclaw.scoring.judges import RuleJudge, Verdict
 from metaclaw.scoring.teacher import TeacherClient
 from metaclaw.scoring.worker import ScoringWorker
-from metaclaw.store import Sample, SampleStore, SessionLog
+from metaclaw.store import Sample, SampleStore, SampleText, SessionLog
 
 # The mechanisms as seed 002 states them (+1 at least once, closing turns judged); the product's rules are
 # ScoringWorker's defaults (off, drop): tests/test_configs.py
@@ -28,9 +28,7 @@ def add_session(store: SampleStore, session: str, next_states: list[str | None])
             [-0.5, -0.5],
             session_id=session,
             turn_index=i,
-            messages=msgs,
-            response_text="r",
-            next_state=ns,
+            text=SampleText(messages=msgs, response_text="r", next_state=ns),
         )
         ids.append(store.insert(s))
     return ids
@@ -349,4 +347,4 @@ def test_a_reaction_ten_minutes_late_reopens_its_turn_and_is_trained(tmp_path):
     assert "dropped" not in reopened.meta and store.get(old).status == "dropped"
     assert asyncio.run(worker.run_once()) == 1
     scored = store.get(turn)
-    assert (scored.status, scored.reward, scored.next_state) == ("ready", -1.0, "no, that's wrong")
+    assert (scored.status, scored.reward, scored.text.next_state) == ("ready", -1.0, "no, that's wrong")

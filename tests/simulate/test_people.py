@@ -99,7 +99,7 @@ def test_people_talk_like_users_and_react_only_in_their_next_message(proxy):
     assert len(samples) == 16
     assert {s.meta.get("session_source") for s in samples} == {"derived"}  # the proxy found the conversations
     assert len({s.session_id for s in samples}) == 4
-    assert sorted(s.next_state is None for s in samples).count(True) == 4
+    assert sorted(s.text.next_state is None for s in samples).count(True) == 4
 
 
 def test_identity_openings_are_ours_with_held_out_ones_apart_and_other_kinds_have_none():
@@ -135,7 +135,7 @@ def test_people_in_human_mode_skip_react_late_and_send_no_verdict_messages(proxy
             assert t["next_message"] in pools["followups"]
         if t["reaction"] == "own_correction":
             assert t["next_message"] in pools["own_corrections"]
-    next_states = {s.next_state for s in store.select()}
+    next_states = {s.text.next_state for s in store.select()}
     assert all(t["next_message"] in next_states for t in late)  # each late reaction reached the turn it answers
     with pytest.raises(ValueError, match="react_share"):
         People(f"{url}/v1", PreferenceKind.load("number"), react_share=1.5)

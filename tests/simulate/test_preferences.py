@@ -10,7 +10,7 @@ from pydantic import ValidationError
 
 from metaclaw.scoring.judges import RuleJudge
 from metaclaw.simulate import KINDS, PreferenceSet, feedback, load_tasks
-from metaclaw.store import Sample
+from metaclaw.store import Sample, SampleText
 
 CASES = [
     ({"kind": "starts_with", "text": "Sure thing:"}, "Sure thing: Paris.", "The capital is Paris."),
@@ -58,7 +58,7 @@ def test_all_rules_must_hold_and_an_empty_reply_never_complies():
 def _sample(next_state: str) -> Sample:
     return Sample(
         agent_id="a", session_id="s", turn_index=0, prompt_ids=[1], response_ids=[2], behaviour_logprobs=[-0.1],
-        temperature=1.0, next_state=next_state,
+        temperature=1.0, text=SampleText(next_state=next_state),
     )  # fmt: skip
 
 

@@ -7,11 +7,12 @@ from __future__ import annotations
 import json
 import shutil
 import sqlite3
+from array import array
 from pathlib import Path
 
 import pytest
 
-from metaclaw.store import SCHEMA_VERSION, NewerStoreError, Sample, SampleMeta, SampleStore
+from metaclaw.store import SCHEMA_VERSION, NewerStoreError, Sample, SampleMeta, SampleStore, SampleText
 
 OLD = Path(__file__).parent / "data" / "store_2026-11-26.sqlite"
 
@@ -42,6 +43,7 @@ def test_an_old_store_opens_migrates_and_keeps_every_row(tmp_path):
     assert captured.meta["judge"] == {"verdict": "good"} and captured.meta.get("hint") is None
     assert dropped.meta.dropped == "no_next_state" and store.dropped_reasons() == {"no_next_state": 1}
     assert (claimed.status, claimed.claimed_step, claimed.meta.origin.source) == ("claimed", 4, "seed.jsonl")
+    assert [s.text.next_state for s in (captured, dropped, claimed)] == [r[-1] for r in before]  # into `text`
     assert store.by_response_id("chatcmpl-abc")[0].id == captured.id  # the JSON indexes read the same keys
     store.set_score(captured.id, reward=1.0, meta={"hint": "be brief"})
     again = store.get(captured.id)
@@ -92,3 +94,42 @@ def test_grouped_meta_fields_are_stored_flat_under_their_old_keys(tmp_path):
     assert back.origin.conv_tail == "t" and back.judged.judge == {"verdict": "bad"} and back.dropped == "no_hint"
     assert store.by_response_id("chatcmpl-x")[0].id == sid  # the JSON index reads the flat key
     store.close()
+
+
+# The columns of the samples table as of main c7e0094, in order: grouping `Sample`'s fields (`text`) changed none.
+COLUMNS = ["id", "agent_id", "session_id", "turn_index", "prompt_ids", "response_ids", "behaviour_logprobs",
+           "teacher_logprobs", "reward", "adapter_version", "temperature", "status", "claimed_step", "next_state",
+           "messages", "response_text", "meta", "created_at", "updated_at", "scored_at", "claimed_at",
+           "served_version"]  # fmt: skip
+
+
+def test_a_raw_row_of_todays_schema_reads_into_the_groups_and_round_trips(tmp_path):
+    """`Sample.text` (messages, reply, next state) is a record in Python only: a row written column by column, as
+    the store of c7e0094 wrote it, reads into the group, and the sample written back makes the same columns."""
+    path = tmp_path / "samples.sqlite"
+    SampleStore(path).close()
+    messages = [{"role": "user", "content": "Capital of France?"}]
+    row = {
+        "agent_id": "alice", "session_id": "s1", "turn_index": 3, "prompt_ids": array("i", [1, 2, 3]).tobytes(),
+        "response_ids": array("i", [4, 5]).tobytes(), "behaviour_logprobs": array("d", [-0.5, -0.25]).tobytes(),
+        "teacher_logprobs": array("d", [-0.4, -0.2]).tobytes(), "reward": 1.0, "adapter_version": 7,
+        "temperature": 0.7, "status": "ready", "next_state": "Thanks!", "messages": json.dumps(messages),
+        "response_text": "Paris.", "meta": json.dumps({"sampling": {"top_p": 0.9, "top_k": 20}, "response_id": "r1"}),
+        "created_at": 1.0, "updated_at": 1.0,
+    }  # fmt: skip
+    with sqlite3.connect(path) as c:
+        assert [r[1] for r in c.execute("PRAGMA table_info(samples)")] == COLUMNS
+        c.execute(f"INSERT INTO samples ({', '.join(row)}) VALUES ({', '.join('?' * len(row))})", list(row.values()))
+    store = SampleStore(path)
+    got = store.get(1)
+    assert got.text == SampleText(messages=messages, response_text="Paris.", next_state="Thanks!")
+    fields = (got.agent_id, got.session_id, got.turn_index, got.adapter_version, got.temperature, got.prompt_ids,
+              got.response_ids, got.teacher_logprobs, got.reward, got.meta.response_id)  # fmt: skip
+    assert fields == ("alice", "s1", 3, 7, 0.7, [1, 2, 3], [4, 5], [-0.4, -0.2], 1.0, "r1")
+    again = store.insert(got)
+    store.close()
+    with sqlite3.connect(path) as c:
+        c.row_factory = sqlite3.Row
+        first, second = (dict(c.execute("SELECT * FROM samples WHERE id=?", (i,)).fetchone()) for i in (1, again))
+    written = [k for k in row if k not in ("created_at", "updated_at")]
+    assert {k: second[k] for k in written} == {k: row[k] for k in written} == {k: first[k] for k in written}

@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from metaclaw.store import Sample, SampleStore, SampleValidationError
+from metaclaw.store import Sample, SampleStore, SampleText, SampleValidationError
 from tests.store.conftest import make
 
 
@@ -27,9 +27,7 @@ def test_roundtrip_keeps_every_field(store):
         reward=-1.0,
         teacher_logprobs=[-0.1, -0.2, -0.3],
         status="ready",
-        next_state="thanks",
-        messages=[{"role": "user", "content": "hi"}],
-        response_text="yo",
+        text=SampleText(messages=[{"role": "user", "content": "hi"}], response_text="yo", next_state="thanks"),
         meta={"skills": ["x"]},
     )
     sid = store.insert(s)
@@ -42,9 +40,7 @@ def test_roundtrip_keeps_every_field(store):
         "temperature",
         "reward",
         "status",
-        "next_state",
-        "messages",
-        "response_text",
+        "text",
         "meta",
         "prompt_ids",
         "response_ids",
@@ -191,4 +187,4 @@ def test_pause_capture_refuses_new_turns_at_the_bound(tmp_path):
         store.claim_batch(step=0, max_samples=1)  # training took one: capture resumes
         store._backlog_seen = (0, -1.0)
         writer.insert(make())
-    assert store.count() == 4 and store.get(first[-1]).next_state == "thanks"
+    assert store.count() == 4 and store.get(first[-1]).text.next_state == "thanks"

@@ -89,4 +89,4 @@ def test_next_states_and_async_callers(store):
             return list(ids)
 
     ids = asyncio.run(main())
-    assert len(set(ids)) == 10 and store.get(first).next_state == "thanks" and store.count() == 11
+    assert len(set(ids)) == 10 and store.get(first).text.next_state == "thanks" and store.count() == 11

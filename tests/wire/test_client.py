@@ -26,7 +26,7 @@ from metaclaw.scoring.judges import LLMJudge
 from metaclaw.scoring.teacher import TeacherClient
 from metaclaw.simulate.user import SimulatedUser
 from metaclaw.skills.evolve import SkillEvolver
-from metaclaw.store import Sample, SampleStore
+from metaclaw.store import Sample, SampleStore, SampleText
 from metaclaw.wire.client import CallError, Endpoint, Refused, chat, models
 
 
@@ -46,8 +46,12 @@ def upstream() -> Iterator[tuple[str, list[tuple[str, str | None]]]]:
 
 
 def _judge(url: str, tmp: Path) -> None:
-    s = Sample([1], [2], [-0.1], next_state="Thanks!", messages=[{"role": "user", "content": "hi"}],
-               response_text="hello")  # fmt: skip
+    s = Sample(
+        [1],
+        [2],
+        [-0.1],
+        text=SampleText(messages=[{"role": "user", "content": "hi"}], response_text="hello", next_state="Thanks!"),
+    )
     assert asyncio.run(LLMJudge(url, "tiny", votes=1).reward(s)).detail["errors"] == 0
 
 

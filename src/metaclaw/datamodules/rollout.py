@@ -420,9 +420,11 @@ class RolloutDataModule(L.LightningDataModule):
         trained beside other rewards (`SampleStore.defer`, `claims.plan_claim`); returns how many."""
         store = open_store(self.store_path)
         try:
-            return store.defer(sample_ids)
+            n = store.defer(sample_ids)
         finally:
             store.close()
+        self.deferred = getattr(self, "deferred", 0) + n  # `train/deferred_samples`
+        return n
 
     @property
     def end_reason(self) -> str | None:

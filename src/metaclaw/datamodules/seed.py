@@ -15,7 +15,7 @@ import torch
 
 from metaclaw.modules.policy import LoraPolicy
 from metaclaw.scoring.hints import hinted_messages
-from metaclaw.store import Sample, SampleMeta, SampleStore
+from metaclaw.store import Sample, SampleMeta, SampleStore, SampleText
 from metaclaw.store.meta import OriginMeta
 from metaclaw.wire.render import chat_prompt_ids
 
@@ -67,9 +67,9 @@ def seed_store(
                 reward=row.get("reward") if needs_reward else None,
                 teacher_logprobs=teacher,
                 status="ready" if usable else "dropped",
-                next_state=row.get("next_state"),
-                messages=row["messages"],
-                response_text=row["response"],
+                text=SampleText(
+                    messages=row["messages"], response_text=row["response"], next_state=row.get("next_state")
+                ),
                 meta=SampleMeta(
                     origin=OriginMeta(source=str(path)),
                     dropped=None if usable else "no_hint" if needs_teacher else "no_reward",

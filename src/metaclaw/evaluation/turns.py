@@ -134,7 +134,7 @@ class HeldoutTurnsEvaluator:
         turns = sorted(self._heldout(version), key=lambda s: s.id)[-self.counts.max_turns :]
         if not turns:
             raise RuntimeError(f"eval: no held-out turns judged for adapter version {version}")
-        replies = [s.response_text or "" for s in turns]
+        replies = [s.text.response_text or "" for s in turns]
         n = len(turns)
         result = EvalResult(
             model="base" if version == 0 else f"v{version}",
@@ -173,9 +173,9 @@ class HeldoutTurnsEvaluator:
 
     def _answer(self, model: str, s: Sample, max_tokens: int) -> tuple[list[int], list[int]] | None:
         """`model`'s own reply to `s`'s prompt: (prompt ids, reply ids); None where no messages were kept."""
-        if not s.messages or not self.base_model:
+        if not s.text.messages or not self.base_model:
             return None
-        body = {"model": model, "messages": s.messages, "max_tokens": max_tokens, "temperature": s.temperature,
+        body = {"model": model, "messages": s.text.messages, "max_tokens": max_tokens, "temperature": s.temperature,
                 "return_token_ids": True}  # fmt: skip
         if s.meta.chat_template_kwargs:  # rendered as the got reply's prompt was (Qwen3: the same thinking switch)
             body["chat_template_kwargs"] = dict(s.meta.chat_template_kwargs)

@@ -102,7 +102,6 @@ class OnlineRLModule(L.LightningModule):
         self._t0 = 0.0
         # steps that took no optimizer step, by reason
         self.skipped = {"nonfinite": 0, "zero_advantage": 0, "forgotten": 0}
-        self.deferred = 0  # samples handed back by zero-advantage steps (`_defer`)
         self.stepped: set[str] = set()  # adapters trained since the publisher last wrote them (`take_stepped`)
         self.current_adapter = "default"  # the adapter of the batch in progress
         self._refused = False  # the step in progress takes no optimizer step (DDP: its gradients are dropped)
@@ -232,7 +231,7 @@ class OnlineRLModule(L.LightningModule):
         datamodule = getattr(self._trainer, "datamodule", None) if self._trainer is not None else None
         defer = getattr(datamodule, "defer", None)
         if defer is not None and "sample_ids" in batch:
-            self.deferred += defer([int(i) for i in batch["sample_ids"].tolist() if int(i) >= 0])
+            defer([int(i) for i in batch["sample_ids"].tolist() if int(i) >= 0])
 
     def _skip_reason(self, loss: Tensor, advantages: Tensor, mask: Tensor, forgotten: bool = False) -> str | None:
         """`forgotten` if any rank's slice holds a sample forgotten since the claim (`modules.rewind`),
@@ -282,7 +281,10 @@ class OnlineRLModule(L.LightningModule):
         n = mask.shape[0]
         for reason, count in self.skipped.items():
             self.log(f"train/skipped_{reason}", float(count), prog_bar=True, reduce_fx="max", batch_size=n)
-        self.log("train/deferred_samples", float(self.deferred), reduce_fx="max", batch_size=n)
+        deferred = (
+            getattr(getattr(self._trainer, "datamodule", None), "deferred", 0) if self._trainer is not None else 0
+        )
+        self.log("train/deferred_samples", float(deferred), reduce_fx="max", batch_size=n)
         signal = ((advantages.detach() != 0) & mask).any(dim=-1)
         self.log("train/zero_advantage_frac", 1.0 - signal.float().mean(), batch_size=n)
         if skip in ("nonfinite", "forgotten"):  # nothing from this step may reach the running means

@@ -30,7 +30,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from metaclaw.privacy.detect import PII_CATEGORIES, Finding, find_pii, find_secrets, redact, split_secrets
-from metaclaw.store import Sample, SampleMeta
+from metaclaw.store import Sample, SampleMeta, SampleText
 from metaclaw.wire.client import Endpoint
 
 log = logging.getLogger(__name__)
@@ -134,9 +134,9 @@ class PrivacyPolicy:
     def screen(self, sample: Sample) -> Sample:
         """Apply the policy to `sample` in place (see the module doc); returns it."""
         self.stats["screened"] += 1
-        carried = {"messages": sample.messages, "tools": sample.meta.tools,
+        carried = {"messages": sample.text.messages, "tools": sample.meta.tools,
                    "chat_template_kwargs": sample.meta.chat_template_kwargs}  # fmt: skip
-        pieces = [*_strings(carried), (sample.response_text or "", False)]
+        pieces = [*_strings(carried), (sample.text.response_text or "", False)]
         found = [f for text, label in pieces for f in self.findings(text, label)]
         across = split_secrets([t for t, label in pieces if not label and t])
         found += [f for fs in across.values() for f in fs]
@@ -168,11 +168,14 @@ class PrivacyPolicy:
             found = [f for f in (*self.findings(text, label), *across.get(text, ())) if self._redacts(f)]
             return redact(text, found) if found else text
 
-        sample.messages = _map_strings(sample.messages, redact_one)
+        text = sample.text
+        sample.text = SampleText(
+            messages=_map_strings(text.messages, redact_one),
+            response_text=redact_one(text.response_text, False) if text.response_text else text.response_text,
+            next_state=self.redact_text(text.next_state),
+        )
         sample.meta.tools = _map_strings(sample.meta.tools, redact_one)
         sample.meta.chat_template_kwargs = _map_strings(sample.meta.chat_template_kwargs, redact_one)
-        sample.response_text = redact_one(sample.response_text, False) if sample.response_text else sample.response_text
-        sample.next_state = self.redact_text(sample.next_state)
         sample.meta.privacy = info
         return sample
 
@@ -201,9 +204,11 @@ class PrivacyPolicy:
     def view(self, sample: Sample) -> Sample:
         """A copy of `sample` whose text has every secret and every personal-data item redacted."""
         out = copy.copy(sample)
-        out.messages = _map_texts(sample.messages, lambda t: self.redact_text(t, everything=True))
-        out.response_text = self.redact_text(sample.response_text, everything=True)
-        out.next_state = self.redact_text(sample.next_state, everything=True)
+        out.text = SampleText(
+            messages=_map_texts(sample.text.messages, lambda t: self.redact_text(t, everything=True)),
+            response_text=self.redact_text(sample.text.response_text, everything=True),
+            next_state=self.redact_text(sample.text.next_state, everything=True),
+        )
         out.meta = SampleMeta.of(sample.meta)
         out.meta.tools = _map_texts(out.meta.tools, lambda t: self.redact_text(t, everything=True))
         if isinstance(out.meta.feedback, dict):

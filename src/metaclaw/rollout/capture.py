@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from metaclaw.messages import answer_and_reasoning
-from metaclaw.store import Sample
+from metaclaw.store import Sample, SampleText
 
 EXTRA_CHOICE_FIELDS = ("token_ids",)
 EXTRA_TOP_FIELDS = ("prompt_token_ids",)
@@ -121,14 +121,15 @@ class TurnCapture:
             return f"{len(self.logprobs)} logprobs for {len(self.response_ids)} tokens"
         return None
 
-    def to_sample(self, **fields: Any) -> Sample:
-        """A pending sample; `fields` are the session fields (agent_id, session_id, turn_index, ...)."""
+    def to_sample(self, messages: list[dict[str, Any]] | None = None, **fields: Any) -> Sample:
+        """A pending sample of the request's `messages`; `fields` are the session fields (agent_id, session_id,
+        turn_index, ...)."""
         return Sample(
             prompt_ids=self.prompt_ids,
             response_ids=self.response_ids,
             behaviour_logprobs=self.logprobs,
             adapter_version=self.adapter_version or 0,
-            response_text=self.response_text,
+            text=SampleText(messages=messages, response_text=self.response_text),
             **fields,
         )
 

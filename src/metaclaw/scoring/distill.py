@@ -37,7 +37,7 @@ from metaclaw.scoring.hints import hinted_messages
 from metaclaw.scoring.judges import paragraphs
 from metaclaw.scoring.reactions import sentences
 from metaclaw.scoring.speech_acts import follow_up, is_question, objection, update
-from metaclaw.store import Sample, SampleMeta
+from metaclaw.store import Sample, SampleMeta, SampleText
 from metaclaw.store.meta import OriginMeta
 from metaclaw.wire.client import Endpoint, chat, teacher_logprobs
 
@@ -198,13 +198,13 @@ class ContextDistiller:
         self.stats["asked"] += 1
         dist = sample_distribution(sample.temperature, sample.meta)
         seen = self.redact(sample) if self.redact is not None else sample  # what the teacher may read
-        plain_messages, prompt_ids = seen.messages or [], list(sample.prompt_ids)
+        plain_messages, prompt_ids = seen.text.messages or [], list(sample.prompt_ids)
         if self.context == "fresh":
             fresh = fresh_conversation(plain_messages, sample.turn_index)
             if fresh != plain_messages:  # a later turn: the new conversation's prompt, as the server renders it
                 plain_messages = fresh
                 prompt_ids = await asyncio.to_thread(self._render, self._body(sample, fresh, 1, 1, dist))
-        messages = hinted_conversation(plain_messages, seen.response_text or "", preference, self.form)
+        messages = hinted_conversation(plain_messages, seen.text.response_text or "", preference, self.form)
         budget = len(sample.response_ids) if sample.meta.origin.finish_reason == "length" else self.max_tokens
         replies = await asyncio.to_thread(self._ask, self._body(sample, messages, budget, self.samples, dist))
         gains = []
@@ -219,7 +219,8 @@ class ContextDistiller:
                 "teacher": self.model, "gains": [round(g, 4) for g in gains], "accepted": len(kept)}  # fmt: skip
         self.stats["accepted"] += len(kept)
         self.stats["rejected"] += len(gains) - len(kept)
-        base = dataclasses.replace(sample, prompt_ids=prompt_ids, messages=plain_messages)
+        words = dataclasses.replace(sample.text, messages=plain_messages)
+        base = dataclasses.replace(sample, prompt_ids=prompt_ids, text=words)
         extra = {"replays_left": self.replays}
         return [self._sample(base, reply, {**info, "gain": round(g, 4), **extra}) for reply, g in kept], info
 
@@ -263,8 +264,7 @@ class ContextDistiller:
             adapter_version=source.adapter_version,  # freshness as the turn it came from
             temperature=source.temperature,
             status="ready",
-            messages=copy.deepcopy(source.messages),
-            response_text=reply.text,
+            text=SampleText(messages=copy.deepcopy(source.text.messages), response_text=reply.text),
             meta=meta,
         )
 

@@ -85,7 +85,7 @@ class RuleJudge:
         self.no_next_state_reward, self.hint_min_chars = no_next_state_reward, hint_min_chars
 
     async def reward(self, sample: Sample) -> Verdict:
-        text = sample.next_state
+        text = sample.text.next_state
         if text is None:
             return Verdict(self.no_next_state_reward, {"rule": "no_next_state"})
         for paragraph in paragraphs(text):  # the reaction comes first: "Thanks.\n\nNext: why did X fail?" is +1
@@ -98,7 +98,7 @@ class RuleJudge:
     async def hint(self, sample: Sample) -> str | None:
         """The sentences after the first one that signals a correction (or that sentence's remainder), within
         its paragraph: what follows a blank line (the next question) is not part of the correction."""
-        for paragraph in paragraphs(sample.next_state or ""):
+        for paragraph in paragraphs(sample.text.next_state or ""):
             sentences = [s.strip() for s in re.split(r"(?<=[.!?])\s+|\n+", paragraph) if s.strip()]
             for i, sentence in enumerate(sentences):
                 m = self.negative.search(sentence)
@@ -124,11 +124,17 @@ HINT_SYSTEM = (
 
 def _transcript(sample: Sample) -> str:
     last_user = next(
-        (content_text(m.get("content")) for m in reversed(sample.messages or []) if m.get("role") in ("user", "tool")),
+        (
+            content_text(m.get("content"))
+            for m in reversed(sample.text.messages or [])
+            if m.get("role") in ("user", "tool")
+        ),
         "",
     )
-    nxt = sample.next_state if sample.next_state is not None else "(the session ended without a reply)"
-    return f"## Request\n{last_user}\n\n## Assistant response\n{sample.response_text or ''}\n\n## Next state\n{nxt}"
+    nxt = sample.text.next_state if sample.text.next_state is not None else "(the session ended without a reply)"
+    return (
+        f"## Request\n{last_user}\n\n## Assistant response\n{sample.text.response_text or ''}\n\n## Next state\n{nxt}"
+    )
 
 
 class LLMJudge:
@@ -212,7 +218,7 @@ class LLMJudge:
         return Verdict(majority(votes), {"votes": votes, "errors": len(errors)})
 
     async def hint(self, sample: Sample) -> str | None:
-        if not sample.next_state:
+        if not sample.text.next_state:
             return None
         answer, reasoning = await self._ask(HINT_SYSTEM, _transcript(sample), 0.0)
         found = HINT.findall(answer) or HINT.findall(reasoning)  # the answer's tag wins; the reasoning's if none

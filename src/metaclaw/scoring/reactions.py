@@ -713,13 +713,13 @@ class ReactionJudge:
         self.no_next_state_reward, self.hint_min_chars = no_next_state_reward, hint_min_chars
 
     async def reward(self, sample: Sample) -> Verdict:
-        if sample.next_state is None:
+        if sample.text.next_state is None:
             return Verdict(self.no_next_state_reward, {"rule": "no_next_state"})
-        r = await asyncio.to_thread(self.classifier.classify, sample.next_state)
+        r = await asyncio.to_thread(self.classifier.classify, sample.text.next_state)
         return Verdict(r.verdict, {"rule": r.reason, "judge": "reactions", "confidence": round(r.confidence, 3)})
 
     async def hint(self, sample: Sample) -> str | None:
-        text = sample.next_state or ""
+        text = sample.text.next_state or ""
         if not text.strip():
             return None
         r = await asyncio.to_thread(self.classifier.classify, text)

@@ -45,5 +45,5 @@ class TeacherClient:
 def hinted_prompt_ids(tokenizer: Any, sample: Sample, hint: str) -> list[int]:
     """The teacher's prompt: the sample's messages plus the hint, rendered as the server rendered the student's
     (same tools, same `chat_template_kwargs`, generation prompt). An empty hint gives the student's prompt."""
-    messages = hinted_messages(sample.messages or [], hint)
+    messages = hinted_messages(sample.text.messages or [], hint)
     return chat_prompt_ids(tokenizer, messages, sample.meta.tools, sample.meta.chat_template_kwargs)

@@ -55,6 +55,29 @@ DISTILL_BACKLOG = 32
 a preference the person keeps stating comes back in their next correction, and an old one's turn ages out anyway."""
 
 
+class DistillQueue:
+    """Settled corrections waiting to be distilled: at most `DISTILL_BACKLOG`, the newest out first."""
+
+    def __init__(self, limit: int = DISTILL_BACKLOG) -> None:
+        self.limit, self._items, self._lock = limit, deque[tuple[Sample, str]](), threading.Lock()
+
+    def push(self, sample: Sample, preference: str) -> bool:
+        """Queue a settled correction; True when the queue was full and its oldest one was dropped for it."""
+        with self._lock:
+            full = len(self._items) >= self.limit
+            if full:
+                self._items.popleft()
+            self._items.append((sample, preference))
+            return full
+
+    def pop(self) -> tuple[Sample, str] | None:
+        with self._lock:
+            return self._items.pop() if self._items else None
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+
 def is_heldout(session_id: str, share: float) -> bool:
     """Whether a session is held out of training (`share` of sessions, by a stable hash of its id)."""
     return share > 0 and zlib.crc32(session_id.encode()) % 10_000 < share * 10_000
@@ -84,11 +107,13 @@ class ScoringPace:
 
 @dataclass
 class ScoringProgress:
-    """The worker's memory between passes: scores computed, failed attempts, each session's last change."""
+    """The worker's memory between passes: scores computed, failed attempts, each session's last change, and the
+    settled corrections waiting to be distilled."""
 
     scores: dict[int, TurnScore] = field(default_factory=dict)
     attempts: dict[int, int] = field(default_factory=dict)
     last_change: dict[tuple[str, str], tuple[int, float]] = field(default_factory=dict)
+    distill: DistillQueue = field(default_factory=lambda: DistillQueue())
 
 
 class ScoringWorker:
@@ -171,8 +196,6 @@ class ScoringWorker:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.distiller = distiller
-        self._distill_queue: deque[tuple[Sample, str]] = deque()  # (settled turn, preference), newest on the right
-        self._distill_lock = threading.Lock()
         self.stats = {"scored": 0, "ready": 0, "dropped": 0, "errors": 0, "judge_failed": 0, "heldout": 0,
                       "distilled": 0, "distill_failed": 0, "distill_backlog_dropped": 0}  # fmt: skip
 
@@ -201,7 +224,7 @@ class ScoringWorker:
             todo += [
                 s
                 for s in samples
-                if s.id not in scores and (s.next_state is not None or finished[key] or feedback_of(s.meta))
+                if s.id not in scores and (s.text.next_state is not None or finished[key] or feedback_of(s.meta))
             ]
         sem = asyncio.Semaphore(self.pace.concurrency)
 
@@ -221,7 +244,7 @@ class ScoringWorker:
     async def _score(self, s: Sample) -> None:
         try:
             score, fb = TurnScore(), feedback_of(s.meta)
-            if self.policy.drop_unanswered and s.next_state is None and fb is None:
+            if self.policy.drop_unanswered and s.text.next_state is None and fb is None:
                 self.progress.scores[s.id] = score  # settled `dropped` (no_next_state): nothing to ask a judge about
                 return
             if self.policy.needs_reward and (fb is None or self.feedback.needs_judge):
@@ -231,7 +254,7 @@ class ScoringWorker:
                 score.meta["judge_reward"] = score.reward
                 score.reward = self.feedback.reward(score.reward, fb["score"]) if self.policy.needs_reward else None
                 score.hint = fb.get("text") or None
-            if self.policy.needs_teacher and score.hint is None and s.next_state:
+            if self.policy.needs_teacher and score.hint is None and s.text.next_state:
                 score.hint = await asyncio.wait_for(self.judge.hint(s), self.pace.timeout_s)
             if self.policy.needs_teacher and score.hint:
                 prompt = await asyncio.to_thread(self.render, s, score.hint)
@@ -245,7 +268,9 @@ class ScoringWorker:
             self.progress.scores[s.id] = score
             self.stats["scored"] += 1
             if self.evolution is not None:
-                self.evolution.note(s.agent_id, s.id, score.reward, s.messages, s.response_text, s.next_state)
+                self.evolution.note(
+                    s.agent_id, s.id, score.reward, s.text.messages, s.text.response_text, s.text.next_state
+                )
         except Exception as e:  # noqa: BLE001 - a judge may fail in any way; bounded retries below
             n = self.progress.attempts[s.id] = self.progress.attempts.get(s.id, 0) + 1
             self.stats["errors"] += 1
@@ -269,25 +294,17 @@ class ScoringWorker:
         corrected = (score.reward or 0) < 0 if self.policy.needs_reward else bool(score.hint)
         if not corrected:
             return
-        words = (score.feedback or {}).get("text") or s.next_state  # the person's own words, not a judge's summary
+        words = (score.feedback or {}).get("text") or s.text.next_state  # the person's own words, not a judge's summary
         score.preference = stated_preference(words)
         score.meta["distill"] = {"skipped": "no stated preference"} if score.preference is None else {"queued": True}
-
-    def _queue_distill(self, s: Sample, preference: str) -> None:
-        """Bounded (`DISTILL_BACKLOG`): a full queue drops its oldest correction, counted."""
-        with self._distill_lock:
-            if len(self._distill_queue) >= DISTILL_BACKLOG:
-                self._distill_queue.popleft()
-                self.stats["distill_backlog_dropped"] += 1
-            self._distill_queue.append((s, preference))
 
     async def distill_next(self) -> bool:
         """Distil the newest queued correction (a fresh preference first); False when none is queued. Its
         accepted replies are stored as new samples; what happened is noted on the corrected turn (`meta.distill`)."""
-        with self._distill_lock:
-            if not self._distill_queue:
-                return False
-            s, preference = self._distill_queue.pop()
+        item = self.progress.distill.pop()
+        if item is None:
+            return False
+        s, preference = item
         assert self.distiller is not None  # only queued with one
         try:
             new, info = await self.distiller.distill(s, preference)
@@ -332,7 +349,9 @@ class ScoringWorker:
             return
         # a turn with explicit feedback counts towards "all <= 0" but is never lifted: the user has spoken
         candidates = [
-            i for i, s in enumerate(judged) if s.next_state is not None and not feedback_of(s.meta) and rewards[i] == 0
+            i
+            for i, s in enumerate(judged)
+            if s.text.next_state is not None and not feedback_of(s.meta) and rewards[i] == 0
         ]
         if not candidates:
             return
@@ -349,7 +368,7 @@ class ScoringWorker:
         if score.hint:
             meta["hint"] = score.hint
         usable = reward is not None or teacher is not None
-        if self.policy.drop_unanswered and s.next_state is None and score.feedback is None and not score.failed:
+        if self.policy.drop_unanswered and s.text.next_state is None and score.feedback is None and not score.failed:
             meta["dropped"], usable = "no_next_state", False  # nothing reacted to it: no evidence either way
         elif usable and is_heldout(s.session_id, self.policy.heldout_share):  # evaluation data: never trained on
             meta["dropped"], usable = "heldout", False
@@ -371,8 +390,8 @@ class ScoringWorker:
             self.store.set_score(s.id, status="dropped", meta={**meta, "dropped": f"invalid_score: {e}"})
         s.reward = reward
         self.stats["ready" if usable else "dropped"] += 1
-        if score.preference is not None and usable:
-            self._queue_distill(s, score.preference)
+        if score.preference is not None and usable and self.progress.distill.push(s, score.preference):
+            self.stats["distill_backlog_dropped"] += 1  # queued; the oldest waiting correction made room
 
     def _store_distilled(self, source: Sample, new: list[Sample]) -> None:
         """Store the distilled samples (`ready`; the store's privacy screen applies as to any captured turn)."""

@@ -135,6 +135,17 @@ class Parked:
     questions: list[str | None]
 
 
+@dataclass(frozen=True)
+class Habits:
+    """How a person reacts (`People`'s arguments of these names) and their no-verdict messages (`people.yaml`)."""
+
+    react_share: float = 1.0
+    late_share: float = 0.0
+    late_s: tuple[float, float] = (330.0, 600.0)
+    followups: tuple[str, ...] = ()
+    own_corrections: tuple[str, ...] = ()
+
+
 def human_mode() -> dict[str, Any]:
     """People as they are (issue 42): they react to half the replies, a quarter of those reactions come minutes
     late (after the proxy's 300 s idle bound), and the rest of their next messages carry no verdict."""
@@ -242,9 +253,10 @@ class People:
         if not (0.0 <= react_share <= 1.0 and 0.0 <= late_share <= 1.0 and 0 <= late_s[0] <= late_s[1]):
             raise ValueError(f"people: react_share and late_share in [0, 1], 0 <= late_s, got {react_share}, "
                              f"{late_share}, {late_s}")  # fmt: skip
-        self.react_share, self.late_share, self.late_s = react_share, late_share, late_s
         pools = _pools()
-        self.followups, self.own_corrections = list(pools["followups"]), list(pools["own_corrections"])
+        self.habits = Habits(
+            react_share, late_share, late_s, tuple(pools["followups"]), tuple(pools["own_corrections"])
+        )
         self._parked: dict[int, list[Parked]] = {}  # person -> conversations left to react late
         paces = [pace] * people if isinstance(pace, str) else list(pace)
         if people < 1 or len(paces) != people or any(p not in PACES for p in paces):
@@ -282,13 +294,13 @@ class People:
     def next_message(self, rng: random.Random, complied: bool, question: str | None) -> tuple[str | None, str | None]:
         """`(what the person says next, what it is)`: a reaction to `react_share` of the replies, otherwise no
         verdict: the next question alone, a follow-up task, or a correction of their own request."""
-        if rng.random() < self.react_share:
+        if rng.random() < self.habits.react_share:
             return self.reaction(rng, complied, question), "praise" if complied else "correction"
         draw = rng.random()
         if draw < 0.25:
-            return rng.choice(self.followups), "followup"
+            return rng.choice(self.habits.followups), "followup"
         if draw < 0.45:
-            return rng.choice(self.own_corrections), "own_correction"
+            return rng.choice(self.habits.own_corrections), "own_correction"
         return question, None  # the next question alone (None on the last turn: the person just leaves)
 
     def _converse(self, person: int, rng: random.Random, number: int) -> None:
@@ -332,9 +344,9 @@ class People:
                 nxt, reaction = (None, None) if i == 3 else self.next_message(rng, complied, at.questions[i + 1])
                 with self._lock:
                     self.turns.append(Turn(person, cid, i, at.sdk, reply, complied, reaction, nxt, sent, time.time()))
-                if reaction in ("praise", "correction") and rng.random() < self.late_share:
+                if reaction in ("praise", "correction") and rng.random() < self.habits.late_share:
                     messages = [*messages, {"role": "assistant", "content": reply}]
-                    due = time.time() + rng.uniform(*self.late_s)
+                    due = time.time() + rng.uniform(*self.habits.late_s)
                     left = Parked(due, at.number, at.sdk, i, messages, at.questions)
                     self._parked.setdefault(person, []).append(left)
                     return  # the person goes off to other conversations and reacts when `due`

@@ -20,6 +20,7 @@ from metaclaw.store.samples import (
     Sample,
     SampleScreen,
     SampleStore,
+    SampleText,
     SampleValidationError,
 )
 from metaclaw.store.session_log import SessionLog
@@ -37,6 +38,7 @@ __all__ = [
     "SampleMeta",
     "SampleScreen",
     "SampleStore",
+    "SampleText",
     "SampleValidationError",
     "ServedVersions",
     "SessionLog",

@@ -106,13 +106,24 @@ class BacklogFull(ValueError):
 
 
 @dataclass
+class SampleText:
+    """A turn's words, as the judge reads them and the privacy screen redacts them (each a column of its own):
+    the conversation the request carried, the reply's text, and what the user said next (None: not yet)."""
+
+    messages: list[dict[str, Any]] | None = None
+    response_text: str | None = None
+    next_state: str | None = None
+
+
+@dataclass
 class Sample:
     """One main turn: the prompt as the server rendered it, the sampled response, and its training signal.
 
     Token and logprob lists are aligned: `behaviour_logprobs[i]` (and `teacher_logprobs[i]`) is the logprob of
     `response_ids[i]`. `temperature` is the sampler's, so the trainer recomputes logprobs over the same
-    distribution (stored once: this column; `meta.sampling` holds top-p and top-k). `meta` is a `SampleMeta`
-    (a dict given here becomes one).
+    distribution (stored once: this column; `meta.sampling` holds top-p and top-k). `text` is the turn's words
+    (`SampleText`: messages, reply, next state); `meta` is a `SampleMeta` (a dict given here becomes one). The
+    groups are records in Python only: each of their fields is still a column of its own.
     """
 
     prompt_ids: list[int]
@@ -126,9 +137,7 @@ class Sample:
     reward: float | None = None
     teacher_logprobs: list[float] | None = None
     status: str = "pending"
-    next_state: str | None = None
-    messages: list[dict[str, Any]] | None = None
-    response_text: str | None = None
+    text: SampleText = field(default_factory=SampleText)
     meta: SampleMeta = field(default_factory=SampleMeta)
     claimed_step: int | None = None
     id: int | None = None
@@ -204,9 +213,9 @@ def _insert_row(sample: Sample, now: float) -> tuple:
         sample.adapter_version,
         sample.temperature,
         sample.status,
-        sample.next_state,
-        None if sample.messages is None else json.dumps(sample.messages),
-        sample.response_text,
+        sample.text.next_state,
+        None if sample.text.messages is None else json.dumps(sample.text.messages),
+        sample.text.response_text,
         json.dumps(_stored_meta(sample.meta)),
         now,
         now,
@@ -753,8 +762,10 @@ class SampleStore:
             temperature=r["temperature"],
             status=r["status"],
             claimed_step=r["claimed_step"],
-            next_state=r["next_state"],
-            messages=None if r["messages"] is None else json.loads(r["messages"]),
-            response_text=r["response_text"],
+            text=SampleText(
+                messages=None if r["messages"] is None else json.loads(r["messages"]),
+                response_text=r["response_text"],
+                next_state=r["next_state"],
+            ),
             meta=_read_meta(r["meta"], r["temperature"]),
         )
