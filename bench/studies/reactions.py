@@ -40,7 +40,7 @@ REPO = Path(__file__).resolve().parents[2]
 sys.path[:0] = [str(REPO / "src"), str(REPO)]  # run as `python bench/<kind>/<name>.py`
 
 from bench.harness import add_results_argument, publish  # noqa: E402
-from metaclaw.config import CONFIG_DIR  # noqa: E402
+from metaclaw.config import CONFIG_DIR, register_resolvers  # noqa: E402
 from metaclaw.scoring.judges import RuleJudge  # noqa: E402
 from metaclaw.scoring.reactions import LABELS, ReactionJudge, load_prototypes  # noqa: E402
 from metaclaw.simulate.preferences import PreferenceSet  # noqa: E402
@@ -61,7 +61,9 @@ REPLIES = [
 
 
 def judge_cfg(name: str) -> dict[str, Any]:
-    cfg = OmegaConf.to_container(OmegaConf.load(CONFIG_DIR / "judge" / f"{name}.yaml"), resolve=False)
+    """The judge's settings as conf/judge/NAME.yaml gives them (`${metaclaw_default:}` resolved to the code's)."""
+    register_resolvers()
+    cfg = OmegaConf.to_container(OmegaConf.load(CONFIG_DIR / "judge" / f"{name}.yaml"), resolve=True)
     return {k: v for k, v in cfg.items() if k != "_target_" and not str(k).startswith("defaults")}
 
 
