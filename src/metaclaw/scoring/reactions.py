@@ -56,7 +56,7 @@ from typing import Any
 import numpy as np
 
 from metaclaw.scoring.judges import Verdict, paragraphs
-from metaclaw.scoring.speech_acts import command, follow_up, objection, update
+from metaclaw.scoring.speech_acts import EDIT, command, follow_up, objection, update
 from metaclaw.scoring.speech_acts import is_question as asks_question
 from metaclaw.store import Sample
 
@@ -165,7 +165,7 @@ SARCASM = re.compile(
 )
 # Praise words: a sentence with one, without a contrast or a critical word, praises what it names.
 PRAISE = re.compile(
-    r"(?i)\b(?:good|great|nice|perfect(?:ly)?|excellent|brilliant|lovely|awesome|superb|fantastic|wonderful|"
+    r"(?i)\b(?:good|great|nice|cool|perfect(?:ly)?|excellent|brilliant|lovely|awesome|superb|fantastic|wonderful|"
     r"spot\s+on|exactly|yes|yep|thanks|thank\s+you|thx|cheers|well\s+done|nailed\s+it|much\s+better|"
     r"way\s+better|bravo|neat|helpful|clear|ideal|(?<!'d\s)(?<!would\s)(?:love|loved|like|liked|enjoyed)\s+"
     r"(?:it|this|that|the|how|your|you)|gut|super|toll|perfekt|genau|klasse|prima|danke|spitze|parfait|génial|"
@@ -175,7 +175,13 @@ PRAISE_PREDICATE = re.compile(
     r"(?i)\b(?:is|are|was|were|looks?|reads?|feels?)\s+(?:\w+\s+)?" + PRAISE.pattern.removeprefix("(?i)")
 )
 GO_ON = re.compile(r"(?i)\bkeep\s+(?:doing|going|it\s+up|them\s+coming)\b")  # "keep doing that": praise
+# A change of degree or a removal: what an edit of the same reply asks for.
+CHANGE = re.compile(
+    r"(?i)\b(?:less|more|fewer|without|instead|shorter|longer|simpler|clearer|easier|better|cheaper|smaller|bigger|"
+    r"lower|higher|\w+er\s+than|(?:take|leave|cut|drop)\s+(?:out|off)?)\b"
+)
 PRONOUN = re.compile(r"(?i)\b(?:it|this|that|them|those|these)\b")  # the reply, referred back to
+BRIEF_WORDS = 5  # a sentence read as no reaction that is this short does not end the reading of the speech acts
 FEATURE_WORDS = 7  # the most words a clause naming a praised feature has
 QUOTED = re.compile(r"\"[^\"]*\"|“[^”]*”|«[^»]*»")
 # What makes a "praising" sentence critical or sarcastic: negation, excess, "again", a wish.
@@ -577,19 +583,25 @@ class ReactionClassifier:
         person's own request is 0. A sentence that opens with praise is read clause by clause after the praise
         ("great, now make it shorter"); None: no act decided (the classifier's rules read the message)."""
         neg, pos, neu = LABELS.index(-1), LABELS.index(1), LABELS.index(0)
-        praised = False
+        praised = thanked = False  # thanked: in words of praise ("Great, thanks."), not only the classifier's reading
         for k, s in enumerate(sents):
             content, liked = bool(CONTENT.search(s)), s in prob and prob[s][pos] >= self.approval
             if s.rstrip().endswith((":", "：")):
                 break  # the label of the next question ("Next: How ...?")
             opens = PRAISE.match(s.lstrip(" \t\"'(*-–—")) is not None and not (CONTRAST.search(s) or CRITICAL.search(s))
-            praised = praised or opens
+            praised, thanked = praised or opens, thanked or opens
             if update(s) or (follow_up(s) and not CONTRAST.search(s)):
                 verdict = 1.0 if praised else 0.0
                 return Reaction(verdict, self.approval if praised else 1.0, "update" if update(s) else "follow_up", 0)
             if k and asks_question(s) and not objection(s, content):
                 break  # the next question
-            if opens or KEEP.search(s) or (PRAISE.search(s) and not CONTRAST.search(s) and not CRITICAL.search(s)):
+            parts = clauses(s)  # "Put X at the top, thanks.": a request, and thanks for doing it
+            polite_thanks = not opens and command(parts[0]) and any(PRAISE.match(c) for c in parts[1:])
+            if (
+                opens
+                or KEEP.search(s)
+                or (PRAISE.search(s) and not CONTRAST.search(s) and not CRITICAL.search(s) and not polite_thanks)
+            ):
                 rest = clauses(s)[1:]
                 if any(self._edit(c) for c in rest):
                     return Reaction(-1.0, self.threshold, "objection", 0, k)
@@ -598,15 +610,25 @@ class ReactionClassifier:
                 praised = praised or liked or praises_feature(s)
                 continue
             act = objection(s, content)
-            if act == "strong" or (act == "weak" and not liked):
+            if act == "weak" and thanked and not self._edit_like(s):
+                return Reaction(1.0, self.approval, "follow_up", 0)  # after praise, a request that edits nothing
+            if act == "strong" or (act == "weak" and (not liked or polite_thanks)):
                 return Reaction(-1.0, float(max(1 - prob[s][pos], self.threshold)) if s in prob else 0.5, "objection",
                                 0, k)  # fmt: skip
             if liked:
                 praised = True
                 continue
-            if asks_question(s) or content or (s in prob and max(prob[s][neu], prob[s][neg]) >= self.threshold):
-                break  # the next question, new content, or a reading the classifier's rules decide
+            if asks_question(s) or content or (s in prob and prob[s][neg] >= self.threshold):
+                break  # the next question, new content, or a correction the classifier's rules decide
+            if s in prob and prob[s][neu] >= self.threshold and len(s.split()) > BRIEF_WORDS:
+                break  # the next request; a brief remark ("Feels like a brochure.") lets the next sentence speak
         return None
+
+    @staticmethod
+    def _edit_like(sentence: str) -> bool:
+        """Whether a request changes the reply itself ("Could you make it shorter?", "... without the intro?") rather
+        than asking for new work on it ("Can you give me a shopping list for it?")."""
+        return EDIT.search(sentence) is not None or CHANGE.search(sentence) is not None
 
     @staticmethod
     def _edit(clause: str) -> bool:
