@@ -14,7 +14,13 @@ question or change of subject begins: "superb How do I ...?") and every comma cl
 the first paragraph with a verdict (a correction trained as an approval is the costlier mistake, so the rules
 lean towards -1 and 0):
 
-1. in the first paragraph, a sentence before the next question that asks the agent to change HOW it answers
+0. in the first paragraph, sentence by sentence until the next question, the speech acts (`speech_acts`, grammar
+   words only): an objection to the reply is -1; a follow-up task is +1 after praise, else 0; so is a request
+   after words of praise that edits nothing ("Thanks! Can you give me a packing list for it?"); an update of the
+   person's own request is 0. A brief remark the classifier reads as no reaction ("Feels like a brochure.")
+   does not end the reading; a command followed by thanks ("Put X at the top, thanks.") is a request;
+1. (`form_rule`, off by default: the kind-free speech acts of `speech_acts` read these requests in grammar words)
+   in the first paragraph, a sentence before the next question that asks the agent to change HOW it answers
    (`form_request`: a clause naming the reply's form, its length, order, directness, person, tone, format or
    language, said as a request: "please", "could you", "next time", "from now on", "instead", a command, a bare
    comparative) is a correction of the reply: "Can you lead with the price?", "ok but more direct". A request
@@ -361,8 +367,9 @@ class ReactionClassifier:
         ngram_weight: scale of the character n-gram block beside the (unit) sentence vector.
         l2: ridge penalty of the regression.
         max_paragraphs: paragraphs read per message.
-        form_rule: apply rule 1 (`form_request`, whose vocabulary names the real-path bench's kinds of form); off,
-            only the kind-free speech acts (`speech_acts`) and the regression read requests.
+        form_rule: apply rule 1 (`form_request`, whose vocabulary names the real-path bench's kinds of form). Off
+            by default: the kind-free speech acts (`speech_acts`) read these requests within about a point of it
+            on the people's phrasings (docs/results/2026-11-29-reaction-reader.md); on, for comparison only.
     """
 
     def __init__(
@@ -374,7 +381,7 @@ class ReactionClassifier:
         ngram_weight: float = 1.0,
         l2: float = 3e-4,
         max_paragraphs: int = 3,
-        form_rule: bool = True,
+        form_rule: bool = False,
     ) -> None:
         if not 1 / 3 <= threshold < 1:
             raise ValueError(f"reaction threshold must be in [1/3, 1), got {threshold}")
@@ -726,7 +733,7 @@ class ReactionJudge:
         ngram_weight: float = 1.0,
         l2: float = 3e-4,
         max_paragraphs: int = 3,
-        form_rule: bool = True,
+        form_rule: bool = False,
     ) -> None:
         self.classifier = shared_classifier(
             threshold=threshold, approval=approval, model_dir=model_dir, prototypes=prototypes,
