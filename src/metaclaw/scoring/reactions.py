@@ -634,7 +634,7 @@ class ReactionClassifier:
     @staticmethod
     def _edit_like(sentence: str) -> bool:
         """Whether a request changes the reply itself ("Could you make it shorter?", "... without the intro?") rather
-        than asking for new work on it ("Can you give me a shopping list for it?")."""
+        than asking for new work on it ("Can you give me a packing list for it?")."""
         return EDIT.search(sentence) is not None or CHANGE.search(sentence) is not None
 
     @staticmethod
