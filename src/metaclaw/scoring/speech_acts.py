@@ -150,8 +150,6 @@ VERB_PHRASE = re.compile(
     r"(?i)^\W*[\w'’]+\s+(?:\S+\s+)*?\W*(?:(?:me|us|first|then|after|afterwards|again)\b|"
     r"(?:the|a|an|some|to|with|into|in|on|up|out|off|down|by|from|for|at|as|before)\b(?=\W+\w))"
 )
-# The verbs of a phase (aspectual verbs) and of position: "Could you begin with ...?", "Can you stop ...?".
-PHASE = re.compile(r"(?i)\b(?:begin|start|stop|quit|keep|continue|finish|end|lead|open)\b")
 # A change said as what would be better or what the reply should do: "A one-line takeaway at the start would help.",
 # "Your first sentence should be ...", "you could talk to me".
 SUGGEST = re.compile(
@@ -159,8 +157,12 @@ SUGGEST = re.compile(
     r"helpful|great|good|ideal)|help|work\s+better)\b|\byour\s+(?:[\w'’-]+\s+){1,4}should\b|"
     r"^\W*(?:\w+\W+){0,1}you\s+(?:could|should|might\s+want\s+to|need\s+to|must|have\s+to)\b"
 )
-# Adverbs of sequence: a request with one arranges the reply ("Can you give me the total first?").
-ORDER = re.compile(r"(?i)\b(?:first|then|afterwards|after\s+that|at\s+the\s+(?:top|start|end|bottom|beginning))\b")
+# A request that arranges the reply: a verb of phase (aspectual) or position ("Could you begin with ...?", "Can you
+# stop ...?") or an adverb of sequence ("Can you give me the total first?").
+ARRANGE = re.compile(
+    r"(?i)\b(?:begin|start|stop|quit|keep|continue|finish|end|lead|open|first|then|afterwards|after\s+that|"
+    r"at\s+the\s+(?:top|start|end|bottom|beginning))\b"
+)
 # A bare change of degree, after fillers or "but": "ok but more direct", "a bit less, please".
 DEGREE = re.compile(
     r"(?i)^\W*(?:(?:ok|okay|hmm+|well|so|and|but|now|just|yes|no|much|way|a\s+bit|a\s+little|even|far)\W+)*"
@@ -258,7 +260,7 @@ def _question(sentence: str, new_content: bool) -> str | None:
         return None
     polite = POLITE.search(sentence) is not None
     refers = COMMAND_REFERS.search(POLITE.sub(" ", sentence)) is not None
-    arranges = PHASE.search(sentence) is not None or ORDER.search(sentence) is not None
+    arranges = ARRANGE.search(sentence) is not None
     return "weak" if (polite and (refers or arranges)) or suggestion(sentence) else None
 
 
