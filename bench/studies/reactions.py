@@ -5,11 +5,15 @@
     python bench/studies/reactions.py --prototype-cv       # also: leave-one-out accuracy on the prototypes themselves
     python bench/studies/reactions.py --people heldout     # also: the real-path people's reactions + next question
     python bench/studies/reactions.py --kinds      # only: bench/data/reactions_kinds.jsonl, per kind and category
+    python bench/studies/reactions.py --kinds --data bench/data/reactions_fresh_kinds.jsonl   # the held-out set
 
 `--kinds` reads the set of 413 reactions over 12 preference kinds nobody tuned the reader on (written and committed
-before the reader was run on it): corrections as commands, questions ("Source?") and stated needs, praise, follow-up
-tasks after praise, content corrections, request updates, small talk. It reports, per kind, the share of
-corrections read as -1 and of follow-up tasks NOT read as -1, and leave-one-kind-out figures (see `kinds_report`).
+before the reader was run on it; with `--data`, `reactions_heldout_kinds.jsonl` (4 kinds) or
+`reactions_fresh_kinds.jsonl` (6 kinds, 228 messages, written before session 17 changed a rule: the held-out
+figure; the two others are development sets since)): corrections as commands, questions ("Source?") and
+stated needs, praise, follow-up tasks after praise, content corrections, request updates, small talk. It
+reports, per kind, the share of corrections read as -1 and of follow-up tasks NOT read as -1, and
+leave-one-kind-out figures (see `kinds_report`).
 
 The labelled set was written after the classifier's prototypes (`metaclaw/scoring/reaction_prototypes.jsonl`) and
 shares none of them (tests/scoring/test_reactions.py checks it); the prototypes were not tuned on it. Reported for
@@ -40,7 +44,7 @@ REPO = Path(__file__).resolve().parents[2]
 sys.path[:0] = [str(REPO / "src"), str(REPO)]  # run as `python bench/<kind>/<name>.py`
 
 from bench.harness import add_results_argument, publish  # noqa: E402
-from metaclaw.config import CONFIG_DIR  # noqa: E402
+from metaclaw.config import CONFIG_DIR, register_resolvers  # noqa: E402
 from metaclaw.scoring.judges import RuleJudge  # noqa: E402
 from metaclaw.scoring.reactions import LABELS, ReactionJudge, load_prototypes  # noqa: E402
 from metaclaw.simulate.preferences import PreferenceSet  # noqa: E402
@@ -61,7 +65,9 @@ REPLIES = [
 
 
 def judge_cfg(name: str) -> dict[str, Any]:
-    cfg = OmegaConf.to_container(OmegaConf.load(CONFIG_DIR / "judge" / f"{name}.yaml"), resolve=False)
+    """The judge's settings as conf/judge/NAME.yaml gives them (`${metaclaw_default:}` resolved to the code's)."""
+    register_resolvers()
+    cfg = OmegaConf.to_container(OmegaConf.load(CONFIG_DIR / "judge" / f"{name}.yaml"), resolve=True)
     return {k: v for k, v in cfg.items() if k != "_target_" and not str(k).startswith("defaults")}
 
 
@@ -174,6 +180,8 @@ def prototype_cv(judge: ReactionJudge) -> dict[str, Any]:
 
 
 KINDS_DATA = REPO / "bench" / "data" / "reactions_kinds.jsonl"
+# Messages that are no verdict on the reply: new work, a new question, an update of the person's own ask, small talk.
+NO_VERDICT = ("follow_up", "new_question", "request_update", "small_talk")
 
 
 def share(hits: list[bool]) -> float | None:
@@ -185,13 +193,15 @@ def kinds_report(judge: ReactionJudge, path: Path = KINDS_DATA) -> dict[str, Any
     fitted on the shipped prototypes (written for the real-path bench's kinds, never on this set), so every kind
     of this set is unseen: leave-one-kind-out is the per-kind figure itself (nothing is fitted or tuned on a kind
     of this set). `corrections_as_minus1` (target >= 0.8) and `follow_ups_not_minus1` (target >= 0.85) are the
-    issue's two figures; `per_kind[k].corrections` is kind k's share read as -1."""
+    issue's two figures; `no_verdicts_not_minus1` the same over every message that is no verdict (`NO_VERDICT`);
+    `per_kind[k].corrections` is kind k's share read as -1."""
     rows = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
     preds = verdicts(judge, [r["text"] for r in rows])
     for r, p in zip(rows, preds, strict=True):
         r["pred"] = p
     corr = [r for r in rows if r["category"] == "correction"]
     follow = [r for r in rows if r["category"] == "follow_up"]
+    no_verdict = [r for r in rows if r["category"] in NO_VERDICT]
     per_kind = {}
     for kind in sorted({r["kind"] for r in corr}):
         mine = [r for r in rows if r["kind"] == kind]
@@ -207,6 +217,7 @@ def kinds_report(judge: ReactionJudge, path: Path = KINDS_DATA) -> dict[str, Any
         "accuracy": share([r["pred"] == r["label"] for r in rows]),
         "corrections_as_minus1": share([r["pred"] == -1 for r in corr]),
         "follow_ups_not_minus1": share([r["pred"] != -1 for r in follow]),
+        "no_verdicts_not_minus1": share([r["pred"] != -1 for r in no_verdict]),
         "corrections_as_approval": sum(r["pred"] == 1 for r in corr),
         "worst_kind_corrections": min(v["corrections"] for v in per_kind.values()),
         "per_category": {
@@ -243,7 +254,7 @@ def main() -> None:
     args.data = args.data or str(KINDS_DATA if args.kinds else REPO / "bench" / "data" / "reactions.jsonl")
     if args.kinds:
         out = {}
-        for form_rule in (True, False):  # the shipped reader, and without the form rule's real-path vocabulary
+        for form_rule in (False, True):  # the shipped reader, and with the form rule's real-path vocabulary
             judge = ReactionJudge(**{**judge_cfg("reactions"), "form_rule": form_rule})
             report_ = kinds_report(judge, Path(args.data).resolve())
             if not args.misread:

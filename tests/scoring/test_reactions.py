@@ -294,7 +294,8 @@ def _misread(judge: ReactionJudge, texts: list[str], label: int) -> list[tuple[s
 
 def test_a_request_about_the_replys_form_is_a_correction(judge):
     assert _misread(judge, FORM_REQUESTS, -1) == []
-    assert judge.classifier.classify("Can you lead with the price?").reason == "form"
+    # read by the kind-free speech acts first (a polite request with a verb of phase), by the form rule where they pass
+    assert judge.classifier.classify("Can you lead with the price?").reason in {"objection", "form"}
 
 
 def test_a_request_for_new_content_is_no_reaction_even_when_it_names_a_form(judge):

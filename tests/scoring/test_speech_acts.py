@@ -52,3 +52,54 @@ def test_the_reader_never_reads_a_follow_up_task_as_a_correction(judge):
     assert _verdicts(judge, praised) == [1.0] * len(praised)
     assert [v for v in _verdicts(judge, FOLLOW_UPS + UPDATES) if v < 0] == []
     assert _verdicts(judge, ["Great, now make it shorter.", "Thanks. Next time cite the paper."]) == [-1.0, -1.0]
+
+
+# Session 17: grammar that the first rules missed (each list is read wrongly on main `c7e0094`). None of these
+# phrasings is in a labelled set or the prototypes (`test_new_phrasings_are_in_no_labelled_set`).
+CHALLENGES = ["Why all the acronyms?", "Why are you quoting prices in yen?", "Is a week really enough for this?",
+              "Huh?", "meh. who is that aimed at?"]  # fmt: skip
+CANNOT_USE = ["I don't know what a mutex is.", "I have no background in law.", "You lost me there."]
+NAMED_ERRORS = ["The second query has a typo in it.", "You only listed one supplier."]
+COMMANDS = ["Start with the conclusion.", "Talk to me like a colleague.", "Put the totals at the bottom.",
+            "I have to present this, so trim it.", "Decimals please."]  # fmt: skip
+SUGGESTIONS = ["Maybe open with the key figure?", "Could you begin with the cost?", "A short intro would help.",
+               "Your answer should mention the cost.", "you could be friendlier"]  # fmt: skip
+ABOUT_THE_REPLY = ["How long would that take?", "What does 'memoize' mean?", "Any risks?",
+                   "What other venues are there?", "I earn 900 a month, is that a realistic plan?"]  # fmt: skip
+NOT_COMMANDS = ["solid work", "Top notch.", "now we're getting somewhere", "Help me write a eulogy."]
+OWN_SLIPS = ["Sorry, the meeting is at 3, not 2.", "Oops, the file is on the D drive."]
+
+
+def test_objections_in_more_grammar():
+    said = CHALLENGES + CANNOT_USE + NAMED_ERRORS + COMMANDS + SUGGESTIONS + ABOUT_THE_REPLY
+    assert [s for s in said if objection(s) is None] == []
+    assert [s for s in CHALLENGES + NAMED_ERRORS if objection(s) != "strong"] == []
+    assert objection("Please go by your first name from here on.") == "strong"  # a rule for later
+
+
+def test_fragments_praise_and_own_slips_are_no_objection():
+    assert [s for s in NOT_COMMANDS + OWN_SLIPS if objection(s) is not None] == []
+    assert all(update(s) for s in OWN_SLIPS)
+    assert not update("Sorry, I don't follow.") and objection("Sorry, I don't follow.") is not None
+
+
+def test_new_phrasings_are_in_no_labelled_set():
+    import json
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    files = [*root.glob("bench/data/reactions*.jsonl"), root / "src/metaclaw/scoring/reaction_prototypes.jsonl"]
+    seen = {json.loads(line)["text"].casefold() for f in files for line in f.read_text().splitlines() if line.strip()}
+    mine = CHALLENGES + CANNOT_USE + NAMED_ERRORS + COMMANDS + SUGGESTIONS + ABOUT_THE_REPLY + NOT_COMMANDS + OWN_SLIPS
+    assert [s for s in mine if s.casefold() in seen] == []
+
+
+def test_the_reader_reads_the_new_grammar(judge):
+    corrections = [*CHALLENGES, *CANNOT_USE, *COMMANDS, *SUGGESTIONS[:2], *ABOUT_THE_REPLY,
+                   "Reads like a manual. Speak plainly to me."]  # a brief remark does not end the reading  # fmt: skip
+    assert [t for t, v in zip(corrections, _verdicts(judge, corrections), strict=True) if v != -1] == []
+    # after words of praise, a request that edits nothing is new work; one that edits the reply corrects it
+    thanked = ["Thanks! Can you give me a packing list for it?", "Cool. Also book a table for two."]
+    assert _verdicts(judge, thanked) == [1.0, 1.0]
+    assert _verdicts(judge, ["Thanks! Could you make it less formal?"]) == [-1.0]
+    assert [v for v in _verdicts(judge, OWN_SLIPS + ["Help me write a eulogy."]) if v < 0] == []

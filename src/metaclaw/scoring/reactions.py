@@ -14,7 +14,13 @@ question or change of subject begins: "superb How do I ...?") and every comma cl
 the first paragraph with a verdict (a correction trained as an approval is the costlier mistake, so the rules
 lean towards -1 and 0):
 
-1. in the first paragraph, a sentence before the next question that asks the agent to change HOW it answers
+0. in the first paragraph, sentence by sentence until the next question, the speech acts (`speech_acts`, grammar
+   words only): an objection to the reply is -1; a follow-up task is +1 after praise, else 0; so is a request
+   after words of praise that edits nothing ("Thanks! Can you give me a packing list for it?"); an update of the
+   person's own request is 0. A brief remark the classifier reads as no reaction ("Feels like a brochure.")
+   does not end the reading; a command followed by thanks ("Put X at the top, thanks.") is a request;
+1. (`form_rule`, off by default: the kind-free speech acts of `speech_acts` read these requests in grammar words)
+   in the first paragraph, a sentence before the next question that asks the agent to change HOW it answers
    (`form_request`: a clause naming the reply's form, its length, order, directness, person, tone, format or
    language, said as a request: "please", "could you", "next time", "from now on", "instead", a command, a bare
    comparative) is a correction of the reply: "Can you lead with the price?", "ok but more direct". A request
@@ -56,7 +62,7 @@ from typing import Any
 import numpy as np
 
 from metaclaw.scoring.judges import Verdict, paragraphs
-from metaclaw.scoring.speech_acts import command, follow_up, objection, update
+from metaclaw.scoring.speech_acts import EDIT, command, follow_up, objection, update
 from metaclaw.scoring.speech_acts import is_question as asks_question
 from metaclaw.store import Sample
 
@@ -165,7 +171,7 @@ SARCASM = re.compile(
 )
 # Praise words: a sentence with one, without a contrast or a critical word, praises what it names.
 PRAISE = re.compile(
-    r"(?i)\b(?:good|great|nice|perfect(?:ly)?|excellent|brilliant|lovely|awesome|superb|fantastic|wonderful|"
+    r"(?i)\b(?:good|great|nice|cool|perfect(?:ly)?|excellent|brilliant|lovely|awesome|superb|fantastic|wonderful|"
     r"spot\s+on|exactly|yes|yep|thanks|thank\s+you|thx|cheers|well\s+done|nailed\s+it|much\s+better|"
     r"way\s+better|bravo|neat|helpful|clear|ideal|(?<!'d\s)(?<!would\s)(?:love|loved|like|liked|enjoyed)\s+"
     r"(?:it|this|that|the|how|your|you)|gut|super|toll|perfekt|genau|klasse|prima|danke|spitze|parfait|génial|"
@@ -175,7 +181,13 @@ PRAISE_PREDICATE = re.compile(
     r"(?i)\b(?:is|are|was|were|looks?|reads?|feels?)\s+(?:\w+\s+)?" + PRAISE.pattern.removeprefix("(?i)")
 )
 GO_ON = re.compile(r"(?i)\bkeep\s+(?:doing|going|it\s+up|them\s+coming)\b")  # "keep doing that": praise
+# A change of degree or a removal: what an edit of the same reply asks for.
+CHANGE = re.compile(
+    r"(?i)\b(?:less|more|fewer|without|instead|shorter|longer|simpler|clearer|easier|better|cheaper|smaller|bigger|"
+    r"lower|higher|\w+er\s+than|(?:take|leave|cut|drop)\s+(?:out|off)?)\b"
+)
 PRONOUN = re.compile(r"(?i)\b(?:it|this|that|them|those|these)\b")  # the reply, referred back to
+BRIEF_WORDS = 5  # a sentence read as no reaction that is this short does not end the reading of the speech acts
 FEATURE_WORDS = 7  # the most words a clause naming a praised feature has
 QUOTED = re.compile(r"\"[^\"]*\"|“[^”]*”|«[^»]*»")
 # What makes a "praising" sentence critical or sarcastic: negation, excess, "again", a wish.
@@ -355,8 +367,9 @@ class ReactionClassifier:
         ngram_weight: scale of the character n-gram block beside the (unit) sentence vector.
         l2: ridge penalty of the regression.
         max_paragraphs: paragraphs read per message.
-        form_rule: apply rule 1 (`form_request`, whose vocabulary names the real-path bench's kinds of form); off,
-            only the kind-free speech acts (`speech_acts`) and the regression read requests.
+        form_rule: apply rule 1 (`form_request`, whose vocabulary names the real-path bench's kinds of form). Off
+            by default: the kind-free speech acts (`speech_acts`) read these requests within about a point of it
+            on the people's phrasings (docs/results/2026-11-29-reaction-reader.md); on, for comparison only.
     """
 
     def __init__(
@@ -368,7 +381,7 @@ class ReactionClassifier:
         ngram_weight: float = 1.0,
         l2: float = 3e-4,
         max_paragraphs: int = 3,
-        form_rule: bool = True,
+        form_rule: bool = False,
     ) -> None:
         if not 1 / 3 <= threshold < 1:
             raise ValueError(f"reaction threshold must be in [1/3, 1), got {threshold}")
@@ -577,19 +590,25 @@ class ReactionClassifier:
         person's own request is 0. A sentence that opens with praise is read clause by clause after the praise
         ("great, now make it shorter"); None: no act decided (the classifier's rules read the message)."""
         neg, pos, neu = LABELS.index(-1), LABELS.index(1), LABELS.index(0)
-        praised = False
+        praised = thanked = False  # thanked: in words of praise ("Great, thanks."), not only the classifier's reading
         for k, s in enumerate(sents):
             content, liked = bool(CONTENT.search(s)), s in prob and prob[s][pos] >= self.approval
             if s.rstrip().endswith((":", "：")):
                 break  # the label of the next question ("Next: How ...?")
             opens = PRAISE.match(s.lstrip(" \t\"'(*-–—")) is not None and not (CONTRAST.search(s) or CRITICAL.search(s))
-            praised = praised or opens
+            praised, thanked = praised or opens, thanked or opens
             if update(s) or (follow_up(s) and not CONTRAST.search(s)):
                 verdict = 1.0 if praised else 0.0
                 return Reaction(verdict, self.approval if praised else 1.0, "update" if update(s) else "follow_up", 0)
             if k and asks_question(s) and not objection(s, content):
                 break  # the next question
-            if opens or KEEP.search(s) or (PRAISE.search(s) and not CONTRAST.search(s) and not CRITICAL.search(s)):
+            parts = clauses(s)  # "Put X at the top, thanks.": a request, and thanks for doing it
+            polite_thanks = not opens and command(parts[0]) and any(PRAISE.match(c) for c in parts[1:])
+            if (
+                opens
+                or KEEP.search(s)
+                or (PRAISE.search(s) and not CONTRAST.search(s) and not CRITICAL.search(s) and not polite_thanks)
+            ):
                 rest = clauses(s)[1:]
                 if any(self._edit(c) for c in rest):
                     return Reaction(-1.0, self.threshold, "objection", 0, k)
@@ -598,15 +617,25 @@ class ReactionClassifier:
                 praised = praised or liked or praises_feature(s)
                 continue
             act = objection(s, content)
-            if act == "strong" or (act == "weak" and not liked):
+            if act == "weak" and thanked and not self._edit_like(s):
+                return Reaction(1.0, self.approval, "follow_up", 0)  # after praise, a request that edits nothing
+            if act == "strong" or (act == "weak" and (not liked or polite_thanks)):
                 return Reaction(-1.0, float(max(1 - prob[s][pos], self.threshold)) if s in prob else 0.5, "objection",
                                 0, k)  # fmt: skip
             if liked:
                 praised = True
                 continue
-            if asks_question(s) or content or (s in prob and max(prob[s][neu], prob[s][neg]) >= self.threshold):
-                break  # the next question, new content, or a reading the classifier's rules decide
+            if asks_question(s) or content or (s in prob and prob[s][neg] >= self.threshold):
+                break  # the next question, new content, or a correction the classifier's rules decide
+            if s in prob and prob[s][neu] >= self.threshold and len(s.split()) > BRIEF_WORDS:
+                break  # the next request; a brief remark ("Feels like a brochure.") lets the next sentence speak
         return None
+
+    @staticmethod
+    def _edit_like(sentence: str) -> bool:
+        """Whether a request changes the reply itself ("Could you make it shorter?", "... without the intro?") rather
+        than asking for new work on it ("Can you give me a packing list for it?")."""
+        return EDIT.search(sentence) is not None or CHANGE.search(sentence) is not None
 
     @staticmethod
     def _edit(clause: str) -> bool:
@@ -704,7 +733,7 @@ class ReactionJudge:
         ngram_weight: float = 1.0,
         l2: float = 3e-4,
         max_paragraphs: int = 3,
-        form_rule: bool = True,
+        form_rule: bool = False,
     ) -> None:
         self.classifier = shared_classifier(
             threshold=threshold, approval=approval, model_dir=model_dir, prototypes=prototypes,

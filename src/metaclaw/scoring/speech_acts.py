@@ -5,13 +5,21 @@ The reaction classifier (`reactions.py`) reads how a message feels; these rules 
 correction of a kind nobody wrote prototypes for still reads as one:
 
 - an **objection** to the reply: a question that challenges it ("Source?", "Why did you assume ...?", "What are the
-  risks though?", "Did you forget ...?"), a request or a stated need that refers back to it ("Can you make it ...",
-  "I need this ...", "Please stick to ..."), a rule for the future ("next time", "from now on", "always"), a
-  complaint that negates it or names an error ("You didn't ...", "That's not ...", "You assumed ...");
+  risks though?", "Did you forget ...?", "Why all the jargon?", "Huh?") or asks about the reply itself (a
+  demonstrative pronoun, an anaphoric "other"/"else", its words quoted back, "Any ...?"), a request or a stated
+  need that refers back to it ("Can you make it ...", "I need this ...", "Please stick to ..."), a command (a verb
+  first, with an object, a preposition or an adverb of order: "Start with the conclusion.", "Talk to me ..."),
+  a request with a verb of phase or an adverb of order ("Could you begin with ...?", "... the total first?"), a
+  suggestion ("Maybe open with ...?", "... would help.", "Your ... should ...", "you could ..."), a bare change
+  of degree ("ok but more direct"), a plea ("Decimals please."), what the speaker cannot use ("I don't know what
+  ... is", "I have no background in ..."), displeasure ("meh", "ugh"), a rule for the future ("next time",
+  "from now on", "always"), a complaint that negates it or names an error ("You didn't ...", "That's not ...",
+  "You assumed ...", "You only listed ...", "... has a typo");
 - a **follow-up task**: new work that opens with "now", "next", "also", "another", "do the same" or ends with
   "as well"/"too" (after praise it is an approval, never a correction), unless it edits the same reply
   ("now make it shorter");
-- an **update** of the person's own request ("Oh sorry, I meant six people", "I forgot to say ...").
+- an **update** of the person's own request ("Oh sorry, I meant six people", "I forgot to say ...", "Sorry, the
+  meeting is at 3").
 
 The vocabulary is grammar (pronouns, auxiliaries, wh-words, markers of time, negation and politeness), never the
 words of a preference: nothing here names a length, a format, a tone or a language.
@@ -28,20 +36,28 @@ REFERS = re.compile(
     r"du|dein\w*|tu|ton|ta|tes|vous|votre|usted|tú|tu)\b"
 )
 FUTURE = re.compile(
-    r"(?i)\b(?:next\s+time|from\s+now\s+on|in\s+(?:the\s+)?future|going\s+forward|always|never\s+again|"
+    r"(?i)\b(?:next\s+time|from\s+now\s+on|from\s+here\s+on|in\s+(?:the\s+)?future|going\s+forward|always|never\s+again|"
     r"remember|as\s+i\s+(?:said|asked|told\s+you)|i\s+(?:said|told\s+you|asked(?:\s+for)?)\b|"
     r"nächstes\s+mal|in\s+zukunft|immer|la\s+prochaine\s+fois|à\s+l'avenir|toujours|la\s+próxima\s+vez|siempre|"
     r"de\s+ahora\s+en\s+adelante)"
 )
+# Displeasure said as an interjection: "meh.", "ugh, ...".
+DISPLEASURE = re.compile(r"(?i)^\W*(?:meh|ugh+|sigh|hmph|pfft|yikes)\b")
 # A question that challenges the reply rather than asking something new.
 CHALLENGE = re.compile(
     r"(?i)\b(?:says\s+who|who\s+said|how\s+do\s+you\s+know|where\s+did\s+you\s+get|did\s+you\s+(?:forget|miss|"
     r"skip|read|even)|didn'?t\s+you|shouldn'?t\s+(?:you|there|it|this|that)|isn'?t\s+(?:it|this|that|there)|"
     r"where(?:'s|\s+is|\s+are)\s+(?:the|my|your|any)|what\s+happened\s+to|"
-    r"why\s+(?:(?:did|do|would|have)\s+you|(?:is|are|was)\s+(?:this|it|that|there|everything|all|your|the\s+"
+    r"why\s+(?:(?:did|do|would|have|are|were)\s+you|(?:is|are|was)\s+(?:this|it|that|there|everything|all|your|the\s+"
     r"(?:answer|reply))|so|not|no|such)\b|"
     r"warum|pourquoi|por\s*qué|perché|waarom)|^\W*why(?:\s+[\w'’]+){1,2}\s*[?？]"
+    # a why-question without a verb asks what something is doing in the reply: "Why all the jargon?"
+    r"|^\W*why\s+(?!(?:is|are|was|were|do|does|did|can|could|should|would|will|has|have|had|must|might)\b)"
+    r"(?:[^\s?？]+\s+){0,3}[^\s?？]+\s*[?？]"
+    # a yes/no question that doubts: "Is that really the only way?"
+    r"|^\W*(?:is|are|was|were|do|does|did|can|could|should|would|will|has|have)\b[^?？]*\breally\b"
     r"|\b(?:though|then|really|seriously|at\s+all)\s*[?？]"
+    r"|^\W*(?:huh|eh|what|sorry|pardon|come\s+again)\W*[?？]\W*$"  # confusion: "Huh?"
 )
 QUESTION_WORD = re.compile(
     r"(?i)^\W*(?:what|why|how|when|where|which|who|whose|is|are|was|were|do|does|did|can|could|should|would|will|"
@@ -57,15 +73,23 @@ NEED = re.compile(
     r"\bi(?:'d|\s+would)\s+(?:rather|prefer|like)\b|\bi\s+prefer\b|\bi\s+(?:can'?t|cannot|don'?t|won'?t)\s+"
     r"(?:use|read|afford|follow|understand|send|take|see|find|do|work|use)\b|\bwon'?t\s+accept\b"
 )
+# The speaker cannot use what the reply takes for granted: "I don't know what an API is", "I have no background
+# in ...", "You lost me". Said right after a reply, it says the reply missed them.
+CANNOT = re.compile(
+    r"(?i)\bi\s+(?:don'?t|do\s+not|didn'?t)\s+(?:know|get|see)\s+(?:what|how|why|which|who|where|it|this|that)\b|"
+    r"\bi\s+(?:have|had|got)\s+no\s+(?:idea|clue|background|experience)\b|\blost\s+me\b|"
+    r"\bi\s+(?:don'?t|can'?t|cannot|do\s+not)\s+(?:follow|understand)\b"
+)
 NEGATION = re.compile(
-    r"(?i)\b(?:not|no|nothing|none|never|nowhere|without|zero|nicht|kein\w*|pas|nada|ningún)\b|n['’]t\b|"
+    r"(?i)\b(?:not|no|nothing|none|never|nowhere|nobody|no\s+one|without|zero|nicht|kein\w*|pas|nada|ningún)\b|n['’]t\b|"
     r"\b(?:didnt|dont|doesnt|cant|wont|isnt|wasnt|arent)\b"
 )
 # The speaker names the reply's mistake: "You assumed ...", "You left out ...", "You're guessing ...".
 ERROR = re.compile(
     r"(?i)\byou(?:'ve|\s+have|'re|\s+are)?\s+(?:forgot|forgotten|left|missed|skipped|ignored|assumed|assuming|"
     r"guessed|guessing|mixed|confused|misread|misunderstood|overlooked|keep|still|made\s+(?:that|this|it)\s+up|"
-    r"rambling|repeating)\b|\b(?:wrong|incorrect|inaccurate|false|made\s+up|"
+    r"rambling|repeating|(?:only|just)\s+(?:gave|give|said|say|listed|list|used|use|mentioned|wrote|told))\b|\b(?:wrong|incorrect|inaccurate|false|made\s+up|(?:has|have|there's|there\s+is|"
+    r"there\s+are|with)\s+(?:a|an|\w+)\s+(?:\w+\s+)?(?:error|errors|bug|bugs|typo|typos|mistake|mistakes)|"
     r"too\s+much|too\s+\w+|way\s+(?:too|over)|over\s+(?:my|the|our)|a\s+pain|useless|pointless|unreadable|"
     r"(?:hard|difficult|impossible)\s+to\s+(?:read|follow|understand|scan|use|find)|"
     r"confusing|falsch|faux|incorrecto)\b"
@@ -89,6 +113,8 @@ UPDATE = re.compile(
     r"(?:my\s+(?:bad|mistake|typo)|typo\s+on\s+my|let\s+me\s+add|one\s+more\s+thing|update\s*:|never\s*mind|"
     r"forgot\s+to\s+mention|i\s+(?:just\s+)?realised|i\s+just\s+realized))|\b(?:on\s+my\s+(?:side|end)|"
     r"my\s+(?:plans|boss|client)\s+(?:just\s+)?changed)\b"
+    # the speaker apologises for their own slip ("Sorry, the deadline is Monday"), but not "Sorry, I don't follow"
+    r"|^\W*(?:oops|whoops|sorry|my\s+bad)\W+(?!(?:but|though|what|i|i['’]\w+|to|that|this|it|you|your)\b)\w"
 )
 # Grammar words a command never starts with (a sentence that starts with one is no command).
 NOT_COMMAND = re.compile(
@@ -96,18 +122,70 @@ NOT_COMMAND = re.compile(
     r"here|the|a|an|some|any|what|why|how|when|where|which|who|is|are|was|were|do|does|did|can|could|should|would|"
     r"will|ok|okay|yes|no|hi|hello|hey|thanks|thank|cheers|lol|ha|haha|hmm+|oh|ooh|ah|aw|wow|good|great|nice|happy|"
     r"interesting|different|long|let|let's|anyway|btw|see|k|if|when|because|since|although|as|after|before|while|"
-    r"just|got|and|so|or|huh|eh|whats|hows|wheres|whos|new|next|another|also)\b"
+    r"just|got|and|so|or|huh|eh|whats|hows|wheres|whos|new|next|another|also|not|help|have|yeah|yep|yup|nope|nah|"
+    r"sure|wow|cool|love|loved|like|liked|appreciate|appreciated)\b"
 )
+
+
+# A subject pronoun (or its contraction) second: a statement ("now we're talking"), not a command.
+SUBJECT = re.compile(r"(?i)^(?:i|we|they|he|she|i['’]\w+|we['’]\w+|you['’]\w+|they['’]\w+|he['’]s|she['’]s)$")
 
 
 # What a command refers back to: a pronoun or "your" (the "the ..." of "give me the answer" may be new content).
 COMMAND_REFERS = re.compile(
-    r"(?i)\b(?:it|this|these|those|them|your|each|every|any\s+of|all\s+of|without|instead|"
+    r"(?i)\b(?:it|this|these|those|them|your|each|every|any\s+of|all\s+of|without|instead|other|else|only|"
+    r"that(?=\s+(?:in|into|as|with|without|for|again|up|down|out|more|less|part|bit)\b|\s*[?.!,]*$)|"
     r"less|more|fewer|cheaper|shorter|longer|simpler|clearer|easier|better)\b"
 )
 ACHIEVED = re.compile(  # the reply is what was wanted: "exactly what I needed", "That's the style I want."
     r"(?i)\b(?:all|what|exactly|everything|just\s+what)\s+i\s+(?:need|needed|want|wanted)\b|"
-    r"^\W*(?:that|this|it)(?:'s|’s|\s+is|\s+was)\s+(?:[\w'’]+\s+){0,3}i\s+(?:need|needed|want|wanted|like)\b"
+    r"^\W*(?:that|this|it)(?:'s|’s|\s+is|\s+was)\s+(?:[\w'’]+\s+){0,3}i\s+(?:need|needed|want|wanted|like)\b|"
+    r"\b(?:just|exactly)\s+(?:how|the\s+way)\s+i\s+(?:like|liked|want|wanted|need|needed)\b"
+)
+# A clause boundary where a second command may start: "..., so annotate it", "... and add a docstring".
+CLAUSE_START = re.compile(r"(?i)\s*[,;]\s*(?:so\s+|and\s+|then\s+|just\s+)?|\s+(?:so|and\s+then)\s+")
+# After a command's first word, what makes it a verb phrase rather than a fragment of praise ("solid answer",
+# "Bang on"): an object pronoun, an article, a preposition with its object, an adverb of order.
+VERB_PHRASE = re.compile(
+    r"(?i)^\W*[\w'’]+\s+(?:\S+\s+)*?\W*(?:(?:me|us|first|then|after|afterwards|again)\b|"
+    r"(?:the|a|an|some|to|with|into|in|on|up|out|off|down|by|from|for|at|as|before)\b(?=\W+\w))"
+)
+# A change said as what would be better or what the reply should do: "A one-line takeaway at the start would help.",
+# "Your first sentence should be ...", "you could talk to me".
+SUGGEST = re.compile(
+    r"(?i)\b(?:would|['’]d)\s+(?:be\s+(?:much\s+|so\s+|a\s+lot\s+)?(?:better|nicer|easier|clearer|more\s+\w+|"
+    r"helpful|great|good|ideal)|help|work\s+better)\b|\byour\s+(?:[\w'’-]+\s+){1,4}should\b|"
+    r"^\W*(?:\w+\W+){0,1}you\s+(?:could|should|might\s+want\s+to|need\s+to|must|have\s+to)\b"
+)
+# A request that arranges the reply: a verb of phase (aspectual) or position ("Could you begin with ...?", "Can you
+# stop ...?") or an adverb of sequence ("Can you give me the total first?").
+ARRANGE = re.compile(
+    r"(?i)\b(?:begin|start|stop|quit|keep|continue|finish|end|lead|open|first|then|afterwards|after\s+that|"
+    r"at\s+the\s+(?:top|start|end|bottom|beginning))\b"
+)
+# A bare change of degree, after fillers or "but": "ok but more direct", "a bit less, please".
+DEGREE = re.compile(
+    r"(?i)^\W*(?:(?:ok|okay|hmm+|well|so|and|but|now|just|yes|no|much|way|a\s+bit|a\s+little|even|far)\W+)*"
+    r"(?:more|less|fewer)\s+[\w'’-]+\W*(?:[\w'’-]+\W*){0,3}$"
+)
+HEDGE = re.compile(r"(?i)^\W*(?:maybe|perhaps|possibly|ideally)\W+")
+# A question about the reply itself: a demonstrative pronoun ("How long will this take?", "What would that look
+# like?", "Is this a ten-minute job?"), not a demonstrative before a noun ("this weekend").
+DEMONSTRATIVE = re.compile(
+    r"(?i)(?:^\W*(?:\w+\W+){0,1}|[,;]\s*)(?:what|how|why|when|where|which|who|is|are|was|will|would|does|do)\b"
+    r"[^?？]*?"
+    r"\b(?:this|that)\b(?=\s+(?:is|was|will|would|does|do|mean|means|look|looks|take|takes|work|works|cost|costs|"
+    r"a|an|the|in|into|for|with|on|to)\b|\s*[?？])"
+)
+# A question about the reply itself: a demonstrative pronoun, an anaphoric "other"/"else"/"instead", "each", or
+# the reply's words quoted back ("What does 'idempotent' mean?").
+ABOUT_REPLY = re.compile(
+    DEMONSTRATIVE.pattern + r"|(?i:\b(?:other|else|instead|each)\b)|(?<!\w)['\"“‘][^'\"”’]{2,40}['\"”’](?!\w)"
+)
+# "Any downsides?", "Any idea of the total time?": a short question whether the reply has more, without a verb.
+ANY = re.compile(
+    r"(?i)^\W*(?:and\s+|so\s+|hmm+\W+)?any\s+(?!(?:\w+\s+)*?(?:is|are|was|were|do|does|can|will)\b)"
+    r"(?:[\w'’-]+\s+){0,4}[\w'’-]+\s*[?？]\s*$"
 )
 CJK = re.compile(r"[\u3040-\u30ff\u3400-\u9fff\uac00-\ud7af]")
 
@@ -138,31 +216,71 @@ def command(sentence: str) -> bool:
     words = re.findall(r"[\w'’]+", sentence)
     if len(words) < 2 or NOT_COMMAND.match(sentence) or words[0].casefold().endswith("ing"):
         return False
-    return words[1].casefold() not in {"is", "are", "was", "were", "'s", "has", "have"}
+    return words[1].casefold() not in {"is", "are", "was", "were", "'s", "has", "have"} and not SUBJECT.match(words[1])
 
 
 def objection(sentence: str, new_content: bool = False) -> str | None:
     """How a sentence objects to the reply: `strong` (a challenging question, a short bare question such as
-    "Source?" or "Any downsides?", a rule for later replies, a complaint that negates the reply or names its
-    mistake), `weak` (a request, a command or a stated need that refers back to the reply: praise such as
-    "Appreciate it!" has the same grammar, so the classifier's approval overrides it) or None.
+    "Source?", displeasure, a rule for later replies, a complaint that negates the reply or names its mistake, a
+    command about the reply after a statement), `weak` (a request, a command, a suggestion or a stated need about
+    the reply, a question about the reply itself: praise such as "Appreciate it!" has the same grammar, so the
+    classifier's approval overrides it) or None.
     `new_content`: the sentence asks for new content ("write a poem", "what about Madrid?"), which no request
-    rule reads as an objection."""
-    if update(sentence) or follow_up(sentence) or sentence.rstrip().endswith((":", "：")):
+    rule reads as an objection unless it refers back to the reply."""
+    if update(sentence) or follow_up(sentence) or sentence.rstrip().endswith((":", "：")) or ACHIEVED.search(sentence):
         return None
+    if DISPLEASURE.match(sentence):
+        return "strong"
     if is_question(sentence):
-        words = re.findall(r"[\w'’]+", sentence)
-        bare = 0 < len(words) <= 3 and not (QUESTION_WORD.match(sentence) or NOT_COMMAND.match(sentence))
-        if CHALLENGE.search(sentence) or FUTURE.search(sentence) or (bare and not CJK.search(sentence)):
-            return "strong"
-        polite = POLITE.search(sentence) and COMMAND_REFERS.search(POLITE.sub(" ", sentence))
-        return "weak" if polite and not new_content else None
+        return _question(sentence, new_content)
     if FUTURE.search(sentence) or ERROR.search(sentence) or (NEGATION.search(sentence) and refers_back(sentence)):
         return "strong"
     if new_content:
         return None
+    first, *later = commands(sentence)
+    if any(command(c) and COMMAND_REFERS.search(c) for c in later):
+        return "strong"  # "I have to present this, so trim it.": a statement, then a command about the reply
     need = NEED.search(sentence) is not None and not ACHIEVED.search(sentence)
     asks = POLITE.search(sentence) is not None or need
-    if (asks and refers_back(sentence)) or (command(sentence) and COMMAND_REFERS.search(sentence) is not None):
-        return "weak"
-    return None
+    said = (asks and refers_back(sentence)) or CANNOT.search(sentence) or SUGGEST.search(sentence)
+    commanded = any(command(c) and (COMMAND_REFERS.search(c) or VERB_PHRASE.search(c)) for c in (first, *later))
+    return "weak" if said or plea(sentence) or DEGREE.match(sentence) or commanded else None
+
+
+def _question(sentence: str, new_content: bool) -> str | None:
+    """`objection` of a question: challenging or bare is strong; about the reply itself ("How long would that
+    take?", "Any risks?") or a request about it ("Could you begin with ...?", "Maybe open with ...?") is weak."""
+    words = re.findall(r"[\w'’]+", sentence)
+    bare = 0 < len(words) <= 3 and not (QUESTION_WORD.match(sentence) or NOT_COMMAND.match(sentence))
+    if CHALLENGE.search(sentence) or FUTURE.search(sentence) or (bare and not CJK.search(sentence)):
+        return "strong"
+    if ABOUT_REPLY.search(sentence) or ANY.match(sentence):
+        return "weak"  # about the reply itself, or whether it has more: no new content
+    if new_content:
+        return None
+    polite = POLITE.search(sentence) is not None
+    refers = COMMAND_REFERS.search(POLITE.sub(" ", sentence)) is not None
+    arranges = ARRANGE.search(sentence) is not None
+    return "weak" if (polite and (refers or arranges)) or suggestion(sentence) else None
+
+
+def commands(sentence: str) -> list[str]:
+    """The sentence and each of its clauses after a comma or "so"/"and"/"then" ("I'll maintain this, so
+    annotate it."): where a command may start."""
+    return [sentence, *(c for c in CLAUSE_START.split(sentence)[1:] if c.strip())]
+
+
+def suggestion(question: str) -> bool:
+    """A command softened into a question: "Maybe start with the price?", "Perhaps open with one line?"."""
+    m = HEDGE.match(question)
+    return m is not None and command(question[m.end() :])
+
+
+def plea(sentence: str) -> bool:
+    """A few words and "please", no verb of a statement: "Metric please", "Reference please", "Auf Deutsch bitte"."""
+    words = re.findall(r"[\w'’]+", POLITE.sub(" ", sentence))
+    return (
+        POLITE.search(sentence) is not None
+        and 0 < len(words) <= 3
+        and not re.match(r"(?i)^\W*(?:yes|yeah|yep|ok|okay|sure|thanks|thank|no|more|next|another)\b", sentence)
+    )
