@@ -243,7 +243,12 @@ class _Feed:
 
 
 def session_options(threads: int) -> Any:
-    """ONNX Runtime's session options for decoding (`threads` compute threads, one graph run at a time)."""
+    """ONNX Runtime's session options for decoding: `threads` compute threads (the physical cores), one graph run at
+    a time, every graph optimisation, and threads that sleep rather than spin while they wait. The engine shares its
+    cores with the trainer (and on a small machine with everything else): a spinning thread burns the time slice the
+    thread it waits for needs. SmolLM2 int8 at batch 1, load 6 on 2 cores: 6.0 tokens/s spinning (1 thread: 9.7),
+    19 without spinning, 23 without spinning and with `dynamic_block_base` 4 (smaller work blocks late in a parallel
+    loop, so a preempted thread holds up less; docs/results/2026-11-28-quantised-engine.md, session 17)."""
     import onnxruntime as ort
 
     options = ort.SessionOptions()
@@ -251,6 +256,8 @@ def session_options(threads: int) -> Any:
     options.inter_op_num_threads = 1
     options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    options.add_session_config_entry("session.dynamic_block_base", "4")
     return options
 
 
