@@ -264,7 +264,7 @@ def test_the_graph_with_its_cache_and_grouped_lora_is_the_peft_model(tiny_spec, 
     block diagonal) gives PEFT's logits at every position; the graph without LoRA inputs gives the base model's, and
     equals the LoRA graph fed zero factors."""
     from metaclaw.serving.engines.onnx import adapter_factors
-    from metaclaw.serving.engines.onnx_graph import DecoderGraph
+    from metaclaw.serving.engines.onnx_graph import DecoderGraph, rotation
 
     model = tiny_spec.load_model().float().eval()
     with_lora, base = DecoderGraph(model, lora=True).eval(), DecoderGraph(model, lora=False).eval()
@@ -295,6 +295,8 @@ def test_the_graph_with_its_cache_and_grouped_lora_is_the_peft_model(tiny_spec, 
     assert (got_base - want_base).abs().max().item() < 1e-4
     assert (want - want_base).abs().max().item() > 0.1  # the adapter matters: the first check could not pass without it
     assert (got_zero - got_base).abs().max().item() < 1e-5
+    x = torch.randn(2, 3, 8)
+    assert torch.equal(x @ rotation(8), torch.cat((-x[..., 4:], x[..., :4]), dim=-1))  # RoPE's rotate-half, exactly
 
 
 def test_no_adapter_runs_the_graph_without_lora_and_equals_a_zero_adapter(engine, cache, fixed_adapter, tmp_path):

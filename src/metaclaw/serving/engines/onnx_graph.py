@@ -47,7 +47,7 @@ LORA_GROUPS: dict[str, tuple[str, ...]] = {
 }
 
 SUPPORTED = ("llama", "qwen3")
-GRAPH_VERSION = 3  # bump when the graph changes: cached exports are keyed by it
+GRAPH_VERSION = 4  # bump when the graph changes: cached exports are keyed by it
 
 
 def _rms(x: Tensor, weight: Tensor, eps: float) -> Tensor:
@@ -55,9 +55,14 @@ def _rms(x: Tensor, weight: Tensor, eps: float) -> Tensor:
     return weight * (x * torch.rsqrt(var + eps))
 
 
-def _rotate(x: Tensor) -> Tensor:
-    half = x.shape[-1] // 2
-    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+def rotation(dim: int) -> Tensor:
+    """`R` with `x @ R == cat(-x[..., dim/2:], x[..., :dim/2])` (RoPE's rotate-half): one MatMul in the graph instead
+    of two Slices, a Neg, a Concat and their shape arithmetic; exact (each output is one input times ±1)."""
+    half = dim // 2
+    r = torch.zeros(dim, dim)
+    r[torch.arange(half) + half, torch.arange(half)] = -1.0
+    r[torch.arange(half), torch.arange(half) + half] = 1.0
+    return r
 
 
 class _Fused(nn.Module):
@@ -114,6 +119,8 @@ class DecoderGraph(nn.Module):
         # initializer, so the quantiser sees a plain MatMul)
         self.lm_head: Any = model.lm_head
         self.inv_freq: Tensor
+        self.rot: Tensor
+        self.register_buffer("rot", rotation(self.head_dim), persistent=False)
         inv = 1.0 / theta ** (torch.arange(0, self.head_dim, 2, dtype=torch.float32) / self.head_dim)
         self.register_buffer("inv_freq", inv, persistent=False)
 
@@ -137,9 +144,11 @@ class DecoderGraph(nn.Module):
         total = attention_mask.shape[1]
         q_idx = torch.arange(seq, device=input_ids.device) + (total - seq)
         k_idx = torch.arange(total, device=input_ids.device)
-        allowed = (k_idx[None, :] <= q_idx[:, None])[None, None, None] & (attention_mask[:, None, None, None, :] > 0)
-        bias = torch.zeros(allowed.shape, dtype=h.dtype).masked_fill(~allowed, torch.finfo(h.dtype).min)
+        allowed = (k_idx[None, :] <= q_idx[:, None])[None, None] & (attention_mask[:, None, None, :] > 0)
         rep = self.n_heads // self.n_kv
+        # the mask for the `rep` query heads of a KV head side by side (rows r * S + s), made once for every layer
+        bias = torch.zeros(allowed.shape, dtype=h.dtype).masked_fill(~allowed, torch.finfo(h.dtype).min)
+        bias = bias.repeat(1, 1, rep, 1)  # [B, 1, rep * S, P + S]
         scale = 1.0 / math.sqrt(self.head_dim)
         groups = len(LORA_GROUPS)
         presents: list[Tensor] = []
@@ -161,15 +170,14 @@ class DecoderGraph(nn.Module):
                 q = _rms(q, att.q_norm.weight, self.eps)
                 k = _rms(k, att.k_norm.weight, self.eps)
             q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
-            q = q * cos + _rotate(q) * sin
-            k = k * cos + _rotate(k) * sin
+            q = q * cos + torch.matmul(q, self.rot) * sin
+            k = k * cos + torch.matmul(k, self.rot) * sin
             k = torch.cat((past[2 * i], k), dim=2)
             v = torch.cat((past[2 * i + 1], v), dim=2)
             presents += [k, v]
             # grouped-query attention without repeating the cache: the `rep` query heads of a KV head side by side
             qg = q.reshape(bsz, self.n_kv, rep * seq, self.head_dim)
-            scores = torch.matmul(qg, k.transpose(2, 3)).reshape(bsz, self.n_kv, rep, seq, total) * scale + bias
-            probs = torch.softmax(scores, dim=-1).reshape(bsz, self.n_kv, rep * seq, total)
+            probs = torch.softmax(torch.matmul(qg, k.transpose(2, 3)) * scale + bias, dim=-1)
             o = torch.matmul(probs, v).reshape(bsz, self.n_heads, seq, self.head_dim).transpose(1, 2)
             h = h + proj(o.reshape(bsz, seq, -1), 1, "o")
             x = _rms(h, layer.post_attention_layernorm.weight, self.eps)
