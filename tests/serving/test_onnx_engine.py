@@ -321,6 +321,7 @@ def test_no_adapter_runs_the_graph_without_lora_and_equals_a_zero_adapter(engine
     assert engine._inputs(None).graph is not engine._lora_graph
     prompt = chat_ids(engine.tokenizer, "What is the capital of France?")
     greedy = SamplingParams(max_tokens=16, temperature=0)
+    threads = torch.get_num_threads()
     base, zeroed = engine.generate(prompt, greedy)[0], engine.generate(prompt, greedy, "zero")[0]
     assert base.token_ids == zeroed.token_ids and len(base.token_ids) > 1
     assert (torch.tensor(base.logprobs) - torch.tensor(zeroed.logprobs)).abs().max().item() <= 1e-5
@@ -329,4 +330,5 @@ def test_no_adapter_runs_the_graph_without_lora_and_equals_a_zero_adapter(engine
     b = [s.logprob for s in engine.score_tokens(prompt, sampled.token_ids, "zero")]
     assert (torch.tensor(a) - torch.tensor(b)).abs().max().item() <= 1e-5
     assert (torch.tensor(a) - torch.tensor(sampled.logprobs)).abs().max().item() <= 1e-5
+    assert torch.get_num_threads() == threads  # the sampler's one thread is the engine's, for its generations only
     engine.unload_adapter("zero")

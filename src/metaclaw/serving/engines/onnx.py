@@ -51,6 +51,7 @@ import torch
 
 from metaclaw import profiling
 from metaclaw.atomic import write_dir_atomically
+from metaclaw.devices import torch_threads
 from metaclaw.distribution import Dist
 from metaclaw.distribution.logprobs import sample_tokens
 from metaclaw.modules.loading import cache_root
@@ -80,6 +81,10 @@ from metaclaw.serving.engines.onnx_graph import (
 log = logging.getLogger(__name__)
 
 QUANTIZE = ("int8", "fp32")
+#: torch threads while the engine samples or scores (set for the generation, under the graph's lock, then restored).
+#: torch only draws tokens here, over one vocabulary row per request; with 2 threads on a loaded 2-core machine a
+#: draw took 95-295 ms (a thread of the pair preempted), with 1 thread 3-10 ms (load 6.7, SmolLM2's 49,152 tokens).
+SAMPLER_THREADS = 1
 CACHE_KEEP = 4  # built models kept under <cache>/onnx (the newest by use; older ones are deleted)
 #: HF-engine options `backend=auto` carries that this engine does not use
 HF_ONLY_OPTIONS = frozenset({"merge_adapters", "prefix_cache_mb", "batch_linger_s"})
@@ -413,7 +418,7 @@ class OnnxEngine(ServedAdapters):
         logprobs: list[list[float]] = [[] for _ in prompts]
         done = [False] * batch
         last = np.array([width - 1], np.int64)
-        with profiling.phase(f"generate:{profiling.purpose()}") as ph:
+        with profiling.phase(f"generate:{profiling.purpose()}") as ph, torch_threads(SAMPLER_THREADS):
             for _ in range(max(p.max_tokens for p in params)):
                 logits, past = factors.run(ids, mask, positions, last, past)
                 settings = (first.temperature, first.top_p, first.top_k)
@@ -523,7 +528,8 @@ class OnnxEngine(ServedAdapters):
                                            np.array([0], np.int64), past)  # fmt: skip
                 rows.append(logits[0, -1])
             ph["tokens"] = n
-        return _token_scores(torch.from_numpy(np.stack(rows)), target_ids, Dist.of(temperature, top_p, top_k))
+            with torch_threads(SAMPLER_THREADS):
+                return _token_scores(torch.from_numpy(np.stack(rows)), target_ids, Dist.of(temperature, top_p, top_k))
 
     def close(self) -> None:
         """Nothing to stop: the engine owns no threads between requests."""
