@@ -4,10 +4,11 @@ Why: on a CPU, decoding reads every weight once per token, so tokens/s is set by
 weights read a quarter of fp32's (`bench/perf/generation.py` measures it against the HF engine and the machine's limit).
 
 How:
-- The model is re-expressed as one graph (`metaclaw.serving.engines.onnx_graph.DecoderGraph`) with the KV cache and
-  the LoRA factors as inputs, exported once to ONNX and its weights quantised by ONNX Runtime's `MatMulNBits`
-  quantiser (`quantize: int8`, symmetric, blocks of 32 along the input; every MatMul with a constant weight, the
-  output projection included; `fp32` skips it). Activations are quantised row by row and block by block
+- The model is re-expressed as one graph (`metaclaw.serving.engines.onnx_graph.DecoderGraph`) with the KV cache (per
+  layer) and the LoRA factors (grouped per layer) as inputs, exported once with the factors (`model.onnx`, every
+  adapter) and once without (`base.onnx`, no adapter: no LoRA nodes), and its weights quantised by ONNX Runtime's
+  `MatMulNBits` quantiser (`quantize: int8`, symmetric, blocks of 32 along the input; every MatMul with a constant
+  weight, the output projection included; `fp32` skips it). Activations are quantised row by row and block by block
   (`accuracy_level` 4: integer dot products; the fp32-compute levels 0-1 decoded at 1.4-2 tokens/s on SmolLM2), so a
   position's logits do not depend on the other requests of a batch. (ONNX Runtime's dynamic int8 quantisation, one
   scale per activation tensor, moved SmolLM2's logprobs by up to 8 nats between a prefill and a decode step; int4
@@ -18,10 +19,13 @@ How:
   request's distribution over the quantised model's logits and reports that token's logprob under the same
   distribution, so the behaviour logprobs are exactly μ, the distribution sampled from. The trainer recomputes
   them in fp32; the gap is the importance ratio the loss corrects for and logs (`loss/ratio_*`).
-- An adapter is its LoRA factors as arrays (`lora_B` scaled by alpha / r), fed with every call. Loading one reads
-  the safetensors into arrays in the caller's thread (the hot-load route's, never a generation's) without any lock
-  the generations hold; publishing is the registry's pointer flip. A request keeps the version it pinned when it
-  started, so a swap never fails or mixes versions, and the old version serves until the new one is ready.
+- Each step runs through an IO binding (`_Graph`): the cache a step returns stays an ONNX Runtime value and is the
+  next step's input. ONNX Runtime's threads sleep rather than spin and torch samples on one thread
+  (`session_options`, `SAMPLER_THREADS`: the engine shares its cores).
+- An adapter is its LoRA factors as ONNX Runtime values (`lora_B` scaled by alpha / r), bound at every step. Loading
+  one reads the safetensors into them in the caller's thread (the hot-load route's, never a generation's) without
+  any lock the generations hold; publishing is the registry's pointer flip. A request keeps the version it pinned
+  when it started, so a swap never fails or mixes versions, and the old version serves until the new one is ready.
 - `score_tokens` runs the same quantised graph teacher-forced along a generation's path (the prompt in one step,
   then one step per target token: the integer kernels of a one-row step round differently from a many-row one, by
   up to 0.25 nats on SmolLM2), so rescoring a sampled reply gives back its behaviour logprobs (the μ test in
