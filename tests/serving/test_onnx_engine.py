@@ -332,3 +332,29 @@ def test_no_adapter_runs_the_graph_without_lora_and_equals_a_zero_adapter(engine
     assert (torch.tensor(a) - torch.tensor(sampled.logprobs)).abs().max().item() <= 1e-5
     assert torch.get_num_threads() == threads  # the sampler's one thread is the engine's, for its generations only
     engine.unload_adapter("zero")
+
+
+def test_the_cache_through_the_io_binding_equals_one_forward(tiny_spec, fixed_adapter, tmp_path, monkeypatch):
+    """The ONNX graph (fp32 weights, so a one-row and a many-row step compute the same numbers): a reply sampled one
+    token a step, the per-layer cache carried between steps as ONNX Runtime values, reports the logprobs one forward
+    over the prompt and the reply gives; and the sessions' threads sleep rather than spin."""
+    import numpy as np
+
+    from metaclaw.distribution.logprobs import token_logprobs
+
+    monkeypatch.setenv("METACLAW_CACHE", str(tmp_path))
+    fp32 = OnnxEngine.from_backend(tiny_spec, quantize="fp32")
+    fp32.load_adapter("fixed", str(fixed_adapter))
+    prompt = chat_ids(fp32.tokenizer, "Tell me something")
+    out = fp32.generate(prompt, SamplingParams(max_tokens=12, temperature=1.0, seed=2), "fixed")[0]
+    ids = np.array([prompt + out.token_ids], np.int64)
+    n = ids.shape[1]
+    with fp32._pinned_slot("fixed") as slot:
+        logits, _ = fp32._inputs(slot).run(ids, np.ones_like(ids), np.arange(n)[None], np.arange(n),
+                                           fp32._empty_past(1))  # fmt: skip
+    rows = torch.from_numpy(logits[0, len(prompt) - 1 : n - 1])
+    once = token_logprobs(rows, torch.tensor(out.token_ids), 1.0)
+    assert len(out.token_ids) > 1
+    assert (once - torch.tensor(out.logprobs)).abs().max().item() < 1e-4
+    options = fp32._lora_graph.session.get_session_options()
+    assert options.get_session_config_entry("session.intra_op.allow_spinning") == "0"
