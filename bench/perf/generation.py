@@ -35,6 +35,7 @@ import argparse
 import json
 import os
 import shutil
+import statistics
 import sys
 import tempfile
 import time
@@ -125,12 +126,20 @@ def run_engine(
 
 
 def summarise(parts: list[dict[str, Any]], batches: dict[int, int]) -> dict[str, Any]:
+    """Totals over every round (`tokens_per_s`), and each round's own tokens/s with their median (the load drifts
+    between rounds: the median is the figure to quote)."""
     wall, tokens = sum(p["wall_s"] for p in parts), sum(p["tokens"] for p in parts)
     useful, positions = sum(p["useful"] for p in parts), sum(p["positions"] for p in parts)
+    rounds: dict[int, list[dict[str, Any]]] = {}
+    for p in parts:
+        rounds.setdefault(p.get("round", 0), []).append(p)
+    per_round = [round(sum(p["tokens"] for p in r) / sum(p["wall_s"] for p in r), 2) for r in rounds.values()]
     return {
         "wall_s": round(wall, 2),
         "tokens": tokens,
         "tokens_per_s": round(tokens / wall, 2),
+        "round_tokens_per_s": per_round,
+        "median_tokens_per_s": statistics.median(per_round),
         "pad_waste": round(1 - useful / positions, 3) if positions else None,  # None: not counted (llama.cpp)
         "batches": dict(sorted(batches.items())),
     }
@@ -301,7 +310,7 @@ def measure(spec: Any, adapter: Path, args: argparse.Namespace, batch: int) -> d
     llama, llama_info = (None, {"status": "skipped"}) if args.no_llama_cpp else llama_cpp(spec, threads_list[-1])
     parts: dict[str, list[dict[str, Any]]] = {}
     batches: dict[str, dict[int, int]] = {}
-    for _ in range(args.repeats):  # finely interleaved: every variant sees the same drift of the machine's load
+    for rnd in range(args.repeats):  # finely interleaved: every variant sees the same drift of the machine's load
         for threads in threads_list:
             torch.set_num_threads(threads)
             for size in sorted({1, 2, batch}):
@@ -310,12 +319,13 @@ def measure(spec: Any, adapter: Path, args: argparse.Namespace, batch: int) -> d
                     for label, (engine, name) in variants.items():
                         key = f"{label}/b{size}/t{threads}"
                         engine.batches.clear()
-                        part = run_engine(engine, chunk, name, args.max_tokens, size, counter)
+                        part = {**run_engine(engine, chunk, name, args.max_tokens, size, counter), "round": rnd}
                         parts.setdefault(key, []).append(part)
                         for k, v in engine.batches.items():
                             batches.setdefault(key, {})[k] = batches.get(key, {}).get(k, 0) + v
                     if llama is not None and size == 1 and threads == llama.threads:
-                        parts.setdefault(f"llama_cpp/b1/t{threads}", []).append(llama.run(chunk, args.max_tokens))
+                        part = {**llama.run(chunk, args.max_tokens), "round": rnd}
+                        parts.setdefault(f"llama_cpp/b1/t{threads}", []).append(part)
             print(json.dumps({k: summarise(p, {})["tokens_per_s"] for k, p in parts.items()}), file=sys.stderr,
                   flush=True)  # fmt: skip
     runs = {key: summarise(p, batches.get(key, {})) for key, p in parts.items()}
@@ -342,6 +352,9 @@ def measure(spec: Any, adapter: Path, args: argparse.Namespace, batch: int) -> d
         for size in sorted({1, 2, batch}):
             ratios[f"{label}_over_merged_b{size}"] = _ratio(runs, f"{label}/b{size}/{t}", f"hf_merged/b{size}/{t}")
             ratios[f"{label}_over_base_b{size}"] = _ratio(runs, f"{label}/b{size}/{t}", f"hf_base/b{size}/{t}")
+            ratios[f"{label}_over_merged_b{size}_median"] = _ratio(
+                runs, f"{label}/b{size}/{t}", f"hf_merged/b{size}/{t}", "median_tokens_per_s"
+            )
         ratios[f"{label}_b1_over_its_limit"] = round(runs[f"{label}/b1/{t}"]["tokens_per_s"] / limits[f"{label}_b1"], 3)
     if f"llama_cpp/b1/{t}" in runs:
         ratios["llama_cpp_over_merged_b1"] = _ratio(runs, f"llama_cpp/b1/{t}", f"hf_merged/b1/{t}")
@@ -372,8 +385,8 @@ def measure(spec: Any, adapter: Path, args: argparse.Namespace, batch: int) -> d
     }
 
 
-def _ratio(runs: dict[str, Any], a: str, b: str) -> float:
-    return round(runs[a]["tokens_per_s"] / max(runs[b]["tokens_per_s"], 1e-9), 2)
+def _ratio(runs: dict[str, Any], a: str, b: str, figure: str = "tokens_per_s") -> float:
+    return round(runs[a][figure] / max(runs[b][figure], 1e-9), 2)
 
 
 if __name__ == "__main__":

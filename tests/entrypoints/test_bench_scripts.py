@@ -52,6 +52,7 @@ def test_hf_batching_measures_the_linger_off_and_on():
 def test_generation_bench_runs_on_the_packaged_config():
     out = _bench("perf/generation.py", "--model", "tiny", "--quick", "--no-llama-cpp", "--threads", "1")
     assert out["runs"] and all(r["tokens_per_s"] > 0 for r in out["runs"].values())
+    assert all(r["round_tokens_per_s"] == [r["median_tokens_per_s"]] for r in out["runs"].values())  # --quick: 1 round
     assert out["limit_tokens_per_s"]["b1"] > 0 and out["llama_cpp"]["status"] == "skipped"
     if out["onnx"]["status"] == "ok":  # the quantised engine side by side, against its own limit (issue 46)
         assert {f"onnx_{q}/b{b}/t1" for q in ("int8", "fp32") for b in (1, 2, 4)} <= set(out["runs"])

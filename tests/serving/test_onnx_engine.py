@@ -256,3 +256,105 @@ def test_the_policy_server_serves_with_backend_onnx(tmp_path, adapter_root, fixe
         r = httpx.post(f"{live.url}/v1/chat/completions", json={**body, "stream": True}, headers=h, timeout=60)
         assert r.status_code == 200 and "[DONE]" in r.text
         assert "ONNX engine: tiny loaded" in live.log.read_text()
+
+
+def test_the_graph_with_its_cache_and_grouped_lora_is_the_peft_model(tiny_spec, policy, fixed_adapter):
+    """The exported forward in torch (before ONNX and quantisation): a prefill, then one token a step through the
+    per-layer cache, with the adapter as grouped factors (q/k/v and gate/up as one MatMul each, their LoRA B on a
+    block diagonal) gives PEFT's logits at every position; the graph without LoRA inputs gives the base model's, and
+    equals the LoRA graph fed zero factors."""
+    from metaclaw.serving.engines.onnx import adapter_factors
+    from metaclaw.serving.engines.onnx_graph import DecoderGraph, rotation
+
+    model = tiny_spec.load_model().float().eval()
+    with_lora, base = DecoderGraph(model, lora=True).eval(), DecoderGraph(model, lora=False).eval()
+    factors = adapter_factors(str(fixed_adapter), with_lora.n_layers, with_lora.lora_shapes())
+    layers = with_lora.n_layers
+    lora = [torch.from_numpy(factors[f"lora_{p}_{g}_{i}"]) for i in range(layers) for g in ("qkv", "o", "gu", "down")
+            for p in "AB"]  # fmt: skip
+    zeros = [torch.zeros_like(t) for t in lora]
+    ids = torch.tensor([chat_ids(tiny_spec.load_tokenizer(), "What is the capital of France?")])
+    n, prefill = ids.shape[1], ids.shape[1] - 4
+    with torch.no_grad():
+        want = policy(ids, torch.ones_like(ids))[0]
+        with policy.reference():
+            want_base = policy(ids, torch.ones_like(ids))[0]
+
+        def decode(graph: DecoderGraph, extra: list[torch.Tensor]) -> torch.Tensor:
+            past = [torch.zeros((1, graph.n_kv, 0, graph.head_dim))] * (2 * layers)
+            rows, start = [], 0
+            for end in [prefill, *range(prefill + 1, n + 1)]:
+                out = graph(ids[:, start:end], torch.ones((1, end), dtype=torch.int64),
+                            torch.arange(start, end)[None], torch.arange(end - start), *past, *extra)  # fmt: skip
+                rows.append(out[0][0])
+                past, start = list(out[1:]), end
+            return torch.cat(rows)
+
+        got, got_base, got_zero = decode(with_lora, lora), decode(base, []), decode(with_lora, zeros)
+    assert (got - want).abs().max().item() < 1e-4
+    assert (got_base - want_base).abs().max().item() < 1e-4
+    assert (want - want_base).abs().max().item() > 0.1  # the adapter matters: the first check could not pass without it
+    assert (got_zero - got_base).abs().max().item() < 1e-5
+    x = torch.randn(2, 3, 8)
+    assert torch.equal(x @ rotation(8), torch.cat((-x[..., 4:], x[..., :4]), dim=-1))  # RoPE's rotate-half, exactly
+
+
+def test_no_adapter_runs_the_graph_without_lora_and_equals_a_zero_adapter(engine, cache, fixed_adapter, tmp_path):
+    """The base model is served by its own graph (no LoRA inputs or nodes): it gives the logprobs the LoRA graph gives
+    with an all-zero adapter, greedy replies included; both graphs have one quantised MatMul per projection group."""
+    import onnx
+    from safetensors.torch import load_file, save_file
+
+    built = next(d for d in (cache / "onnx").iterdir() if not d.name.startswith("."))
+    graphs = {f: onnx.load(str(built / f)) for f in ("model.onnx", "base.onnx")}
+    layers = engine.shape.layers
+    for g in graphs.values():
+        assert sum(n.op_type == "MatMulNBits" for n in g.graph.node) == 4 * layers + 1  # qkv, o, gate-up, down, head
+    assert not [i.name for i in graphs["base.onnx"].graph.input if i.name.startswith("lora_")]
+    assert len(graphs["base.onnx"].graph.node) < len(graphs["model.onnx"].graph.node)
+    zero = tmp_path / "zero"
+    shutil.copytree(fixed_adapter, zero)
+    weights = load_file(str(zero / "adapter_model.safetensors"))
+    save_file({k: torch.zeros_like(v) if "lora_B" in k else v for k, v in weights.items()},
+              str(zero / "adapter_model.safetensors"))  # fmt: skip
+    engine.load_adapter("zero", str(zero))
+    assert engine._inputs(None).graph is not engine._lora_graph
+    prompt = chat_ids(engine.tokenizer, "What is the capital of France?")
+    greedy = SamplingParams(max_tokens=16, temperature=0)
+    threads = torch.get_num_threads()
+    base, zeroed = engine.generate(prompt, greedy)[0], engine.generate(prompt, greedy, "zero")[0]
+    assert base.token_ids == zeroed.token_ids and len(base.token_ids) > 1
+    assert (torch.tensor(base.logprobs) - torch.tensor(zeroed.logprobs)).abs().max().item() <= 1e-5
+    sampled = engine.generate(prompt, SamplingParams(max_tokens=16, temperature=1.0, seed=5))[0]
+    a = [s.logprob for s in engine.score_tokens(prompt, sampled.token_ids)]
+    b = [s.logprob for s in engine.score_tokens(prompt, sampled.token_ids, "zero")]
+    assert (torch.tensor(a) - torch.tensor(b)).abs().max().item() <= 1e-5
+    assert (torch.tensor(a) - torch.tensor(sampled.logprobs)).abs().max().item() <= 1e-5
+    assert torch.get_num_threads() == threads  # the sampler's one thread is the engine's, for its generations only
+    engine.unload_adapter("zero")
+
+
+def test_the_cache_through_the_io_binding_equals_one_forward(tiny_spec, fixed_adapter, tmp_path, monkeypatch):
+    """The ONNX graph (fp32 weights, so a one-row and a many-row step compute the same numbers): a reply sampled one
+    token a step, the per-layer cache carried between steps as ONNX Runtime values, reports the logprobs one forward
+    over the prompt and the reply gives; and the sessions' threads sleep rather than spin."""
+    import numpy as np
+
+    from metaclaw.distribution.logprobs import token_logprobs
+
+    monkeypatch.setenv("METACLAW_CACHE", str(tmp_path))
+    fp32 = OnnxEngine.from_backend(tiny_spec, quantize="fp32")
+    fp32.load_adapter("fixed", str(fixed_adapter))
+    prompt = chat_ids(fp32.tokenizer, "Tell me something")
+    out = fp32.generate(prompt, SamplingParams(max_tokens=12, temperature=1.0, seed=2), "fixed")[0]
+    ids = np.array([prompt + out.token_ids], np.int64)
+    n = ids.shape[1]
+    with fp32._pinned_slot("fixed") as slot:
+        logits, _ = fp32._inputs(slot).run(ids, np.ones_like(ids), np.arange(n)[None], np.arange(n),
+                                           fp32._empty_past(1))  # fmt: skip
+    rows = torch.from_numpy(logits[0, len(prompt) - 1 : n - 1])
+    once = token_logprobs(rows, torch.tensor(out.token_ids), 1.0)
+    assert len(out.token_ids) > 1
+    assert (once - torch.tensor(out.logprobs)).abs().max().item() < 1e-4
+    options = fp32._lora_graph.session.get_session_options()
+    assert options.get_session_config_entry("session.intra_op.allow_spinning") == "0"

@@ -4,10 +4,11 @@ Why: on a CPU, decoding reads every weight once per token, so tokens/s is set by
 weights read a quarter of fp32's (`bench/perf/generation.py` measures it against the HF engine and the machine's limit).
 
 How:
-- The model is re-expressed as one graph (`metaclaw.serving.engines.onnx_graph.DecoderGraph`) with the KV cache and
-  the LoRA factors as inputs, exported once to ONNX and its weights quantised by ONNX Runtime's `MatMulNBits`
-  quantiser (`quantize: int8`, symmetric, blocks of 32 along the input; every MatMul with a constant weight, the
-  output projection included; `fp32` skips it). Activations are quantised row by row and block by block
+- The model is re-expressed as one graph (`metaclaw.serving.engines.onnx_graph.DecoderGraph`) with the KV cache (per
+  layer) and the LoRA factors (grouped per layer) as inputs, exported once with the factors (`model.onnx`, every
+  adapter) and once without (`base.onnx`, no adapter: no LoRA nodes), and its weights quantised by ONNX Runtime's
+  `MatMulNBits` quantiser (`quantize: int8`, symmetric, blocks of 32 along the input; every MatMul with a constant
+  weight, the output projection included; `fp32` skips it). Activations are quantised row by row and block by block
   (`accuracy_level` 4: integer dot products; the fp32-compute levels 0-1 decoded at 1.4-2 tokens/s on SmolLM2), so a
   position's logits do not depend on the other requests of a batch. (ONNX Runtime's dynamic int8 quantisation, one
   scale per activation tensor, moved SmolLM2's logprobs by up to 8 nats between a prefill and a decode step; int4
@@ -18,10 +19,13 @@ How:
   request's distribution over the quantised model's logits and reports that token's logprob under the same
   distribution, so the behaviour logprobs are exactly μ, the distribution sampled from. The trainer recomputes
   them in fp32; the gap is the importance ratio the loss corrects for and logs (`loss/ratio_*`).
-- An adapter is its LoRA factors as arrays (`lora_B` scaled by alpha / r), fed with every call. Loading one reads
-  the safetensors into arrays in the caller's thread (the hot-load route's, never a generation's) without any lock
-  the generations hold; publishing is the registry's pointer flip. A request keeps the version it pinned when it
-  started, so a swap never fails or mixes versions, and the old version serves until the new one is ready.
+- Each step runs through an IO binding (`_Graph`): the cache a step returns stays an ONNX Runtime value and is the
+  next step's input. ONNX Runtime's threads sleep rather than spin and torch samples on one thread
+  (`session_options`, `SAMPLER_THREADS`: the engine shares its cores).
+- An adapter is its LoRA factors as ONNX Runtime values (`lora_B` scaled by alpha / r), bound at every step. Loading
+  one reads the safetensors into them in the caller's thread (the hot-load route's, never a generation's) without
+  any lock the generations hold; publishing is the registry's pointer flip. A request keeps the version it pinned
+  when it started, so a swap never fails or mixes versions, and the old version serves until the new one is ready.
 - `score_tokens` runs the same quantised graph teacher-forced along a generation's path (the prompt in one step,
   then one step per target token: the integer kernels of a one-row step round differently from a many-row one, by
   up to 0.25 nats on SmolLM2), so rescoring a sampled reply gives back its behaviour logprobs (the μ test in
@@ -51,6 +55,7 @@ import torch
 
 from metaclaw import profiling
 from metaclaw.atomic import write_dir_atomically
+from metaclaw.devices import torch_threads
 from metaclaw.distribution import Dist
 from metaclaw.distribution.logprobs import sample_tokens
 from metaclaw.modules.loading import cache_root
@@ -67,17 +72,31 @@ from metaclaw.serving.engines.base import (
     scoring_ids,
 )
 from metaclaw.serving.engines.hf import VLLM_ONLY_OPTIONS, _outcome, _Pending, _settle, _token_scores, read_adapter
-from metaclaw.serving.engines.onnx_graph import GRAPH_VERSION, LORA_SLOTS, DecoderGraph, export_onnx, input_names
+from metaclaw.serving.engines.onnx_graph import (
+    GRAPH_VERSION,
+    LORA_GROUPS,
+    LORA_SLOTS,
+    DecoderGraph,
+    cache_names,
+    export_onnx,
+    input_names,
+)
 
 log = logging.getLogger(__name__)
 
 QUANTIZE = ("int8", "fp32")
+#: torch threads while the engine samples or scores (set for the generation, under the graph's lock, then restored).
+#: torch only draws tokens here, over one vocabulary row per request; with 2 threads on a loaded 2-core machine a
+#: draw took 95-295 ms (a thread of the pair preempted), with 1 thread 3-10 ms (load 6.7, SmolLM2's 49,152 tokens).
+SAMPLER_THREADS = 1
 CACHE_KEEP = 4  # built models kept under <cache>/onnx (the newest by use; older ones are deleted)
 #: HF-engine options `backend=auto` carries that this engine does not use
 HF_ONLY_OPTIONS = frozenset({"merge_adapters", "prefix_cache_mb", "batch_linger_s"})
 _KEY = re.compile(r"layers\.(\d+)\.(?:self_attn|mlp)\.(\w+)\.lora_([AB])\.weight$")
 
 Factors = dict[str, np.ndarray]
+#: the graphs a build holds: file -> whether it takes LoRA factors (`base.onnx` serves when no adapter is)
+GRAPHS = {"model.onnx": True, "base.onnx": False}
 
 
 def _prune(root: Path, keep: int) -> None:
@@ -98,7 +117,7 @@ def built_model(spec: Any, quantize: str = "int8") -> Path:
     source = spec.local_dir()
     stamp = f"{source}|{quantize}|{GRAPH_VERSION}|{onnxruntime.__version__}|{torch.__version__}"
     target = cache_root() / "onnx" / f"{spec.name}-{quantize}-{hashlib.sha1(stamp.encode()).hexdigest()[:10]}"
-    if (target / "model.onnx").is_file():
+    if all((target / f).is_file() for f in GRAPHS):
         target.touch()
         return target
 
@@ -107,36 +126,42 @@ def built_model(spec: Any, quantize: str = "int8") -> Path:
         log.warning("ONNX engine: exporting %s to ONNX (%s weights) into %s, once; this takes a minute on a "
                     "small CPU", spec.name, quantize, target)  # fmt: skip
         model = spec.load_model("cpu").float().eval()
-        export_onnx(DecoderGraph(model), str(out / "fp32.onnx"))
-        exported = time.perf_counter()
-        if quantize == "fp32":
-            (out / "fp32.onnx").rename(out / "model.onnx")
-        else:
-            import onnx
-            from onnxruntime.quantization.matmul_nbits_quantizer import (
-                DefaultWeightOnlyQuantConfig,
-                MatMulNBitsQuantizer,
-            )
-
-            logging.getLogger("onnxruntime.quantization.matmul_nbits_quantizer").setLevel(logging.WARNING)  # per node
-            config = DefaultWeightOnlyQuantConfig(block_size=32, is_symmetric=True, accuracy_level=4, bits=8)
-            quantizer = MatMulNBitsQuantizer(onnx.load(str(out / "fp32.onnx")), algo_config=config)
-            quantizer.process()
-            quantizer.model.save_model_to_file(str(out / "model.onnx"), use_external_data_format=False)
-            (out / "fp32.onnx").unlink()
+        exported = quantised = 0.0
+        for name, lora in GRAPHS.items():
+            t0 = time.perf_counter()
+            export_onnx(DecoderGraph(model, lora=lora), str(out / "fp32.onnx"))
+            t1 = time.perf_counter()
+            _quantise(out / "fp32.onnx", out / name, quantize)
+            exported, quantised = exported + t1 - t0, quantised + time.perf_counter() - t1
         size = sum(f.stat().st_size for f in out.iterdir()) / 2**20
-        now = time.perf_counter()
         log.warning("ONNX engine: built %s in %.0f s (export %.0f s, quantise %.0f s): %.0f MiB", target.name,
-                    now - started, exported - started, now - exported, size)  # fmt: skip
+                    time.perf_counter() - started, exported, quantised, size)  # fmt: skip
 
     write_dir_atomically(target, build, replace=False)
     _prune(target.parent, CACHE_KEEP)
     return target
 
 
+def _quantise(source: Path, target: Path, quantize: str) -> None:
+    """`source` (fp32 ONNX, deleted) → `target` with its MatMul weights quantised (`quantize` int8) or as is (fp32)."""
+    if quantize == "fp32":
+        source.rename(target)
+        return
+    import onnx
+    from onnxruntime.quantization.matmul_nbits_quantizer import DefaultWeightOnlyQuantConfig, MatMulNBitsQuantizer
+
+    logging.getLogger("onnxruntime.quantization.matmul_nbits_quantizer").setLevel(logging.WARNING)  # one line per node
+    config = DefaultWeightOnlyQuantConfig(block_size=32, is_symmetric=True, accuracy_level=4, bits=8)
+    quantizer = MatMulNBitsQuantizer(onnx.load(str(source)), algo_config=config)
+    quantizer.process()
+    quantizer.model.save_model_to_file(str(target), use_external_data_format=False)
+    source.unlink()
+
+
 def adapter_factors(path: str, layers: int, shapes: dict[str, tuple[int, int]]) -> Factors:
-    """The graph's LoRA inputs for the PEFT adapter in `path`: `lora_A_<m>_<i>` [r, in], `lora_B_<m>_<i>` [out, r]
-    (scaled by alpha / r, or alpha / sqrt(r) for rsLoRA); modules the adapter does not adapt get zeros.
+    """The graph's LoRA inputs for the PEFT adapter in `path`: per layer `i` and group `g` (`LORA_GROUPS`),
+    `lora_A_<g>_<i>` [in, r * modules] and `lora_B_<g>_<i>` [r * modules, out] (`group_factors`; B scaled by
+    alpha / r, or alpha / sqrt(r) for rsLoRA); modules the adapter does not adapt get zeros.
 
     Raises:
         AdapterError: files missing or unreadable, or an adapter this engine cannot apply (DoRA, per-module ranks,
@@ -162,21 +187,94 @@ def adapter_factors(path: str, layers: int, shapes: dict[str, tuple[int, int]]) 
         if value.shape != slot.shape:
             raise AdapterError(f"adapter {path!r}: {key} has shape {tuple(value.shape)}, the model needs {slot.shape}")
         slot[...] = value
-    return _per_layer(out)
+    return group_factors(out)
 
 
-def _per_layer(stacked: Factors) -> Factors:
-    """`lora_A_<m>` [L, ...] → `lora_A_<m>_<i>` (views: each row of a C-ordered array is contiguous)."""
-    return {f"{name}_{i}": arr[i] for name, arr in stacked.items() for i in range(arr.shape[0])}
-
-
-def _no_adapter(layers: int, shapes: dict[str, tuple[int, int]]) -> Factors:
-    """Rank-1 zero factors: the base model."""
+def group_factors(stacked: Factors) -> Factors:
+    """Per-module factors `lora_A_<m>` [L, r, in] and `lora_B_<m>` [L, out, r] (B scaled) → the graph's inputs per
+    layer and group: `lora_A_<g>_<i>` = the group's A transposed side by side [in, r * n], `lora_B_<g>_<i>` = its B
+    transposed on the block diagonal [r * n, out] (so `(x A) B` is each module's `B (A x)`, stacked along the output).
+    """
+    layers, r = next(iter(stacked.values())).shape[:2]
     out: Factors = {}
-    for name, (fin, fout) in shapes.items():
-        out[f"lora_A_{name}"] = np.zeros((layers, 1, fin), np.float32)
-        out[f"lora_B_{name}"] = np.zeros((layers, fout, 1), np.float32)
-    return _per_layer(out)
+    for g, mods in LORA_GROUPS.items():
+        a = np.concatenate([stacked[f"lora_A_{m}"] for m in mods], axis=1).transpose(0, 2, 1)  # [L, in, r * n]
+        sizes = [stacked[f"lora_B_{m}"].shape[1] for m in mods]
+        b = np.zeros((layers, r * len(mods), sum(sizes)), np.float32)
+        for j, (m, start) in enumerate(zip(mods, np.cumsum([0, *sizes[:-1]]), strict=True)):
+            b[:, j * r : (j + 1) * r, start : start + sizes[j]] = stacked[f"lora_B_{m}"].transpose(0, 2, 1)
+        for i in range(layers):
+            out[f"lora_A_{g}_{i}"] = np.ascontiguousarray(a[i])
+            out[f"lora_B_{g}_{i}"] = b[i]
+    return out
+
+
+class _Graph:
+    """One exported graph in an ONNX Runtime session, run through an IO binding: the KV cache a step returns stays
+    in ONNX Runtime's values (no copy into numpy and back), and the LoRA factors are values made once per adapter."""
+
+    def __init__(self, path: Path, options: Any, layers: int, lora: bool) -> None:
+        import onnxruntime as ort
+
+        self.session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+        missing = set(input_names(layers, lora)) - {i.name for i in self.session.get_inputs()}
+        if missing:
+            raise ValueError(f"{path} lacks the inputs {sorted(missing)}: rebuild it")
+        self.past, self.outputs = cache_names(layers, "past"), ["logits", *cache_names(layers, "present")]
+
+    def run(self, ids: np.ndarray, mask: np.ndarray, positions: np.ndarray, keep: np.ndarray, past: Sequence[Any],
+            factors: dict[str, Any]) -> tuple[np.ndarray, list[Any]]:  # fmt: skip
+        """Logits [B, K, V] and the present cache (ONNX Runtime values, the next step's `past`)."""
+        binding = self.session.io_binding()
+        for name, array in (("input_ids", ids), ("attention_mask", mask), ("position_ids", positions), ("keep", keep)):
+            binding.bind_cpu_input(name, array)
+        for name, value in zip(self.past, past, strict=True):
+            binding.bind_ortvalue_input(name, value)
+        for name, value in factors.items():
+            binding.bind_ortvalue_input(name, value)
+        for name in self.outputs:
+            binding.bind_output(name, "cpu")
+        self.session.run_with_iobinding(binding)
+        values = binding.get_outputs()
+        return values[0].numpy(), values[1:]
+
+
+@dataclass(frozen=True)
+class _Feed:
+    """What a request runs: the graph (with or without LoRA inputs) and the adapter's factors as values."""
+
+    graph: _Graph
+    factors: dict[str, Any]
+
+    def run(self, ids: np.ndarray, mask: np.ndarray, positions: np.ndarray, keep: np.ndarray,
+            past: Sequence[Any]) -> tuple[np.ndarray, list[Any]]:  # fmt: skip
+        return self.graph.run(ids, mask, positions, keep, past, self.factors)
+
+
+def session_options(threads: int) -> Any:
+    """ONNX Runtime's session options for decoding: `threads` compute threads (the physical cores), one graph run at
+    a time, every graph optimisation, and threads that sleep rather than spin while they wait. The engine shares its
+    cores with the trainer (and on a small machine with everything else): a spinning thread burns the time slice the
+    thread it waits for needs. SmolLM2 int8 at batch 1, load 6 on 2 cores: 6.0 tokens/s spinning (1 thread: 9.7),
+    19 without spinning, 23 without spinning and with `dynamic_block_base` 4 (smaller work blocks late in a parallel
+    loop, so a preempted thread holds up less; docs/results/2026-11-28-quantised-engine.md, session 17)."""
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = threads
+    options.inter_op_num_threads = 1
+    options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    options.add_session_config_entry("session.dynamic_block_base", "4")
+    return options
+
+
+def ort_values(factors: Factors) -> dict[str, Any]:
+    """The factors as ONNX Runtime values (sharing the arrays' memory), made once per adapter."""
+    import onnxruntime as ort
+
+    return {name: ort.OrtValue.ortvalue_from_numpy(array) for name, array in factors.items()}
 
 
 @dataclass(frozen=True)
@@ -212,21 +310,15 @@ class OnnxEngine(ServedAdapters):
         max_batch_size: int = 1,
         threads: int | None = None,
     ) -> None:
-        import onnxruntime as ort
-
         if max_batch_size < 1:
             raise ValueError(f"backend.max_batch_size must be >= 1, got {max_batch_size}")
-        options = ort.SessionOptions()
-        options.intra_op_num_threads = int(threads or torch.get_num_threads())
-        options.inter_op_num_threads = 1
+        threads = int(threads or torch.get_num_threads())
         started = time.perf_counter()
-        self._session = ort.InferenceSession(str(Path(model_dir) / "model.onnx"), options,
-                                             providers=["CPUExecutionProvider"])  # fmt: skip
-        missing = set(input_names(shape.layers)) - {i.name for i in self._session.get_inputs()}
-        if missing:
-            raise ValueError(f"{model_dir}/model.onnx lacks the inputs {sorted(missing)}: rebuild it")
+        options = session_options(threads)
+        graphs = {lora: _Graph(Path(model_dir) / f, options, shape.layers, lora) for f, lora in GRAPHS.items()}
         log.info("ONNX engine: %s loaded from %s in %.1f s (%d threads)", model_name, model_dir,
-                 time.perf_counter() - started, options.intra_op_num_threads)  # fmt: skip
+                 time.perf_counter() - started, threads)  # fmt: skip
+        self._lora_graph = graphs[True]
         self.shape = shape
         self.tokenizer = tokenizer
         self.model_name = model_name
@@ -235,8 +327,8 @@ class OnnxEngine(ServedAdapters):
         self.eos_ids = sorted(set(eos_ids))
         self.pad_id = int(tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.eos_ids[0])
         self.batches: dict[int, int] = {}  # batch size -> sampling runs (for benches and tests)
-        self._base = _no_adapter(shape.layers, shape.lora)
-        self._factors: dict[str, Factors] = {}  # internal name -> LoRA inputs
+        self._base = _Feed(graphs[False], {})  # no adapter: the graph without LoRA nodes
+        self._factors: dict[str, _Feed] = {}  # internal name -> its graph and LoRA inputs
         self._registry = AdapterRegistry()
         self._lock = threading.Lock()  # one run of the graph at a time (the CPU is the limit; no oversubscription)
         self._pending: list[_Pending] = []
@@ -284,7 +376,7 @@ class OnnxEngine(ServedAdapters):
         self._check_new_name(name)
         started = time.perf_counter()
         with profiling.phase("hot_load"):
-            factors = adapter_factors(path, self.shape.layers, self.shape.lora)
+            factors = _Feed(self._lora_graph, ort_values(adapter_factors(path, self.shape.layers, self.shape.lora)))
             version = self._registry.next_version(name, path, version)
             internal = f"adapter-{uuid.uuid4().hex}"  # never reused (a version's factors are found by it)
             self._factors[internal] = factors
@@ -293,27 +385,23 @@ class OnnxEngine(ServedAdapters):
     def _free(self, slot: LoadedAdapter) -> None:
         self._factors.pop(slot.internal, None)
 
-    def _inputs(self, slot: LoadedAdapter | None) -> Factors:
+    def _inputs(self, slot: LoadedAdapter | None) -> _Feed:
         return self._base if slot is None else self._factors[slot.internal]
 
     # ---------------------------------------------------------------- the graph
 
-    def _run(self, ids: np.ndarray, mask: np.ndarray, positions: np.ndarray, past: np.ndarray, keep: np.ndarray,
-             factors: Factors) -> tuple[np.ndarray, np.ndarray]:  # fmt: skip
-        feed = {"input_ids": ids, "attention_mask": mask, "position_ids": positions, "past": past, "keep": keep,
-                **factors}  # fmt: skip
-        logits, present = self._session.run(None, feed)
-        return logits, present
+    def _empty_past(self, batch: int) -> list[Any]:
+        import onnxruntime as ort
 
-    def _empty_past(self, batch: int) -> np.ndarray:
         s = self.shape
-        return np.zeros((s.layers, 2, batch, s.kv_heads, 0, s.head_dim), np.float32)
+        empty = ort.OrtValue.ortvalue_from_numpy(np.zeros((batch, s.kv_heads, 0, s.head_dim), np.float32))
+        return [empty] * (2 * s.layers)
 
     def _sample(
         self,
         prompts: Sequence[Sequence[int]],
         params: Sequence[SamplingParams],
-        factors: Factors,
+        factors: _Feed,
         on_token: Callable[[int, float], None] | None = None,
         cancelled: threading.Event | None = None,
     ) -> list[SequenceOutput]:
@@ -334,9 +422,9 @@ class OnnxEngine(ServedAdapters):
         logprobs: list[list[float]] = [[] for _ in prompts]
         done = [False] * batch
         last = np.array([width - 1], np.int64)
-        with profiling.phase(f"generate:{profiling.purpose()}") as ph:
+        with profiling.phase(f"generate:{profiling.purpose()}") as ph, torch_threads(SAMPLER_THREADS):
             for _ in range(max(p.max_tokens for p in params)):
-                logits, past = self._run(ids, mask, positions, past, last, factors)
+                logits, past = factors.run(ids, mask, positions, last, past)
                 settings = (first.temperature, first.top_p, first.top_k)
                 picked, lps = sample_tokens(torch.from_numpy(logits[:, -1]), *settings, generator=generator)
                 for b, (tok, lp) in enumerate(zip(picked.tolist(), lps.tolist(), strict=True)):
@@ -386,7 +474,7 @@ class OnnxEngine(ServedAdapters):
         return outputs
 
     def _batched(
-        self, prompt_ids: list[int], params: SamplingParams, key: tuple, factors: Factors
+        self, prompt_ids: list[int], params: SamplingParams, key: tuple, factors: _Feed
     ) -> list[SequenceOutput]:
         """Queue the request; whoever gets the graph next samples it with the compatible ones waiting."""
         mine = _Pending(prompt_ids, params, key)
@@ -435,16 +523,17 @@ class OnnxEngine(ServedAdapters):
         with self._pinned_slot(adapter) as slot, self._lock, profiling.phase(f"score:{profiling.purpose()}") as ph:
             factors = self._inputs(slot)
             x = np.array([prompt_ids], np.int64)
-            logits, past = self._run(x, np.ones_like(x), np.arange(width, dtype=np.int64)[None], self._empty_past(1),
-                                     np.array([width - 1], np.int64), factors)  # fmt: skip
+            logits, past = factors.run(x, np.ones_like(x), np.arange(width, dtype=np.int64)[None],
+                                       np.array([width - 1], np.int64), self._empty_past(1))  # fmt: skip
             rows.append(logits[0, -1])
             for t in range(width, n - 1):
                 x = np.array([[ids[t]]], np.int64)
-                logits, past = self._run(x, np.ones((1, t + 1), np.int64), np.array([[t]], np.int64), past,
-                                         np.array([0], np.int64), factors)  # fmt: skip
+                logits, past = factors.run(x, np.ones((1, t + 1), np.int64), np.array([[t]], np.int64),
+                                           np.array([0], np.int64), past)  # fmt: skip
                 rows.append(logits[0, -1])
             ph["tokens"] = n
-        return _token_scores(torch.from_numpy(np.stack(rows)), target_ids, Dist.of(temperature, top_p, top_k))
+            with torch_threads(SAMPLER_THREADS):
+                return _token_scores(torch.from_numpy(np.stack(rows)), target_ids, Dist.of(temperature, top_p, top_k))
 
     def close(self) -> None:
         """Nothing to stop: the engine owns no threads between requests."""
