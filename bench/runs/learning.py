@@ -36,12 +36,14 @@ only in their next message, in their own words (`metaclaw.simulate.people`):
     python bench/runs/learning.py --real-path --people 2 --pace machine --preference summary_first --minutes 40
     python bench/runs/learning.py --real-path --preference number,summary_first,address_you --minutes 40
     python bench/runs/learning.py --real-path --preference identity --minutes 20 --eval-every-min 4 \
-        --heldout-tasks bench/data/claas_identity_probes.jsonl --eval-prompts 10 --samples-per-prompt 7
+        --heldout-tasks bench/data/claas_identity_probes.jsonl --eval-prompts 10 --samples-per-prompt 7 \
+        --also-verify no_emoji
 
 One run per method and preference kind; the JSON has the held-out curve (measured from outside the proxy) and
 the store's figures: sample age at training, staleness in adapter versions, the reward mix by rule and by the
 person's reaction, corrections trained above 0, unreacted turns trained at 0, the backlog over time, drops by
-reason; `learning.png` plots the curves and the backlog.
+reason; `learning.png` plots the curves and the backlog. With `--also-verify no_emoji` every curve point also has
+`also`: the same replies' compliance with another kind's verifier (a preference kept while another is learnt).
 """
 
 from __future__ import annotations
@@ -222,6 +224,7 @@ def real_path(args: argparse.Namespace, out: Path) -> dict[str, Any]:
         "max_tokens": args.max_tokens,
         "heldout_tasks": args.heldout_tasks,
         "samples_per_prompt": args.samples_per_prompt,
+        "also_verify": args.also_verify,
         "target": args.target,
         "overrides": args.override,
         "runs": results,
@@ -232,6 +235,17 @@ def real_path(args: argparse.Namespace, out: Path) -> dict[str, Any]:
     (out / "learning.json").write_text(json.dumps(report, indent=1))
     publish(__file__, args, report)
     return report
+
+
+def kind_list(text: str) -> list[str]:
+    """`--also-verify`: people kinds, comma-separated; an unknown one is refused before any run starts."""
+    from metaclaw.simulate.people import kinds
+
+    names = [k.strip() for k in text.split(",") if k.strip()]
+    unknown = [k for k in names if k not in kinds()]
+    if unknown:
+        raise argparse.ArgumentTypeError(f"unknown people kind(s) {unknown}: one of {', '.join(kinds())}")
+    return names
 
 
 def main() -> None:
@@ -280,6 +294,9 @@ def main() -> None:
                       help="JSONL of held-out prompts (split heldout), e.g. bench/data/claas_identity_probes.jsonl; "
                       "default: the packaged tasks' held-out split")  # fmt: skip
     real.add_argument("--samples-per-prompt", type=int, default=1, help="replies per held-out prompt")
+    real.add_argument("--also-verify", type=kind_list, default=[],
+                      help="people kinds, comma-separated (e.g. no_emoji): every held-out evaluation also reports "
+                      "the same replies' compliance with each one's verifier (each curve point's `also`)")  # fmt: skip
     real.add_argument("--eval-adapter", choices=["served", "newest"], default="served",
                       help="served: the adapter the gate let through; newest: the newest one trained")  # fmt: skip
     real.add_argument("--startup-timeout-s", type=float, default=900.0)

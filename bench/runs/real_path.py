@@ -167,6 +167,7 @@ class Evaluations:
             api_key=key,
             concurrency=min(args.eval_prompts * per_prompt, 64),
             base_model=self.base,
+            also={name: PreferenceKind.load(name).rules for name in getattr(args, "also_verify", [])},
         )  # fmt: skip  (every prompt at once: one batched generate, like eval.concurrency)
         self.curve: list[dict[str, Any]] = []
         self.errors: list[str] = []
@@ -188,7 +189,8 @@ class Evaluations:
                            "compliance": r.compliance, "good": r.quality.good, "nll": r.quality.nll, "n": r.n,
                            "errors": r.errors, "seconds": round(r.seconds, 1), "ci": [r.ci_low, r.ci_high],
                            **{k: v for k, v in r.as_dict().items() if k in COLLAPSE},
-                           "distinct_replies": r.quality.distinct_replies, "examples": r.examples})  # fmt: skip
+                           "distinct_replies": r.quality.distinct_replies, "also": r.also,
+                           "examples": r.examples})  # fmt: skip
         self._last_version, self._last_start = version, start
 
     def _run(self) -> None:

@@ -74,6 +74,15 @@ def test_runs_of_separate_invocations_are_merged_and_compared_at_one_wall_minute
     assert (tmp_path / "six.png").read_bytes()[:4] == b"\x89PNG"
 
 
+def test_also_verify_takes_people_kinds_and_refuses_an_unknown_one():
+    import argparse
+
+    bench = _bench()
+    assert bench.kind_list("no_emoji, concise") == ["no_emoji", "concise"]
+    with pytest.raises(argparse.ArgumentTypeError, match="telepathy"):
+        bench.kind_list("no_emoji,telepathy")
+
+
 def _real_path():
     spec = importlib.util.spec_from_file_location("real_path", REPO / "bench" / "runs" / "real_path.py")
     module = importlib.util.module_from_spec(spec)
@@ -136,7 +145,7 @@ def test_real_path_bench_drives_the_live_service_like_people(tmp_path):
     out = tmp_path / "bench"
     cmd = [sys.executable, "bench/runs/learning.py", "--real-path", "--model", "tiny", "--people", "2",
            "--minutes", "0.3", "--eval-prompts", "4", "--max-tokens", "8", "--eval-every-min", "0.05",
-           "--out", str(out)]  # fmt: skip
+           "--also-verify", "no_emoji,concise", "--out", str(out)]  # fmt: skip
     env = {**os.environ, "PYTHONPATH": str(REPO / "src")}
     proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -146,6 +155,8 @@ def test_real_path_bench_drives_the_live_service_like_people(tmp_path):
     assert "error" not in run and run["returncode"] == 0
     assert "rollout=proxy" in run["command"] and "simulated_user" not in run["command"]
     assert run["curve"][0]["adapter"] == 0 and run["curve"][0]["minutes"] == 0.0 and run["base"] is not None
+    assert report["also_verify"] == ["no_emoji", "concise"]  # every point: the same replies under other verifiers
+    assert all(set(p["also"]) == {"no_emoji", "concise"} and 0 <= p["also"]["no_emoji"] <= 1 for p in run["curve"])
     people = run["people"]
     assert people["replies"] > 0 and people["errors"] == 0 and people["session_headers_sent"] == 0
     store = run["store"]

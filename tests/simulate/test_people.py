@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import re
 
 import pytest
 import yaml
@@ -13,8 +12,10 @@ from metaclaw.rollout.proxy import RolloutProxy
 from metaclaw.rollout.proxy_app import create_app
 from metaclaw.rollout.server import ThreadedServer
 from metaclaw.rollout.testing import scripted_upstream
+from metaclaw.scoring.judges import RuleJudge
 from metaclaw.simulate import user as simulated
 from metaclaw.simulate.people import POOLS, SESSION_HEADERS, People, PreferenceKind, kinds, phrasings
+from metaclaw.simulate.tasks import load_tasks
 from metaclaw.store import SampleStore
 from tests.conftest import REPO
 
@@ -48,10 +49,9 @@ def test_every_kind_has_enough_varied_phrasings_and_a_verifier():
 
 
 def test_phrasings_avoid_the_rule_judge_the_simulated_user_and_the_judge_tests():
-    rule = yaml.safe_load((CONFIG_DIR / "judge" / "rule.yaml").read_text())
-    judge = re.compile(f"{rule['negative']}|{rule['positive']}", re.I)
+    judge = RuleJudge()  # its defaults (conf/judge/rule.yaml defers to them)
     phrases = _all_phrases()
-    assert [p for p in phrases if judge.search(p)] == []
+    assert [p for p in phrases if judge.negative.search(p) or judge.positive.search(p)] == []
     assert simulated.THANKS not in phrases and simulated.CORRECTION not in phrases
     mine = {POOLS.resolve(), (REPO / "tests" / "simulate" / "test_people.py").resolve()}
     texts = [
@@ -62,6 +62,38 @@ def test_phrasings_avoid_the_rule_judge_the_simulated_user_and_the_judge_tests()
     ]
     reused = [p for p in phrases if len(p.split()) >= 3 and any(p.lower() in t for t in texts)]
     assert reused == [], "phrasings also used by tests or benches (the judge's own data)"
+
+
+CLAAS_FEEDBACK = (  # CLaaS's feedback strings (claas/eval/configs/preference/*.yaml)
+    "Your name is Kuro, always introduce yourself as Kuro",
+    "Be more concise, keep responses under 3 sentences",
+    "Don't use any emojis in your responses",
+)
+
+
+@pytest.mark.parametrize("name", ["identity", "concise", "no_emoji"])
+def test_claas_probes_are_only_held_out_never_what_people_say_or_ask(name):
+    """CLaaS's probe prompts are the held-out set only: no opening, reaction or question of the people repeats
+    one, and no phrasing repeats CLaaS's feedback string."""
+    path = REPO / "bench" / "data" / f"claas_{name}_probes.jsonl"
+    rows = [json.loads(line) for line in path.read_text().splitlines()]
+    assert len(rows) == 10 and {r["split"] for r in rows} == {"heldout"}
+    assert all(r["source"].startswith("kfallah/CLaaS") for r in rows)
+    probes = [r["prompt"].lower() for r in rows]
+    full = PreferenceKind.load(name, "all")
+    ours = [x.lower() for x in (*full.openings, *full.correction, *full.praise)]
+    ours += [t.prompt.lower() for t in load_tasks(None, "train")]  # what people ask
+    assert not [p for p in probes for x in ours if p == x or (len(p.split()) >= 3 and p.rstrip("?.!") in x)]
+    assert not [x for x in ours for f in CLAAS_FEEDBACK if f.lower().rstrip(".") in x]
+
+
+def test_concise_and_no_emoji_people_hold_claas_verifiers():
+    concise = PreferenceKind.load("concise").verifier
+    assert concise.complies("Python is a readable language used for scripts, data work and the web.")
+    assert not concise.complies("Python.")  # too short to answer
+    assert not concise.complies("It is old. It is readable. It is popular. It is free, and it runs anywhere.")
+    no_emoji = PreferenceKind.load("no_emoji").verifier
+    assert no_emoji.complies("Hello, how can I help?") and not no_emoji.complies("Hello! 😊 How can I help?")
 
 
 def _reply(body):
@@ -105,11 +137,7 @@ def test_people_talk_like_users_and_react_only_in_their_next_message(proxy):
 def test_identity_openings_are_ours_with_held_out_ones_apart_and_other_kinds_have_none():
     train, held = PreferenceKind.load("identity", "train"), PreferenceKind.load("identity", "heldout")
     assert train.openings and held.openings and set(train.openings).isdisjoint(held.openings)
-    probes = [json.loads(line)["prompt"].lower() for line in
-              (REPO / "bench" / "data" / "claas_identity_probes.jsonl").read_text().splitlines()]  # fmt: skip
-    assert len(probes) == 10  # CLaaS's probes are the held-out set only: no opening or correction repeats one
-    ours = [x.lower() for x in (*train.openings, *held.openings, *train.correction, *held.correction)]
-    assert not [p for p in probes for x in ours if p == x or (len(p.split()) >= 3 and p.rstrip("?.") in x)]
+    # CLaaS's probes are never an opening: test_claas_probes_are_only_held_out_never_what_people_say_or_ask
     assert PreferenceKind.load("number").openings == ()
     assert not train.verifier.complies("I'm an AI assistant.") and train.verifier.complies("Hi, I'm KURO.")
 

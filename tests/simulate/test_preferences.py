@@ -19,6 +19,8 @@ CASES = [
     ({"kind": "bullets", "min_items": 2}, "- boil water\n- add eggs", "Boil water, then add eggs."),
     ({"kind": "bullets", "min_items": 2}, "1. boil water\n2) add eggs", "1. boil water only"),
     ({"kind": "no_exclamation"}, "Paris.", "Paris!"),
+    ({"kind": "max_sentences", "limit": 1}, "It is Paris, on the Seine.", "It is Paris. It is on the Seine."),
+    ({"kind": "no_emoji"}, "Paris, of course.", "Paris, of course 🙂"),
     ({"kind": "gives_number"}, "About 384,400 km.", "Quite far away."),
     ({"kind": "states_units"}, "About 384,400 km: light takes 1.3 seconds.", "About 384400."),
     ({"kind": "states_units"}, "Bake at 200°C for 45 minutes.", "Bake it until golden."),
@@ -35,12 +37,61 @@ def test_verifier_accepts_compliant_and_names_the_problem(rule, good, bad):
     assert v.kind == rule["kind"] and v.problem and v.instruction.endswith(".")
 
 
+TEN = "one two three four five six seven eight nine ten"
+
+
+@pytest.mark.parametrize(
+    ("reply", "complies"),
+    [
+        (f"{TEN}.", True),  # exactly min_words
+        ("one two three four five six seven eight nine.", False),  # a word short, whatever the sentences
+        (f"{TEN}. Two. Three.", True),  # exactly the limit
+        (f"{TEN}. Two. Three. Four.", False),
+        (f"{TEN}. Two. Three. Four", False),  # an unfinished last sentence counts
+        (f"Pi is 3.14159 and e is 2.71828, {TEN}. Two! Three?", True),  # a mark inside a word does not split
+        (f"Wait... really?! {TEN}.", True),  # a run of marks ends one sentence
+        (f"Fruit, e.g. apples. {TEN}. Three. Four.", False),  # "e.g. " splits: CLaaS's rule, kept
+        ("- one\n- two\n- three\n- four\n- five\n- six\n- seven\n- eight\n- nine\n- ten", True),  # no marks: 1
+        (f"{TEN}.\nTwo.\nThree.\nFour.", False),  # a newline after a mark splits
+        (f"  {TEN}.   ", True),
+    ],
+)
+def test_max_sentences_counts_as_claas_concise_does(reply, complies):
+    """CLaaS's `concise` (claas/eval/metrics/verifiers.py, ConciseVerifier): >= 10 words and <= 3 sentences."""
+    prefs = PreferenceSet([{"kind": "max_sentences", "limit": 3, "min_words": 10}])
+    assert prefs.complies(reply) is complies
+    if not complies:
+        (v,) = prefs.check(reply)
+        assert v.instruction == "Keep your reply to 3 sentences or fewer, but answer in at least 10 words."
+
+
+@pytest.mark.parametrize(
+    ("reply", "complies"),
+    [
+        ("Plain text, café, naïve, 東京, → and × and €.", True),  # letters of any script, math and currency signs
+        ("Zero\u200dwidth joiner and variation selector\ufe0f alone.", True),  # format and mark characters
+        ("Great job 🎉", False),
+        ("Flag: 🇫🇷", False),
+        ("Skin tone alone: \U0001f3fd", False),  # a modifier (category Sk) inside the pictograph blocks
+        ("Unassigned in a block: \U0001faff", False),
+        ("Hearts ♥ and stars ★", False),  # 'So' in the basic plane
+        ("It is 20°C", False),  # the degree sign is 'So' too: CLaaS's definition, kept
+        ("© 2024 and ™", False),
+    ],
+)
+def test_no_emoji_counts_as_claas_no_emoji_does(reply, complies):
+    """CLaaS's `no_emoji` (NoEmojiVerifier): no character of category 'So' nor of the listed emoji blocks."""
+    assert PreferenceSet([{"kind": "no_emoji"}]).complies(reply) is complies
+
+
 def test_every_kind_is_covered_and_unknown_kinds_are_refused():
     assert {c[0]["kind"] for c in CASES} == set(KINDS)
     with pytest.raises(ValidationError, match="kind"):
         PreferenceSet([{"kind": "telepathy"}])
     with pytest.raises(ValidationError, match="limit"):
         PreferenceSet([{"kind": "max_words"}])
+    with pytest.raises(ValidationError, match="limit"):
+        PreferenceSet([{"kind": "max_sentences", "limit": 0}])
     with pytest.raises(ValidationError, match="extra"):
         PreferenceSet([{"kind": "no_exclamation", "surprise": 1}])
     with pytest.raises(ValueError, match="empty"):

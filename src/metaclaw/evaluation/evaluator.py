@@ -74,6 +74,7 @@ class EvalResult:
     ci_high: float | None = None
     cached: bool = False  # the base model's replies came from the cache (sampled by an earlier run)
     collapse: CollapseStats | None = None  # collapse onto a stock phrase (evaluation.collapse); None: not measured
+    also: dict[str, float] = field(default_factory=dict)  # the same replies' compliance with each `also` verifier
 
     def as_dict(self) -> dict[str, Any]:
         """The record as eval.jsonl stores it: one flat object, the quality and collapse figures among the rest."""
@@ -132,6 +133,8 @@ class ComplianceEvaluator:
         baseline_name: the model name whose replies are cached (the server's base model name).
         thinking: `model.thinking` (`metaclaw.thinking.Thinking`), as the simulated user sends it; the verifier
             reads the answer, never the reasoning.
+        also: more verifiers by name, checked on the same replies (`EvalResult.also`): that training for one
+            preference keeps another (a bench's `--also-verify`).
     """
 
     def __init__(
@@ -158,10 +161,12 @@ class ComplianceEvaluator:
         cache_parts: dict[str, Any] | None = None,
         baseline_name: str | None = None,
         thinking: Thinking | Mapping[str, Any] | None = None,
+        also: Mapping[str, list[Mapping[str, Any]] | PreferenceSet] | None = None,
     ) -> None:
         if n_prompts < 1 or samples_per_prompt < 1 or concurrency < 1:
             raise ValueError("eval: n_prompts, samples_per_prompt and concurrency must be >= 1")
         self.prefs = preferences if isinstance(preferences, PreferenceSet) else PreferenceSet(preferences)
+        self.also = {name: r if isinstance(r, PreferenceSet) else PreferenceSet(r) for name, r in (also or {}).items()}
         tasks = load_tasks(tasks_file, split)
         self.prompts = [t.prompt for t in random.Random(seed).sample(tasks, min(n_prompts, len(tasks)))]
         self.api_key, self.timeout_s = api_key, timeout_s
@@ -305,6 +310,7 @@ class ComplianceEvaluator:
                 **quality, distinct_2=stats.distinct_2, distinct_replies=stats.distinct_replies, junk=stats.junk
             ),  # fmt: skip
             collapse=collapse,
+            also={name: sum(prefs.complies(r) for r in ok_replies) / n for name, prefs in self.also.items()},
         )
 
     def _quality(self, model: str, compliant: list[bool], nlls: list[float | None]) -> dict[str, float | None]:

@@ -9,6 +9,7 @@ state it (`instruction`), which the simulated user turns into its correction and
 from __future__ import annotations
 
 import re
+import unicodedata
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Annotated, Any, Literal
@@ -17,6 +18,10 @@ from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 
 NUMBER = re.compile(r"(?<![\w.])[-+]?\d+(?:[.,]\d+)*(?:\s?%)?")
 BULLET = re.compile(r"^\s*(?:[-*•]|\d+[.)])\s+\S", re.M)
+SENTENCE_END = re.compile(r"[.!?]+(?=\s|$)")  # a run of terminal marks before whitespace or the end (CLaaS's split)
+# Emoji blocks counted whatever a character's category (unassigned code points among them; CLaaS's list): flags,
+# pictographs and emoticons, transport, supplemental symbols and symbols extended-A.
+EMOJI_BLOCKS = ((0x1F1E0, 0x1F1FF), (0x1F300, 0x1F64F), (0x1F680, 0x1F6FF), (0x1F900, 0x1FAFF))
 DEFAULT_UNITS = (
     "%|percent|°[cf]?|degrees?|celsius|fahrenheit|k|kelvin|mm|cm|m|km|meters?|metres?|kilometers?|kilometres?|"
     "miles?|feet|foot|ft|inch(?:es)?|in|yards?|mg|g|kg|grams?|kilograms?|pounds?|lbs?|oz|ounces?|ml|l|liters?|"
@@ -96,6 +101,52 @@ class MaxWords(_Rule):
         return None if n <= self.limit else f"Your reply had {n} words"
 
 
+def sentences(text: str) -> int:
+    """Sentences in `text`, as CLaaS's `concise` verifier counts them: the non-blank pieces between runs of `.`,
+    `!` or `?` followed by whitespace or the end. "3.5" does not split, "e.g. " does; "?!" and "..." end one
+    sentence; text with no mark (an unfinished sentence, a list without full stops) is one sentence."""
+    return sum(1 for piece in SENTENCE_END.split(text.strip()) if piece.strip())
+
+
+def is_emoji(char: str) -> bool:
+    """An emoji as CLaaS's `no_emoji` verifier counts one: any Unicode 'Symbol, other' (so also ©, ™ and °)
+    or a character of the supplementary pictograph blocks."""
+    code = ord(char)
+    return unicodedata.category(char) == "So" or any(lo <= code <= hi for lo, hi in EMOJI_BLOCKS)
+
+
+class MaxSentences(_Rule):
+    """Format: at most `limit` sentences, and (`min_words`) enough words to answer at all."""
+
+    kind: Literal["max_sentences"] = "max_sentences"
+    limit: int = Field(ge=1)
+    min_words: int = Field(default=0, ge=0)
+
+    def instruction(self) -> str:
+        floor = f", but answer in at least {self.min_words} words" if self.min_words else ""
+        return f"Keep your reply to {self.limit} sentence{'s' if self.limit > 1 else ''} or fewer{floor}."
+
+    def problem(self, reply: str) -> str | None:
+        words = len(reply.split())
+        if words < self.min_words:
+            return f"Your reply had only {words} word{'s' if words != 1 else ''}"
+        n = sentences(reply)
+        return None if n <= self.limit else f"Your reply had {n} sentences"
+
+
+class NoEmoji(_Rule):
+    """Style: no emoji (`is_emoji`)."""
+
+    kind: Literal["no_emoji"] = "no_emoji"
+
+    def instruction(self) -> str:
+        return "Never use emoji."
+
+    def problem(self, reply: str) -> str | None:
+        found = [c for c in reply if is_emoji(c)]
+        return None if not found else f"Your reply used {len(found)} emoji"
+
+
 class Bullets(_Rule):
     """Style: the answer is a bullet (or numbered) list of at least `min_items` items."""
 
@@ -172,11 +223,21 @@ class Matches(_Rule):
 
 
 Rule = Annotated[
-    StartsWith | EndsWith | MaxWords | Bullets | NoExclamation | GivesNumber | StatesUnits | Matches,
+    StartsWith
+    | EndsWith
+    | MaxWords
+    | MaxSentences
+    | Bullets
+    | NoExclamation
+    | NoEmoji
+    | GivesNumber
+    | StatesUnits
+    | Matches,
     Field(discriminator="kind"),
 ]
 _RULES = TypeAdapter(list[Rule])
-KINDS = ("starts_with", "ends_with", "max_words", "bullets", "no_exclamation", "gives_number", "states_units", "regex")
+KINDS = ("starts_with", "ends_with", "max_words", "max_sentences", "bullets", "no_exclamation", "no_emoji",
+         "gives_number", "states_units", "regex")  # fmt: skip
 
 
 class PreferenceSet:
