@@ -152,7 +152,8 @@ def test_a_zero_advantage_step_hands_its_samples_back_to_the_store(tiny_policy, 
 
     store = SampleStore(tmp_path / "s.sqlite")
     ids = [store.insert(Sample([5, 6, 7], [8, 9, 10], [-2.0] * 3, reward=-1.0, status="ready")) for _ in range(2)]
-    data = RolloutDataModule(str(tmp_path / "s.sqlite"), batch_size=2, min_batch_size=2, wait_timeout_s=0.5)
+    data = RolloutDataModule(str(tmp_path / "s.sqlite"), batch_size=2, min_batch_size=2, wait_timeout_s=0.5,
+                             max_age_s=600.0)  # fmt: skip
     advantage = RLAdvantage(baseline_momentum=None)
     module = OnlineRLModule(policy=tiny_policy, loss=ImportanceSamplingLoss(), advantage=advantage,
                             optimizer=functools.partial(torch.optim.AdamW, lr=1e-2))  # fmt: skip
@@ -161,3 +162,14 @@ def test_a_zero_advantage_step_hands_its_samples_back_to_the_store(tiny_policy, 
     trainer.fit(module, datamodule=data)
     assert module.skipped["zero_advantage"] == 1 and data.deferred == 2
     assert [(store.get(i).status, store.get(i).meta.deferred) for i in ids] == [("ready", 1)] * 2
+
+
+def test_a_fixed_store_consumes_a_zero_advantage_step_as_before(tmp_path):
+    """`rollout=store` is the data set (no age bound): a sample handed back there could wait forever."""
+    from metaclaw.datamodules.rollout import RolloutDataModule
+    from metaclaw.store import SampleStore
+
+    store = SampleStore(tmp_path / "s.sqlite")
+    (one,) = [store.insert(Sample([5, 6, 7], [8, 9, 10], [-2.0] * 3, reward=-1.0, status="ready"))]
+    store.claim_batch(step=0, max_samples=1)
+    assert RolloutDataModule(str(tmp_path / "s.sqlite")).defer([one]) == 0 and store.get(one).status == "claimed"

@@ -59,6 +59,7 @@ def test_a_step_without_a_gradient_hands_its_samples_back_to_train_beside_other_
     batch = store.claim_batch(step=2, max_samples=4)
     assert newer[-1] in {s.id for s in batch} and len(set(equal) & {s.id for s in batch}) == 3  # deferred first
     assert store.defer([newer[0]]) == 0  # only claimed samples can be handed back
+    assert store.defer([s.id for s in batch]) == 1  # the newer one; the deferred ones were handed back once already
 
 
 def test_a_turn_reopened_by_a_late_reaction_is_as_fresh_as_the_reaction(store):

@@ -417,7 +417,11 @@ class RolloutDataModule(L.LightningDataModule):
 
     def defer(self, sample_ids: list[int]) -> int:
         """A step took no gradient (all advantages zero): its samples go back to the store's `ready` samples, to be
-        trained beside other rewards (`SampleStore.defer`, `claims.plan_claim`); returns how many."""
+        trained beside other rewards (`SampleStore.defer`, `claims.plan_claim`); returns how many. Only where
+        samples are bounded by age (`data.max_age_s`: the live rollouts), so that a deferred sample that never finds
+        a companion is settled `stale`; a fixed store (`rollout=store`, the data set) consumes such a step as before."""
+        if self.bounds.max_age_s is None:
+            return 0
         store = open_store(self.store_path)
         try:
             n = store.defer(sample_ids)

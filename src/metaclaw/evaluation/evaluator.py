@@ -104,6 +104,15 @@ class BaselineReuse:
     name: str | None = None  # the model name whose replies are cached (the server's base model name)
 
 
+@dataclass(frozen=True)
+class Verifiers:
+    """What a held-out reply is checked against: the run's preference (`main`), and other kinds' verifiers whose
+    compliance on the same replies is reported beside it (`also`, e.g. a preference that must stay kept)."""
+
+    main: PreferenceSet
+    also: dict[str, PreferenceSet]
+
+
 class ComplianceEvaluator:
     """Held-out compliance of a served model.
 
@@ -165,8 +174,10 @@ class ComplianceEvaluator:
     ) -> None:
         if n_prompts < 1 or samples_per_prompt < 1 or concurrency < 1:
             raise ValueError("eval: n_prompts, samples_per_prompt and concurrency must be >= 1")
-        self.prefs = preferences if isinstance(preferences, PreferenceSet) else PreferenceSet(preferences)
-        self.also = {name: r if isinstance(r, PreferenceSet) else PreferenceSet(r) for name, r in (also or {}).items()}
+        self.verify = Verifiers(
+            preferences if isinstance(preferences, PreferenceSet) else PreferenceSet(preferences),
+            {name: r if isinstance(r, PreferenceSet) else PreferenceSet(r) for name, r in (also or {}).items()},
+        )
         tasks = load_tasks(tasks_file, split)
         self.prompts = [t.prompt for t in random.Random(seed).sample(tasks, min(n_prompts, len(tasks)))]
         self.api_key, self.timeout_s = api_key, timeout_s
@@ -282,7 +293,7 @@ class ComplianceEvaluator:
         broken: dict[str, int] = {}
         compliant: list[bool] = []
         for reply in ok_replies:
-            violations = self.prefs.check(reply)
+            violations = self.verify.main.check(reply)
             compliant.append(not violations)
             for v in violations:
                 broken[v.kind] = broken.get(v.kind, 0) + 1
@@ -310,7 +321,7 @@ class ComplianceEvaluator:
                 **quality, distinct_2=stats.distinct_2, distinct_replies=stats.distinct_replies, junk=stats.junk
             ),  # fmt: skip
             collapse=collapse,
-            also={name: sum(prefs.complies(r) for r in ok_replies) / n for name, prefs in self.also.items()},
+            also={name: sum(prefs.complies(r) for r in ok_replies) / n for name, prefs in self.verify.also.items()},
         )
 
     def _quality(self, model: str, compliant: list[bool], nlls: list[float | None]) -> dict[str, float | None]:

@@ -63,6 +63,7 @@ CREATE INDEX IF NOT EXISTS samples_session ON samples(agent_id, session_id, turn
 CREATE INDEX IF NOT EXISTS samples_response_id ON samples(json_extract(meta, '$.response_id'));
 CREATE INDEX IF NOT EXISTS samples_conv_tail ON samples(json_extract(meta, '$.conv_tail'));
 """
+MAX_DEFERRALS = 1  # times a sample may be handed back by a zero-advantage step (`SampleStore.defer`)
 # What a replayed distilled reply copies of its original row (`SampleStore._replay_distilled`).
 REPLAY_COLUMNS = (
     "agent_id, session_id, turn_index, prompt_ids, response_ids, behaviour_logprobs, teacher_logprobs, reward,"
@@ -595,7 +596,9 @@ class SampleStore:
     def defer(self, sample_ids: Sequence[int]) -> int:
         """The claimed samples of a step that took no gradient (all advantages zero: equal rewards) go back to
         `ready` with `meta.deferred` counted, so a later batch trains them beside other rewards
-        (`claims.plan_claim`: deferred first, never alone); returns how many."""
+        (`claims.plan_claim`: deferred first, never alone); returns how many. A sample is handed back at most
+        `MAX_DEFERRALS` times: a second zero-advantage batch (every reward equal again) consumes it, so a run of
+        equal verdicts never cycles the same samples through skipped steps."""
         ids = [int(i) for i in sample_ids]
         if not ids:
             return 0
@@ -604,7 +607,8 @@ class SampleStore:
             deferred = c.execute(
                 "UPDATE samples SET status='ready', claimed_step=NULL, claimed_at=NULL, served_version=NULL,"
                 " meta=json_set(meta, '$.deferred', COALESCE(json_extract(meta, '$.deferred'), 0) + 1), updated_at=?"
-                f" WHERE status='claimed' AND id IN ({marks})",
+                f" WHERE status='claimed' AND COALESCE(json_extract(meta, '$.deferred'), 0) < {MAX_DEFERRALS}"
+                f" AND id IN ({marks})",
                 (time.time(), *ids),
             ).rowcount
             if deferred:
