@@ -113,7 +113,7 @@ class ScoringProgress:
     scores: dict[int, TurnScore] = field(default_factory=dict)
     attempts: dict[int, int] = field(default_factory=dict)
     last_change: dict[tuple[str, str], tuple[int, float]] = field(default_factory=dict)
-    distill: DistillQueue = field(default_factory=lambda: DistillQueue())
+    distill: DistillQueue = field(default_factory=DistillQueue)
 
 
 class ScoringWorker:
