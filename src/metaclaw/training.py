@@ -158,7 +158,8 @@ def _train(cfg: DictConfig) -> tuple[dict[str, Any], dict[str, Any]]:
     distill_loss = instantiate(distill.loss) if distill and distill.enabled else None  # learning from the words
     module = OnlineRLModule(policy=policy, loss=instantiate(cfg.loss), advantage=instantiate(cfg.method.advantage),
                             optimizer=instantiate(cfg.optimizer), kl=instantiate(cfg.kl), distill_loss=distill_loss,
-                            distill_weight=float(distill.weight) if distill else 1.0)  # fmt: skip
+                            distill_weight=float(distill.weight) if distill else 1.0,
+                            distill_top_k=int(distill.get("top_k", 0)) if distill else 0)  # fmt: skip
     # Live evaluation and the publish gate: rank 0 only (it is the one that serves and hot-loads).
     evaluator = build_evaluator(cfg) if rank_zero_only.rank == 0 else None
     rewind = Rewind(cfg.run_dir)  # forget --rollback: the trainer goes back to the clean adapter (modules.rewind)

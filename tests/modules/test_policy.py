@@ -151,6 +151,32 @@ def test_truncation_keeps_top_k_then_nucleus_and_the_target():
     assert truncation_mask(logits, torch.tensor([1.0]), torch.tensor([-1])).all()
 
 
+def test_k_targets_and_the_top_k_are_scored_under_the_one_sampling_distribution(tiny_policy):
+    """A teacher's top-k (`top_logprobs`) and K targets per position (`token_logprobs` with `[..., K]` ids) are
+    the same tempered, truncated distribution as one target: the same value for the same token, at every K."""
+    from metaclaw.distribution.logprobs import top_logprobs
+
+    torch.manual_seed(0)
+    logits = torch.randn(2, 5, 50)
+    dist = (torch.tensor([0.7, 1.3]), torch.tensor([0.9, 1.0]), torch.tensor([-1, 12]))
+    ids, lps = top_logprobs(logits, 6, *dist)
+    assert ids.shape == lps.shape == (2, 5, 6)
+    assert (lps[..., :-1] >= lps[..., 1:]).all()  # most likely first
+    again = token_logprobs(logits, ids, *dist)
+    assert torch.allclose(again[torch.isfinite(lps)], lps[torch.isfinite(lps)], atol=1e-6)
+    for j in range(6):  # one target at a time: the same values
+        one = token_logprobs(logits, ids[..., j], *dist)
+        assert torch.allclose(one[torch.isfinite(lps[..., j])], lps[..., j][torch.isfinite(lps[..., j])], atol=1e-6)
+    whole_ids, whole = top_logprobs(logits, 50, 1.0)
+    assert torch.allclose(whole.exp().sum(-1), torch.ones(2, 5), atol=1e-5)  # the whole vocabulary sums to 1
+    # the policy's chunked path gives the same top-k as the full logits
+    seq = torch.tensor([[5, 6, 7, 8, 9, 10]])
+    where = torch.ones(1, 5, dtype=torch.bool)
+    p_ids, p_lps = tiny_policy.top_logprobs(seq[:, :-1], torch.ones_like(seq[:, :-1]), where, 4, 0.7)
+    f_ids, f_lps = top_logprobs(tiny_policy(seq[:, :-1], torch.ones_like(seq[:, :-1]))[0], 4, 0.7)
+    assert torch.equal(p_ids, f_ids) and torch.allclose(p_lps, f_lps, atol=1e-5)
+
+
 @pytest.mark.parametrize("checkpointing", [False, True])
 def test_chunked_logprobs_equal_the_full_logits_path(tiny_spec, tiny_tokenizer, checkpointing):
     """Issue 11.5: logits only at the masked positions, in chunks, same values and gradients as the full path

@@ -62,7 +62,13 @@ def run(store: SampleStore, judge, url: str, min_gain: float = 0.1, context: str
 
 
 def distilled(store: SampleStore) -> list[Sample]:
-    return [s for s in store.select() if s.meta.distilled is not None]
+    """The teacher's hinted replies that were accepted (not the corrected reply's own row: `own`)."""
+    return [s for s in store.select() if s.meta.distilled is not None and s.meta.distilled.get("kind") != "own"]
+
+
+def own(store: SampleStore) -> list[Sample]:
+    """The corrected reply's own row, trained toward the hinted teacher's top-k (`own_reply`)."""
+    return [s for s in store.select() if s.meta.distilled is not None and s.meta.distilled.get("kind") == "own"]
 
 
 @pytest.mark.parametrize(
@@ -118,10 +124,16 @@ def test_a_correction_with_a_stated_preference_yields_a_sample_on_the_prompt_wit
     assert new.meta.distilled["from"] == source and new.meta.distilled["preference"] == PREFERENCE
     assert new.meta.distilled["gain"] == pytest.approx(0.25)
     assert (new.session_id, new.agent_id, new.text.next_state) == (corrected.session_id, corrected.agent_id, None)
-    assert worker.stats["distilled"] == 1 and worker.distiller.stats["accepted"] == 1
+    assert worker.stats["distilled"] == 2 and worker.distiller.stats["accepted"] == 1  # the reply and the own row
+    hinted_ids = prompt_ids(asked["messages"])
+    assert new.meta.distilled["teacher_prompt_ids"] == hinted_ids  # what the teacher read, for its top-k
+    (mine,) = own(store)  # the corrected reply, to be pulled toward the hinted teacher's tokens
+    assert mine.prompt_ids == corrected.prompt_ids and mine.response_ids == corrected.response_ids
+    assert mine.meta.distilled["teacher_prompt_ids"] == hinted_ids and mine.meta.distilled["kind"] == "own"
+    assert mine.status == "ready" and mine.reward is None and mine.meta.distilled["replays_left"] == 2
     monitor = HealthMonitor(str(store.path))
     monitor.attach(worker=worker)
-    assert monitor.snapshot()["rollout/distilled"] == 1.0  # in the logger and `status`, like every loop counter
+    assert monitor.snapshot()["rollout/distilled"] == 2.0  # in the logger and `status`, like every loop counter
 
 
 @pytest.mark.parametrize(
@@ -160,6 +172,20 @@ def test_a_reply_the_preference_does_not_explain_is_not_trained(tmp_path, judge)
         worker = run(store, judge, up.url, min_gain=0.5)  # the scripted teacher's replies gain 0.25
     assert distilled(store) == [] and worker.distiller.stats["rejected"] == 1
     assert store.get(source).meta["distill"]["accepted"] == 0 and store.get(source).reward == -1.0
+    # the corrected reply still teaches, toward the teacher's tokens (their KL is small when the preference
+    # changes little: the term then moves little)
+    assert [s.meta.distilled["from"] for s in own(store)] == [source]
+
+
+def test_without_own_reply_or_the_teachers_prompt_only_hinted_replies_are_stored(tmp_path, judge):
+    store = SampleStore(tmp_path / "s.sqlite")
+    with ThreadedServer(scripted_upstream("Hi, I am Kuro.")) as up:
+        turn(store, PREFERENCE)
+        worker = SeedRulesWorker(store, judge, session_idle_s=1e9, at_least_one=False, no_next_state="drop",
+                                 distiller=ContextDistiller(up.url, "tiny", min_gain=0.1, samples=1,
+                                                            own_reply=False))  # fmt: skip
+        asyncio.run(worker.run_once())
+    assert own(store) == [] and len(distilled(store)) == 1
 
 
 def test_held_out_sessions_are_never_distilled(tmp_path, judge):
@@ -180,7 +206,8 @@ def test_a_distilled_reply_with_a_secret_is_screened_like_any_turn(tmp_path, jud
     (new,) = distilled(store)
     assert new.status == "dropped" and new.meta.dropped == "secret"
     assert new.response_ids == [] and secret not in (new.text.response_text or "")
-    assert [s.id for s in store.claim_batch(0, 8)] == [source]  # never trained: only the corrected turn is
+    claimed = [s.id for s in store.claim_batch(0, 8)]
+    assert new.id not in claimed and source in claimed  # never trained: the corrected turn (and its own row) are
 
 
 def test_a_failing_teacher_is_said_and_the_turn_still_settles(tmp_path, judge):
@@ -229,6 +256,8 @@ def test_a_later_turn_is_distilled_into_a_fresh_conversation_and_trained_on_its_
     assert new.prompt_ids == prompt_ids(fresh) != store.get(source).prompt_ids  # trained on the fresh plain prompt
     assert new.text.messages == fresh and new.meta.distilled["context"] == "fresh"
     assert new.meta.distilled["replays_left"] == 2
+    (mine,) = own(store)
+    assert mine.prompt_ids == new.prompt_ids and mine.response_ids == [11, 3]  # the later reply, on the fresh prompt
 
 
 def test_turn_context_keeps_the_conversation_as_it_happened(tmp_path, judge):

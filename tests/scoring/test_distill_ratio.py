@@ -34,9 +34,12 @@ def test_distilled_reply_has_ratio_one_under_the_hinted_prompt_only(policy_serve
     source = Sample(prompt, [5, 6], [-1.0, -1.0], text=SampleText(messages=messages, response_text="Paris."), id=1,
                     temperature=temperature, meta={"sampling": {"top_p": 1.0, "top_k": -1}})  # fmt: skip
     distiller = ContextDistiller(policy_server.url, "tiny", policy_server.api_key, min_gain=-1e9, max_tokens=24)
-    replies, info = asyncio.run(distiller.distill(source, PREFERENCE))  # `samples` hinted replies per correction
-    assert replies and info["accepted"] == len(replies)
+    rows, info = asyncio.run(distiller.distill(source, PREFERENCE))  # `samples` hinted replies per correction
+    replies = [r for r in rows if r.meta.distilled["kind"] == "hinted"]
+    assert replies and info["accepted"] == len(replies) and len(rows) == len(replies) + 1  # and the own row
     hinted = chat_prompt_ids(tiny_tokenizer, hinted_conversation(messages, "Paris.", PREFERENCE, distiller.form))
+    # the top-k teacher reads exactly the prompt the server's teacher sampled under
+    assert all(r.meta.distilled["teacher_prompt_ids"] == hinted for r in rows)
 
     def trainer_logprobs(prompt_ids: list[int], response_ids: list[int]) -> torch.Tensor:
         seq = torch.tensor([prompt_ids + response_ids])

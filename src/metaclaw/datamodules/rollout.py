@@ -55,6 +55,7 @@ def collate_samples(samples: list[Sample], pad_id: int, group: list[Sample] | No
         if s.teacher_logprobs is not None:
             teacher[b, p - 1 : p - 1 + r] = torch.tensor(s.teacher_logprobs)
     return {
+        **teacher_context(samples, pad_id),
         "input_ids": input_ids,
         "target_ids": target_ids,
         "attention_mask": attention_mask,
@@ -74,9 +75,33 @@ def collate_samples(samples: list[Sample], pad_id: int, group: list[Sample] | No
         "group_sequences": torch.tensor(len(group)),
         # replies sampled with a stated preference in context (scoring.distill): a cross-entropy term, no ratio
         "distill": torch.tensor([s.meta.distilled is not None for s in samples]),
+        # a corrected reply kept to be pulled toward its teacher's tokens: never trained on its own tokens
+        "distill_own": torch.tensor([(s.meta.distilled or {}).get("kind") == "own" for s in samples]),
         "group_distill_tokens": torch.tensor(sum(len(s.response_ids) for s in group if s.meta.distilled is not None)),
         "group_distill_sequences": torch.tensor(sum(s.meta.distilled is not None for s in group)),
     }
+
+
+def teacher_context(samples: list[Sample], pad_id: int) -> dict[str, Tensor]:
+    """The self-distillation teacher's inputs (`modules.distill_rows`): for each distilled row that names the prompt
+    the teacher read (`meta.distilled.teacher_prompt_ids`: the conversation with the person's stated preference in
+    it), that prompt followed by the row's reply, right-padded like the policy's inputs; `teacher_mask` is 1 on the
+    positions whose next token is a reply token (the same tokens, in the same order, as the row's `mask`). Empty
+    when no row has one."""
+    prompts = [(s.meta.distilled or {}).get("teacher_prompt_ids") for s in samples]
+    if not any(prompts):
+        return {}
+    rows = [[*p, *s.response_ids][:-1] if p else [] for p, s in zip(prompts, samples, strict=True)]
+    B, T = len(samples), max(len(r) for r in rows)
+    ids = torch.full((B, T), pad_id, dtype=torch.long)
+    attention, where = torch.zeros(B, T, dtype=torch.long), torch.zeros(B, T)
+    for b, (p, row) in enumerate(zip(prompts, rows, strict=True)):
+        if p:
+            ids[b, : len(row)] = torch.tensor(row, dtype=torch.long)
+            attention[b, : len(row)] = 1
+            where[b, len(p) - 1 : len(row)] = 1.0
+    return {"teacher_input_ids": ids, "teacher_attention_mask": attention, "teacher_mask": where,
+            "has_teacher_prompt": torch.tensor([bool(p) for p in prompts])}  # fmt: skip
 
 
 def check_token_budget(max_tokens: int | None, max_sample_tokens: int | None, world_size: int) -> None:

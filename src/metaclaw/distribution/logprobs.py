@@ -52,6 +52,26 @@ def truncation_mask(scaled: Tensor, top_p: Tensor, top_k: Tensor) -> Tensor:
     return keep
 
 
+def _processed(logits: Tensor, lead: torch.Size, temperature: Param, top_p: Param, top_k: Param,
+               always: Tensor | None = None) -> Tensor:  # fmt: skip
+    """`[N, V]` float32 logits of the sampling distribution: `logits` (`[..., V]`, `lead` = its leading shape) over
+    `temperature`, -inf outside what top-k then top-p keep; the ids in `always` (`[N, K]`) always count as kept."""
+    vocab = logits.shape[-1]
+    flat = logits.reshape(-1, vocab).float()
+    temp = _rows(temperature, lead, flat.device, flat.dtype)
+    scaled = flat / temp.unsqueeze(-1) if bool((temp != 1).any()) else flat
+    p = _rows(top_p, lead, flat.device, flat.dtype)
+    k = _rows(top_k, lead, flat.device, torch.long)
+    if bool((p < 1).any()) or bool(((k > 0) & (k < vocab)).any()):
+        detached = scaled.detach()
+        parts = [slice(i, i + MASK_ROWS) for i in range(0, detached.shape[0], MASK_ROWS)]
+        keep = torch.cat([truncation_mask(detached[s], p[s], k[s]) for s in parts])
+        if always is not None:
+            keep = keep.scatter_(-1, always, True)
+        scaled = scaled.masked_fill(~keep, float("-inf"))
+    return scaled
+
+
 def token_logprobs(
     logits: Tensor, target_ids: Tensor, temperature: Param = 1.0, top_p: Param = 1.0, top_k: Param = -1
 ) -> Tensor:
@@ -64,27 +84,33 @@ def token_logprobs(
 
     Args:
         logits: `[..., V]` next-token logits (`[B, T, V]` or `[N, V]`).
-        target_ids: `[...]` the token that follows each position.
+        target_ids: `[...]` the token that follows each position, or `[..., K]`: K tokens per position (a
+            teacher's top-k, `top_logprobs`), each scored under that position's distribution.
         temperature, top_p, top_k: scalars, per-sample `[B]` (for `[B, T, V]` logits) or per-position values,
             as `Dist.of` gives them (greedy is passed as temperature 1 with top-p/top-k off).
 
     Returns:
         float32 logprobs shaped like `target_ids`.
     """
-    lead, vocab = target_ids.shape, logits.shape[-1]
-    flat = logits.reshape(-1, vocab).float()
-    targets = target_ids.reshape(-1, 1)
-    temp = _rows(temperature, lead, flat.device, flat.dtype)
-    scaled = flat / temp.unsqueeze(-1) if bool((temp != 1).any()) else flat
-    p = _rows(top_p, lead, flat.device, flat.dtype)
-    k = _rows(top_k, lead, flat.device, torch.long)
-    if bool((p < 1).any()) or bool(((k > 0) & (k < vocab)).any()):
-        detached = scaled.detach()
-        parts = [slice(i, i + MASK_ROWS) for i in range(0, detached.shape[0], MASK_ROWS)]
-        keep = torch.cat([truncation_mask(detached[s], p[s], k[s]) for s in parts]).scatter_(-1, targets, True)
-        scaled = scaled.masked_fill(~keep, float("-inf"))
-    picked = scaled.gather(-1, targets).squeeze(-1)
-    return (picked - torch.logsumexp(scaled, dim=-1)).view(lead)
+    lead = logits.shape[:-1]
+    targets = target_ids.reshape(lead.numel(), -1)
+    scaled = _processed(logits, lead, temperature, top_p, top_k, always=targets)
+    picked = scaled.gather(-1, targets)
+    return (picked - torch.logsumexp(scaled, dim=-1, keepdim=True)).view(target_ids.shape)
+
+
+@torch.no_grad()
+def top_logprobs(
+    logits: Tensor, k: int, temperature: Param = 1.0, top_p: Param = 1.0, top_k: Param = -1
+) -> tuple[Tensor, Tensor]:
+    """`(ids, logprobs)`, each `[..., k]`: the `k` most likely tokens of each position under the sampling
+    distribution (`token_logprobs`'s: tempered, truncated, renormalised over the whole kept set) and their
+    logprobs, most likely first. A position that keeps fewer than `k` tokens pads with -inf logprobs."""
+    lead = logits.shape[:-1]
+    scaled = _processed(logits, lead, temperature, top_p, top_k)
+    values, ids = scaled.topk(min(k, scaled.shape[-1]), dim=-1)
+    logprobs = values - torch.logsumexp(scaled, dim=-1, keepdim=True)
+    return ids.view(*lead, -1), logprobs.view(*lead, -1)
 
 
 def dist_logprobs(logits: Tensor, target_ids: Tensor, dists: Sequence[Dist]) -> Tensor:

@@ -116,6 +116,11 @@ def build_distiller(cfg: DictConfig, server: Endpoint | None, privacy: PrivacyPo
         )
         return None
     distiller = instantiate(with_server(node.distiller, server, "distill.distiller"))
+    if distiller.own_reply and int(node.get("top_k", 0)) <= 0:  # the corrected reply is never trained as it is
+        raise ValueError(
+            "distill.distiller.own_reply needs distill.top_k > 0: without the teacher's tokens the "
+            "corrected reply would be trained as it was written (set distill.distiller.own_reply=false)"
+        )
     if privacy is not None and privacy.redacts_for(distiller.endpoint):
         distiller.redact = privacy.view
     log.info("Learning from the words: stated preferences are distilled with %s at %s (context: %s)",

@@ -80,6 +80,8 @@ class OnlineRLModule(L.LightningModule):
         distill_loss: the term of distilled rows (`batch["distill"]`, replies sampled with a stated preference
             in context: `modules.distill_rows`); None: such rows are refused by the advantage estimator.
         distill_weight: its weight beside the policy loss.
+        distill_top_k: distilled rows that name the prompt their teacher read are trained toward the teacher's
+            top-k tokens at each position (`distill_rows.self_distilled`); 0: the sampled tokens only.
     """
 
     def __init__(
@@ -91,10 +93,13 @@ class OnlineRLModule(L.LightningModule):
         kl: torch.nn.Module | None = None,
         distill_loss: PolicyLoss | None = None,
         distill_weight: float = 1.0,
+        distill_top_k: int = 0,
     ) -> None:
         super().__init__()
         self.policy, self.loss_fn, self.advantage, self.optimizer_factory = policy, loss, advantage, optimizer
-        self.kl, self.distill_loss, self.distill_weight = kl, distill_loss, distill_weight
+        self.kl = kl
+        self.distill = None if distill_loss is None else distilled.DistillTerm(distill_loss, distill_weight,
+                                                                               distill_top_k)  # fmt: skip
         self.policy.train()  # from_pretrained leaves modules in eval mode
         self.strict_loading = False  # checkpoints hold only the trainable (adapter) weights
         self.reward_mean = MeanMetric()
@@ -157,20 +162,26 @@ class OnlineRLModule(L.LightningModule):
     def training_step(self, batch: dict[str, Tensor], batch_idx: int) -> Tensor | None:
         world_size = self.trainer.world_size if self._trainer is not None else 1
         self.policy.checkpoint_for(int(batch["input_ids"].numel()))
-        rows = distilled.distilled_rows(batch) if self.distill_loss is not None else None
+        rows = distilled.distilled_rows(batch) if self.distill is not None else None
         mask, distill_mask = distilled.split_mask(batch["mask"], rows)  # distilled rows: cross-entropy only
-        logprobs = self._logprobs(batch)
+        taught = distilled.teacher_rows(batch, rows, self.distill.top_k if self.distill is not None else 0)
+        distill_mask = distilled.without_untaught_own(batch, distill_mask, taught)
+        if taught is not None:  # rows trained toward the teacher's top-k, in the same forward
+            logprobs, soft, soft_metrics = distilled.self_distilled(self.policy, batch, taught, self.distill.top_k)  # type: ignore[union-attr]
+        else:
+            logprobs = self._logprobs(batch)
         advantages, adv_metrics = distilled.policy_advantages(self.advantage, batch, rows)
         out = self.loss_fn(logprobs, batch["behaviour_logprobs"], advantages.detach(), mask)
         loss, metrics = out.loss, dict(out.metrics)
         totals = distilled.part_totals(batch, distilled=False) if rows is not None else batch
         loss = loss * global_scale(getattr(self.loss_fn, "aggregation", "token-mean"), mask, totals, world_size)
-        if rows is not None and self.distill_loss is not None:
-            d_agg = getattr(self.distill_loss, "aggregation", "token-mean")
+        if rows is not None and self.distill is not None:
+            d_agg = getattr(self.distill.loss, "aggregation", "token-mean")
             d_totals = distilled.part_totals(batch, True)
-            d_loss, d_metrics = distilled.distill_term(self.distill_loss, logprobs, batch, distill_mask, rows)
-            loss = loss + self.distill_weight * d_loss * global_scale(d_agg, distill_mask, d_totals, world_size)
-            metrics.update(d_metrics)
+            learnt = logprobs if taught is None else torch.where(taught[:, None], soft, logprobs)
+            d_loss, d_metrics = distilled.distill_term(self.distill.loss, learnt, batch, distill_mask, rows)
+            loss = loss + self.distill.weight * d_loss * global_scale(d_agg, distill_mask, d_totals, world_size)
+            metrics.update(d_metrics if taught is None else {**d_metrics, **soft_metrics})
         if self.kl is not None and self.kl.coef > 0 and bool(mask.any()):
             with torch.no_grad(), self.policy.reference(), profiling.phase("kl_reference"):
                 ref = self._logprobs(batch)

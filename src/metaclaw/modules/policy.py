@@ -17,7 +17,7 @@ from torch.utils.checkpoint import checkpoint
 
 from metaclaw.atomic import write_dir_atomically
 from metaclaw.config import LORA_TARGET_MODULES
-from metaclaw.distribution.logprobs import Param, token_logprobs
+from metaclaw.distribution.logprobs import Param, token_logprobs, top_logprobs
 from metaclaw.memory_plan import Shape
 from metaclaw.runfiles.layout import write_adapter_info
 from metaclaw.wire import ADAPTER_WEIGHTS
@@ -38,6 +38,14 @@ def _head_logprobs(head: nn.Module, hidden: Tensor, targets: Tensor, temperature
                    top_k: Tensor) -> Tensor:  # fmt: skip
     """Logprobs of `targets` from `[N, H]` final hidden states: the LM head, then `token_logprobs`."""
     return token_logprobs(head(hidden), targets, temperature, top_p, top_k)
+
+
+def _placed(where: Tensor, flat: Tensor) -> Tensor:
+    """`flat` (`[N, ...]`, one entry per position of the `[B, T]` mask `where`, row-major) set into zeros
+    `[B, T, ...]`; gradients flow to `flat`."""
+    out = flat.new_zeros(*where.shape, *flat.shape[1:])
+    out[where] = flat
+    return out
 
 
 PAD_SLACK = 0.1  # a length group's padded positions are at most this share of its real ones
@@ -171,7 +179,8 @@ class LoraPolicy(nn.Module):
         top_k: Param = -1,
         mask: Tensor | None = None,
     ) -> Tensor:
-        """`[B, T]` logprob of `target_ids[b, t]` after `input_ids[b, :t+1]` (see `token_logprobs`).
+        """`[B, T]` logprob of `target_ids[b, t]` after `input_ids[b, :t+1]` (see `token_logprobs`); `[B, T, K]`
+        `target_ids` (K tokens per position: a teacher's top-k) give `[B, T, K]`.
 
         Only the positions in `mask` (default: `attention_mask`) get logits: the decoder's hidden states are
         taken there and the LM head is applied in chunks of `logprob_chunk_size` rows, each recomputed in the
@@ -184,7 +193,7 @@ class LoraPolicy(nn.Module):
         if head is None or getattr(base.config, "final_logit_softcapping", None):  # logits are not lm_head(h)
             logits = self(input_ids, attention_mask)[where]
             flat = token_logprobs(logits, target_ids[where], *self._at(where, temperature, top_p, top_k))
-            return torch.zeros(where.shape, device=flat.device).masked_scatter(where, flat)
+            return _placed(where, flat)
         hidden = self._hidden_at(base.get_decoder(), input_ids, attention_mask, where)  # [N, H]
         targets, params = target_ids[where], self._at(where, temperature, top_p, top_k)
         pieces = []
@@ -195,8 +204,28 @@ class LoraPolicy(nn.Module):
                 pieces.append(checkpoint(_head_logprobs, head, *args, use_reentrant=False))
             else:
                 pieces.append(_head_logprobs(head, *args))
-        flat = torch.cat(pieces) if pieces else hidden.new_zeros(0, dtype=torch.float32)
-        return torch.zeros(where.shape, device=flat.device, dtype=flat.dtype).masked_scatter(where, flat)
+        flat = torch.cat(pieces) if pieces else hidden.new_zeros(0, *targets.shape[1:], dtype=torch.float32)
+        return _placed(where, flat)
+
+    @torch.no_grad()
+    def top_logprobs(
+        self, input_ids: Tensor, attention_mask: Tensor, where: Tensor, k: int, temperature: Param = 1.0,
+        top_p: Param = 1.0, top_k: Param = -1,
+    ) -> tuple[Tensor, Tensor]:  # fmt: skip
+        """`(ids, logprobs)`, each `[N, k]`: the `k` most likely next tokens at the `N` positions of `where`
+        (row-major) and their logprobs under the sampling distribution (`distribution.logprobs.top_logprobs`), as
+        the policy is now (inside `reference()`: the base model's). No gradient; the LM head runs in chunks."""
+        base = self.model.get_base_model()
+        head = base.get_output_embeddings()
+        params = self._at(where, temperature, top_p, top_k)
+        if head is None or getattr(base.config, "final_logit_softcapping", None):  # logits are not lm_head(h)
+            return top_logprobs(self(input_ids, attention_mask)[where], k, *params)
+        hidden = self._hidden_at(base.get_decoder(), input_ids, attention_mask, where)
+        parts = [slice(i, i + self.logprob_chunk_size) for i in range(0, hidden.shape[0], self.logprob_chunk_size)]
+        pieces = [top_logprobs(head(hidden[s]), k, *(x[s] for x in params)) for s in parts]
+        if not pieces:
+            return hidden.new_zeros(0, k, dtype=torch.long), hidden.new_zeros(0, k, dtype=torch.float32)
+        return torch.cat([ids for ids, _ in pieces]), torch.cat([lps for _, lps in pieces])
 
     @staticmethod
     def _hidden_at(decoder: nn.Module, input_ids: Tensor, attention_mask: Tensor, where: Tensor) -> Tensor:

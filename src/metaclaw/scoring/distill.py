@@ -154,6 +154,9 @@ class ContextDistiller:
         samples: hinted replies asked per correction (one request, `n`): each is accepted or not on its own.
         min_gain: the acceptance bound of `accepts` (nats per token).
         context: the conversation the preference is distilled into (`CONTEXTS`).
+        own_reply: the corrected reply itself also becomes a distilled row, trained toward what the teacher (with
+            the preference in context) would have said at each of its tokens (`distill.top_k`, SDPO's and CLaaS's
+            self-distillation): every stated correction teaches, whether or not a hinted reply is accepted.
         replays: each accepted reply is trained this many more times, in the steps after its first (the store
             copies it as it is claimed, `SampleStore.claim_batch`; a copy keeps the original's capture time, so
             `data.max_age_s` and `data.max_staleness` bound it like any sample). A handful of accepted replies is
@@ -174,6 +177,7 @@ class ContextDistiller:
         timeout_s: float = 120.0,
         context: str = "fresh",
         replays: int = 2,
+        own_reply: bool = True,
     ) -> None:
         if form not in HINTED_FORMS:
             raise ValueError(f"distill.distiller.form must be one of {HINTED_FORMS}, got {form!r}")
@@ -186,7 +190,7 @@ class ContextDistiller:
         self.endpoint = Endpoint(base_url, api_key) if base_url else None
         self.model = model
         self.form, self.samples, self.min_gain = form, samples, min_gain
-        self.context, self.replays = context, replays
+        self.context, self.replays, self.own_reply = context, replays, own_reply
         self.max_tokens, self.timeout_s = max_tokens, timeout_s
         self.stats = {"asked": 0, "accepted": 0, "rejected": 0, "failed": 0}
         self.redact: Callable[[Sample], Sample] | None = None  # set when the teacher is off this machine
@@ -206,7 +210,8 @@ class ContextDistiller:
                 prompt_ids = await asyncio.to_thread(self._render, self._body(sample, fresh, 1, 1, dist))
         messages = hinted_conversation(plain_messages, seen.text.response_text or "", preference, self.form)
         budget = len(sample.response_ids) if sample.meta.origin.finish_reason == "length" else self.max_tokens
-        replies = await asyncio.to_thread(self._ask, self._body(sample, messages, budget, self.samples, dist))
+        replies, hinted_ids = await asyncio.to_thread(self._ask, self._body(sample, messages, budget, self.samples,
+                                                                            dist))  # fmt: skip
         gains = []
         for reply in replies:
             plain = await asyncio.to_thread(
@@ -221,8 +226,14 @@ class ContextDistiller:
         self.stats["rejected"] += len(gains) - len(kept)
         words = dataclasses.replace(sample.text, messages=plain_messages)
         base = dataclasses.replace(sample, prompt_ids=prompt_ids, text=words)
-        extra = {"replays_left": self.replays}
-        return [self._sample(base, reply, {**info, "gain": round(g, 4), **extra}) for reply, g in kept], info
+        extra = {"replays_left": self.replays, "teacher_prompt_ids": hinted_ids}
+        out = [self._sample(base, reply, {**info, "gain": round(g, 4), "kind": "hinted", **extra}) for reply, g in kept]
+        if self.own_reply and hinted_ids:
+            own = HintedReply(list(sample.response_ids), list(sample.behaviour_logprobs),
+                              seen.text.response_text or "", sample.meta.origin.finish_reason)  # fmt: skip
+            out.append(self._sample(base, own, {**info, "kind": "own", **extra}))
+        info["own_reply"] = bool(self.own_reply and hinted_ids)
+        return out, info
 
     def _body(self, sample: Sample, messages: list[dict[str, Any]], budget: int, n: int, dist: dict[str, Any]
               ) -> dict[str, Any]:  # fmt: skip
@@ -268,10 +279,13 @@ class ContextDistiller:
             meta=meta,
         )
 
-    def _ask(self, body: dict[str, Any]) -> list[HintedReply]:
+    def _ask(self, body: dict[str, Any]) -> tuple[list[HintedReply], list[int]]:
+        """The teacher's hinted replies and the prompt ids it read (`prompt_token_ids`; empty when the server does
+        not return them: the rows then train on their sampled tokens only)."""
         assert self.endpoint is not None  # checked by `distill`
         replies = []
-        for choice in chat(self.endpoint, body, self.timeout_s).get("choices") or []:
+        answer = chat(self.endpoint, body, self.timeout_s)
+        for choice in answer.get("choices") or []:
             ids = [int(t) for t in choice.get("token_ids") or []]
             logprobs = [float(e["logprob"]) for e in (choice.get("logprobs") or {}).get("content") or []]
             if not ids or len(logprobs) != len(ids):
@@ -282,4 +296,4 @@ class ContextDistiller:
             replies.append(HintedReply(ids, logprobs, text, choice.get("finish_reason")))
         if not replies:
             raise RuntimeError("the teacher returned no choices")
-        return replies
+        return replies, [int(t) for t in answer.get("prompt_token_ids") or []]

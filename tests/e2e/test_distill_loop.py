@@ -1,0 +1,62 @@
+"""End to end on CPU (issue 42): with `distill.enabled=true`, a correction that states a preference, sent through
+the proxy by the real `openai` client, becomes rows for the trainer: the teacher's hinted replies and the corrected
+reply itself, each naming the prompt the teacher read, and a step trains them toward the teacher's top-k tokens."""
+
+from __future__ import annotations
+
+import csv
+import threading
+
+import openai
+
+from metaclaw.rollout.server import free_port
+from metaclaw.training import train
+from tests.e2e.test_online_loop import compose_live
+from tests.procs import wait_for_health
+
+PREFERENCE = "No. Your name is Kuro, always introduce yourself as Kuro."
+
+
+def drive(base_url: str, errors: list) -> None:
+    """Sessions of two turns: a question, a correction stating a preference with the next question, until the run
+    stops."""
+    try:
+        wait_for_health(base_url)
+        c = openai.OpenAI(base_url=f"{base_url}/v1", api_key="unused", max_retries=0, timeout=60)
+        for cycle in range(40):
+            hdr = {"X-Session-Id": f"d{cycle}"}
+            msgs = [{"role": "user", "content": f"Who are you? ({cycle})"}]
+            for reply in [f"{PREFERENCE}\n\nWhat can you do?", "Thanks, perfect."]:
+                r = c.chat.completions.create(model="metaclaw", messages=msgs, max_tokens=8, extra_headers=hdr)
+                msgs += [{"role": "assistant", "content": r.choices[0].message.content or ""},
+                         {"role": "user", "content": reply}]  # fmt: skip
+    except openai.APIConnectionError:
+        pass  # training finished and the proxy went away
+    except Exception as e:  # noqa: BLE001 - reported by the test
+        errors.append(e)
+
+
+def test_a_stated_correction_is_trained_toward_the_hinted_teachers_tokens(policy_server):
+    server_url, run_dir = policy_server
+    port = free_port()
+    cfg = compose_live(
+        run_dir, "rollout=proxy", "method=rl", f"serving.url={server_url}", f"rollout.proxy.port={port}",
+        "trainer.max_steps=4", "data.batch_size=4", "rollout.min_batch_size=1", "rollout.scoring.session_idle_s=2",
+        "rollout.wait_timeout_s=180", "publish.gate.enabled=false", "distill.enabled=true",
+        "distill.distiller.samples=1", "distill.distiller.max_tokens=8",
+    )  # fmt: skip
+    errors: list = []
+    driver = threading.Thread(target=drive, args=(f"http://127.0.0.1:{port}", errors), daemon=True)
+    driver.start()
+    metrics, objects = train(cfg)
+    driver.join(timeout=60)
+    assert not errors, errors
+    rows = [s for s in objects["store"].select() if s.meta.distilled is not None]
+    own = [s for s in rows if s.meta.distilled.get("kind") == "own"]
+    assert own, "no corrected reply became a row"
+    assert all(s.meta.distilled["teacher_prompt_ids"] for s in rows)  # every row names what its teacher read
+    source = objects["store"].get(own[0].meta.distilled["from"])
+    assert source.reward == -1.0 and own[0].response_ids == source.response_ids  # the correction stays a -1
+    logged = [r for p in run_dir.rglob("metrics.csv") for r in csv.DictReader(p.open())]
+    kls = [float(r["loss/distill_topk_kl"]) for r in logged if r.get("loss/distill_topk_kl")]
+    assert kls and all(k >= 0 for k in kls), "no step trained a row toward the teacher's top-k"
