@@ -5,35 +5,25 @@ reply itself, each naming the prompt the teacher read, and a step trains them to
 from __future__ import annotations
 
 import csv
-import threading
 
 import openai
 
 from metaclaw.rollout.server import free_port
-from metaclaw.training import train
+from tests.e2e.live import train_driven
 from tests.e2e.test_online_loop import compose_live
-from tests.procs import wait_for_health
 
 PREFERENCE = "No. Your name is Kuro, always introduce yourself as Kuro."
 
 
-def drive(base_url: str, errors: list) -> None:
-    """Sessions of two turns: a question, a correction stating a preference with the next question, until the run
-    stops."""
-    try:
-        wait_for_health(base_url)
-        c = openai.OpenAI(base_url=f"{base_url}/v1", api_key="unused", max_retries=0, timeout=60)
-        for cycle in range(40):
-            hdr = {"X-Session-Id": f"d{cycle}"}
-            msgs = [{"role": "user", "content": f"Who are you? ({cycle})"}]
-            for reply in [f"{PREFERENCE}\n\nWhat can you do?", "Thanks, perfect."]:
-                r = c.chat.completions.create(model="metaclaw", messages=msgs, max_tokens=8, extra_headers=hdr)
-                msgs += [{"role": "assistant", "content": r.choices[0].message.content or ""},
-                         {"role": "user", "content": reply}]  # fmt: skip
-    except openai.APIConnectionError:
-        pass  # training finished and the proxy went away
-    except Exception as e:  # noqa: BLE001 - reported by the test
-        errors.append(e)
+def drive(c: openai.OpenAI) -> None:
+    """Sessions of two turns: a question, then a correction stating a preference with the next question."""
+    for cycle in range(40):
+        hdr = {"X-Session-Id": f"d{cycle}"}
+        msgs = [{"role": "user", "content": f"Who are you? ({cycle})"}]
+        for reply in [f"{PREFERENCE}\n\nWhat can you do?", "Thanks, perfect."]:
+            r = c.chat.completions.create(model="metaclaw", messages=msgs, max_tokens=8, extra_headers=hdr)
+            msgs += [{"role": "assistant", "content": r.choices[0].message.content or ""},
+                     {"role": "user", "content": reply}]  # fmt: skip
 
 
 def test_a_stated_correction_is_trained_toward_the_hinted_teachers_tokens(policy_server):
@@ -45,12 +35,7 @@ def test_a_stated_correction_is_trained_toward_the_hinted_teachers_tokens(policy
         "rollout.wait_timeout_s=180", "publish.gate.enabled=false", "distill.enabled=true",
         "distill.distiller.samples=1", "distill.distiller.max_tokens=8",
     )  # fmt: skip
-    errors: list = []
-    driver = threading.Thread(target=drive, args=(f"http://127.0.0.1:{port}", errors), daemon=True)
-    driver.start()
-    metrics, objects = train(cfg)
-    driver.join(timeout=60)
-    assert not errors, errors
+    _, objects = train_driven(cfg, port, drive)
     rows = [s for s in objects["store"].select() if s.meta.distilled is not None]
     own = [s for s in rows if s.meta.distilled.get("kind") == "own"]
     assert own, "no corrected reply became a row"
