@@ -100,6 +100,20 @@ def test_reported_logprobs_are_the_sampled_distribution(engine, fixed_adapter, d
     assert max(engine.batches) > 1  # the concurrent requests were sampled together
 
 
+def test_top_logprobs_are_the_sampled_distributions_own(engine):
+    """`top_logprobs`: at each sampled position the k most likely tokens of the distribution the token was drawn
+    from, most likely first; the sampled token's reported logprob is its value there when it is among them."""
+    prompt = chat_ids(engine.tokenizer, "What is the capital of France?")
+    (out,) = engine.generate(prompt, SamplingParams(max_tokens=8, temperature=0.7, top_logprobs=3, seed=2))
+    assert out.top_logprobs is not None and len(out.top_logprobs) == len(out.token_ids)
+    for tok, lp, top in zip(out.token_ids, out.logprobs, out.top_logprobs, strict=True):
+        values = [v for _, v in top]
+        assert len(top) == 3 and values == sorted(values, reverse=True) and lp <= values[0] + 1e-6
+        assert all(abs(v - lp) < 1e-5 for t, v in top if t == tok)
+    (plain,) = engine.generate(prompt, SamplingParams(max_tokens=4, temperature=0.7))
+    assert plain.top_logprobs is None  # not asked: not computed
+
+
 def _concurrently(calls: list) -> list:
     results: list = [None] * len(calls)
 

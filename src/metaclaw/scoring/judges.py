@@ -122,7 +122,8 @@ HINT_SYSTEM = (
 )
 
 
-def _transcript(sample: Sample) -> str:
+def turn_transcript(sample: Sample) -> str:
+    """The request, the response and the next state, as the judges read them."""
     last_user = next(
         (
             content_text(m.get("content"))
@@ -207,7 +208,7 @@ class LLMJudge:
         return answer, reasoning
 
     async def reward(self, sample: Sample) -> Verdict:
-        user = _transcript(sample)
+        user = turn_transcript(sample)
         replies = await asyncio.gather(
             *(self._ask(PRM_SYSTEM, user, self.temperature) for _ in range(self.votes)), return_exceptions=True
         )
@@ -220,7 +221,7 @@ class LLMJudge:
     async def hint(self, sample: Sample) -> str | None:
         if not sample.text.next_state:
             return None
-        answer, reasoning = await self._ask(HINT_SYSTEM, _transcript(sample), 0.0)
+        answer, reasoning = await self._ask(HINT_SYSTEM, turn_transcript(sample), 0.0)
         found = HINT.findall(answer) or HINT.findall(reasoning)  # the answer's tag wins; the reasoning's if none
         hint = found[-1].strip() if found else ""
         return None if not hint or hint.upper() == "NONE" else hint

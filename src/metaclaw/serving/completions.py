@@ -48,7 +48,11 @@ def chat_choice(
     choice: dict[str, Any] = {"index": index, "message": message, "logprobs": None, "finish_reason": finish,
                               "stop_reason": stop}  # fmt: skip
     if req.logprobs:
-        entries = [decoder.logprob_entry(t, lp) for t, lp in zip(out.token_ids, out.logprobs, strict=True)]
+        tops = out.top_logprobs or [[] for _ in out.token_ids]
+        if req.top_logprobs and out.top_logprobs is None:  # never an empty list where alternatives were asked
+            raise RuntimeError("the engine did not report the top_logprobs the request asked for")
+        entries = [decoder.logprob_entry(t, lp, top)
+                   for t, lp, top in zip(out.token_ids, out.logprobs, tops, strict=True)]  # fmt: skip
         choice["logprobs"] = {"content": entries}
     if req.return_token_ids:
         choice["token_ids"] = list(out.token_ids)

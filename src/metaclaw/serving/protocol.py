@@ -77,6 +77,11 @@ def parse_chat_request(body: Any, default_max_tokens: int) -> ChatRequest:
     )
     if req.stream and req.params.n != 1:
         raise RequestError("stream=true supports n=1 only", param="n")
+    if req.top_logprobs and not req.logprobs:
+        raise RequestError("top_logprobs needs logprobs=true", param="top_logprobs")
+    if req.top_logprobs and req.stream:
+        raise RequestError("top_logprobs is answered without streaming (stream=false)", param="top_logprobs")
+    req.params.top_logprobs = req.top_logprobs
     return req
 
 

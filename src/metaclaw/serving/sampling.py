@@ -19,7 +19,7 @@ from transformers.generation.logits_process import LogitsProcessor, LogitsProces
 from transformers.generation.stopping_criteria import StoppingCriteria, StoppingCriteriaList
 from transformers.generation.streamers import BaseStreamer
 
-from metaclaw.distribution.logprobs import token_logprobs
+from metaclaw.distribution.logprobs import token_logprobs, top_logprobs
 from metaclaw.serving.prefix_cache import LayerKV, PrefixCache
 from metaclaw.wire.sampling import SamplingParams, SequenceOutput  # noqa: F401 - re-exported for the engines
 
@@ -113,8 +113,23 @@ def _generate_kwargs(tokenizer, params: SamplingParams, eos: list[int], max_new_
     return kwargs
 
 
-def finish(tokenizer, row: list[int], row_lp: list[float], eos: list[int], params: SamplingParams) -> SequenceOutput:
-    """Cut a generated row at its own `max_tokens`, its first end token or stop string; the finish reason."""
+def top_rows(logits: torch.Tensor, params: SamplingParams) -> list[list[list[tuple[int, float]]]] | None:
+    """Each row's `params.top_logprobs` most likely tokens `(id, logprob)` at each position of `[n, T, V]` raw
+    logits, under the request's distribution (`top_logprobs`: the one the tokens were drawn from); None when not
+    asked."""
+    if not params.top_logprobs:
+        return None
+    ids, lps = top_logprobs(logits, params.top_logprobs, *params.distribution())
+    return [[list(zip(i, lp, strict=True)) for i, lp in zip(ri, rl, strict=True)]
+            for ri, rl in zip(ids.tolist(), lps.tolist(), strict=True)]  # fmt: skip
+
+
+def finish(
+    tokenizer, row: list[int], row_lp: list[float], eos: list[int], params: SamplingParams,
+    row_top: list[list[tuple[int, float]]] | None = None,
+) -> SequenceOutput:  # fmt: skip
+    """Cut a generated row at its own `max_tokens`, its first end token or stop string; the finish reason.
+    `row_top`: the row's top logprobs per position (`top_rows`), cut with it and kept to `params.top_logprobs`."""
     row, row_lp = row[: params.max_tokens], row_lp[: params.max_tokens]
     finish, end = "length", len(row)
     for i, tok in enumerate(row):
@@ -125,7 +140,8 @@ def finish(tokenizer, row: list[int], row_lp: list[float], eos: list[int], param
         cut = _truncate_at_stop(lambda ids: tokenizer.decode(ids, skip_special_tokens=False), row[:end], params.stop)
         if cut is not None:
             finish, end = "stop", cut
-    return SequenceOutput(token_ids=row[:end], logprobs=row_lp[:end], finish_reason=finish)
+    top = None if row_top is None or not params.top_logprobs else [t[: params.top_logprobs] for t in row_top[:end]]
+    return SequenceOutput(token_ids=row[:end], logprobs=row_lp[:end], finish_reason=finish, top_logprobs=top)
 
 
 @torch.no_grad()
@@ -159,9 +175,11 @@ def generate(
         kwargs["past_key_values"] = cache
     out = model.generate(input_ids, **kwargs)
     new = out.sequences[:, input_ids.shape[1] :]
-    lps = token_logprobs(torch.stack(out.logits, dim=1), new, *params.distribution())  # raw logits [n, T_new, V]
-    rows = zip(new.tolist(), lps.tolist(), strict=True)
-    outputs = [finish(tokenizer, row, lp, eos, params) for row, lp in rows]
+    logits = torch.stack(out.logits, dim=1)  # raw logits [n, T_new, V]
+    lps = token_logprobs(logits, new, *params.distribution())
+    tops: list[Any] = top_rows(logits, params) or [None] * len(new)
+    rows = zip(new.tolist(), lps.tolist(), tops, strict=True)
+    outputs = [finish(tokenizer, row, lp, eos, params, top) for row, lp, top in rows]
     if cache is not None and prefix is not None:
         _keep(prefix, [prompt_ids], outputs, len(prompt_ids), out.past_key_values, salts)
     return outputs
@@ -227,9 +245,12 @@ def generate_batch(
         kwargs["past_key_values"] = cache
     out = model.generate(input_ids, attention_mask=mask, **kwargs)
     new = out.sequences[:, width:]
-    lps = token_logprobs(torch.stack(out.logits, dim=1), new, *params[0].distribution())
-    rows = zip(new.tolist(), lps.tolist(), params, strict=True)
-    outputs = [finish(tokenizer, row, lp, eos, p) for row, lp, p in rows]
+    logits = torch.stack(out.logits, dim=1)
+    lps = token_logprobs(logits, new, *params[0].distribution())
+    widest = max(params, key=lambda p: p.top_logprobs)  # the batch shares one distribution (`batch_key`)
+    tops: list[Any] = top_rows(logits, widest) or [None] * len(new)
+    rows = zip(new.tolist(), lps.tolist(), params, tops, strict=True)
+    outputs = [finish(tokenizer, row, lp, eos, p, top) for row, lp, p, top in rows]
     if cache is not None and prefix is not None:
         _keep(prefix, prompts, outputs, width, out.past_key_values, salts)
     return outputs

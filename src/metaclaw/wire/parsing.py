@@ -19,6 +19,7 @@ import re
 import secrets
 import string
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -403,10 +404,13 @@ class TextDecoder:
     def token_text(self, token_id: int) -> str:
         return self.tokenizer.decode([token_id], skip_special_tokens=False)
 
-    def logprob_entry(self, token_id: int, logprob: float) -> dict[str, Any]:
-        """OpenAI's `choices[i].logprobs.content[j]`."""
+    def logprob_entry(self, token_id: int, logprob: float, top: Sequence[tuple[int, float]] = ()) -> dict[str, Any]:
+        """OpenAI's `choices[i].logprobs.content[j]`, with `top` (`(id, logprob)`, most likely first) as its
+        `top_logprobs`."""
         token = self.token_text(token_id)
-        return {"token": token, "logprob": logprob, "bytes": list(token.encode("utf-8")), "top_logprobs": []}
+        alternatives = [{"token": (t := self.token_text(i)), "logprob": lp, "bytes": list(t.encode("utf-8"))}
+                        for i, lp in top]  # fmt: skip
+        return {"token": token, "logprob": logprob, "bytes": list(token.encode("utf-8")), "top_logprobs": alternatives}
 
     def safe_prefix_len(self, text: str, final: bool) -> int:
         """How much of `text` can be sent now: hold back a trailing partial UTF-8 char or stop-string prefix."""

@@ -13,6 +13,8 @@ from typing import Any
 from metaclaw.distribution import Dist, temperature_or_greedy, top_k_or_off
 from metaclaw.wire import RequestError
 
+MAX_TOP_LOGPROBS = 20  # OpenAI's bound on `top_logprobs`
+
 
 @dataclass
 class SamplingParams:
@@ -27,6 +29,7 @@ class SamplingParams:
     stop: list[str] = field(default_factory=list)
     stop_token_ids: list[int] = field(default_factory=list)
     cache_salt: str | None = None  # the prefix-cache tenant (vLLM's field): prefixes are reused only within it
+    top_logprobs: int = 0  # the most likely tokens reported at each sampled position (OpenAI's field; 0 to 20)
 
     def __post_init__(self) -> None:
         self.top_k = top_k_or_off(self.top_k)
@@ -44,6 +47,8 @@ class SamplingParams:
             raise ValueError(f"top_k must be -1 (off) or a positive integer, got {self.top_k!r}")
         if not isinstance(self.n, int) or not 1 <= self.n <= 16:
             raise ValueError(f"n must be an integer in [1, 16], got {self.n!r}")
+        if not isinstance(self.top_logprobs, int) or not 0 <= self.top_logprobs <= MAX_TOP_LOGPROBS:
+            raise ValueError(f"top_logprobs must be an integer in [0, {MAX_TOP_LOGPROBS}], got {self.top_logprobs!r}")
 
     def distribution(self) -> Dist:
         """The distribution the logprobs are over (`Dist.of`: greedy is `Dist()`)."""
@@ -56,6 +61,9 @@ class SequenceOutput:
     logprobs: list[float]
     finish_reason: str  # "stop" (eos or stop string) | "length"
     adapter_version: int | None = None  # set by engines: which adapter version sampled it (None: base)
+    # at each sampled position, the `top_logprobs` most likely tokens `(id, logprob)` of the distribution it was
+    # drawn from, most likely first (None: not asked)
+    top_logprobs: list[list[tuple[int, float]]] | None = None
 
 
 def sampling_params(

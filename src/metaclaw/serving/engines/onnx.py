@@ -420,6 +420,8 @@ class OnnxEngine(ServedAdapters):
         past = self._empty_past(batch)
         tokens: list[list[int]] = [[] for _ in prompts]
         logprobs: list[list[float]] = [[] for _ in prompts]
+        widest = max(params, key=lambda p: p.top_logprobs)
+        tops: list[list[list[tuple[int, float]]]] = [[] for _ in prompts]  # filled when some request asks
         done = [False] * batch
         last = np.array([width - 1], np.int64)
         with profiling.phase(f"generate:{profiling.purpose()}") as ph, torch_threads(SAMPLER_THREADS):
@@ -427,11 +429,14 @@ class OnnxEngine(ServedAdapters):
                 logits, past = factors.run(ids, mask, positions, last, past)
                 settings = (first.temperature, first.top_p, first.top_k)
                 picked, lps = sample_tokens(torch.from_numpy(logits[:, -1]), *settings, generator=generator)
+                step_tops = sampling.top_rows(torch.from_numpy(logits[:, -1:]), widest)
                 for b, (tok, lp) in enumerate(zip(picked.tolist(), lps.tolist(), strict=True)):
                     if done[b]:
                         continue
                     tokens[b].append(tok)
                     logprobs[b].append(lp)
+                    if step_tops is not None:
+                        tops[b].append(step_tops[b][0])
                     if b == 0 and on_token is not None:
                         on_token(tok, lp)
                     full = len(tokens[b]) >= params[b].max_tokens
@@ -444,8 +449,9 @@ class OnnxEngine(ServedAdapters):
                 last = np.array([0], np.int64)
             ph["tokens"] = sum(len(t) for t in tokens)
         self.batches[batch] = self.batches.get(batch, 0) + 1
-        rows = zip(tokens, logprobs, params, strict=True)
-        return [sampling.finish(self.tokenizer, t, lp, eos, p) for t, lp, p in rows]
+        rows = zip(tokens, logprobs, params, tops, strict=True)
+        return [sampling.finish(self.tokenizer, t, lp, eos, p, top if widest.top_logprobs else None)
+                for t, lp, p, top in rows]  # fmt: skip
 
     def _stopped(self, row: list[int], params: SamplingParams) -> bool:
         """Whether a stop string ends the row's text so far (the final cut is `sampling.finish`'s)."""

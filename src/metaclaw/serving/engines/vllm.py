@@ -168,7 +168,7 @@ class VLLMEngine(ServedAdapters):
             seed=params.seed,
             stop=list(params.stop) or None,
             stop_token_ids=list(params.stop_token_ids) or None,
-            logprobs=0,
+            logprobs=params.top_logprobs,  # the sampled token's, and the top ones asked for
             **extra,
         )
 
@@ -199,6 +199,7 @@ class VLLMEngine(ServedAdapters):
                 logprobs=[lp[t].logprob for t, lp in zip(c.token_ids, c.logprobs or [], strict=False)],
                 finish_reason="length" if c.finish_reason == "length" else "stop",
                 adapter_version=None if slot is None else slot.version,
+                top_logprobs=_tops(c.logprobs or [], params.top_logprobs),
             )
             for c in result.outputs
         ]
@@ -307,3 +308,13 @@ class _VLLMTokenStream(TokenStream):
 
     def close(self) -> None:
         self._future.cancel()
+
+
+def _tops(positions: Sequence[Any], k: int) -> list[list[tuple[int, float]]] | None:
+    """The `k` most likely tokens `(id, logprob)` at each sampled position, from vLLM's per-position
+    `{token_id: Logprob(logprob, rank)}` (the sampled token is also there, outside the top when its rank is > k);
+    None when `k` is 0."""
+    if not k:
+        return None
+    return [sorted(((t, float(lp.logprob)) for t, lp in row.items() if lp.rank is not None and lp.rank <= k),
+                   key=lambda e: -e[1]) for row in positions]  # fmt: skip

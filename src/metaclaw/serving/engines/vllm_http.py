@@ -212,8 +212,10 @@ class VLLMServerEngine(ServedAdapters):
             "model": model, "prompt": list(prompt_ids), "n": params.n, "stream": stream,
             "max_tokens": min(params.max_tokens, self.max_seq_len - len(prompt_ids)),
             "temperature": params.temperature, "top_p": params.top_p, "top_k": params.top_k,
-            "logprobs": 0, "return_token_ids": True,
+            "logprobs": params.top_logprobs, "return_token_ids": True,
         }  # fmt: skip
+        if params.top_logprobs:  # keyed by id, not by text (which two tokens can share)
+            body["return_tokens_as_token_ids"] = True
         optional = {"seed": params.seed, "stop": list(params.stop) or None,
                     "stop_token_ids": list(params.stop_token_ids) or None}  # fmt: skip
         body.update({k: v for k, v in optional.items() if v is not None})
@@ -232,6 +234,7 @@ class VLLMServerEngine(ServedAdapters):
                 [float(x) for x in c["logprobs"]["token_logprobs"]],
                 "length" if c.get("finish_reason") == "length" else "stop",
                 version,
+                _tops(c["logprobs"].get("top_logprobs"), params.top_logprobs),
             )  # fmt: skip
             for c in choices
         ]
@@ -341,3 +344,16 @@ class _SSEStream(_TokenStream):
 
     def close(self) -> None:
         self._finish()
+
+
+def _tops(positions: Sequence[dict[str, float] | None] | None, k: int) -> list[list[tuple[int, float]]] | None:
+    """The `k` most likely tokens `(id, logprob)` at each position from vLLM's legacy `top_logprobs`
+    (`{"token_id:123": logprob}` with `return_tokens_as_token_ids`; the sampled token may be there as well);
+    None when `k` is 0."""
+    if not k:
+        return None
+    out = []
+    for row in positions or []:
+        pairs = [(int(tok.rsplit(":", 1)[1]), float(lp)) for tok, lp in (row or {}).items()]
+        out.append(sorted(pairs, key=lambda e: -e[1])[:k])
+    return out
