@@ -138,7 +138,24 @@ def turn_transcript(sample: Sample) -> str:
     )
 
 
-class LLMJudge:
+class ServerJudge:
+    """What the judges that ask a model server share: the server (None until the live loop binds our policy
+    server: `bind`), the model asked, the per-request bounds and the model's thinking setting."""
+
+    def __init__(self, base_url: str | None, model: str, api_key: str | None, timeout_s: float, max_retries: int,
+                 thinking: Thinking | Mapping[str, Any] | None) -> None:  # fmt: skip
+        self.endpoint = Endpoint(base_url, api_key) if base_url else None
+        self.model = model
+        self.timeout_s, self.max_retries = timeout_s, max_retries
+        self.thinking = Thinking.of(thinking)
+
+    def bind(self, server_url: str) -> None:
+        """Point a judge configured with `base_url: null` at the policy server."""
+        if self.endpoint is None:
+            self.endpoint = Endpoint(server_url)
+
+
+class LLMJudge(ServerJudge):
     """PRM votes and hint extraction through an OpenAI-compatible chat endpoint.
 
     Args:
@@ -171,16 +188,8 @@ class LLMJudge:
     ) -> None:
         if votes < 1:
             raise ValueError(f"judge.votes must be >= 1, got {votes}")
-        self.endpoint = Endpoint(base_url, api_key) if base_url else None
-        self.model = model
+        super().__init__(base_url, model, api_key, timeout_s, max_retries, thinking)
         self.votes, self.temperature, self.max_tokens = votes, temperature, max_tokens
-        self.timeout_s, self.max_retries = timeout_s, max_retries
-        self.thinking = Thinking.of(thinking)
-
-    def bind(self, server_url: str) -> None:
-        """Point a judge configured with `base_url: null` at the policy server."""
-        if self.endpoint is None:
-            self.endpoint = Endpoint(server_url)
 
     async def _ask(self, system: str, user: str, temperature: float) -> tuple[str, str]:
         """`(answer, reasoning)` of one judge reply (see `answer_and_reasoning`)."""

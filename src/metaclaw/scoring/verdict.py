@@ -22,10 +22,10 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from metaclaw.scoring.distill import stated_preference
-from metaclaw.scoring.judges import Verdict, turn_transcript
+from metaclaw.scoring.judges import ServerJudge, Verdict, turn_transcript
 from metaclaw.store import Sample
 from metaclaw.thinking import Thinking
-from metaclaw.wire.client import CallError, Endpoint, chat
+from metaclaw.wire.client import CallError, chat
 
 log = logging.getLogger(__name__)
 
@@ -56,7 +56,7 @@ def letter_shares(top: Sequence[Mapping[str, Any]]) -> tuple[dict[str, float], f
     return ({k: v / mass for k, v in prob.items()} if mass > 0 else prob), mass
 
 
-class VerdictJudge:
+class VerdictJudge(ServerJudge):
     """One forward per turn: the verdict from the judge model's probabilities of three letters.
 
     Args:
@@ -86,16 +86,9 @@ class VerdictJudge:
     ) -> None:
         if not 0.5 <= min_share <= 1 or not 0 <= min_mass <= 1:
             raise ValueError(f"judge: min_share in [0.5, 1] and min_mass in [0, 1], got {min_share}, {min_mass}")
-        self.endpoint = Endpoint(base_url, api_key) if base_url else None
-        self.model, self.min_share, self.min_mass = model, min_share, min_mass
-        self.no_next_state_reward, self.timeout_s, self.max_retries = no_next_state_reward, timeout_s, max_retries
-        self.thinking = Thinking.of(thinking)
+        super().__init__(base_url, model, api_key, timeout_s, max_retries, thinking)
+        self.min_share, self.min_mass, self.no_next_state_reward = min_share, min_mass, no_next_state_reward
         self.off_format = 0
-
-    def bind(self, server_url: str) -> None:
-        """Point a judge configured with `base_url: null` at the policy server."""
-        if self.endpoint is None:
-            self.endpoint = Endpoint(server_url)
 
     async def reward(self, sample: Sample) -> Verdict:
         if sample.text.next_state is None:
