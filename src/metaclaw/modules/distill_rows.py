@@ -124,7 +124,9 @@ def without_untaught_own(batch: dict[str, Tensor], distill_mask: Tensor, taught:
     if not bool(untaught.any()):
         return distill_mask
     log.warning(
-        "%d corrected replies have no teacher tokens (distill.top_k is 0): left out of the step", int(untaught.sum())
+        "%d corrected replies have no teacher tokens in this step (distill.top_k 0, or a rank without teacher "
+        "rows): left out of it",
+        int(untaught.sum()),
     )
     return distill_mask * (~untaught).to(distill_mask.dtype)[:, None]
 

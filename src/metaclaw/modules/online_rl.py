@@ -165,6 +165,9 @@ class OnlineRLModule(L.LightningModule):
         rows = distilled.distilled_rows(batch) if self.distill is not None else None
         mask, distill_mask = distilled.split_mask(batch["mask"], rows)  # distilled rows: cross-entropy only
         taught = distilled.teacher_rows(batch, rows, self.distill.top_k if self.distill is not None else 0)
+        if world_size > 1:  # every rank runs the teacher's forward or none does (FSDP gathers weights in each)
+            every = self.all_gather(torch.tensor([taught is not None], device=self.device)).reshape(-1)
+            taught = taught if bool(every.all()) else None
         distill_mask = distilled.without_untaught_own(batch, distill_mask, taught)
         if taught is not None:  # rows trained toward the teacher's top-k, in the same forward
             logprobs, soft, soft_metrics = distilled.self_distilled(self.policy, batch, taught, self.distill.top_k)  # type: ignore[union-attr]
