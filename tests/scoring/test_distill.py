@@ -188,6 +188,22 @@ def test_without_own_reply_or_the_teachers_prompt_only_hinted_replies_are_stored
     assert own(store) == [] and len(distilled(store)) == 1
 
 
+def test_with_no_hinted_replies_the_teacher_only_renders_and_the_corrected_reply_teaches(tmp_path, judge):
+    """`samples: 0`: one forward per correction (the hinted prompt rendered, one token), no generation to score."""
+    store = SampleStore(tmp_path / "s.sqlite")
+    with ThreadedServer(app := scripted_upstream("Hi, I am Kuro.")) as up:
+        source = turn(store, f"{PREFERENCE}\n\nHow tall is Everest?")
+        worker = SeedRulesWorker(store, judge, session_idle_s=1e9, at_least_one=False, no_next_state="drop",
+                                 distiller=ContextDistiller(up.url, "tiny", samples=0))  # fmt: skip
+        asyncio.run(worker.run_once())
+        (asked,) = app.state.scripted["requests"]
+    assert asked["max_tokens"] == 1 and asked["n"] == 1 and asked["messages"][0]["content"].startswith(PREFERENCE)
+    assert distilled(store) == [] and [s.meta.distilled["from"] for s in own(store)] == [source]
+    assert own(store)[0].meta.distilled["teacher_prompt_ids"] == prompt_ids(asked["messages"])
+    with pytest.raises(ValueError, match="own_reply"):
+        ContextDistiller(up.url, "tiny", samples=0, own_reply=False)
+
+
 def test_held_out_sessions_are_never_distilled(tmp_path, judge):
     store = SampleStore(tmp_path / "s.sqlite")
     with ThreadedServer(app := scripted_upstream("Hi, I am Kuro.")) as up:

@@ -151,7 +151,9 @@ class ContextDistiller:
         model: the model asked (the base model name: adapter disabled, like OPD's teacher).
         api_key: bearer key of `base_url`.
         form: where the preference goes in context (`HINTED_FORMS`).
-        samples: hinted replies asked per correction (one request, `n`): each is accepted or not on its own.
+        samples: hinted replies asked per correction (one request, `n`): each is accepted or not on its own; 0:
+            none, only the corrected reply's own row (`own_reply`; the teacher renders the hinted prompt, one
+            forward instead of `samples` generations).
         min_gain: the acceptance bound of `accepts` (nats per token).
         context: the conversation the preference is distilled into (`CONTEXTS`).
         own_reply: the corrected reply itself also becomes a distilled row, trained toward what the teacher (with
@@ -185,8 +187,9 @@ class ContextDistiller:
             raise ValueError(
                 f"distill.distiller: context in {CONTEXTS} and replays in [0, 8], got {context!r}, {replays}"
             )
-        if max_tokens < 1 or not 1 <= samples <= 16:
-            raise ValueError(f"distill.distiller: max_tokens >= 1 and samples in [1, 16], got {max_tokens}, {samples}")
+        if max_tokens < 1 or not 0 <= samples <= 16 or (samples == 0 and not own_reply):
+            raise ValueError(f"distill.distiller: max_tokens >= 1 and samples in [0, 16] (0 only with own_reply), got "
+                             f"{max_tokens}, {samples}")  # fmt: skip
         self.endpoint = Endpoint(base_url, api_key) if base_url else None
         self.model = model
         self.form, self.samples, self.min_gain = form, samples, min_gain
@@ -210,8 +213,11 @@ class ContextDistiller:
                 prompt_ids = await asyncio.to_thread(self._render, self._body(sample, fresh, 1, 1, dist))
         messages = hinted_conversation(plain_messages, seen.text.response_text or "", preference, self.form)
         budget = len(sample.response_ids) if sample.meta.origin.finish_reason == "length" else self.max_tokens
-        replies, hinted_ids = await asyncio.to_thread(self._ask, self._body(sample, messages, budget, self.samples,
-                                                                            dist))  # fmt: skip
+        if self.samples:
+            body = self._body(sample, messages, budget, self.samples, dist)
+            replies, hinted_ids = await asyncio.to_thread(self._ask, body)
+        else:  # the corrected reply alone: the teacher only renders the hinted prompt (one forward)
+            replies, hinted_ids = [], await asyncio.to_thread(self._render, self._body(sample, messages, 1, 1, dist))
         gains = []
         for reply in replies:
             plain = await asyncio.to_thread(
