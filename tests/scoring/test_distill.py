@@ -126,7 +126,7 @@ def test_a_correction_with_a_stated_preference_yields_a_sample_on_the_prompt_wit
     assert (new.session_id, new.agent_id, new.text.next_state) == (corrected.session_id, corrected.agent_id, None)
     assert worker.stats["distilled"] == 2 and worker.distiller.stats["accepted"] == 1  # the reply and the own row
     hinted_ids = prompt_ids(asked["messages"])
-    assert new.meta.distilled["teacher_prompt_ids"] == hinted_ids  # what the teacher read, for its top-k
+    assert "teacher_prompt_ids" not in new.meta.distilled  # an accepted reply: trained on its own tokens
     (mine,) = own(store)  # the corrected reply, to be pulled toward the hinted teacher's tokens
     assert mine.prompt_ids == corrected.prompt_ids and mine.response_ids == corrected.response_ids
     assert mine.meta.distilled["teacher_prompt_ids"] == hinted_ids and mine.meta.distilled["kind"] == "own"

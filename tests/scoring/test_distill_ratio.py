@@ -39,7 +39,8 @@ def test_distilled_reply_has_ratio_one_under_the_hinted_prompt_only(policy_serve
     assert replies and info["accepted"] == len(replies) and len(rows) == len(replies) + 1  # and the own row
     hinted = chat_prompt_ids(tiny_tokenizer, hinted_conversation(messages, "Paris.", PREFERENCE, distiller.form))
     # the top-k teacher reads exactly the prompt the server's teacher sampled under
-    assert all(r.meta.distilled["teacher_prompt_ids"] == hinted for r in rows)
+    (mine,) = [r for r in rows if r.meta.distilled["kind"] == "own"]
+    assert mine.meta.distilled["teacher_prompt_ids"] == hinted
 
     def trainer_logprobs(prompt_ids: list[int], response_ids: list[int]) -> torch.Tensor:
         seq = torch.tensor([prompt_ids + response_ids])

@@ -84,6 +84,20 @@ def test_streamed_tokens_and_logprobs_equal_the_final_output(vllm_http, fixed_ad
     assert [d.token_id for d in deltas] == stream.output.token_ids
 
 
+def test_top_logprobs_are_the_sampling_distributions_and_match_hf(vllm_http, engine, fixed_adapter):
+    """`top_logprobs` through the stock server (ids from `return_tokens_as_token_ids`): at the first sampled position
+    the same k tokens and logprobs as the HF engine's top-k of the same distribution (one prompt, one adapter)."""
+    load_fixed(vllm_http, fixed_adapter)
+    engine.load_adapter("fixed", str(fixed_adapter))
+    prompt = chat_ids(engine.tokenizer, "hi")
+    (out,) = vllm_http.generate(prompt, SamplingParams(max_tokens=3, temperature=0.7, top_logprobs=4, seed=1), "fixed")
+    assert out.top_logprobs is not None and len(out.top_logprobs) == len(out.token_ids)
+    (hf,) = engine.generate(prompt, SamplingParams(max_tokens=1, temperature=0.7, top_logprobs=4, seed=1), "fixed")
+    got, want = out.top_logprobs[0], hf.top_logprobs[0]
+    assert [t for t, _ in got] == [t for t, _ in want]
+    assert max(abs(a - b) for (_, a), (_, b) in zip(got, want, strict=True)) <= 1e-3
+
+
 def test_teacher_scores_under_the_sampling_distribution_match_hf(vllm_http, engine, fixed_adapter):
     load_fixed(vllm_http, fixed_adapter)
     engine.load_adapter("fixed", str(fixed_adapter))
