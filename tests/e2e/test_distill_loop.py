@@ -33,7 +33,7 @@ def test_a_stated_correction_is_trained_toward_the_hinted_teachers_tokens(policy
         run_dir, "rollout=proxy", "method=rl", f"serving.url={server_url}", f"rollout.proxy.port={port}",
         "trainer.max_steps=4", "data.batch_size=4", "rollout.min_batch_size=1", "rollout.scoring.session_idle_s=2",
         "rollout.wait_timeout_s=180", "publish.gate.enabled=false", "distill.enabled=true",
-        "distill.distiller.samples=1", "distill.distiller.max_tokens=8",
+        "distill.distiller.samples=1", "distill.distiller.max_tokens=8", "distill.distiller.own_reply=true",
     )  # fmt: skip
     _, objects = train_driven(cfg, port, drive)
     rows = [s for s in objects["store"].select() if s.meta.distilled is not None]

@@ -60,7 +60,8 @@ def test_teacher_rows_on_one_rank_only_neither_hangs_nor_trains_the_corrected_re
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "WANDB_MODE": "offline"}
     out = subprocess.run(
         [sys.executable, "train.py", "model=tiny", "rollout=store", f"rollout.store_path={store.path}", "logger=csv",
-         "devices.cpu_processes=2", "data.batch_size=4", "distill.enabled=true", "trainer.max_steps=1",
+         "devices.cpu_processes=2", "data.batch_size=4", "distill.enabled=true", "distill.distiller.own_reply=true",
+         "trainer.max_steps=1",
          f"hydra.run.dir={tmp_path / 'run'}"],
         cwd=REPO, env=env, capture_output=True, text=True, timeout=300,
     )  # fmt: skip

@@ -54,7 +54,7 @@ def turn(store: SampleStore, next_state: str | None, session: str = "s1") -> int
 
 
 def run(store: SampleStore, judge, url: str, min_gain: float = 0.1, context: str = "fresh", **kw) -> ScoringWorker:
-    distiller = ContextDistiller(url, "tiny", min_gain=min_gain, samples=1, context=context)
+    distiller = ContextDistiller(url, "tiny", min_gain=min_gain, samples=1, context=context, own_reply=True)
     worker = SeedRulesWorker(store, judge, session_idle_s=1e9, at_least_one=False, no_next_state="drop",
                            distiller=distiller, **kw)  # fmt: skip
     asyncio.run(worker.run_once())
@@ -194,14 +194,14 @@ def test_with_no_hinted_replies_the_teacher_only_renders_and_the_corrected_reply
     with ThreadedServer(app := scripted_upstream("Hi, I am Kuro.")) as up:
         source = turn(store, f"{PREFERENCE}\n\nHow tall is Everest?")
         worker = SeedRulesWorker(store, judge, session_idle_s=1e9, at_least_one=False, no_next_state="drop",
-                                 distiller=ContextDistiller(up.url, "tiny", samples=0))  # fmt: skip
+                                 distiller=ContextDistiller(up.url, "tiny", samples=0, own_reply=True))  # fmt: skip
         asyncio.run(worker.run_once())
         (asked,) = app.state.scripted["requests"]
     assert asked["max_tokens"] == 1 and asked["n"] == 1 and asked["messages"][0]["content"].startswith(PREFERENCE)
     assert distilled(store) == [] and [s.meta.distilled["from"] for s in own(store)] == [source]
     assert own(store)[0].meta.distilled["teacher_prompt_ids"] == prompt_ids(asked["messages"])
     with pytest.raises(ValueError, match="own_reply"):
-        ContextDistiller(up.url, "tiny", samples=0, own_reply=False)
+        ContextDistiller(up.url, "tiny", samples=0)  # own_reply is off by default
 
 
 def test_held_out_sessions_are_never_distilled(tmp_path, judge):

@@ -33,7 +33,8 @@ def test_distilled_reply_has_ratio_one_under_the_hinted_prompt_only(policy_serve
     prompt = chat_prompt_ids(tiny_tokenizer, messages)
     source = Sample(prompt, [5, 6], [-1.0, -1.0], text=SampleText(messages=messages, response_text="Paris."), id=1,
                     temperature=temperature, meta={"sampling": {"top_p": 1.0, "top_k": -1}})  # fmt: skip
-    distiller = ContextDistiller(policy_server.url, "tiny", policy_server.api_key, min_gain=-1e9, max_tokens=24)
+    distiller = ContextDistiller(policy_server.url, "tiny", policy_server.api_key, min_gain=-1e9, max_tokens=24,
+                                 own_reply=True)  # fmt: skip
     rows, info = asyncio.run(distiller.distill(source, PREFERENCE))  # `samples` hinted replies per correction
     replies = [r for r in rows if r.meta.distilled["kind"] == "hinted"]
     assert replies and info["accepted"] == len(replies) and len(rows) == len(replies) + 1  # and the own row

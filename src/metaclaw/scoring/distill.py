@@ -158,7 +158,9 @@ class ContextDistiller:
         context: the conversation the preference is distilled into (`CONTEXTS`).
         own_reply: the corrected reply itself also becomes a distilled row, trained toward what the teacher (with
             the preference in context) would have said at each of its tokens (`distill.top_k`, SDPO's and CLaaS's
-            self-distillation): every stated correction teaches, whether or not a hinted reply is accepted.
+            self-distillation): every stated correction teaches, whether or not a hinted reply is accepted. Off by
+            default: it did not measure better on CLaaS identity (session 18: 22.9 and 30.0% at the last point within
+            20 minutes, session 17's design without it 32.9 and 34.3% with the same seeds).
         replays: each accepted reply is trained this many more times, in the steps after its first (the store
             copies it as it is claimed, `SampleStore.claim_batch`; a copy keeps the original's capture time, so
             `data.max_age_s` and `data.max_staleness` bound it like any sample). A handful of accepted replies is
@@ -179,7 +181,7 @@ class ContextDistiller:
         timeout_s: float = 120.0,
         context: str = "fresh",
         replays: int = 2,
-        own_reply: bool = True,
+        own_reply: bool = False,
     ) -> None:
         if form not in HINTED_FORMS:
             raise ValueError(f"distill.distiller.form must be one of {HINTED_FORMS}, got {form!r}")
