@@ -61,13 +61,16 @@ def test_chat_plain_with_logprobs_and_token_ids(client):
     assert len(extra["prompt_token_ids"]) == resp.usage.prompt_tokens
 
 
-def test_chat_top_logprobs_are_the_sampling_distributions_most_likely_tokens(client, server, engine):
+def test_chat_top_logprobs_are_the_sampling_distributions_most_likely_tokens(client, server, tiny_spec):
     """`top_logprobs` (OpenAI's field) is answered, never an empty list: at each position the k most likely tokens
     of the distribution the reply was drawn from, most likely first; the sampled token's logprob is the one
     reported for it there, and the first position's alternatives are the engine's own top-k."""
     import torch
 
     from metaclaw.distribution.logprobs import top_logprobs
+    from metaclaw.serving.sampling import SamplingParams, generate
+
+    from .conftest import chat_ids
 
     resp = client.chat.completions.create(
         model="tiny", messages=USER, max_tokens=5, temperature=0.7, seed=3, logprobs=True, top_logprobs=4,
@@ -79,13 +82,15 @@ def test_chat_top_logprobs_are_the_sampling_distributions_most_likely_tokens(cli
         assert len(tops) == 4 and tops == sorted(tops, reverse=True) and entry.logprob <= tops[0] + 1e-6
         same = [t.logprob for t in entry.top_logprobs if t.token == entry.token and "\ufffd" not in t.token]
         assert not same or abs(same[0] - entry.logprob) < 1e-4
-    prompt = dumped["prompt_token_ids"]
+    assert len(dumped["choices"][0]["token_ids"]) == len(resp.choices[0].logprobs.content)
+    # in process, the same engine code: the first position's alternatives are the model's own top-k
+    model, tok = tiny_spec.load_model(), tiny_spec.load_tokenizer()
+    prompt = chat_ids(tok, "What is the capital of France?")
+    (out,) = generate(model, tok, prompt, SamplingParams(max_tokens=2, temperature=0.7, top_logprobs=4, seed=3))
     with torch.no_grad():
-        logits = engine._base(input_ids=torch.tensor([prompt])).logits[0, -1]  # the base model, as served
-    ids, lps = top_logprobs(logits, 4, 0.7)
-    first = resp.choices[0].logprobs.content[0].top_logprobs
-    assert [t.token for t in first] == [engine.tokenizer.decode([i]) for i in ids.tolist()]
-    assert all(abs(t.logprob - lp) < 1e-4 for t, lp in zip(first, lps.tolist(), strict=True))
+        ids, lps = top_logprobs(model(input_ids=torch.tensor([prompt])).logits[0, -1], 4, 0.7)
+    assert [t for t, _ in out.top_logprobs[0]] == ids.tolist()
+    assert all(abs(v - lp) < 1e-4 for (_, v), lp in zip(out.top_logprobs[0], lps.tolist(), strict=True))
     bad = [{"top_logprobs": 3}, {"top_logprobs": 3, "logprobs": True, "stream": True},
            {"top_logprobs": 21, "logprobs": True}]  # fmt: skip
     for extra in bad:  # asked where it cannot be answered: 400 naming the field

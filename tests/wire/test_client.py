@@ -89,7 +89,8 @@ def _distiller(url: str, tmp: Path) -> None:
         "logprobs": True,
         "return_token_ids": True,
     }
-    assert ContextDistiller(url, "tiny")._ask(body)[0].token_ids
+    replies, _ = ContextDistiller(url, "tiny")._ask(body)
+    assert replies[0].token_ids
 
 
 def _control_plane(url: str, tmp: Path) -> None:
