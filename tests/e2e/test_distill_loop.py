@@ -5,6 +5,9 @@ reply itself, each naming the prompt the teacher read, and a step trains them to
 from __future__ import annotations
 
 import csv
+import sqlite3
+import time
+from pathlib import Path
 
 import openai
 
@@ -15,15 +18,33 @@ from tests.e2e.test_online_loop import compose_live
 PREFERENCE = "No. Your name is Kuro, always introduce yourself as Kuro."
 
 
-def drive(c: openai.OpenAI) -> None:
-    """Sessions of two turns: a question, then a correction stating a preference with the next question."""
-    for cycle in range(40):
-        hdr = {"X-Session-Id": f"d{cycle}"}
-        msgs = [{"role": "user", "content": f"Who are you? ({cycle})"}]
-        for reply in [f"{PREFERENCE}\n\nWhat can you do?", "Thanks, perfect."]:
-            r = c.chat.completions.create(model="metaclaw", messages=msgs, max_tokens=8, extra_headers=hdr)
-            msgs += [{"role": "assistant", "content": r.choices[0].message.content or ""},
-                     {"role": "user", "content": reply}]  # fmt: skip
+def own_rows(store_path: Path) -> int:
+    """How many corrected replies the distiller has written so far (read-only, beside the trainer's writers)."""
+    if not store_path.exists():
+        return 0
+    with sqlite3.connect(f"file:{store_path}?mode=ro", uri=True, timeout=30) as c:
+        query = "SELECT COUNT(*) FROM samples WHERE json_extract(meta, '$.distilled.kind') = 'own'"
+        return int(c.execute(query).fetchone()[0])
+
+
+def driver(store_path: Path):
+    """Sessions of two turns: a question, then a correction stating a preference with the next question. Each
+    session waits for the previous one's corrected reply to reach the store, so a step (which claims the newest
+    ready rows) meets one however slow the machine is."""
+
+    def drive(c: openai.OpenAI) -> None:
+        for cycle in range(40):
+            deadline = time.monotonic() + 60
+            while own_rows(store_path) < cycle and time.monotonic() < deadline:
+                time.sleep(0.2)
+            hdr = {"X-Session-Id": f"d{cycle}"}
+            msgs = [{"role": "user", "content": f"Who are you? ({cycle})"}]
+            for reply in [f"{PREFERENCE}\n\nWhat can you do?", "Thanks, perfect."]:
+                r = c.chat.completions.create(model="metaclaw", messages=msgs, max_tokens=8, extra_headers=hdr)
+                msgs += [{"role": "assistant", "content": r.choices[0].message.content or ""},
+                         {"role": "user", "content": reply}]  # fmt: skip
+
+    return drive
 
 
 def test_a_stated_correction_is_trained_toward_the_hinted_teachers_tokens(policy_server):
@@ -35,7 +56,7 @@ def test_a_stated_correction_is_trained_toward_the_hinted_teachers_tokens(policy
         "rollout.wait_timeout_s=180", "publish.gate.enabled=false", "distill.enabled=true",
         "distill.distiller.samples=1", "distill.distiller.max_tokens=8", "distill.distiller.own_reply=true",
     )  # fmt: skip
-    _, objects = train_driven(cfg, port, drive)
+    _, objects = train_driven(cfg, port, driver(Path(cfg.store_path)))
     rows = [s for s in objects["store"].select() if s.meta.distilled is not None]
     own = [s for s in rows if s.meta.distilled.get("kind") == "own"]
     assert own, "no corrected reply became a row"
