@@ -7,8 +7,8 @@ reference's forward was a third of the trainer's time (`bench/perf/cycle_profile
 reference never depends on the adapter, so it can run while the policy's forward does: a plain copy of the base
 model that shares the policy's frozen weights (no memory of its own) answers it on a thread of its own, at a lower
 CPU priority (nice +10 on Linux, so the user's generation keeps its core). Work is split by row: when the policy's
-forward is done first, the trainer's thread computes every row not done yet (one the reference thread is still on
-included), so a busy machine costs no more than computing the reference in line.
+forward is done first, the trainer's thread takes the rows not started yet, so a busy machine costs at most one
+row's wait over computing the reference in line.
 """
 
 from __future__ import annotations
@@ -18,7 +18,6 @@ import os
 import re
 import sys
 import threading
-import time
 from concurrent.futures import ThreadPoolExecutor
 
 import torch
@@ -67,57 +66,56 @@ def _lower_priority() -> None:
 
 
 class ReferenceWork:
-    """One batch's reference logprobs `[B, T]`, row by row: the reference thread computes rows from the start;
-    `result()` (the trainer's thread) computes every row not yet done, a row the reference thread is still on
-    included, so the step never waits for a thread the machine gives no CPU to (the first answer of a row is kept)."""
+    """One batch's reference logprobs `[B, T]`, computed row by row by whoever takes a row first: the reference
+    thread from the start, the trainer's thread once it calls `result()`."""
 
     def __init__(self, model: nn.Module, batch: dict[str, Tensor], chunk: int) -> None:
         self.model, self.batch, self.chunk = model, batch, chunk
         self.out = torch.zeros(batch["mask"].shape, dtype=torch.float32, device=batch["mask"].device)
-        rows = [b for b in range(batch["mask"].shape[0]) if bool(batch["mask"][b].any())]
-        self._state = dict.fromkeys(rows, "todo")  # todo -> busy (the reference thread's) -> done
-        self._lock = threading.Lock()
+        self._rows = [b for b in range(batch["mask"].shape[0]) if bool(batch["mask"][b].any())]
+        self._next, self._left = 0, len(self._rows)
+        self._lock, self._done = threading.Lock(), threading.Event()
+        self._error: BaseException | None = None
+        if not self._rows:
+            self._done.set()
 
-    def _next(self, mine: bool) -> int | None:
-        """A row to compute: one nobody started; for the trainer's thread (`mine`) then one still in progress."""
+    def _take(self) -> int | None:
         with self._lock:
-            for wanted in ("todo", "busy") if mine else ("todo",):
-                for b, state in self._state.items():
-                    if state == wanted:
-                        self._state[b] = "busy"
-                        return b
-        return None
-
-    def _compute(self, mine: bool) -> None:
-        c0 = time.thread_time()
-        try:
-            with torch.no_grad():
-                while (b := self._next(mine)) is not None:
-                    batch, n = self.batch, int(self.batch["attention_mask"][b].sum())
-                    one = [batch[k][b : b + 1, :n] for k in ("input_ids", "target_ids", "attention_mask", "mask")]
-                    defaults = {"temperature": 1.0, "top_p": 1.0, "top_k": -1}
-                    params = [batch[k][b : b + 1] if k in batch else v for k, v in defaults.items()]
-                    t, p, k = params
-                    lp = causal_logprobs(self.model, one[0], one[1], one[2], t, p, k, one[3], self.chunk)
-                    with self._lock:
-                        if self._state[b] != "done":
-                            self.out[b, :n] = lp[0]
-                            self._state[b] = "done"
-        finally:  # the CPU of every thread that computed it; the wall time is the trainer's, in result()
-            profiling.record("kl_reference", 0.0, time.thread_time() - c0, count=0)
+            if self._next >= len(self._rows) or self._error is not None:
+                return None
+            self._next += 1
+            return self._rows[self._next - 1]
 
     def work(self) -> None:
-        """The reference thread's part; an error here is the trainer's to meet again when it computes the row."""
-        try:
-            self._compute(mine=False)
-        except Exception as e:  # noqa: BLE001 - result() recomputes the row in the trainer's thread
-            log.warning("The KL reference thread failed (the trainer computes the rows itself): %s", e)
+        """Compute rows until none is left to start."""
+        with torch.no_grad(), profiling.phase("kl_reference", cpu="thread"):
+            while (b := self._take()) is not None:
+                try:
+                    self._row(b)
+                except BaseException as e:  # noqa: BLE001 - raised again by result(), in the trainer's thread
+                    with self._lock:
+                        self._error = e
+                    self._done.set()
+                    return
+                with self._lock:
+                    self._left -= 1
+                    if self._left == 0:
+                        self._done.set()
+
+    def _row(self, b: int) -> None:
+        batch, n = self.batch, int(self.batch["attention_mask"][b].sum())
+        one = [batch[k][b : b + 1, :n] for k in ("input_ids", "target_ids", "attention_mask", "mask")]
+        defaults = {"temperature": 1.0, "top_p": 1.0, "top_k": -1}
+        params = [batch[k][b : b + 1] if k in batch else v for k, v in defaults.items()]
+        lp = causal_logprobs(self.model, one[0], one[1], one[2], params[0], params[1], params[2], one[3], self.chunk)
+        self.out[b, :n] = lp[0]
 
     def result(self) -> Tensor:
-        """The batch's reference logprobs, once every row is done."""
-        w0 = time.perf_counter()
-        self._compute(mine=True)
-        profiling.record("kl_reference", time.perf_counter() - w0, 0.0)
+        """The batch's reference logprobs; the calling thread computes the rows nobody has started."""
+        self.work()
+        self._done.wait()
+        if self._error is not None:
+            raise self._error
         return self.out
 
 
