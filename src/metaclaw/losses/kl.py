@@ -29,9 +29,7 @@ def kl_per_token(logprobs: Tensor, ref_logprobs: Tensor, estimator: str) -> Tens
 class KLPenalty(nn.Module):
     """KL(π‖π_ref) penalty: loss = coef · aggregate(kl_t, mask), kl_t from the k1/k2/k3 estimator.
 
-    The caller computes ``ref_logprobs`` with the same model and the adapter disabled (no second copy of the
-    weights), in line or, with ``reference_thread``, on a thread of its own beside the policy's forward
-    (``metaclaw.modules.reference``).
+    The caller computes ``ref_logprobs`` with the same model and the adapter disabled (no second copy).
 
     Shapes: ``logprobs`` (with grad), ``ref_logprobs`` (no grad), ``mask`` are all ``[B, T]``.
 
@@ -39,21 +37,12 @@ class KLPenalty(nn.Module):
         coef: Penalty weight (0.1 by default); 0 keeps the metric but adds nothing to the gradient.
         estimator: ``"k1"``, ``"k2"`` or ``"k3"``.
         aggregation: ``"token-mean"``, ``"seq-mean"`` or ``"sum"`` (see :func:`aggregate`).
-        reference_thread: ``"auto"``, True or False: compute the reference beside the policy's forward, on a core
-            the trainer's thread budget leaves idle. auto: for one training process on the CPU whose torch threads
-            are fewer than the host's cores (the CPU demo); the logprobs are the in-line ones (same weights).
 
     Metrics: ``kl`` (token mean of the estimate over masked tokens).
     """
 
-    def __init__(
-        self, coef: float = 0.1, estimator: str = "k3", aggregation: str = "token-mean",
-        reference_thread: bool | str = "auto",
-    ) -> None:  # fmt: skip
+    def __init__(self, coef: float = 0.1, estimator: str = "k3", aggregation: str = "token-mean") -> None:
         super().__init__()
-        if not isinstance(reference_thread, bool) and reference_thread != "auto":
-            raise ValueError(f"kl.reference_thread must be auto, true or false, got {reference_thread!r}")
-        self.reference_thread = reference_thread
         if estimator not in KL_ESTIMATORS:
             raise ValueError(f"unknown KL estimator {estimator!r}; valid: {', '.join(KL_ESTIMATORS)}")
         self.coef = coef

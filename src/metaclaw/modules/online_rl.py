@@ -26,7 +26,6 @@ adapters the step does not train keep no gradient on any rank (docs/agents.md, "
 
 from __future__ import annotations
 
-import logging
 import time
 import warnings
 from collections.abc import Callable
@@ -39,15 +38,12 @@ from torchmetrics import MeanMetric
 
 from metaclaw import profiling
 from metaclaw.modules import distill_rows as distilled
-from metaclaw.modules import reference
 from metaclaw.modules.agent_state import ADAPTERS_KEY, remap_optimizer_state, same_adapter
 from metaclaw.modules.policy import LoraPolicy
 
 if TYPE_CHECKING:
     from metaclaw.advantages.base import AdvantageEstimator
     from metaclaw.losses.base import PolicyLoss
-
-log = logging.getLogger(__name__)
 
 # Returning None from training_step is how a step is skipped in one process (counted in `train/skipped_*`).
 warnings.filterwarnings("ignore", message=r".*`training_step` returned `None`.*")
@@ -114,7 +110,6 @@ class OnlineRLModule(L.LightningModule):
         self.stepped: set[str] = set()  # adapters trained since the publisher last wrote them (`take_stepped`)
         self.current_adapter = "default"  # the adapter of the batch in progress
         self._refused = False  # the step in progress takes no optimizer step (DDP: its gradients are dropped)
-        self._concurrent: reference.ConcurrentReference | bool | None = None  # built at the first KL step
 
     @property
     def many(self) -> bool:
@@ -169,9 +164,6 @@ class OnlineRLModule(L.LightningModule):
         self.policy.checkpoint_for(int(batch["input_ids"].numel()))
         rows = distilled.distilled_rows(batch) if self.distill is not None else None
         mask, distill_mask = distilled.split_mask(batch["mask"], rows)  # distilled rows: cross-entropy only
-        kl_on = self.kl is not None and self.kl.coef > 0 and bool(mask.any())
-        concurrent = self._reference(world_size) if kl_on else None
-        early = concurrent.start(batch) if concurrent is not None else None
         taught = distilled.teacher_rows(batch, rows, self.distill.top_k if self.distill is not None else 0)
         if world_size > 1:  # every rank runs the teacher's forward or none does (FSDP gathers weights in each)
             every = self.all_gather(torch.tensor([taught is not None], device=self.device)).reshape(-1)
@@ -193,13 +185,10 @@ class OnlineRLModule(L.LightningModule):
             d_loss, d_metrics = distilled.distill_term(self.distill.loss, learnt, batch, distill_mask, rows)
             loss = loss + self.distill.weight * d_loss * global_scale(d_agg, distill_mask, d_totals, world_size)
             metrics.update(d_metrics if taught is None else {**d_metrics, **soft_metrics})
-        if kl_on:
-            if early is not None:  # started beside this forward (modules.reference)
-                ref = early.result()
-            else:
-                with torch.no_grad(), self.policy.reference(), profiling.phase("kl_reference"):
-                    ref = self._logprobs(batch)
-            kl_out = self.kl(logprobs, ref, mask)  # type: ignore[misc]
+        if self.kl is not None and self.kl.coef > 0 and bool(mask.any()):
+            with torch.no_grad(), self.policy.reference(), profiling.phase("kl_reference"):
+                ref = self._logprobs(batch)
+            kl_out = self.kl(logprobs, ref, mask)
             loss = loss + kl_out.loss * global_scale(self.kl.aggregation, mask, totals, world_size)
             metrics.update(kl_out.metrics)
         mask, advantages = batch["mask"], distilled.with_distilled(advantages, distill_mask)  # distilled rows teach
@@ -273,23 +262,6 @@ class OnlineRLModule(L.LightningModule):
         if flags[1] == 0:
             return "zero_advantage"
         return None
-
-    def _reference(self, world_size: int) -> reference.ConcurrentReference | None:
-        """The KL reference's own thread (`kl.reference_thread`), built at the first step that wants it."""
-        if self._concurrent is None:
-            setting = getattr(self.kl, "reference_thread", False)
-            on = reference.wanted(setting, self.device, world_size)
-            self._concurrent = False
-            if on:
-                base, chunk = self.policy.model.get_base_model(), self.policy.logprob_chunk_size
-                self._concurrent = reference.ConcurrentReference(base, chunk)
-                log.info("The KL reference runs beside the policy's forward, on a thread of its own")
-        return self._concurrent if isinstance(self._concurrent, reference.ConcurrentReference) else None
-
-    def on_fit_end(self) -> None:
-        if isinstance(self._concurrent, reference.ConcurrentReference):
-            self._concurrent.close()
-        self._concurrent = None
 
     def _logprobs(self, batch: dict[str, Tensor]) -> Tensor:
         """Policy logprobs at the response positions, over the distribution each sample was drawn from."""

@@ -187,8 +187,25 @@ class LoraPolicy(nn.Module):
         backward pass instead of kept, so memory grows with the response tokens, not prompt x vocabulary.
         Other positions are 0.
         """
-        return causal_logprobs(self.model.get_base_model(), input_ids, target_ids, attention_mask, temperature,
-                               top_p, top_k, mask, self.logprob_chunk_size)  # fmt: skip
+        where = (attention_mask if mask is None else mask).bool()
+        base = self.model.get_base_model()
+        head = base.get_output_embeddings()
+        if head is None or getattr(base.config, "final_logit_softcapping", None):  # logits are not lm_head(h)
+            logits = self(input_ids, attention_mask)[where]
+            flat = token_logprobs(logits, target_ids[where], *self._at(where, temperature, top_p, top_k))
+            return _placed(where, flat)
+        hidden = self._hidden_at(base.get_decoder(), input_ids, attention_mask, where)  # [N, H]
+        targets, params = target_ids[where], self._at(where, temperature, top_p, top_k)
+        pieces = []
+        for i in range(0, hidden.shape[0], self.logprob_chunk_size):
+            part = slice(i, i + self.logprob_chunk_size)
+            args = (hidden[part], targets[part], *(x[part] for x in params))
+            if torch.is_grad_enabled() and hidden.requires_grad:
+                pieces.append(checkpoint(_head_logprobs, head, *args, use_reentrant=False))
+            else:
+                pieces.append(_head_logprobs(head, *args))
+        flat = torch.cat(pieces) if pieces else hidden.new_zeros(0, *targets.shape[1:], dtype=torch.float32)
+        return _placed(where, flat)
 
     @torch.no_grad()
     def top_logprobs(
@@ -325,30 +342,3 @@ class LoraPolicy(nn.Module):
         result = set_peft_model_state_dict(self.model, state, adapter_name=adapter)
         if result.unexpected_keys:
             raise ValueError(f"adapter at {directory} has unexpected keys: {result.unexpected_keys[:3]}")
-
-
-def causal_logprobs(
-    base: nn.Module, input_ids: Tensor, target_ids: Tensor, attention_mask: Tensor, temperature: Param = 1.0,
-    top_p: Param = 1.0, top_k: Param = -1, mask: Tensor | None = None, chunk: int = 512,
-) -> Tensor:  # fmt: skip
-    """`LoraPolicy.logprobs` over a Hugging Face causal LM `base` (the policy's PEFT-wrapped one, or the plain
-    reference that shares its weights: `modules.reference`): the decoder's hidden states at `mask` only, the LM head
-    in chunks of `chunk` rows, each recomputed in the backward pass instead of kept."""
-    where = (attention_mask if mask is None else mask).bool()
-    head = base.get_output_embeddings()
-    params = LoraPolicy._at(where, temperature, top_p, top_k)
-    if head is None or getattr(base.config, "final_logit_softcapping", None):  # logits are not lm_head(h)
-        logits = base(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).logits[where]
-        return _placed(where, token_logprobs(logits, target_ids[where], *params))
-    hidden = LoraPolicy._hidden_at(base.get_decoder(), input_ids, attention_mask, where)  # [N, H]
-    targets = target_ids[where]
-    pieces = []
-    for i in range(0, hidden.shape[0], chunk):
-        part = slice(i, i + chunk)
-        args = (hidden[part], targets[part], *(x[part] for x in params))
-        if torch.is_grad_enabled() and hidden.requires_grad:
-            pieces.append(checkpoint(_head_logprobs, head, *args, use_reentrant=False))
-        else:
-            pieces.append(_head_logprobs(head, *args))
-    flat = torch.cat(pieces) if pieces else hidden.new_zeros(0, *targets.shape[1:], dtype=torch.float32)
-    return _placed(where, flat)
