@@ -17,6 +17,7 @@ from metaclaw.distribution import Dist  # noqa: E402
 from metaclaw.modules.policy import LoraPolicy  # noqa: E402
 from metaclaw.serving.engines import Engine, SamplingParams, UnknownAdapterError  # noqa: E402
 from metaclaw.serving.engines.onnx import OnnxEngine  # noqa: E402
+from metaclaw.wire.client import Endpoint, teacher_logprobs  # noqa: E402
 
 from .conftest import FIXED_ANSWER, chat_ids  # noqa: E402
 
@@ -250,7 +251,7 @@ def test_backend_auto_on_a_cpu_host_builds_the_cpu_engine_it_names(tmp_path, tin
         devices.plan_devices({"train": [], "infer": [0]}, {"name": "onnx"}, 1, False)
 
 
-def test_the_policy_server_serves_with_backend_onnx(tmp_path, adapter_root, fixed_adapter):
+def test_the_policy_server_serves_with_backend_onnx(tmp_path, adapter_root, fixed_adapter, tiny_spec):
     """`serve.py backend=onnx` end to end over HTTP: hot-load, a chat answer with logprobs, a stream."""
     import httpx
 
@@ -270,6 +271,14 @@ def test_the_policy_server_serves_with_backend_onnx(tmp_path, adapter_root, fixe
         r = httpx.post(f"{live.url}/v1/chat/completions", json={**body, "stream": True}, headers=h, timeout=60)
         assert r.status_code == 200 and "[DONE]" in r.text
         assert "ONNX engine: tiny loaded" in live.log.read_text()
+        # μ through the teacher's route: a sampled reply scored by the real client gives back its behaviour
+        # logprobs (the prompt read in one step, the reply a token a step: prompt_logprobs_from)
+        sampled = {**body, "temperature": 0.8, "top_p": 0.9, "seed": 3, "return_token_ids": True}
+        choice = httpx.post(f"{live.url}/v1/chat/completions", json=sampled, headers=h, timeout=60).json()["choices"][0]
+        reply, mu = choice["token_ids"], [t["logprob"] for t in choice["logprobs"]["content"]]
+        prompt = chat_ids(tiny_spec.load_tokenizer(), "hi")
+        got = teacher_logprobs(Endpoint(live.url, live.api_key), "policy", prompt, reply, 60, 0.8, 0.9)
+        assert len(reply) == len(mu) and max(abs(a - b) for a, b in zip(got, mu, strict=True)) <= 1e-5
 
 
 def test_the_graph_with_its_cache_and_grouped_lora_is_the_peft_model(tiny_spec, policy, fixed_adapter):
@@ -372,3 +381,34 @@ def test_the_cache_through_the_io_binding_equals_one_forward(tiny_spec, fixed_ad
     assert (once - torch.tensor(out.logprobs)).abs().max().item() < 1e-4
     options = fp32._lora_graph.session.get_session_options()
     assert options.get_session_config_entry("session.intra_op.allow_spinning") == "0"
+
+
+def test_the_teachers_route_reads_the_context_in_one_step(engine, fixed_adapter, monkeypatch):
+    """`/v1/completions` with `prompt_logprobs_from` (what `teacher_logprobs` sends): the context is one graph step,
+    then one step per scored token, as a generation after that prompt; without it every token after the first
+    is a step of its own (an agent's 7k-token prompt: 7k steps for one score)."""
+    from metaclaw.serving.engines import onnx as onnx_engine
+    from metaclaw.serving.service import PolicyService
+
+    prompt = chat_ids(engine.tokenizer, "What is the capital of France?")
+    target = engine.tokenizer(FIXED_ANSWER)["input_ids"]
+    service = PolicyService(engine, adapter_root=fixed_adapter.parent)
+    steps = []
+    run = onnx_engine._Graph.run
+    monkeypatch.setattr(onnx_engine._Graph, "run", lambda self, *a: steps.append(1) or run(self, *a))
+    body = {"model": "tiny", "prompt": prompt + target, "max_tokens": 0, "echo": True, "prompt_logprobs": 0}
+
+    def score(extra: dict) -> list:
+        steps.clear()
+        (event,) = list(service.completions({**body, **extra}))
+        assert event["status"] == 200, event
+        return event["body"]["choices"][0]["prompt_logprobs"]
+
+    split = score({"prompt_logprobs_from": len(prompt)})
+    assert len(steps) == len(target)  # the prompt, then each target token but the last (its logits are not needed)
+    assert split[: len(prompt)] == [None] * len(prompt) and all(split[len(prompt) :])
+    whole = score({})
+    assert len(steps) == len(prompt + target) - 1
+    want = engine.score_tokens(prompt, target)
+    got = [e[str(t)]["logprob"] for e, t in zip(split[len(prompt) :], target, strict=True)]
+    assert got == pytest.approx([s.logprob for s in want], abs=1e-6) and len(whole) == len(split)

@@ -183,6 +183,14 @@ def test_teacher_logprobs_helper(server, engine, fixed_adapter):
     entry = choice["prompt_logprobs"][-1][str(target[-1])]
     assert set(entry) == {"logprob", "rank", "decoded_token"} and entry["rank"] == 1
     assert choice["logprobs"]["token_logprobs"][0] is None
+    # metaclaw's prompt_logprobs_from: the context unscored (null), the rest as before
+    k = len(prompt)
+    split = post(server, "/v1/completions", {**body, "prompt_logprobs_from": k}).json()["choices"][0]
+    assert split["prompt_logprobs"][:k] == [None] * k and split["logprobs"]["token_logprobs"][:k] == [None] * k
+    for a, b in zip(split["prompt_logprobs"][k:], choice["prompt_logprobs"][k:], strict=True):
+        assert a.keys() == b.keys() and abs(a[next(iter(a))]["logprob"] - b[next(iter(b))]["logprob"]) <= 1e-4
+    too_far = post(server, "/v1/completions", {**body, "prompt_logprobs_from": len(prompt + target)})
+    assert too_far.status_code == 400 and "prompt_logprobs_from" in too_far.json()["error"]["message"]
 
 
 @pytest.mark.parametrize(

@@ -95,6 +95,7 @@ class CompletionRequest:
     prompt_logprobs: int | None = None
     return_token_ids: bool = False
     logprobs_mode: str = "raw_logprobs"
+    prompt_logprobs_from: int = 1  # the context's length: the first token always is (`CompletionBody`)
 
 
 def _prompt(value: str | list[Any]) -> str | list[int]:
@@ -123,6 +124,7 @@ def parse_completion_request(body: Any, default_max_tokens: int = 16) -> Complet
         prompt_logprobs=v.prompt_logprobs,
         return_token_ids=bool(v.return_token_ids),
         logprobs_mode=v.logprobs_mode or "raw_logprobs",
+        prompt_logprobs_from=v.prompt_logprobs_from or 1,
     )
     if req.params.max_tokens == 0 and not (req.echo or req.prompt_logprobs is not None):
         raise RequestError("max_tokens=0 needs echo=true or prompt_logprobs", param="max_tokens")

@@ -15,7 +15,7 @@ from typing import Any
 
 from metaclaw import profiling
 from metaclaw.serving.completions import chat_completion, chat_completion_stream
-from metaclaw.serving.engines.base import AdapterError, Engine, UnknownAdapterError
+from metaclaw.serving.engines.base import AdapterError, Engine, TokenScore, UnknownAdapterError
 from metaclaw.serving.protocol import (
     model_not_found,
     parse_chat_request,
@@ -128,13 +128,17 @@ class PolicyService:
         outputs = self.engine.generate(ids, req.params, adapter) if req.params.max_tokens > 0 else []
         if outputs:
             version = outputs[0].adapter_version
-        scores = None
+        scores: list[TokenScore | None] | None = None
         if req.prompt_logprobs is not None or (req.echo and req.logprobs is not None):
             # vLLM's prompt logprobs are raw; `logprobs_mode: processed_logprobs` (our extension, echoed in the
             # choice) scores them under the request's temperature/top-p/top-k, as sampled tokens are.
             p = req.params
             dist = (p.temperature, p.top_p, p.top_k) if req.logprobs_mode == "processed_logprobs" else (1.0, 1.0, -1)
-            scores = self.engine.score_tokens(ids[:1], ids[1:], adapter, *dist)
+            k = req.prompt_logprobs_from  # the context: read in one step, as a generation reads its prompt
+            if k >= len(ids):
+                raise RequestError(f"prompt_logprobs_from ({k}) must be less than the prompt's {len(ids)} tokens",
+                                   param="prompt_logprobs_from")  # fmt: skip
+            scores = [None] * (k - 1) + self.engine.score_tokens(ids[:k], ids[k:], adapter, *dist)
         decoder = TextDecoder(tok, req.params.stop)
         prompt_text = tok.decode(ids, skip_special_tokens=False)
         choices = []
@@ -150,9 +154,10 @@ class PolicyService:
             if req.prompt_logprobs is not None and scores is not None:
                 choice["logprobs_mode"] = req.logprobs_mode
                 choice["prompt_logprobs"] = [None] + [
+                    None if s is None else
                     {str(t): {"logprob": s.logprob, "rank": s.rank, "decoded_token": decoder.token_text(t)}}
                     for t, s in zip(ids[1:], scores, strict=True)
-                ]
+                ]  # fmt: skip
             if req.logprobs is not None:
                 choice["logprobs"] = self._legacy_logprobs(ids if req.echo else [], scores, out, decoder)
             if req.return_token_ids:
@@ -181,7 +186,7 @@ class PolicyService:
         token_logprobs: list[float | None] = []
         if echo_ids:
             tokens = [decoder.token_text(t) for t in echo_ids]
-            token_logprobs = [None] + [s.logprob for s in scores]
+            token_logprobs = [None, *(None if s is None else s.logprob for s in scores)]
         if out is not None:
             tokens += [decoder.token_text(t) for t in out.token_ids]
             token_logprobs += list(out.logprobs)

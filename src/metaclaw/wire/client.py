@@ -185,6 +185,7 @@ def teacher_logprobs(
         "echo": True,
         "logprobs": 0,
         "prompt_logprobs": 0,
+        "prompt_logprobs_from": len(prompt),  # metaclaw's: the prompt read as a generation reads it (vLLM ignores it)
     }
     if user is not None:  # OpenAI's end-user field: the policy server tags its work with it (metaclaw.profiling)
         body["user"] = user

@@ -92,6 +92,9 @@ class CompletionBody(Sampling):
     logprobs: Annotated[int, Field(ge=0, le=20)] | None = None
     prompt_logprobs: Annotated[int, Field(ge=0, le=20)] | None = None
     logprobs_mode: Literal["raw_logprobs", "processed_logprobs"] | None = None
+    # metaclaw's: the first k prompt tokens are context, read in one step as a generation reads its prompt (their
+    # prompt logprobs null); the rest are scored along the path a reply sampled after them took. vLLM ignores it.
+    prompt_logprobs_from: Annotated[int, Field(ge=1, le=2**31 - 1)] | None = None
 
 
 class LoadAdapterBody(Body):
