@@ -9,6 +9,7 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
+from metaclaw import devices
 from metaclaw.config import trainer_device_kwargs, validate_train_config
 from metaclaw.devices import DevicePlanError, plan_devices, resolve_devices, trainer_kwargs
 from tests.test_configs import _compose
@@ -82,14 +83,34 @@ def test_card_command_on_a_cpu_host_names_the_missing_gpu(tmp_path):
         (2, False, (0,), (1,), "hf", "bf16-mixed"),  # GPUs but no vllm: HF, with a warning
     ],
 )
-def test_auto_rules(gpus, vllm, train, infer, backend, precision):
+def test_auto_rules(gpus, vllm, train, infer, backend, precision, monkeypatch):
+    monkeypatch.setattr(devices, "cpu_has_bf16", lambda: False)  # a CPU without bf16 arithmetic (the next test: with)
     plan = plan_devices(AUTO, VLLM, gpus, vllm)
     assert (plan.train, plan.infer, plan.backend, plan.precision) == (train, infer, backend, precision)
     if gpus and not vllm:
         assert any("vLLM is not found" in w for w in plan.warnings)
 
 
-def test_explicit_backend_and_devices_win_over_auto():
+@pytest.mark.parametrize("bf16", [True, False])
+def test_auto_precision_on_a_cpu_is_bf16_mixed_where_the_cores_compute_in_bf16(bf16, monkeypatch):
+    """2.25x fp32's training step on the 2-core EPYC (AVX-512 BF16), 2.6x HF's trained samples a minute in the main
+    job with the ONNX engine (docs/results/2026-11-29-session19.md); a CPU without it keeps fp32."""
+    monkeypatch.setattr(devices, "cpu_has_bf16", lambda: bf16)
+    want = "bf16-mixed" if bf16 else "32-true"
+    assert plan_devices(AUTO, VLLM, 0, False).precision == want
+    assert trainer_kwargs({"train": [], "cpu_processes": 1, "precision": "auto"})["precision"] == want
+    assert plan_devices({**AUTO, "precision": "32-true"}, VLLM, 0, False).precision == "32-true"  # as given
+    assert plan_devices(AUTO, VLLM, 1, True).precision == "bf16-mixed"  # a GPU: bf16 either way
+
+
+def test_the_bf16_probe_asks_torch_about_this_cpu():
+    import torch
+
+    assert devices.cpu_has_bf16() == (torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported())
+
+
+def test_explicit_backend_and_devices_win_over_auto(monkeypatch):
+    monkeypatch.setattr(devices, "cpu_has_bf16", lambda: False)
     plan = plan_devices({**AUTO, "train": [0, 1], "infer": [2]}, {"name": "hf"}, 4, True)
     assert (plan.backend, plan.infer, plan.strategy) == ("hf", (2,), "ddp")
     cpu = plan_devices({**AUTO, "train": [], "infer": []}, VLLM, 4, True)
@@ -183,7 +204,8 @@ def test_serving_and_training_on_one_cpu_split_its_cores_into_thread_budgets(tmp
     assert OmegaConf.to_container(cfg.devices.cpu_threads) == {"serve": 1, "train": 1}
 
 
-def test_cpu_ddp_and_single_process_kwargs():
+def test_cpu_ddp_and_single_process_kwargs(monkeypatch):
+    monkeypatch.setattr(devices, "cpu_has_bf16", lambda: False)
     assert trainer_kwargs(OmegaConf.create({"train": [], "cpu_processes": 2, "precision": "32-true"}))["strategy"] \
         == "ddp"  # fmt: skip
     one = trainer_kwargs({"train": [], "cpu_processes": 1, "precision": "auto"})
