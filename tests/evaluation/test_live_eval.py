@@ -222,7 +222,9 @@ def test_the_default_evaluation_asks_every_reply_in_one_batch_before_scoring(tmp
     ]  # train.py's backend (batches of up to 64)
     env = {"METACLAW_PROFILE_DIR": str(profile), "METACLAW_PROFILE_EVERY_S": "0.2"}
     with serving(cmd, f"http://127.0.0.1:{port}/health", tmp_path / "server.log", env=env):
-        ev = ComplianceEvaluator(f"http://127.0.0.1:{port}", PREFS, n_prompts=ev_cfg.n_prompts, max_tokens=16,
+        # replies long enough that a batch is still running when the last requests arrive (with 16 tokens the tiny
+        # model answered so fast on a loaded machine that 32 requests in flight took 9 batches)
+        ev = ComplianceEvaluator(f"http://127.0.0.1:{port}", PREFS, n_prompts=ev_cfg.n_prompts, max_tokens=48,
                                  temperature=1.0, concurrency=ev_cfg.concurrency, base_model="tiny")  # fmt: skip
         result = ev.score("tiny")
         assert result.n == ev_cfg.n_prompts and result.errors == 0 and result.quality.nll is not None
