@@ -14,7 +14,8 @@ gets the same resolved values. The rules (docs/training.md, "Device plan"):
   environment, `backend.venv`), `backend=onnx` without onnxruntime or with an inference GPU, or a GPU id the host
   does not have, fails at start.
 - `devices.precision: auto` is bf16-mixed when training on GPUs, and on a CPU whose cores do bf16 arithmetic
-  (AVX-512 BF16 or AMX: 2.25x fp32's training step on the demo's 2-core EPYC); 32-true on other CPUs.
+  (AVX-512 BF16 or AMX: 2.25x fp32's training step on the demo's 2-core EPYC) when the behaviour is not fp32 (the
+  ONNX engine); 32-true otherwise, so the HF engine's fp32 replies keep an on-policy ratio of exactly 1.
 - `devices.strategy: auto` is DDP for more than one training process (GPUs × nodes, or CPU processes); `fsdp`
   shards the frozen base and the adapter over the training GPUs (Lightning's FSDPStrategy).
 - `devices.cpu_threads` (`serve`, `train`): torch compute threads of the policy server and of each training
@@ -58,9 +59,14 @@ def cpu_has_bf16() -> bool:
     return any(bool(getattr(torch.cpu, p, lambda: False)()) for p in probes)
 
 
-def auto_precision(train: Sequence[int]) -> str:
-    """`devices.precision: auto`: bf16-mixed on GPUs and on bf16-capable CPUs, else 32-true."""
-    return "bf16-mixed" if train or cpu_has_bf16() else "32-true"
+def auto_precision(train: Sequence[int], backend: str = "hf") -> str:
+    """`devices.precision: auto`: bf16-mixed on GPUs; on a CPU, bf16-mixed where the cores compute in bf16 and the
+    replies come from the quantised engine (`backend` onnx: their logprobs are not fp32's anyway), else 32-true.
+
+    With the HF engine in fp32 the main job is bound by generation: bf16 training measured 37.1 trained samples a
+    minute against 36.4 in fp32 (one run against a median of 3) and would cost the exact on-policy ratio; with the
+    ONNX engine it doubled them (91.6 against 48.4, medians of 3; docs/results/2026-11-29-session19.md)."""
+    return "bf16-mixed" if train or (backend == "onnx" and cpu_has_bf16()) else "32-true"
 
 
 STRATEGIES = ("auto", "ddp", "fsdp")
@@ -235,7 +241,7 @@ def plan_devices(
 
     precision = str(devices.get("precision", "auto"))
     if precision == "auto":
-        precision = auto_precision(train)
+        precision = auto_precision(train, name)
     strategy = _strategy(str(devices.get("strategy", "auto")).lower(), train, (len(train) or cpu_processes) * num_nodes)
     serve_threads, train_threads = thread_budget(
         devices.get("cpu_threads"), cpu_count, serves_here and not train and not infer, cpu_processes
