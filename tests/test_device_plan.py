@@ -40,7 +40,10 @@ def test_the_plan_picks_the_engine_by_its_target_and_the_factory_builds_it(tmp_p
     gpu = _compose("train", CARD, tmp_path)
     resolve_devices(gpu, gpu_count=4, vllm_available=True)
     assert gpu.backend._target_ == "metaclaw.serving.engines.vllm_http.VLLMServerEngine.from_backend"
-    cpu = _compose("train", ["model=tiny"], tmp_path)
+    default = _compose("train", ["model=tiny"], tmp_path)
+    resolve_devices(default, gpu_count=0, vllm_available=False)
+    assert default.backend._target_ == "metaclaw.serving.engines.onnx.OnnxEngine.from_backend"  # the CPU default
+    cpu = _compose("train", ["model=tiny", "backend.cpu_engine=hf"], tmp_path)
     resolve_devices(cpu, gpu_count=0, vllm_available=False)
     assert cpu.backend._target_ == "metaclaw.serving.engines.hf.HFEngine.from_backend"
     backend = OmegaConf.to_container(cpu.backend, resolve=True)

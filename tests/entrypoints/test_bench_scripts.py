@@ -67,12 +67,18 @@ def test_decode_precision_bench_measures_speed_and_the_logprob_gap():
         assert gap["tokens"] == 8 and 0.0 <= gap["mean"] <= gap["max"]
 
 
-def test_prefix_reuse_bench_compares_the_cache_off_and_on():
-    out = _bench("perf/prefix_reuse.py", "--model", "tiny", "--rounds", "1", "--clients", "2", "--max-tokens", "4")
-    off, on = out["engines"]["off"], out["engines"]["on"]
-    assert off["turns"] == on["turns"] == 2 * 3  # two conversations of three turns through each engine
-    assert out["cache"]["hits"] >= 4 and 0 < out["cache"]["reused_share"] < 1  # turns 2 and 3 find turn 1's keys
-    assert out["speedup_wall"] > 0 and out["prefix_cache_mb"] == 1024  # backend/hf.yaml
+def test_prefix_reuse_bench_compares_the_cache_off_and_on(tmp_path, monkeypatch):
+    pytest.importorskip("onnxruntime", reason="the ONNX engine needs the onnx extra: pip install 'metaclaw[onnx]'")
+    monkeypatch.setenv("METACLAW_CACHE", str(tmp_path))
+    out = _bench("perf/prefix_reuse.py", "--model", "tiny", "--rounds", "1", "--clients", "2", "--max-tokens", "4",
+                 "--system-tokens", "40")  # fmt: skip
+    assert set(out["engines"]) == {"hf-off", "hf-on", "onnx-off", "onnx-on"} and out["system_tokens"] > 20
+    for kind in ("hf", "onnx"):
+        off, on = out["engines"][f"{kind}-off"], out["engines"][f"{kind}-on"]
+        assert off["turns"] == on["turns"] == 2 * 3  # two conversations of three turns through each engine
+        assert "cache" not in off and on["cache"]["hits"] >= 5  # turns 2-3 find turn 1, turn 1 the system prompt
+        assert 0 < on["cache"]["reused_share"] < 1 and out["speedup_wall"][kind] > 0
+    assert out["onnx_on_over_hf_on_wall"] > 0 and out["prefix_cache_mb"] == 1024  # backend/hf.yaml
 
 
 def test_eval_batch_bench_decodes_each_batch_size():

@@ -217,6 +217,7 @@ def test_the_default_evaluation_asks_every_reply_in_one_batch_before_scoring(tmp
         "serve.py",
         "model=tiny",
         "backend.max_batch_size=64",
+        "backend.cpu_engine=hf",  # the instrument: its batch counts and linger (what the evaluator asks is the test)
         f"serve.port={port}",
         f"hydra.run.dir={tmp_path / 'server'}",
     ]  # train.py's backend (batches of up to 64)

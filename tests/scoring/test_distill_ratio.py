@@ -22,7 +22,10 @@ PREFERENCE = "Your name is Kuro, always introduce yourself as Kuro."
 
 @pytest.fixture(scope="module")
 def policy_server(tmp_path_factory):
-    with running_server(tmp_path_factory.mktemp("serve-run"), tmp_path_factory.mktemp("adapters")) as live:
+    # the fp32 engine: a ratio of exactly 1 needs the trainer's own numbers (the int8 engine's is counted, not 1)
+    with running_server(
+        tmp_path_factory.mktemp("serve-run"), tmp_path_factory.mktemp("adapters"), "backend.cpu_engine=hf"
+    ) as live:
         yield live
 
 

@@ -106,8 +106,9 @@ def running_server(run_dir: Path, adapter_root: Path, *overrides: str, python: s
 
 @pytest.fixture(scope="session")
 def server(tmp_path_factory, adapter_root) -> Iterator[LiveServer]:
-    """The policy server on the tiny model, shared by the session; its process group is killed at the end."""
-    with running_server(tmp_path_factory.mktemp("serve-run"), adapter_root) as live:
+    """The policy server on the tiny model with the HF engine (the in-process `engine` these tests compare it with),
+    shared by the session; its process group is killed at the end."""
+    with running_server(tmp_path_factory.mktemp("serve-run"), adapter_root, "backend.cpu_engine=hf") as live:
         yield live
 
 

@@ -5,6 +5,7 @@ requests of the same tenant; the proxy gives each agent and client key its own s
 from __future__ import annotations
 
 import httpx
+import pytest
 import torch
 
 from metaclaw.rollout.proxy import RolloutProxy
@@ -33,8 +34,18 @@ def test_a_tenants_entries_are_found_by_that_tenant_only():
     assert len(cache) == 0 and cache.bytes == 0
 
 
-def test_the_engine_reuses_a_prefix_only_within_its_cache_salt(tiny_spec):
-    engine = HFEngine.from_spec(tiny_spec, max_batch_size=1, prefix_cache_mb=16)
+def _onnx_engine(spec):
+    pytest.importorskip("onnxruntime", reason="the ONNX engine needs the onnx extra: pip install 'metaclaw[onnx]'")
+    from metaclaw.serving.engines.onnx import OnnxEngine
+
+    return OnnxEngine.from_backend(spec, max_batch_size=1, quantize="fp32", prefix_cache_mb=16)
+
+
+@pytest.mark.parametrize("build", [lambda spec: HFEngine.from_spec(spec, max_batch_size=1, prefix_cache_mb=16),
+                                   _onnx_engine], ids=["hf", "onnx"])  # fmt: skip
+def test_the_engine_reuses_a_prefix_only_within_its_cache_salt(tiny_spec, build, tmp_path, monkeypatch):
+    monkeypatch.setenv("METACLAW_CACHE", str(tmp_path))
+    engine = build(tiny_spec)
     prompt = list(engine.tokenizer.encode("The secret plan is blue. " * 4))
     engine.generate(prompt, SamplingParams(max_tokens=2, cache_salt="alice"))
     before = dict(engine.prefix.stats)

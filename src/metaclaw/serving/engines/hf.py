@@ -61,7 +61,7 @@ from metaclaw.serving.engines.base import (
     scoring_ids,
 )
 from metaclaw.serving.engines.merged import MergedSlots
-from metaclaw.serving.prefix_cache import PrefixCache
+from metaclaw.serving.prefix_cache import PrefixCache, from_mb
 from metaclaw.wire import ADAPTER_WEIGHTS
 
 log = logging.getLogger(__name__)
@@ -209,7 +209,7 @@ class HFEngine(ServedAdapters):
             raise ValueError("backend.merge_adapters needs a plain base model, not a PeftModel")
         self.max_batch_size = max_batch_size
         self.merge_adapters = merge_adapters
-        self.prefix = PrefixCache(int(prefix_cache_mb * 2**20)) if prefix_cache_mb else None
+        self.prefix = from_mb(prefix_cache_mb)
         self._merged: dict[str, nn.Module] = {}  # internal name -> merged copy (merge_adapters)
         self._slots = MergedSlots(model) if merge_adapters else None
         if merge_adapters:
@@ -288,8 +288,7 @@ class HFEngine(ServedAdapters):
         if merge_adapters not in (True, False, "auto"):
             raise ValueError(f"backend.merge_adapters must be true, false or auto, got {merge_adapters!r}")
         merge = device == "cpu" if merge_adapters == "auto" else bool(merge_adapters)
-        if not 0 <= float(prefix_cache_mb) <= 2**20:
-            raise ValueError(f"backend.prefix_cache_mb must be in [0, 1048576] MiB, got {prefix_cache_mb!r}")
+        from_mb(prefix_cache_mb)  # checked before the model loads
         return cls.from_spec(spec, device, int(max_batch_size), merge, float(batch_linger_s), float(prefix_cache_mb))
 
     @property

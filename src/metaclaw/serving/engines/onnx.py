@@ -81,6 +81,7 @@ from metaclaw.serving.engines.onnx_graph import (
     export_onnx,
     input_names,
 )
+from metaclaw.serving.prefix_cache import LayerKV, from_mb
 
 log = logging.getLogger(__name__)
 
@@ -91,7 +92,7 @@ QUANTIZE = ("int8", "fp32")
 SAMPLER_THREADS = 1
 CACHE_KEEP = 4  # built models kept under <cache>/onnx (the newest by use; older ones are deleted)
 #: HF-engine options `backend=auto` carries that this engine does not use
-HF_ONLY_OPTIONS = frozenset({"merge_adapters", "prefix_cache_mb", "batch_linger_s"})
+HF_ONLY_OPTIONS = frozenset({"merge_adapters", "batch_linger_s"})
 _KEY = re.compile(r"layers\.(\d+)\.(?:self_attn|mlp)\.(\w+)\.lora_([AB])\.weight$")
 
 Factors = dict[str, np.ndarray]
@@ -241,10 +242,12 @@ class _Graph:
 
 @dataclass(frozen=True)
 class _Feed:
-    """What a request runs: the graph (with or without LoRA inputs) and the adapter's factors as values."""
+    """What a request runs: the graph (with or without LoRA inputs), the adapter's factors as values, and the model's
+    key in the prefix cache (the adapter version's internal name; None: the base model)."""
 
     graph: _Graph
     factors: dict[str, Any]
+    key: str | None = None
 
     def run(self, ids: np.ndarray, mask: np.ndarray, positions: np.ndarray, keep: np.ndarray,
             past: Sequence[Any]) -> tuple[np.ndarray, list[Any]]:  # fmt: skip
@@ -297,6 +300,8 @@ class OnnxEngine(ServedAdapters):
         max_seq_len: longest prompt + completion accepted.
         max_batch_size: concurrent generate requests sampled together.
         threads: ONNX Runtime's compute threads (None: torch's thread count).
+        prefix_cache_mb: keys and values of recent conversations kept for their next turn, per model version and
+            tenant (`metaclaw.serving.prefix_cache`; 0: every prompt is read in full).
     """
 
     def __init__(
@@ -309,6 +314,7 @@ class OnnxEngine(ServedAdapters):
         max_seq_len: int = 2048,
         max_batch_size: int = 1,
         threads: int | None = None,
+        prefix_cache_mb: float = 0.0,
     ) -> None:
         if max_batch_size < 1:
             raise ValueError(f"backend.max_batch_size must be >= 1, got {max_batch_size}")
@@ -333,19 +339,22 @@ class OnnxEngine(ServedAdapters):
         self._lock = threading.Lock()  # one run of the graph at a time (the CPU is the limit; no oversubscription)
         self._pending: list[_Pending] = []
         self._pending_lock = threading.Lock()
+        self.prefix = from_mb(prefix_cache_mb)
 
     @classmethod
     def from_backend(
         cls, spec: Any, infer_devices: Sequence[int] = (), max_batch_size: int = 4, quantize: str = "int8",
-        **other: Any,
+        prefix_cache_mb: float = 1024, **other: Any,
     ) -> OnnxEngine:  # fmt: skip
-        """The `backend` node's constructor (CPU only). The HF and vLLM options `backend=auto` carries are not used
-        here; any other option is a config error."""
+        """The `backend` node's constructor (CPU only); its defaults are the product's (4 requests a batch, int8
+        weights, a 1 GiB prefix cache). The HF and vLLM options `backend=auto` carries are not used here; any other
+        option is a config error."""
         unknown = sorted(set(other) - VLLM_ONLY_OPTIONS - HF_ONLY_OPTIONS)
         if unknown:
             raise ValueError(f"backend: options the ONNX engine does not know: {unknown}")
         if infer_devices:
             raise ValueError("backend=onnx runs on the CPU; use backend=vllm or backend=hf for devices.infer GPUs")
+        from_mb(prefix_cache_mb)  # checked before the model is built
         from transformers import AutoConfig, GenerationConfig
 
         model_dir = built_model(spec, str(quantize))
@@ -367,7 +376,7 @@ class OnnxEngine(ServedAdapters):
             pass
         shape = _Shape(cfg.num_hidden_layers, cfg.num_key_value_heads, head_dim, lora)
         return cls(model_dir, shape, tokenizer, spec.name, [e for e in eos if e is not None], spec.max_seq_len,
-                   int(max_batch_size))  # fmt: skip
+                   int(max_batch_size), prefix_cache_mb=float(prefix_cache_mb))  # fmt: skip
 
     # ---------------------------------------------------------------- adapters
 
@@ -376,13 +385,15 @@ class OnnxEngine(ServedAdapters):
         self._check_new_name(name)
         started = time.perf_counter()
         with profiling.phase("hot_load"):
-            factors = _Feed(self._lora_graph, ort_values(adapter_factors(path, self.shape.layers, self.shape.lora)))
+            values = ort_values(adapter_factors(path, self.shape.layers, self.shape.lora))
             version = self._registry.next_version(name, path, version)
-            internal = f"adapter-{uuid.uuid4().hex}"  # never reused (a version's factors are found by it)
-            self._factors[internal] = factors
+            internal = f"adapter-{uuid.uuid4().hex}"  # never reused (finds a version's factors and prefixes)
+            self._factors[internal] = _Feed(self._lora_graph, values, internal)
             return self._publish(name, internal, version, path, started)
 
     def _free(self, slot: LoadedAdapter) -> None:
+        if self.prefix is not None:
+            self.prefix.forget(slot.internal)
         self._factors.pop(slot.internal, None)
 
     def _inputs(self, slot: LoadedAdapter | None) -> _Feed:
@@ -411,25 +422,18 @@ class OnnxEngine(ServedAdapters):
         eos = sorted({*self.eos_ids, *first.stop_token_ids})
         generator = torch.Generator().manual_seed(first.seed) if first.seed is not None else None
         batch, width = len(prompts), max(len(p) for p in prompts)
-        ids = np.full((batch, width), self.pad_id, np.int64)
-        mask = np.zeros((batch, width), np.int64)
-        for b, p in enumerate(prompts):
-            ids[b, width - len(p) :] = p
-            mask[b, width - len(p) :] = 1
-        positions = np.clip(mask.cumsum(-1) - 1, 0, None)
-        past = self._empty_past(batch)
         tokens: list[list[int]] = [[] for _ in prompts]
         logprobs: list[list[float]] = [[] for _ in prompts]
         widest = max(params, key=lambda p: p.top_logprobs)
         tops: list[list[list[tuple[int, float]]]] = [[] for _ in prompts]  # filled when some request asks
         done = [False] * batch
-        last = np.array([width - 1], np.int64)
         with profiling.phase(f"generate:{profiling.purpose()}") as ph, torch_threads(SAMPLER_THREADS):
+            logits, past, mask = self._prefill(prompts, [p.cache_salt for p in params], factors)
+            positions = mask.sum(-1, keepdims=True) - 1
             for _ in range(max(p.max_tokens for p in params)):
-                logits, past = factors.run(ids, mask, positions, last, past)
                 settings = (first.temperature, first.top_p, first.top_k)
-                picked, lps = sample_tokens(torch.from_numpy(logits[:, -1]), *settings, generator=generator)
-                step_tops = sampling.top_rows(torch.from_numpy(logits[:, -1:]), widest)
+                picked, lps = sample_tokens(torch.from_numpy(logits), *settings, generator=generator)
+                step_tops = sampling.top_rows(torch.from_numpy(logits[:, None]), widest)
                 for b, (tok, lp) in enumerate(zip(picked.tolist(), lps.tolist(), strict=True)):
                     if done[b]:
                         continue
@@ -445,13 +449,79 @@ class OnnxEngine(ServedAdapters):
                     break
                 ids = picked.numpy().astype(np.int64)[:, None]
                 mask = np.concatenate([mask, np.ones((batch, 1), np.int64)], axis=1)
-                positions = positions[:, -1:] + 1
-                last = np.array([0], np.int64)
+                positions = positions + 1
+                out, past = factors.run(ids, mask, positions, np.array([0], np.int64), past)
+                logits = out[:, -1]
             ph["tokens"] = sum(len(t) for t in tokens)
         self.batches[batch] = self.batches.get(batch, 0) + 1
         rows = zip(tokens, logprobs, params, tops, strict=True)
-        return [sampling.finish(self.tokenizer, t, lp, eos, p, top if widest.top_logprobs else None)
-                for t, lp, p, top in rows]  # fmt: skip
+        outputs = [sampling.finish(self.tokenizer, t, lp, eos, p, top if widest.top_logprobs else None)
+                   for t, lp, p, top in rows]  # fmt: skip
+        if self.prefix is not None:
+            self._keep(prompts, [p.cache_salt for p in params], outputs, past, width, factors.key)
+        return outputs
+
+    def _prefill(self, prompts: Sequence[Sequence[int]], salts: Sequence[str | None], factors: _Feed,
+                 ) -> tuple[np.ndarray, list[Any], np.ndarray]:  # fmt: skip
+        """Read the prompts: the first token's logits [B, V], the cache, and the attention mask [B, width]
+        (left-padded). Without a prefix cache, in one left-padded step; with one, each row alone on top of the
+        longest prefix the cache holds for its model and tenant (only what follows it is read), the rows' caches then
+        left-padded into one."""
+        batch, width = len(prompts), max(len(p) for p in prompts)
+        mask = np.zeros((batch, width), np.int64)
+        for b, p in enumerate(prompts):
+            mask[b, width - len(p) :] = 1
+        if self.prefix is None:
+            ids = np.full((batch, width), self.pad_id, np.int64)
+            for b, p in enumerate(prompts):
+                ids[b, width - len(p) :] = p
+            positions = np.clip(mask.cumsum(-1) - 1, 0, None)
+            logits, past = factors.run(ids, mask, positions, np.array([width - 1], np.int64), self._empty_past(batch))
+            return logits[:, -1], past, mask
+        rows = [self._read_row(list(p), salt, factors) for p, salt in zip(prompts, salts, strict=True)]
+        if batch == 1:
+            return rows[0][0][None], rows[0][1], mask
+        import onnxruntime as ort
+
+        s, past = self.shape, []
+        for n in range(2 * s.layers):
+            padded = np.zeros((batch, s.kv_heads, width, s.head_dim), np.float32)
+            for b, (_, kv) in enumerate(rows):
+                part = kv[n].numpy()
+                padded[b, :, width - part.shape[2] :] = part[0]
+            past.append(ort.OrtValue.ortvalue_from_numpy(padded))
+        return np.stack([logits for logits, _ in rows]), past, mask
+
+    def _read_row(self, ids: list[int], salt: str | None, factors: _Feed) -> tuple[np.ndarray, list[Any]]:
+        """One prompt read on top of its longest cached prefix (all of it but its last token at most): the first
+        token's logits [V] and the cache of the whole prompt."""
+        import onnxruntime as ort
+
+        assert self.prefix is not None
+        known, cached = self.prefix.lookup(factors.key, ids, len(ids) - 1, salt)
+        past = self._empty_past(1)
+        if cached is not None:
+            past = [ort.OrtValue.ortvalue_from_numpy(np.ascontiguousarray(t.numpy()[None]))
+                    for layer in cached for t in layer]  # fmt: skip
+        rest = np.array([ids[known:]], np.int64)
+        logits, present = factors.run(rest, np.ones((1, len(ids)), np.int64), np.arange(known, len(ids))[None],
+                                      np.array([rest.shape[1] - 1], np.int64), past)  # fmt: skip
+        return logits[0, -1], present
+
+    def _keep(self, prompts: Sequence[Sequence[int]], salts: Sequence[str | None], outputs: Sequence[SequenceOutput],
+              past: Sequence[Any], width: int, key: str | None) -> None:  # fmt: skip
+        """Store each row's prompt and reply but its last token (never read back) from the finished batch's cache
+        (`width`: the prompts' padded width, where the replies start)."""
+        assert self.prefix is not None
+        arrays = [value.numpy() for value in past]  # [B, heads, width + steps - 1, head_dim] each
+        for b, (ids, out) in enumerate(zip(prompts, outputs, strict=True)):
+            start, end = width - len(ids), width + len(out.token_ids) - 1
+            if end <= start or end > arrays[0].shape[2]:
+                continue
+            kv: list[LayerKV] = [(torch.from_numpy(arrays[n][b, :, start:end].copy()),
+                                  torch.from_numpy(arrays[n + 1][b, :, start:end].copy()))
+                                 for n in range(0, len(arrays), 2)]  # fmt: skip
+            self.prefix.store(key, list(ids) + out.token_ids[:-1], kv, salts[b])
 
     def _stopped(self, row: list[int], params: SamplingParams) -> bool:
         """Whether a stop string ends the row's text so far (the final cut is `sampling.finish`'s)."""
