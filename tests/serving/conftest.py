@@ -38,7 +38,16 @@ def engine(tiny_spec):
 
 
 def chat_ids(tokenizer, content: str) -> list[int]:
-    out = tokenizer.apply_chat_template([{"role": "user", "content": content}], add_generation_prompt=True)
+    return conversation_ids(tokenizer, [], content)
+
+
+def conversation_ids(tokenizer, turns: list[tuple[str, list[int]]], question: str) -> list[int]:
+    """The chat template's ids of `turns` (user text, the reply's token ids) and then `question`."""
+    messages = []
+    for text, reply in turns:
+        messages += [{"role": "user", "content": text}, {"role": "assistant", "content": tokenizer.decode(reply)}]
+    messages.append({"role": "user", "content": question})
+    out = tokenizer.apply_chat_template(messages, add_generation_prompt=True)
     return list(out["input_ids"] if hasattr(out, "keys") else out)
 
 

@@ -15,7 +15,7 @@ from metaclaw.serving import sampling
 from metaclaw.serving.engines import AdapterError, Engine, SamplingParams, UnknownAdapterError
 from metaclaw.serving.engines.hf import HFEngine
 
-from .conftest import FIXED_ANSWER, chat_ids
+from .conftest import FIXED_ANSWER, chat_ids, conversation_ids
 
 
 @pytest.fixture
@@ -366,16 +366,6 @@ def test_batch_linger_is_bounded(tiny_spec):
         HFEngine.from_spec(tiny_spec, max_batch_size=4, batch_linger_s=-1)
 
 
-def _conversation(tokenizer, turns: list[tuple[str, list[int]]], question: str) -> list[int]:
-    """The chat template's ids of `turns` (user text, the reply's token ids) and then `question`."""
-    messages = []
-    for text, reply in turns:
-        messages += [{"role": "user", "content": text}, {"role": "assistant", "content": tokenizer.decode(reply)}]
-    messages.append({"role": "user", "content": question})
-    out = tokenizer.apply_chat_template(messages, add_generation_prompt=True)
-    return list(out["input_ids"] if hasattr(out, "keys") else out)
-
-
 @pytest.mark.parametrize("merge", [False, True])
 def test_prefix_reuse_across_turns_keeps_the_trainers_logprobs(tiny_spec, policy, fixed_adapter, merge):
     """Issue 29: each turn of two interleaved conversations reads only what follows the longest cached prefix (its
@@ -392,7 +382,7 @@ def test_prefix_reuse_across_turns_keeps_the_trainers_logprobs(tiny_spec, policy
         for adapter in (None, "fixed"):
             for conv in range(2):
                 texts.append(f"{question} ({conv})" + " Tell me more, please." * conv)  # rows of different lengths
-                prompt = _conversation(tok, history.get((adapter, conv), []), texts[-1])
+                prompt = conversation_ids(tok, history.get((adapter, conv), []), texts[-1])
                 jobs.append((prompt, SamplingParams(max_tokens=10 + 3 * conv, **dist), adapter))
         results = _concurrently(engine, engine.generate, engine._queue.pending, jobs)
         for i, (prompt, _params, adapter) in enumerate(jobs):

@@ -19,7 +19,7 @@ from metaclaw.serving.engines import Engine, SamplingParams, UnknownAdapterError
 from metaclaw.serving.engines.onnx import OnnxEngine  # noqa: E402
 from metaclaw.wire.client import Endpoint, teacher_logprobs  # noqa: E402
 
-from .conftest import FIXED_ANSWER, chat_ids  # noqa: E402
+from .conftest import FIXED_ANSWER, chat_ids, conversation_ids  # noqa: E402
 from .test_hf_engine import recompute  # noqa: E402
 
 
@@ -417,16 +417,6 @@ def test_the_teachers_route_reads_the_context_in_one_step(engine, fixed_adapter,
     assert got == pytest.approx([s.logprob for s in want], abs=1e-6) and len(whole) == len(split)
 
 
-def _turn(tokenizer, turns: list[tuple[str, list[int]]], question: str) -> list[int]:
-    """The chat template's ids of `turns` (user text, the reply's token ids) and then `question`."""
-    messages = []
-    for text, reply in turns:
-        messages += [{"role": "user", "content": text}, {"role": "assistant", "content": tokenizer.decode(reply)}]
-    messages.append({"role": "user", "content": question})
-    out = tokenizer.apply_chat_template(messages, add_generation_prompt=True)
-    return list(out["input_ids"] if hasattr(out, "keys") else out)
-
-
 @pytest.mark.parametrize("quantize", ["fp32", "int8"])
 def test_prefix_reuse_reads_only_the_new_tokens_and_keeps_the_logprobs(tiny_spec, fixed_adapter, policy, quantize,
                                                                        tmp_path, monkeypatch):  # fmt: skip
@@ -445,7 +435,7 @@ def test_prefix_reuse_reads_only_the_new_tokens_and_keeps_the_logprobs(tiny_spec
         for adapter in (None, "fixed"):
             for conv in range(2):
                 texts.append(f"{question} ({conv})" + " Tell me more, please." * conv)  # rows of different lengths
-                prompt = _turn(tok, history.get((adapter, conv), []), texts[-1])
+                prompt = conversation_ids(tok, history.get((adapter, conv), []), texts[-1])
                 jobs.append((prompt, SamplingParams(max_tokens=10 + 3 * conv, temperature=0.8), adapter))
         outs = _concurrently([lambda j=j: engine.generate(j[0], j[1], j[2])[0] for j in jobs])
         for i, ((prompt, _, adapter), out) in enumerate(zip(jobs, outs, strict=True)):
