@@ -112,6 +112,44 @@ def test_gate_serves_a_better_adapter_and_refuses_a_worse_one(served):
     assert (rows[2]["gate"]["served"], rows[2]["gate"]["candidate"]) == (1.0, 0.0)
 
 
+def test_refused_candidates_in_a_row_send_the_trainer_back_to_the_served_adapter(served, tmp_path):
+    """`publish.gate.rebase_after` (2): one refusal leaves the trainer on its weights; a second in a row asks the
+    trainer (`Rewind`, as `forget --rollback` does) to go back to the adapter the policy server serves, named by
+    the server's card, and the decision says so in gate.jsonl; a served candidate starts the count again."""
+    import shutil
+
+    from metaclaw.modules.rewind import Rewind
+
+    url, run_dir, good, bad = served
+    work = tmp_path / "run"
+    publisher = AdapterPublisher(str(work), str(work / "samples.sqlite"), server_url=url, hot_load_async=False)
+    rewind = Rewind(work)
+    live = LiveEvaluator(evaluator(url), work, base_model="tiny", gate=True, server_url=url, rebase_after=2)
+    live.gatekeeper.rebase = lambda agent, path: rewind.request({"default": "default"}[agent], path)
+    copies = []
+    for step in (13, 14, 15):  # the worse adapter as three candidates of their own (where the server loads from)
+        copies.append(shutil.copytree(bad, run_dir / "adapters" / f"step-{step:06d}"))
+    live.start()
+    try:
+        for step, path in ((1, good), (13, copies[0])):
+            live.submit(step, path, partial(publisher._serve, step=step))
+            assert live.wait(120)
+        assert rewind.take() == ({}, 0)  # one refusal: nothing asked
+        live.submit(14, copies[1], partial(publisher._serve, step=14))
+        assert live.wait(120)
+        pending, generation = rewind.take()
+        assert pending == {"default": str(good.resolve())} and generation == 1  # the served adapter's directory
+        live.submit(15, copies[2], partial(publisher._serve, step=15))  # the count starts again after a rebase
+        assert live.wait(120)
+        assert rewind.take() == ({}, 1)
+    finally:
+        live.stop()
+    rows = [json.loads(line) for line in (work / "gate.jsonl").read_text().splitlines()]
+    refused = [r for r in rows if r.get("decision") == "rejected"]
+    assert [r["step"] for r in refused] == [13, 14, 15]
+    assert [r.get("rebased_to") for r in refused] == [None, str(good.resolve()), None]
+
+
 def test_gate_off_hot_loads_at_once_and_evaluates_on_cadence(served, tmp_path):
     url, _, good, bad = served
     loaded = []

@@ -95,6 +95,7 @@ class Track:
     lora_name: str = "policy"  # the name its adapter is served under
     owner: Callable[[str], bool] | None = None  # which agents' turns are its (None: every agent's)
     report_seen: int | None = None  # the served version the judge fallback's last report looked at
+    refused: int = 0  # candidates refused in a row since the last one served (`Gate.rebase_after`)
     counts: dict[str, int] = field(default_factory=lambda: dict.fromkeys(COUNTS, 0))
 
     @property
@@ -124,12 +125,18 @@ class Gate:
         max_nll_increase: float | None = 1.0,
         min_turns: int = 8,
         eval_name: str = "metaclaw-eval",
+        rebase_after: int | None = 2,
     ) -> None:
         if not 0 < alpha < 1:
             raise ValueError(f"publish.gate.alpha must be in (0, 1), got {alpha}")
+        if rebase_after is not None and rebase_after < 1:
+            raise ValueError(f"publish.gate.rebase_after must be >= 1 or null, got {rebase_after}")
         self.tracks, self.metrics, self.gate_path, self.base_model = tracks, metrics, path, base_model
         self.margin, self.alpha, self.max_nll_increase, self.min_turns = margin, alpha, max_nll_increase, min_turns
-        self.eval_name = eval_name
+        self.eval_name, self.rebase_after = eval_name, rebase_after
+        #: (agent, the served adapter's directory or None for the base model): the trainer goes back to it
+        #: (`metaclaw.modules.rewind`); None: nothing to send it back (no trainer in this process)
+        self.rebase: Callable[[str, Path | None], object] | None = None
         self.server_url: str | None = None  # the agent's policy server (`LiveEvaluator.bind`)
         self._eval_url: str | None = None  # evaluation's own server (`devices.eval_server`); None: `server_url`
         self.api_key: str | None = None
@@ -213,6 +220,11 @@ class Gate:
         log.warning("Gate: %s adapter v%d %s (%s): kept on disk at %s, not served", track.agent, step,
                     "refused" if outcome == "rejected" else "not measurable yet", "; ".join(reasons), path)  # fmt: skip
         out = {"decision": outcome, **decision, "reasons": reasons}
+        if outcome == "rejected":
+            track.refused += 1
+            rebased = self._rebase(track)
+            if rebased is not None:
+                out["rebased_to"] = rebased
         self.log({"time": time.time(), "kind": "gate", "agent_id": track.agent, "step": step,
                         "adapter": path.name, "path": str(path), "margin": self.margin, **out})  # fmt: skip
         return out
@@ -223,6 +235,7 @@ class Gate:
             return self._refuse(track, step, path, decision, [frozen], "held")
         hot_load(path)
         track.counts["gate_accepted"] += 1
+        track.refused = 0
         test = decision.get("compliance_test") or {}
         if test.get("finding") == "inconclusive":  # served on evidence that cannot tell: said, and who guards it
             track.counts["gate_inconclusive"] += 1
@@ -245,6 +258,33 @@ class Gate:
             except Exception as e:  # noqa: BLE001
                 log.warning("Regression watch: cannot read the served adapter: %r", e)
         return out
+
+    def _rebase(self, track: Track) -> str | None:
+        """After `rebase_after` refusals in a row, send the trainer back to the adapter the agent is served (its
+        weights, fresh optimizer moments): a refused candidate is worse than what is served, and the trainer's
+        samples come from the served one, so each step on from the candidate's weights drifts further from the
+        behaviour it learns from (the main job's trainer, 128 steps past a served adapter the gate kept, fell from
+        87.5% to 18.8% held-out compliance while every reward was +1). Returns the served adapter's path ("base":
+        the base model), None when no rebase happens."""
+        if self.rebase is None or not self.rebase_after or track.refused < self.rebase_after or not self.server_url:
+            return None
+        try:
+            card = self._served_card(track)
+        except (CallError, ValueError) as e:
+            log.warning("Gate: cannot read the served adapter of %s to send the trainer back to it: %r", track.agent, e)
+            return None
+        root = card.get("root") if card is not None else None
+        if card is not None and not root:
+            log.warning("Gate: the policy server names no path for %s: the trainer stays on its weights",
+                        track.lora_name)  # fmt: skip
+            return None
+        target = Path(root) if root else None
+        self.rebase(track.agent, target)
+        log.warning("Gate: %d %s candidates refused in a row: the trainer goes back to the served %s with fresh "
+                    "optimizer moments (publish.gate.rebase_after)", track.refused, track.agent,
+                    target or "base model")  # fmt: skip
+        track.refused = 0
+        return str(target) if target else "base"
 
     def _served_card(self, track: Track) -> dict[str, Any] | None:
         """The policy server's `/v1/models` card of `track`'s adapter (None: the base model answers the agent)."""

@@ -126,6 +126,8 @@ class LiveEvaluator(L.Callback):
         min_turns: the judge fallback's gate serves nothing before this many judged held-out turns exist.
         watch: rolls a served adapter back when its verdicts regress (`RegressionWatch`); None: no watch.
         watch_every_s: how often the watch looks (between evaluations, on the evaluator's thread).
+        rebase_after: refused candidates in a row after which the trainer goes back to the served adapter
+            (`Gate._rebase`; the trainer's hook is `gatekeeper.rebase`); None: never.
     """
 
     def __init__(
@@ -148,6 +150,7 @@ class LiveEvaluator(L.Callback):
         watch: RegressionWatch | None = None,
         watch_every_s: float = 30.0,
         alpha: float = 0.05,
+        rebase_after: int | None = 2,
     ) -> None:
         if every_n_adapters < 1:
             raise ValueError("eval.every_n_adapters and eval.max_pending must be >= 1")
@@ -159,7 +162,7 @@ class LiveEvaluator(L.Callback):
         self.worker = EvalWorker(max_pending, self._handle, self._idle, self._idle_s, self._dropped)
         self.records = EvalRecords(run_dir / "eval.jsonl", self.worker.cond)
         self.gatekeeper = Gate(self.tracks, self.records.metrics, run_dir / "gate.jsonl", base_model, margin, alpha,
-                               max_nll_increase, min_turns, eval_name)  # fmt: skip
+                               max_nll_increase, min_turns, eval_name, rebase_after)  # fmt: skip
         self.gatekeeper.server_url, self.gatekeeper.api_key, self.gatekeeper.watch = server_url, api_key, watch
         self.before_final_wait: Callable[[], Any] | None = None  # e.g. stop the simulated user first
 

@@ -115,6 +115,7 @@ def build_evaluator(cfg: DictConfig) -> LiveEvaluator | None:
         alpha=float(gate_cfg.get("alpha", 0.05)),
         max_nll_increase=gate_cfg.get("max_nll_increase"),
         min_turns=int(gate_cfg.get("min_turns", 8)),
+        rebase_after=gate_cfg.get("rebase_after"),
         watch_every_s=float((gate_cfg.get("rollback") or {}).get("every_s", 30.0)),
         eval_name=ev.get("eval_name", "metaclaw-eval"),
         api_key=cfg.serving.get("api_key"),
