@@ -164,7 +164,7 @@ def _train(cfg: DictConfig) -> tuple[dict[str, Any], dict[str, Any]]:
     evaluator = build_evaluator(cfg) if rank_zero_only.rank == 0 else None
     rewind = Rewind(cfg.run_dir)  # forget --rollback: the trainer goes back to the clean adapter (modules.rewind)
     if evaluator is not None:  # publish.gate.rebase_after: refused candidates send the trainer back to the served one
-        evaluator.gatekeeper.rebase = lambda agent, path: rewind.request(agents.adapter_of(agent), path)
+        evaluator.gatekeeper.rebase = lambda agent, path: rewind.request(agents.adapter_of(agent), path, forget=False)
     publisher = build_publisher(cfg, served, evaluator, agents, rewind)
     health = instantiate(cfg.health) if cfg.get("health") else None
     control = build_control(cfg, store, scheduler)  # `python -m metaclaw status|pause|...` on the proxy's port

@@ -60,11 +60,12 @@ class Rewind:
                 wait()
             yield
 
-    def request(self, adapter: str, path: str | Path | None) -> int:
-        """Ask the trainer to load `path` into `adapter` (None: fresh LoRA weights, the base model); from now on
-        nothing published from the older weights is served. Returns the new generation."""
+    def request(self, adapter: str, path: str | Path | None, forget: bool = True) -> int:
+        """Ask the trainer to load `path` into `adapter` (None: fresh LoRA weights, the base model); with `forget`
+        nothing published from the older weights is served from now on (without it, `publish.gate.rebase_after`'s
+        rebase: adapters already written stay candidates). Returns the generation."""
         with self.lock:
-            self.generation += 1
+            self.generation += int(forget)
             self._pending[adapter] = None if path is None else str(path)
             self._record(adapter, {"path": self._pending[adapter], "done": False})
             return self.generation
