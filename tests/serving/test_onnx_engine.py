@@ -464,3 +464,17 @@ def test_prefix_reuse_reads_only_the_new_tokens_and_keeps_the_logprobs(tiny_spec
     if quantize == "fp32":
         cold = engine.score_tokens(jobs[2][0] + first, tokens, "fixed", 0.8)
         assert torch.tensor(again.output.logprobs) == pytest.approx(torch.tensor([s.logprob for s in cold]), abs=1e-4)
+
+
+def test_a_prompt_sampled_n_times_is_read_once(engine, monkeypatch):
+    """`n` > 1 with the prefix cache: the rows share one prompt, which goes through the graph once (then one step per
+    further token for the whole batch), and each row still reports its own draws."""
+    from metaclaw.serving.engines import onnx as onnx_engine
+
+    steps = []
+    run = onnx_engine._Graph.run
+    monkeypatch.setattr(onnx_engine._Graph, "run", lambda self, *a: steps.append(a[0].shape) or run(self, *a))
+    prompt = chat_ids(engine.tokenizer, "Name three rivers in Europe, please.")
+    outs = engine.generate(prompt, SamplingParams(max_tokens=1, n=3, temperature=1.0, seed=5))
+    assert len(outs) == 3 and all(len(o.token_ids) == 1 and len(o.logprobs) == 1 for o in outs)
+    assert len(steps) == 1 and steps[0][0] == 1  # one row read; max_tokens 1: no decode step

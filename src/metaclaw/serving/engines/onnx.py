@@ -465,8 +465,8 @@ class OnnxEngine(ServedAdapters):
                  ) -> tuple[np.ndarray, list[Any], np.ndarray]:  # fmt: skip
         """Read the prompts: the first token's logits [B, V], the cache, and the attention mask [B, width]
         (left-padded). Without a prefix cache, in one left-padded step; with one, each row alone on top of the
-        longest prefix the cache holds for its model and tenant (only what follows it is read), the rows' caches then
-        left-padded into one."""
+        longest prefix the cache holds for its model and tenant (only what follows it is read; a prompt repeated in
+        the batch once), the rows' caches then left-padded into one."""
         batch, width = len(prompts), max(len(p) for p in prompts)
         mask = np.zeros((batch, width), np.int64)
         for b, p in enumerate(prompts):
@@ -478,7 +478,11 @@ class OnnxEngine(ServedAdapters):
             positions = np.clip(mask.cumsum(-1) - 1, 0, None)
             logits, past = factors.run(ids, mask, positions, np.array([width - 1], np.int64), self._empty_past(batch))
             return logits[:, -1], past, mask
-        rows = [self._read_row(list(p), salt, factors) for p, salt in zip(prompts, salts, strict=True)]
+        read: dict[tuple[tuple[int, ...], str | None], tuple[np.ndarray, list[Any]]] = {}
+        for p, salt in zip(prompts, salts, strict=True):  # a prompt sampled n times is read once
+            if (tuple(p), salt) not in read:
+                read[tuple(p), salt] = self._read_row(list(p), salt, factors)
+        rows = [read[tuple(p), salt] for p, salt in zip(prompts, salts, strict=True)]
         if batch == 1:
             return rows[0][0][None], rows[0][1], mask
         import onnxruntime as ort
