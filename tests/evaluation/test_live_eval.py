@@ -122,9 +122,12 @@ def test_refused_candidates_in_a_row_send_the_trainer_back_to_the_served_adapter
 
     url, run_dir, good, bad = served
     work = tmp_path / "run"
-    publisher = AdapterPublisher(str(work), str(work / "samples.sqlite"), server_url=url, hot_load_async=False)
+    name = "policy:rebase"  # a name of its own on the module's server (the other tests count "policy"'s versions)
+    publisher = AdapterPublisher(str(work), str(work / "samples.sqlite"), server_url=url, hot_load_async=False,
+                                 lora_name=name)  # fmt: skip
     rewind = Rewind(work)
     live = LiveEvaluator(evaluator(url), work, base_model="tiny", gate=True, server_url=url, rebase_after=2)
+    live.tracks["default"].lora_name = name
     live.gatekeeper.rebase = lambda agent, path: rewind.request({"default": "default"}[agent], path, forget=False)
     copies = []
     for step in (13, 14, 15):  # the worse adapter as three candidates of their own (where the server loads from)
