@@ -82,6 +82,13 @@ def build_publisher(cfg: DictConfig, served: ServedVersions, release: Any, agent
     return instantiate(settings, _partial_=True)(served=served, release=release, agents=agents, rewind=rewind)
 
 
+def bind_rebase(evaluator: Any, rewind: Rewind, agents: AgentProfiles) -> None:
+    """The gate's rebase (`publish.gate.rebase_after`) asks the trainer, through `rewind`, to go back to the served
+    adapter of the agent whose candidates it refused (without forget's ban on serving older weights)."""
+    if evaluator is not None:
+        evaluator.gatekeeper.rebase.to = lambda agent, path: rewind.request(agents.adapter_of(agent), path, False)
+
+
 def build_trainer(cfg: DictConfig, agents: AgentProfiles, adapters: Path, callbacks: list) -> L.Trainer:
     """Lightning's `Trainer` from `trainer` and `devices`, with the run's loggers (one or several, the resolved
     config logged as hyperparameters, keys redacted: metaclaw.tracking); `callbacks` (None entries skipped) run
@@ -163,8 +170,7 @@ def _train(cfg: DictConfig) -> tuple[dict[str, Any], dict[str, Any]]:
     # Live evaluation and the publish gate: rank 0 only (it is the one that serves and hot-loads).
     evaluator = build_evaluator(cfg) if rank_zero_only.rank == 0 else None
     rewind = Rewind(cfg.run_dir)  # forget --rollback: the trainer goes back to the clean adapter (modules.rewind)
-    if evaluator is not None:  # publish.gate.rebase_after: refused candidates send the trainer back to the served one
-        evaluator.gatekeeper.rebase = lambda agent, path: rewind.request(agents.adapter_of(agent), path, forget=False)
+    bind_rebase(evaluator, rewind, agents)  # publish.gate.rebase_after: refusals send the trainer back to the served
     publisher = build_publisher(cfg, served, evaluator, agents, rewind)
     health = instantiate(cfg.health) if cfg.get("health") else None
     control = build_control(cfg, store, scheduler)  # `python -m metaclaw status|pause|...` on the proxy's port

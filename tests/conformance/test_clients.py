@@ -181,9 +181,12 @@ def test_codex_requests(rig):
     r = httpx.post(f"{rig.url}/v1/responses", headers=headers, json=codex_body(ask + replay + ran, thread), timeout=120)
     assert r.status_code == 200 and sse_events(r.text)[-1][0] in ("response.completed", "response.incomplete")
     second = trained_turn(rig, n)
-    if not any(loose({"role": "assistant", "content": c.get("text", "")}) for r in replay for c in r["content"]):
-        # the random tiny model replied no text (nothing, or a call of its own): what is sent back is not the reply
-        # it got, and an empty reply continues no session (docs/security.md): a new session, by design
+    own_call = any(o["type"] != "message" for o in previous)  # this replay sends back its text only
+    if own_call or not any(loose({"role": "assistant", "content": c.get("text", "")}) for r in replay
+                           for c in r["content"]):  # fmt: skip
+        # the random tiny model replied no text, or made a call of its own (which this replay leaves out): what is
+        # sent back is not the reply it got, and an empty reply continues no session (docs/security.md): a new
+        # session, by design
         assert second.session_id != first.session_id
         return
     assert second.session_id == first.session_id and second.turn_index == first.turn_index + 1

@@ -128,7 +128,7 @@ def test_refused_candidates_in_a_row_send_the_trainer_back_to_the_served_adapter
     rewind = Rewind(work)
     live = LiveEvaluator(evaluator(url), work, base_model="tiny", gate=True, server_url=url, rebase_after=2)
     live.tracks["default"].lora_name = name
-    live.gatekeeper.rebase = lambda agent, path: rewind.request({"default": "default"}[agent], path, forget=False)
+    live.gatekeeper.rebase.to = lambda agent, path: rewind.request({"default": "default"}[agent], path, forget=False)
     copies = []
     for step in (13, 14, 15):  # the worse adapter as three candidates of their own (where the server loads from)
         copies.append(shutil.copytree(bad, run_dir / "adapters" / f"step-{step:06d}"))

@@ -344,7 +344,7 @@ def test_no_adapter_runs_the_graph_without_lora_and_equals_a_zero_adapter(engine
     save_file({k: torch.zeros_like(v) if "lora_B" in k else v for k, v in weights.items()},
               str(zero / "adapter_model.safetensors"))  # fmt: skip
     engine.load_adapter("zero", str(zero))
-    assert engine._inputs(None).graph is not engine._lora_graph
+    assert engine._inputs(None).graph is not engine._graphs[True]
     prompt = chat_ids(engine.tokenizer, "What is the capital of France?")
     greedy = SamplingParams(max_tokens=16, temperature=0)
     threads = torch.get_num_threads()
@@ -382,7 +382,7 @@ def test_the_cache_through_the_io_binding_equals_one_forward(tiny_spec, fixed_ad
     once = token_logprobs(rows, torch.tensor(out.token_ids), 1.0)
     assert len(out.token_ids) > 1
     assert (once - torch.tensor(out.logprobs)).abs().max().item() < 1e-4
-    options = fp32._lora_graph.session.get_session_options()
+    options = fp32._graphs[True].session.get_session_options()
     assert options.get_session_config_entry("session.intra_op.allow_spinning") == "0"
 
 

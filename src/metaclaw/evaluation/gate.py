@@ -108,6 +108,16 @@ class Track:
         return bool(getattr(self.evaluator, "by_version", False))
 
 
+@dataclass
+class Rebase:
+    """`publish.gate.rebase_after`: refused candidates in a row after which the trainer goes back to the served
+    adapter (None: never), and the trainer's hook that does it: `to(agent, the served adapter's directory or None
+    for the base model)` (`metaclaw.modules.rewind`; None: no trainer in this process to send back)."""
+
+    after: int | None = 2
+    to: Callable[[str, Path | None], object] | None = None
+
+
 class Gate:
     """Accept, refuse or hold a candidate; roll a regressed adapter back. Every decision goes to `gate.jsonl`.
 
@@ -133,10 +143,7 @@ class Gate:
             raise ValueError(f"publish.gate.rebase_after must be >= 1 or null, got {rebase_after}")
         self.tracks, self.metrics, self.gate_path, self.base_model = tracks, metrics, path, base_model
         self.margin, self.alpha, self.max_nll_increase, self.min_turns = margin, alpha, max_nll_increase, min_turns
-        self.eval_name, self.rebase_after = eval_name, rebase_after
-        #: (agent, the served adapter's directory or None for the base model): the trainer goes back to it
-        #: (`metaclaw.modules.rewind`); None: nothing to send it back (no trainer in this process)
-        self.rebase: Callable[[str, Path | None], object] | None = None
+        self.eval_name, self.rebase = eval_name, Rebase(rebase_after)
         self.server_url: str | None = None  # the agent's policy server (`LiveEvaluator.bind`)
         self._eval_url: str | None = None  # evaluation's own server (`devices.eval_server`); None: `server_url`
         self.api_key: str | None = None
@@ -266,7 +273,8 @@ class Gate:
         behaviour it learns from (the main job's trainer, 128 steps past a served adapter the gate kept, fell from
         87.5% to 18.8% held-out compliance while every reward was +1). Returns the served adapter's path ("base":
         the base model), None when no rebase happens."""
-        if self.rebase is None or not self.rebase_after or track.refused < self.rebase_after or not self.server_url:
+        after, to = self.rebase.after, self.rebase.to
+        if to is None or not after or track.refused < after or not self.server_url:
             return None
         try:
             card = self._served_card(track)
@@ -279,7 +287,7 @@ class Gate:
                         track.lora_name)  # fmt: skip
             return None
         target = Path(root) if root else None
-        self.rebase(track.agent, target)
+        to(track.agent, target)
         log.warning("Gate: %d %s candidates refused in a row: the trainer goes back to the served %s with fresh "
                     "optimizer moments (publish.gate.rebase_after)", track.refused, track.agent,
                     target or "base model")  # fmt: skip

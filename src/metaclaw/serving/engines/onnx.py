@@ -324,7 +324,7 @@ class OnnxEngine(ServedAdapters):
         graphs = {lora: _Graph(Path(model_dir) / f, options, shape.layers, lora) for f, lora in GRAPHS.items()}
         log.info("ONNX engine: %s loaded from %s in %.1f s (%d threads)", model_name, model_dir,
                  time.perf_counter() - started, threads)  # fmt: skip
-        self._lora_graph = graphs[True]
+        self._graphs = graphs  # with LoRA inputs (an adapter's) and without (the base model's)
         self.shape = shape
         self.tokenizer = tokenizer
         self.model_name = model_name
@@ -333,7 +333,6 @@ class OnnxEngine(ServedAdapters):
         self.eos_ids = sorted(set(eos_ids))
         self.pad_id = int(tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.eos_ids[0])
         self.batches: dict[int, int] = {}  # batch size -> sampling runs (for benches and tests)
-        self._base = _Feed(graphs[False], {})  # no adapter: the graph without LoRA nodes
         self._factors: dict[str, _Feed] = {}  # internal name -> its graph and LoRA inputs
         self._registry = AdapterRegistry()
         self._lock = threading.Lock()  # one run of the graph at a time (the CPU is the limit; no oversubscription)
@@ -388,7 +387,7 @@ class OnnxEngine(ServedAdapters):
             values = ort_values(adapter_factors(path, self.shape.layers, self.shape.lora))
             version = self._registry.next_version(name, path, version)
             internal = f"adapter-{uuid.uuid4().hex}"  # never reused (finds a version's factors and prefixes)
-            self._factors[internal] = _Feed(self._lora_graph, values, internal)
+            self._factors[internal] = _Feed(self._graphs[True], values, internal)
             return self._publish(name, internal, version, path, started)
 
     def _free(self, slot: LoadedAdapter) -> None:
@@ -397,7 +396,8 @@ class OnnxEngine(ServedAdapters):
         self._factors.pop(slot.internal, None)
 
     def _inputs(self, slot: LoadedAdapter | None) -> _Feed:
-        return self._base if slot is None else self._factors[slot.internal]
+        """The adapter version's graph and factors; no adapter: the graph without LoRA nodes."""
+        return _Feed(self._graphs[False], {}) if slot is None else self._factors[slot.internal]
 
     # ---------------------------------------------------------------- the graph
 
