@@ -108,6 +108,9 @@ class Track:
         return bool(getattr(self.evaluator, "by_version", False))
 
 
+UNKNOWN = object()  # what the policy server serves, when it cannot say
+
+
 @dataclass
 class Rebase:
     """`publish.gate.rebase_after`: refused candidates in a row after which the trainer goes back to the served
@@ -276,10 +279,8 @@ class Gate:
         after, to = self.rebase.after, self.rebase.to
         if to is None or not after or track.refused < after or not self.server_url:
             return None
-        try:
-            card = self._served_card(track)
-        except (CallError, ValueError) as e:
-            log.warning("Gate: cannot read the served adapter of %s to send the trainer back to it: %r", track.agent, e)
+        card = self._served_card_said(track, "to send the trainer back to it")
+        if card is UNKNOWN:
             return None
         root = card.get("root") if card is not None else None
         if card is not None and not root:
@@ -293,6 +294,14 @@ class Gate:
                     target or "base model")  # fmt: skip
         track.refused = 0
         return str(target) if target else "base"
+
+    def _served_card_said(self, track: Track, why: str) -> Any:
+        """`_served_card`, or `UNKNOWN` when the server cannot say (a warning naming `why` it was asked)."""
+        try:
+            return self._served_card(track)
+        except (CallError, ValueError) as e:
+            log.warning("Gate: cannot read the served adapter of %s %s: %r", track.agent, why, e)
+            return UNKNOWN
 
     def _served_card(self, track: Track) -> dict[str, Any] | None:
         """The policy server's `/v1/models` card of `track`'s adapter (None: the base model answers the agent)."""
@@ -330,10 +339,8 @@ class Gate:
         """The adapter version the agent is answered by now (0: the base model; None: the server cannot say)."""
         if not self.server_url:
             return None
-        try:
-            card = self._served_card(track)
-        except (CallError, ValueError) as e:
-            log.warning("Eval: cannot read the served adapter of %s: %r", track.agent, e)
+        card = self._served_card_said(track, "for its version")
+        if card is UNKNOWN:
             return None
         if card is None:
             return 0
