@@ -95,7 +95,7 @@ class Track:
     lora_name: str = "policy"  # the name its adapter is served under
     owner: Callable[[str], bool] | None = None  # which agents' turns are its (None: every agent's)
     report_seen: int | None = None  # the served version the judge fallback's last report looked at
-    refused: int = 0  # candidates refused in a row since the last one served (`Gate.rebase_after`)
+    refused: int = 0  # candidates refused in a row since the last one served (`Gate.rebase`)
     counts: dict[str, int] = field(default_factory=lambda: dict.fromkeys(COUNTS, 0))
 
     @property

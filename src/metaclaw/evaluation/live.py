@@ -127,7 +127,7 @@ class LiveEvaluator(L.Callback):
         watch: rolls a served adapter back when its verdicts regress (`RegressionWatch`); None: no watch.
         watch_every_s: how often the watch looks (between evaluations, on the evaluator's thread).
         rebase_after: refused candidates in a row after which the trainer goes back to the served adapter
-            (`Gate._rebase`; the trainer's hook is `gatekeeper.rebase`); None: never.
+            (`Gate._rebase`; the trainer's hook is `gatekeeper.rebase.to`); None: never.
     """
 
     def __init__(
