@@ -22,8 +22,10 @@ CASES = [
     ({"kind": "max_sentences", "limit": 1}, "It is Paris, on the Seine.", "It is Paris. It is on the Seine."),
     ({"kind": "no_emoji"}, "Paris, of course.", "Paris, of course 🙂"),
     ({"kind": "gives_number"}, "About 384,400 km.", "Quite far away."),
+    ({"kind": "gives_number"}, "1. Boil water\n2. Add 2 eggs", "1. Boil water\n2) Add the eggs"),  # items' numbers
     ({"kind": "states_units"}, "About 384,400 km: light takes 1.3 seconds.", "About 384400."),
     ({"kind": "states_units"}, "Bake at 200°C for 45 minutes.", "Bake it until golden."),
+    ({"kind": "states_units"}, "1. Preheat to 200°C\n 2. Bake 45 minutes", "1. Preheat the oven\n2. Bake it"),
     ({"kind": "regex", "pattern": r"\?$", "description": "End with a question"}, "Paris. Anything else?", "Paris."),
     ({"kind": "regex", "pattern": "(?i)sorry", "description": "Never apologise", "must_match": False}, "Ok.", "Sorry."),
 ]

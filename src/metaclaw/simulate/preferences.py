@@ -17,6 +17,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 
 NUMBER = re.compile(r"(?<![\w.])[-+]?\d+(?:[.,]\d+)*(?:\s?%)?")
+LIST_MARKER = re.compile(r"^[ \t]*(\d+)[.)][ \t]+\S", re.M)  # "1. " / "2) " opening a line: an item's number
 BULLET = re.compile(r"^\s*(?:[-*•]|\d+[.)])\s+\S", re.M)
 SENTENCE_END = re.compile(r"[.!?]+(?=\s|$)")  # a run of terminal marks before whitespace or the end (CLaaS's split)
 # Emoji blocks counted whatever a character's category (unassigned code points among them; CLaaS's list): flags,
@@ -174,6 +175,13 @@ class NoExclamation(_Rule):
         return None if n == 0 else f"Your reply used {n} exclamation mark{'s' if n > 1 else ''}"
 
 
+def numbers(reply: str) -> list[re.Match[str]]:
+    """The reply's numbers in digits, without the numbers of a numbered list's items: "1. Preheat the oven" states
+    no figure (a list alone won `gives_number` in the main job; `states_units` asked such a marker for a unit)."""
+    markers = {m.start(1) for m in LIST_MARKER.finditer(reply)}
+    return [m for m in NUMBER.finditer(reply) if m.start() not in markers]
+
+
 class GivesNumber(_Rule):
     """Content: the reply states at least one number in digits."""
 
@@ -183,7 +191,7 @@ class GivesNumber(_Rule):
         return "Always give a concrete number, written in digits."
 
     def problem(self, reply: str) -> str | None:
-        return None if NUMBER.search(reply) else "Your reply gave no number"
+        return None if numbers(reply) else "Your reply gave no number"
 
 
 class StatesUnits(_Rule):
@@ -197,10 +205,10 @@ class StatesUnits(_Rule):
 
     def problem(self, reply: str) -> str | None:
         unit = re.compile(rf"\s?(?:{self.units})(?![a-z])", re.I)
-        numbers = list(NUMBER.finditer(reply))
-        if not numbers:
+        found = numbers(reply)
+        if not found:
             return "Your reply gave no number with a unit"
-        bare = [m.group().strip() for m in numbers if not m.group().endswith("%") and not unit.match(reply, m.end())]
+        bare = [m.group().strip() for m in found if not m.group().endswith("%") and not unit.match(reply, m.end())]
         return f"These numbers had no unit: {', '.join(bare[:3])}" if bare else None
 
 
