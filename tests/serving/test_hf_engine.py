@@ -416,7 +416,7 @@ def test_prefix_reuse_across_turns_keeps_the_trainers_logprobs(tiny_spec, policy
 def test_prefix_cache_is_bounded_and_keeps_the_longest_turn():
     """The cache holds at most its byte budget (least recently used out) and one entry per conversation: a turn
     that extends a cached one replaces it; lookups return the longest common prefix, per model."""
-    from metaclaw.serving.prefix_cache import PrefixCache
+    from metaclaw.serving.prefix_cache import PrefixCache, check_mb, from_mb
 
     def kv(n: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
         return [(torch.full((2, n, 4), float(n)), torch.full((2, n, 4), -float(n))) for _ in range(3)]
@@ -441,3 +441,7 @@ def test_prefix_cache_is_bounded_and_keeps_the_longest_turn():
     assert len(cache) == 0 and cache.bytes == 0
     with pytest.raises(ValueError, match="prefix_cache_mb"):
         PrefixCache(-1)
+    assert check_mb(1.5) == 3 * 2**19 and check_mb(0) == 0 and from_mb(0) is None
+    for bad in (-1, 2**20 + 1):
+        with pytest.raises(ValueError, match="prefix_cache_mb must be in"):
+            check_mb(bad)

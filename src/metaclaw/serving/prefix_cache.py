@@ -40,11 +40,17 @@ def kv_bytes(kv: Sequence[LayerKV]) -> int:
     return sum(k.numel() * k.element_size() + v.numel() * v.element_size() for k, v in kv)
 
 
-def from_mb(mb: float) -> PrefixCache | None:
-    """The engines' `backend.prefix_cache_mb` (MiB; 0: no cache) as a cache, or None when off."""
+def check_mb(mb: float) -> int:
+    """The engines' `backend.prefix_cache_mb` (MiB; 0: no cache) in bytes; a value out of range is refused."""
     if not 0 <= float(mb) <= 2**20:
         raise ValueError(f"backend.prefix_cache_mb must be in [0, 1048576] MiB, got {mb!r}")
-    return PrefixCache(int(float(mb) * 2**20)) if mb else None
+    return int(float(mb) * 2**20)
+
+
+def from_mb(mb: float) -> PrefixCache | None:
+    """`backend.prefix_cache_mb` as a cache, or None when off (0)."""
+    size = check_mb(mb)
+    return PrefixCache(size) if size else None
 
 
 class PrefixCache:

@@ -61,7 +61,7 @@ from metaclaw.serving.engines.base import (
     scoring_ids,
 )
 from metaclaw.serving.engines.merged import MergedSlots
-from metaclaw.serving.prefix_cache import PrefixCache, from_mb
+from metaclaw.serving.prefix_cache import PrefixCache, check_mb, from_mb
 from metaclaw.wire import ADAPTER_WEIGHTS
 
 log = logging.getLogger(__name__)
@@ -288,7 +288,7 @@ class HFEngine(ServedAdapters):
         if merge_adapters not in (True, False, "auto"):
             raise ValueError(f"backend.merge_adapters must be true, false or auto, got {merge_adapters!r}")
         merge = device == "cpu" if merge_adapters == "auto" else bool(merge_adapters)
-        from_mb(prefix_cache_mb)  # checked before the model loads
+        check_mb(prefix_cache_mb)  # checked before the model loads
         return cls.from_spec(spec, device, int(max_batch_size), merge, float(batch_linger_s), float(prefix_cache_mb))
 
     @property

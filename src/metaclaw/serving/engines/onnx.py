@@ -81,7 +81,7 @@ from metaclaw.serving.engines.onnx_graph import (
     export_onnx,
     input_names,
 )
-from metaclaw.serving.prefix_cache import LayerKV, from_mb
+from metaclaw.serving.prefix_cache import LayerKV, check_mb, from_mb
 
 log = logging.getLogger(__name__)
 
@@ -353,7 +353,7 @@ class OnnxEngine(ServedAdapters):
             raise ValueError(f"backend: options the ONNX engine does not know: {unknown}")
         if infer_devices:
             raise ValueError("backend=onnx runs on the CPU; use backend=vllm or backend=hf for devices.infer GPUs")
-        from_mb(prefix_cache_mb)  # checked before the model is built
+        check_mb(prefix_cache_mb)  # checked before the model is built
         from transformers import AutoConfig, GenerationConfig
 
         model_dir = built_model(spec, str(quantize))
