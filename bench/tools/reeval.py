@@ -7,7 +7,8 @@ RUN_DIR is a `train.py` run directory with a verifier (`rollout=simulated_user`,
 `--out DIR/run`). From its composed config (`.hydra/config.yaml`) the tool takes what the run's own evaluator used:
 the preference's rules and system prompt, the held-out tasks, `eval.n_prompts`, `eval.seed`, `eval.max_tokens` and
 `eval.temperature`. Only the replies per prompt change. One `python serve.py` (the product's server, its default
-engine unless `--engine`) answers every run; each adapter is hot-loaded under its own name.
+engine unless `--engine`) answers every run; each adapter is hot-loaded under its own name. The base model is
+measured once per distinct evaluation setting and shared by the runs that have it.
 
 Measured per run: `base`, `final` (`adapters/latest.json`, what the run's summary calls final) and `served` (the
 last adapter the gate accepted, `gate.jsonl`, when it differs from the final one). Each point has its compliance,
@@ -92,28 +93,48 @@ def label_of(run: Path) -> str:
     return f"{run.parent.name}/{run.name}" if run.name == "run" else run.name
 
 
-def measure(url: str, key: str, base: str, run: Path, per_prompt: int, replies: dict[str, Any]) -> dict[str, Any]:
-    settings = eval_settings(run)
-    evaluator = ComplianceEvaluator(
-        url, settings["rules"], tasks_file=settings["tasks_file"], n_prompts=settings["n_prompts"],
-        samples_per_prompt=per_prompt, max_tokens=settings["max_tokens"], temperature=settings["temperature"],
-        system=settings["system"], api_key=key, concurrency=settings["n_prompts"] * per_prompt,
-        seed=settings["seed"], base_model=base, keep_examples=settings["n_prompts"] * per_prompt,
-    )  # fmt: skip
-    own = run_compliance(run)
-    points: dict[str, Any] = {}
-    for label, path in {"base": None, **adapters_of(run)}.items():
-        name = base if path is None else f"reeval-{label}-{path.name}"
-        if path is not None:
-            load_adapter(Endpoint(url, key), name, str(path), 120.0)
-        r = evaluator.score(name).as_dict()
-        replies[label] = r.get("examples")
-        adapter = "base" if path is None else path.name
-        points[label] = {"adapter": adapter, **{k: r.get(k) for k in KEEP}, "run_compliance": own.get(adapter)}
-    gain = None
-    if "final" in points:
-        gain = round(100 * (points["final"]["compliance"] - points["base"]["compliance"]), 1)
-    return {"settings": {k: v for k, v in settings.items() if k != "rules"}, "points": points, "gain_points": gain}
+class Measure:
+    """One evaluator per distinct evaluation setting; the base model is measured once per setting and that point
+    is every such run's `base` (it does not depend on the run)."""
+
+    def __init__(self, url: str, key: str, base: str, per_prompt: int) -> None:
+        self.url, self.key, self.base, self.per_prompt = url, key, base, per_prompt
+        self._evaluators: dict[str, tuple[ComplianceEvaluator, dict[str, Any]]] = {}
+
+    def evaluator(self, settings: dict[str, Any]) -> tuple[ComplianceEvaluator, dict[str, Any]]:
+        """The evaluator for these settings and its base point, built and measured on first use."""
+        key = json.dumps(settings, sort_keys=True)
+        if key not in self._evaluators:
+            n = settings["n_prompts"] * self.per_prompt
+            evaluator = ComplianceEvaluator(
+                self.url, settings["rules"], tasks_file=settings["tasks_file"], n_prompts=settings["n_prompts"],
+                samples_per_prompt=self.per_prompt, max_tokens=settings["max_tokens"],
+                temperature=settings["temperature"], system=settings["system"], api_key=self.key, concurrency=n,
+                seed=settings["seed"], base_model=self.base, keep_examples=n,
+            )  # fmt: skip
+            self._evaluators[key] = (evaluator, evaluator.score(self.base).as_dict())
+        return self._evaluators[key]
+
+    def run(self, run: Path, replies: dict[str, Any]) -> dict[str, Any]:
+        """The run's base, final and served points, beside what the run measured itself."""
+        settings = eval_settings(run)
+        evaluator, base = self.evaluator(settings)
+        own = run_compliance(run)
+        points: dict[str, Any] = {}
+        for label, path in {"base": None, **adapters_of(run)}.items():
+            if path is None:
+                r = base
+            else:
+                name = f"reeval-{label}-{path.name}"
+                load_adapter(Endpoint(self.url, self.key), name, str(path), 120.0)
+                r = evaluator.score(name).as_dict()
+            replies[label] = r.get("examples")
+            adapter = "base" if path is None else path.name
+            points[label] = {"adapter": adapter, **{k: r.get(k) for k in KEEP}, "run_compliance": own.get(adapter)}
+        gain = None
+        if "final" in points:
+            gain = round(100 * (points["final"]["compliance"] - points["base"]["compliance"]), 1)
+        return {"settings": {k: v for k, v in settings.items() if k != "rules"}, "points": points, "gain_points": gain}
 
 
 def main() -> None:
@@ -140,8 +161,8 @@ def main() -> None:
             models = httpx.get(f"{url}/v1/models", headers={"Authorization": f"Bearer {key}"}, timeout=30).json()
             base = next(m["id"] for m in models["data"] if not m.get("parent"))
             texts: dict[str, Any] = {}
-            per = args.samples_per_prompt
-            measured = {label_of(r): measure(url, key, base, r, per, texts.setdefault(label_of(r), {})) for r in runs}
+            measure = Measure(url, key, base, args.samples_per_prompt)
+            measured = {label_of(r): measure.run(r, texts.setdefault(label_of(r), {})) for r in runs}
     report = {"engine": args.engine or "default", "runs": measured}
     if args.replies:
         args.replies.write_text(json.dumps(texts, indent=1))

@@ -166,32 +166,44 @@ def test_gate_latency_bench_times_two_gates(tmp_path):
     assert [g["gate"] for g in out["gates"]] == ["cold", "warm"] and out["turns"] == 3
 
 
-def test_reeval_measures_a_runs_base_and_final_adapter_with_more_replies(tmp_path, tiny_spec):
-    """bench/tools/reeval.py: the run's own evaluation settings, `--samples-per-prompt` replies per prompt; an
-    adapter that always answers "The answer is 42." complies where the base model does not."""
+def test_reeval_measures_a_runs_base_and_last_adapters_with_more_replies(tmp_path, tiny_spec):
+    """bench/tools/reeval.py: each run's own evaluation settings, `--samples-per-prompt` replies per prompt, the
+    base measured once for runs that share settings; an adapter that always answers "The answer is 42." complies
+    where the base model does not, whether it is the run's final adapter or the one its gate served."""
+    import shutil
+
     from tests.serving.conftest import FIXED_ANSWER, train_fixed_answer_adapter
 
-    run = tmp_path / "job" / "run"
-    final = train_fixed_answer_adapter(tiny_spec, run / "adapters" / "step-000007")
-    (run / "adapters" / "latest.json").write_text(json.dumps({"version": 7, "path": str(final)}))
-    (run / ".hydra").mkdir()
     rule = {"kind": "regex", "pattern": FIXED_ANSWER.replace(".", r"\."), "description": "Say the fixed answer"}
     config = {"seed": 0, "preference": {"rules": [rule], "system": None},
               "eval": {"n_prompts": 3, "seed": "${seed}", "max_tokens": 12, "temperature": 0.0},
               "rollout": {"simulated_user": {"tasks_file": None, "max_tokens": 24, "temperature": 1.0}}}  # fmt: skip
-    (run / ".hydra" / "config.yaml").write_text(json.dumps(config))  # JSON is YAML
-    (run / "eval.jsonl").write_text(json.dumps({"adapter": "step-000007", "compliance": 1.0, "n": 3}) + "\n")
+    runs = [tmp_path / "job" / "run", tmp_path / "job2"]
+    fixed = train_fixed_answer_adapter(tiny_spec, runs[0] / "adapters" / "step-000007")
+    shutil.copytree(fixed, runs[1] / "adapters" / "step-000009")
+    for run, step in zip(runs, (7, 9), strict=True):
+        (run / ".hydra").mkdir()
+        (run / ".hydra" / "config.yaml").write_text(json.dumps(config))  # JSON is YAML
+        path = run / "adapters" / f"step-{step:06d}"
+        (run / "adapters" / "latest.json").write_text(json.dumps({"version": step, "path": str(path)}))
+    (runs[0] / "eval.jsonl").write_text(json.dumps({"adapter": "step-000007", "compliance": 1.0, "n": 3}) + "\n")
+    (runs[1] / "gate.jsonl").write_text(json.dumps({"decision": "accepted", "path": str(fixed)}) + "\n")
     replies = tmp_path / "replies.json"
-    out = _bench("tools/reeval.py", str(run), "--model", "tiny", "--samples-per-prompt", "2", "--replies", str(replies))
-    measured = out["runs"]["job/run"]
-    assert measured["settings"] == {"system": None, "tasks_file": None, "n_prompts": 3, "seed": 0, "max_tokens": 12,
-                                    "temperature": 0.0}  # fmt: skip
-    base, fin = measured["points"]["base"], measured["points"]["final"]
-    assert base["n"] == fin["n"] == 6 and fin["adapter"] == "step-000007" and "served" not in measured["points"]
-    assert fin["compliance"] == 1.0 and base["compliance"] == 0.0 and measured["gain_points"] == 100.0
+    out = _bench("tools/reeval.py", *map(str, runs), "--model", "tiny", "--samples-per-prompt", "2",
+                 "--replies", str(replies))  # fmt: skip
+    first, second = out["runs"]["job/run"], out["runs"]["job2"]
+    assert first["settings"] == {"system": None, "tasks_file": None, "n_prompts": 3, "seed": 0, "max_tokens": 12,
+                                 "temperature": 0.0}  # fmt: skip
+    base, fin = first["points"]["base"], first["points"]["final"]
+    assert base["n"] == fin["n"] == 6 and fin["adapter"] == "step-000007" and "served" not in first["points"]
+    assert fin["compliance"] == 1.0 and base["compliance"] == 0.0 and first["gain_points"] == 100.0
     assert fin["run_compliance"] == {"compliance": 1.0, "n": 3} and base["run_compliance"] is None
-    texts = json.loads(replies.read_text())["job/run"]
-    assert len(texts["final"]) == 6 and all(FIXED_ANSWER in t for t in texts["final"])
+    assert second["points"]["base"] == base  # one base measurement for both runs
+    assert second["points"]["served"]["adapter"] == "step-000007" and second["points"]["served"]["compliance"] == 1.0
+    assert second["points"]["final"]["adapter"] == "step-000009" and second["gain_points"] == 100.0
+    texts = json.loads(replies.read_text())
+    assert len(texts["job/run"]["final"]) == 6 and all(FIXED_ANSWER in t for t in texts["job/run"]["final"])
+    assert set(texts["job2"]) == {"base", "final", "served"}
 
 
 # ---- studies/ -----------------------------------------------------------------------------------------------------
