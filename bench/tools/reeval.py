@@ -88,9 +88,17 @@ def run_compliance(run: Path) -> dict[str, Any]:
     return {r["adapter"]: {"compliance": r["compliance"], "n": r["n"]} for r in records if "adapter" in r}
 
 
-def label_of(run: Path) -> str:
-    """A run's name in the report: its folder, with the parent's name for cycle_profile's `<out>/run`."""
-    return f"{run.parent.name}/{run.name}" if run.name == "run" else run.name
+def labels_of(runs: list[Path]) -> list[str]:
+    """The runs' names in the report: their paths below the folder they share (`s21/onnx-1/run`), or for one run
+    its folder (with the parent's name for cycle_profile's `<out>/run`); names that collide are refused."""
+    if len(runs) == 1:
+        run = runs[0]
+        return [f"{run.parent.name}/{run.name}" if run.name == "run" else run.name]
+    root = Path(os.path.commonpath([str(r) for r in runs]))
+    labels = [str(r.relative_to(root)) for r in runs]
+    if len(set(labels)) < len(labels):
+        raise SystemExit(f"the same run twice: {sorted(labels)}")
+    return labels
 
 
 class Measure:
@@ -150,7 +158,7 @@ def main() -> None:
     for run in runs:
         if not (run / ".hydra" / "config.yaml").exists():
             p.error(f"{run} is not a train.py run directory (no .hydra/config.yaml)")
-    root = Path(os.path.commonpath([str(r) for r in runs]))
+    labels, root = labels_of(runs), Path(os.path.commonpath([str(r) for r in runs]))
     key, port = secrets.token_urlsafe(16), free_port()
     url = f"http://127.0.0.1:{port}"
     with tempfile.TemporaryDirectory(prefix="reeval-") as tmp:
@@ -162,7 +170,7 @@ def main() -> None:
             base = next(m["id"] for m in models["data"] if not m.get("parent"))
             texts: dict[str, Any] = {}
             measure = Measure(url, key, base, args.samples_per_prompt)
-            measured = {label_of(r): measure.run(r, texts.setdefault(label_of(r), {})) for r in runs}
+            measured = {name: measure.run(r, texts.setdefault(name, {})) for name, r in zip(labels, runs, strict=True)}
     report = {"engine": args.engine or "default", "runs": measured}
     if args.replies:
         args.replies.write_text(json.dumps(texts, indent=1))

@@ -191,7 +191,7 @@ def test_reeval_measures_a_runs_base_and_last_adapters_with_more_replies(tmp_pat
     replies = tmp_path / "replies.json"
     out = _bench("tools/reeval.py", *map(str, runs), "--model", "tiny", "--samples-per-prompt", "2",
                  "--replies", str(replies))  # fmt: skip
-    first, second = out["runs"]["job/run"], out["runs"]["job2"]
+    first, second = out["runs"]["job/run"], out["runs"]["job2"]  # named below the folder they share
     assert first["settings"] == {"system": None, "tasks_file": None, "n_prompts": 3, "seed": 0, "max_tokens": 12,
                                  "temperature": 0.0}  # fmt: skip
     base, fin = first["points"]["base"], first["points"]["final"]
@@ -204,6 +204,16 @@ def test_reeval_measures_a_runs_base_and_last_adapters_with_more_replies(tmp_pat
     texts = json.loads(replies.read_text())
     assert len(texts["job/run"]["final"]) == 6 and all(FIXED_ANSWER in t for t in texts["job/run"]["final"])
     assert set(texts["job2"]) == {"base", "final", "served"}
+
+
+def test_reeval_names_runs_below_their_shared_folder_and_refuses_a_run_twice(tmp_path):
+    from bench.tools.reeval import labels_of
+
+    a, b = tmp_path / "s20" / "onnx-1" / "run", tmp_path / "s21" / "onnx-1" / "run"
+    assert labels_of([a, b]) == ["s20/onnx-1/run", "s21/onnx-1/run"]  # the same folder names, two sessions
+    assert labels_of([a]) == ["onnx-1/run"]
+    with pytest.raises(SystemExit, match="the same run twice"):
+        labels_of([a, a])
 
 
 # ---- studies/ -----------------------------------------------------------------------------------------------------
