@@ -10,11 +10,12 @@ the preference's rules and system prompt, the held-out tasks, `eval.n_prompts`, 
 engine unless `--engine`) answers every run; each adapter is hot-loaded under its own name. The base model is
 measured once per distinct evaluation setting and shared by the runs that have it.
 
-Measured per run: `base`, `final` (`adapters/latest.json`, what the run's summary calls final) and `served` (the
-last adapter the gate accepted, `gate.jsonl`, when it differs from the final one). Each point has its compliance,
-Wilson interval, quality (`good`, `nll`) and collapse figures (the most common opening and its share), beside what
-the run itself measured with its own replies (`run_compliance`). `--replies FILE` keeps every reply, to be read.
-The verifier is today's code (`metaclaw.simulate.preferences`), which may be stricter than the run's own.
+Measured per run: `base`, `final` (the newest `adapters/step-*`, what the run's summary calls final) and `served`
+(`adapters/latest.json`, what the user was served at the end, when it differs from the final one). Each point has
+its compliance, Wilson interval, quality (`good`, `nll`) and collapse figures (the most common opening and its
+share), beside what the run itself measured with its own replies (`run_compliance`). `--replies FILE` keeps every
+reply, to be read. The verifier is today's code (`metaclaw.simulate.preferences`), which may be stricter than the
+run's own.
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ from bench.harness import add_results_argument, publish  # noqa: E402
 from bench.harness.procs import serving  # noqa: E402
 from metaclaw.evaluation.evaluator import ComplianceEvaluator  # noqa: E402
 from metaclaw.lifecycle import free_port  # noqa: E402
+from metaclaw.runfiles.layout import RunLayout  # noqa: E402
 from metaclaw.wire.client import Endpoint, load_adapter  # noqa: E402
 
 KEEP = ("compliance", "n", "errors", "ci_low", "ci_high", "good", "nll", "top_opening", "top_opening_share",
@@ -68,16 +70,15 @@ def eval_settings(run: Path) -> dict[str, Any]:
 
 
 def adapters_of(run: Path) -> dict[str, Path]:
-    """`final` (adapters/latest.json) and `served` (the gate's last accepted candidate), when they are on disk."""
-    out: dict[str, Path] = {}
-    latest = run / "adapters" / "latest.json"
-    if latest.exists():
-        out["final"] = Path(json.loads(latest.read_text())["path"])
-    gate = run / "gate.jsonl"
-    if gate.exists():
-        accepted = [r for r in map(json.loads, gate.read_text().splitlines()) if r.get("decision") == "accepted"]
-        if accepted and Path(accepted[-1]["path"]) != out.get("final"):
-            out["served"] = Path(accepted[-1]["path"])
+    """`final`: the newest adapter the trainer published (`adapters/step-*`, what the run's summary calls final);
+    `served`: what the run served at its end (`adapters/latest.json`, the gate's last accepted or a rollback's pin),
+    when it differs from the final one."""
+    folder = RunLayout(run).adapters()
+    versions = folder.versions()
+    out: dict[str, Path] = {"final": versions[-1][1]} if versions else {}
+    latest = folder.read_latest()
+    if latest and Path(latest["path"]) != out.get("final"):
+        out["served"] = Path(latest["path"])
     return {k: p for k, p in out.items() if p.is_dir()}
 
 

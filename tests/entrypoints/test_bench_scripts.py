@@ -169,7 +169,7 @@ def test_gate_latency_bench_times_two_gates(tmp_path):
 def test_reeval_measures_a_runs_base_and_last_adapters_with_more_replies(tmp_path, tiny_spec):
     """bench/tools/reeval.py: each run's own evaluation settings, `--samples-per-prompt` replies per prompt, the
     base measured once for runs that share settings; an adapter that always answers "The answer is 42." complies
-    where the base model does not, whether it is the run's final adapter or the one its gate served."""
+    where the base model does not, whether it is the run's final adapter or the one it served at the end."""
     import shutil
 
     from tests.serving.conftest import FIXED_ANSWER, train_fixed_answer_adapter
@@ -181,13 +181,12 @@ def test_reeval_measures_a_runs_base_and_last_adapters_with_more_replies(tmp_pat
     runs = [tmp_path / "job" / "run", tmp_path / "job2"]
     fixed = train_fixed_answer_adapter(tiny_spec, runs[0] / "adapters" / "step-000007")
     shutil.copytree(fixed, runs[1] / "adapters" / "step-000009")
-    for run, step in zip(runs, (7, 9), strict=True):
+    for run in runs:
         (run / ".hydra").mkdir()
         (run / ".hydra" / "config.yaml").write_text(json.dumps(config))  # JSON is YAML
-        path = run / "adapters" / f"step-{step:06d}"
-        (run / "adapters" / "latest.json").write_text(json.dumps({"version": step, "path": str(path)}))
+        # the served pointer: the first run serves its final adapter, the second one it did not replace (step 7)
+        (run / "adapters" / "latest.json").write_text(json.dumps({"version": 7, "path": str(fixed)}))
     (runs[0] / "eval.jsonl").write_text(json.dumps({"adapter": "step-000007", "compliance": 1.0, "n": 3}) + "\n")
-    (runs[1] / "gate.jsonl").write_text(json.dumps({"decision": "accepted", "path": str(fixed)}) + "\n")
     replies = tmp_path / "replies.json"
     out = _bench("tools/reeval.py", *map(str, runs), "--model", "tiny", "--samples-per-prompt", "2",
                  "--replies", str(replies))  # fmt: skip
