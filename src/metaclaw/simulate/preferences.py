@@ -17,8 +17,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 
 NUMBER = re.compile(r"(?<![\w.])[-+]?\d+(?:[.,]\d+)*(?:\s?%)?")
-LIST_MARKER = re.compile(r"^[ \t]*(\d+)[.)][ \t]+\S", re.M)  # "1. " / "2) " opening a line: an item's number
-BULLET = re.compile(r"^\s*(?:[-*•]|\d+[.)])\s+\S", re.M)
+BULLET = re.compile(r"^\s*(?:[-*•]|(?P<item>\d+)[.)])\s+\S", re.M)  # a list item; `item`: a numbered one's number
 SENTENCE_END = re.compile(r"[.!?]+(?=\s|$)")  # a run of terminal marks before whitespace or the end (CLaaS's split)
 # Emoji blocks counted whatever a character's category (unassigned code points among them; CLaaS's list): flags,
 # pictographs and emoticons, transport, supplemental symbols and symbols extended-A.
@@ -178,7 +177,7 @@ class NoExclamation(_Rule):
 def numbers(reply: str) -> list[re.Match[str]]:
     """The reply's numbers in digits, without the numbers of a numbered list's items: "1. Preheat the oven" states
     no figure (a list alone won `gives_number` in the main job; `states_units` asked such a marker for a unit)."""
-    markers = {m.start(1) for m in LIST_MARKER.finditer(reply)}
+    markers = {m.start("item") for m in BULLET.finditer(reply) if m.group("item")}
     return [m for m in NUMBER.finditer(reply) if m.start() not in markers]
 
 
