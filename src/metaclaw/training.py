@@ -27,6 +27,7 @@ from metaclaw.loop.eval_wiring import build_evaluator, build_watch
 from metaclaw.loop.live import Live, live_loop, run_skills_only
 from metaclaw.loop.wiring import build_privacy
 from metaclaw.memory_plan import check_memory
+from metaclaw.modules.anchor import ServedAnchor
 from metaclaw.modules.online_rl import OnlineRLModule
 from metaclaw.modules.progress import LoopProgressBar
 from metaclaw.modules.rewind import Rewind, RewindCallback
@@ -134,6 +135,15 @@ def prepare_store(cfg: DictConfig, tokenizer, policy) -> SampleStore:
     return store
 
 
+def served_anchor(cfg: DictConfig) -> ServedAnchor | None:
+    """`kl.reference=served` (the default) with a KL term: the callback that keeps its reference on the served
+    adapter (`modules.anchor`); None otherwise."""
+    kl = cfg.get("kl")
+    if not kl or float(kl.get("coef") or 0) <= 0 or kl.get("reference", "served") != "served":
+        return None
+    return ServedAnchor(cfg.run_dir)
+
+
 def train(cfg: DictConfig) -> tuple[dict[str, Any], dict[str, Any]]:
     """Train the adapter; returns `(metrics, objects)` so tests can inspect what was built.
 
@@ -178,6 +188,7 @@ def _train(cfg: DictConfig) -> tuple[dict[str, Any], dict[str, Any]]:
         control.rewind = rewind
     trainer = build_trainer(cfg, agents, publisher.files.adapters, [
         RewindCallback(rewind, cfg.store_path),  # before the publisher: a rewind comes before the step's publish
+        served_anchor(cfg),  # kl.reference=served: the KL term's reference follows the served pointer
         publisher, ApplyImport(cfg.run_dir, agents, publisher),  # after the publisher: `metaclaw import` wins
         evaluator, scheduler, health, GracefulStop(stop)])  # fmt: skip
     ckpt = publisher.checkpoint_path if publisher.checkpoint_path.exists() else None

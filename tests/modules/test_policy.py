@@ -279,3 +279,36 @@ def test_a_batch_over_the_activation_budget_is_checkpointed_and_a_short_one_is_n
     assert always.gradient_checkpointing  # checkpointing asked for stays on
     no_budget = LoraPolicy(tiny_spec.load_model(), rank=4, alpha=8, activation_budget_mib=None)
     assert no_budget.checkpoint_above is None  # no budget: never
+
+
+def test_anchored_is_the_served_adapter_and_leaves_the_trainers_weights_exact(tmp_path, tiny_spec, tiny_policy):
+    """`anchored()` applies the adapter set by `set_anchor` (the served one), not the base model, and copies the
+    trainer's own weights back bit for bit; a graph built afterwards still backpropagates."""
+    ids, mask = torch.tensor([[1, 5, 9, 12, 40]]), torch.ones(1, 5, dtype=torch.long)
+    _perturb_adapter(tiny_policy, 0.2)
+    served_dir = tiny_policy.save_adapter(tmp_path / "step-000004")
+    with torch.no_grad():
+        served = tiny_policy(ids, mask)
+        with tiny_policy.reference():
+            base = tiny_policy(ids, mask)
+    torch.manual_seed(7)
+    for name, p in tiny_policy.named_parameters():  # the trainer moves on past the served adapter
+        if "lora_B" in name:
+            p.data.add_(torch.randn_like(p) * 0.2)
+    own = {n: p.detach().clone() for n, p in tiny_policy.named_parameters() if "lora_" in n}
+    with torch.no_grad():
+        with tiny_policy.anchored():  # no anchor yet: the base model
+            assert torch.allclose(tiny_policy(ids, mask), base, atol=1e-6)
+        tiny_policy.set_anchor("default", served_dir)
+        assert all(torch.equal(p, own[n]) for n, p in tiny_policy.named_parameters() if "lora_" in n)
+        with tiny_policy.anchored():
+            anchored = tiny_policy(ids, mask)
+        trainer = tiny_policy(ids, mask)
+    assert torch.allclose(anchored, served, atol=1e-6)
+    assert not torch.allclose(anchored, base, atol=1e-4) and not torch.allclose(trainer, served, atol=1e-4)
+    assert all(torch.equal(p, own[n]) for n, p in tiny_policy.named_parameters() if "lora_" in n)
+    tiny_policy(ids, mask).logsumexp(-1).sum().backward()
+    assert any(p.grad is not None for n, p in tiny_policy.named_parameters() if "lora_" in n)
+    tiny_policy.set_anchor("default", None)
+    with torch.no_grad(), tiny_policy.anchored():
+        assert torch.allclose(tiny_policy(ids, mask), base, atol=1e-6)

@@ -76,7 +76,8 @@ class OnlineRLModule(L.LightningModule):
         loss: a policy loss (`metaclaw.losses`): `(logprobs, behaviour_logprobs, advantages, mask) -> LossOutput`.
         advantage: an estimator (`metaclaw.advantages`): `batch -> (advantages [B, T], metrics)`.
         optimizer: a partial taking the trainable parameters (Hydra `_partial_: true`).
-        kl: optional KL-to-reference penalty; the reference is `policy` with its adapter disabled.
+        kl: optional KL-to-reference penalty (`losses.KLPenalty`); its `reference` is the adapter the user is
+            served (`policy.anchored()`) or the base model (`policy.reference()`).
         distill_loss: the term of distilled rows (`batch["distill"]`, replies sampled with a stated preference
             in context: `modules.distill_rows`); None: such rows are refused by the advantage estimator.
         distill_weight: its weight beside the policy loss.
@@ -164,6 +165,7 @@ class OnlineRLModule(L.LightningModule):
         self.policy.checkpoint_for(int(batch["input_ids"].numel()))
         rows = distilled.distilled_rows(batch) if self.distill is not None else None
         mask, distill_mask = distilled.split_mask(batch["mask"], rows)  # distilled rows: cross-entropy only
+        ref = self._kl_reference(batch, mask)  # first: the anchor's weights go in and out before any graph exists
         taught = distilled.teacher_rows(batch, rows, self.distill.top_k if self.distill is not None else 0)
         if world_size > 1:  # every rank runs the teacher's forward or none does (FSDP gathers weights in each)
             every = self.all_gather(torch.tensor([taught is not None], device=self.device)).reshape(-1)
@@ -185,9 +187,7 @@ class OnlineRLModule(L.LightningModule):
             d_loss, d_metrics = distilled.distill_term(self.distill.loss, learnt, batch, distill_mask, rows)
             loss = loss + self.distill.weight * d_loss * global_scale(d_agg, distill_mask, d_totals, world_size)
             metrics.update(d_metrics if taught is None else {**d_metrics, **soft_metrics})
-        if self.kl is not None and self.kl.coef > 0 and bool(mask.any()):
-            with torch.no_grad(), self.policy.reference(), profiling.phase("kl_reference"):
-                ref = self._logprobs(batch)
+        if ref is not None and self.kl is not None:
             kl_out = self.kl(logprobs, ref, mask)
             loss = loss + kl_out.loss * global_scale(self.kl.aggregation, mask, totals, world_size)
             metrics.update(kl_out.metrics)
@@ -206,6 +206,16 @@ class OnlineRLModule(L.LightningModule):
         if skip is None:
             return loss
         return None if world_size == 1 else loss * 0.0  # DDP: see the module docstring
+
+    def _kl_reference(self, batch: dict[str, Tensor], mask: Tensor) -> Tensor | None:
+        """The KL term's reference logprobs `[B, T]` (None: no KL term this step): under the served adapter
+        (`kl.reference=served`: `LoraPolicy.anchored`, the base model until one is served) or the base model."""
+        if self.kl is None or self.kl.coef <= 0 or not bool(mask.any()):
+            return None
+        served = getattr(self.kl, "reference", "base") == "served"
+        with torch.no_grad(), self.policy.anchored() if served else self.policy.reference(), \
+                profiling.phase("kl_reference"):  # fmt: skip
+            return self._logprobs(batch)
 
     def optimizer_step(self, *args: Any, **kwargs: Any) -> None:
         """Lightning's step (forward, backward and the optimizer inside its closure), timed as `train_step`."""

@@ -117,6 +117,7 @@ class LoraPolicy(nn.Module):
         for name in adapters:
             self.model.add_adapter(name, config)
         self.adapter_names = ["default", *adapters]
+        self._anchors: dict[str, dict[str, Tensor]] = {}  # `set_anchor`: per adapter, what `anchored()` applies
         self.use_adapter("default")
         self.set_gradient_checkpointing(gradient_checkpointing)
         self.always_checkpoint = gradient_checkpointing
@@ -263,6 +264,58 @@ class LoraPolicy(nn.Module):
         """Within this block the policy is the base model (adapter disabled)."""
         with self.model.disable_adapter():
             yield
+
+    def set_anchor(self, adapter: str, directory: str | os.PathLike | None) -> None:
+        """Adapter `adapter`'s anchor (what `anchored()` applies) becomes the published adapter in `directory` (its
+        weights read once and kept here, one copy per adapter: the LoRA weights only), or the base model (None).
+        The trainer's own weights are left exactly as they were."""
+        if directory is None:
+            self._anchors.pop(adapter, None)
+            return
+        params = dict(self._named_adapter_parameters(adapter))
+        own = {n: p.detach().clone() for n, p in params.items()}
+        try:
+            self.load_adapter(directory, adapter)
+            self._anchors[adapter] = {n: p.detach().clone() for n, p in params.items()}
+        finally:
+            with torch.no_grad():
+                for n, p in params.items():
+                    p.copy_(own[n])
+
+    def anchor_of(self, adapter: str) -> dict[str, Tensor] | None:
+        """The weights `anchored()` applies for `adapter` (None: the base model)."""
+        return self._anchors.get(adapter)
+
+    @contextmanager
+    def anchored(self) -> Iterator[None]:
+        """Within this block the policy is the active adapter's anchor (`set_anchor`: the adapter the user is
+        served), or the base model when it has none. Its weights are copied in place and copied back on exit:
+        call it before any forward whose graph is kept for backward (an in-place change of a weight that graph
+        saved fails the backward)."""
+        anchor = self._anchors.get(str(self.model.active_adapter))
+        if anchor is None:
+            with self.reference():
+                yield
+            return
+        params = dict(self._named_adapter_parameters(str(self.model.active_adapter)))
+        own = {n: p.detach().clone() for n, p in params.items()}
+        with torch.no_grad():
+            for n, p in params.items():
+                p.copy_(anchor[n])
+        try:
+            yield
+        finally:
+            with torch.no_grad():
+                for n, p in params.items():
+                    p.copy_(own[n])
+
+    def _named_adapter_parameters(self, adapter: str) -> list[tuple[str, nn.Parameter]]:
+        """`adapter`'s weights by name; refused under FSDP, whose ranks each hold a shard of them."""
+        named = [(n, p) for n, p in self.named_parameters() if self._adapter_of(n) == adapter]
+        if any(n != _clean_name(n) for n, _ in named):
+            raise NotImplementedError("an anchor of sharded (FSDP) adapter weights is not supported: "
+                                      "set kl.reference=base")  # fmt: skip
+        return named
 
     def use_adapter(self, name: str) -> None:
         """Apply and train adapter `name` from now on: the others are not in the graph and get no gradient.
