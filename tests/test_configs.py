@@ -256,3 +256,19 @@ def test_eval_off_keeps_the_held_out_settings_the_gate_measures_with(tmp_path):
     cfg = _compose("train", ["eval=off"], tmp_path)
     assert cfg.eval.enabled is False and cfg.publish.gate.enabled is True
     assert cfg.eval.n_prompts > 0 and cfg.eval.samples_per_prompt >= 1 and cfg.eval.concurrency >= 1
+
+
+@pytest.mark.parametrize("rollout", ["proxy", "simulated_user"])
+def test_every_live_rollout_anchors_the_kl_term_on_the_served_adapter(tmp_path, rollout):
+    """The KL term's reference is the served adapter on every rollout by default (what the user's path gets, not a
+    setting of the demo); `kl.reference=base`, no KL term, or no gate (nothing checks what is served against the
+    base model) start no anchor."""
+    from metaclaw.modules.anchor import ServedAnchor
+    from metaclaw.training import served_anchor
+
+    cfg = _compose("train", [f"rollout={rollout}"], tmp_path)
+    assert instantiate(cfg.kl).reference == "served"
+    assert isinstance(served_anchor(cfg), ServedAnchor)
+    assert served_anchor(_compose("train", [f"rollout={rollout}", "kl.reference=base"], tmp_path)) is None
+    assert served_anchor(_compose("train", [f"rollout={rollout}", "kl.coef=0"], tmp_path)) is None
+    assert served_anchor(_compose("train", [f"rollout={rollout}", "publish.gate.enabled=false"], tmp_path)) is None

@@ -137,9 +137,14 @@ def prepare_store(cfg: DictConfig, tokenizer, policy) -> SampleStore:
 
 def served_anchor(cfg: DictConfig) -> ServedAnchor | None:
     """`kl.reference=served` (the default) with a KL term: the callback that keeps its reference on the served
-    adapter (`modules.anchor`); None otherwise."""
+    adapter (`modules.anchor`); None otherwise. With the gate off nothing checks what is served against the base
+    model, so the base model stays the reference (said once)."""
     kl = cfg.get("kl")
     if not kl or float(kl.get("coef") or 0) <= 0 or kl.get("reference", "served") != "served":
+        return None
+    if not OmegaConf.select(cfg, "publish.gate.enabled", default=False):
+        log.info("kl.reference=served with publish.gate.enabled=false: the KL term pulls toward the base model (no "
+                 "gate checks a served adapter's language against it)")  # fmt: skip
         return None
     return ServedAnchor(cfg.run_dir)
 
