@@ -272,3 +272,4 @@ def test_every_live_rollout_anchors_the_kl_term_on_the_served_adapter(tmp_path, 
     assert served_anchor(_compose("train", [f"rollout={rollout}", "kl.reference=base"], tmp_path)) is None
     assert served_anchor(_compose("train", [f"rollout={rollout}", "kl.coef=0"], tmp_path)) is None
     assert served_anchor(_compose("train", [f"rollout={rollout}", "publish.gate.enabled=false"], tmp_path)) is None
+    assert served_anchor(_compose("train", ["rollout=store"], tmp_path)) is None  # no gate measures anything there

@@ -23,7 +23,7 @@ from metaclaw.datamodules.seed import seed_store
 from metaclaw.devices import resolve_devices, torch_threads
 from metaclaw.evaluation.report import write_report
 from metaclaw.export.apply import ApplyImport
-from metaclaw.loop.eval_wiring import build_evaluator, build_watch
+from metaclaw.loop.eval_wiring import build_evaluator, build_watch, gate_measures
 from metaclaw.loop.live import Live, live_loop, run_skills_only
 from metaclaw.loop.wiring import build_privacy
 from metaclaw.memory_plan import check_memory
@@ -137,14 +137,15 @@ def prepare_store(cfg: DictConfig, tokenizer, policy) -> SampleStore:
 
 def served_anchor(cfg: DictConfig) -> ServedAnchor | None:
     """`kl.reference=served` (the default) with a KL term: the callback that keeps its reference on the served
-    adapter (`modules.anchor`); None otherwise. With the gate off nothing checks what is served against the base
-    model, so the base model stays the reference (said once)."""
+    adapter (`modules.anchor`); None otherwise. Where no gate measures candidates (`publish.gate.enabled=false`, or
+    nothing to measure with, as on `rollout=store`) nothing checks what is served against the base model, so the
+    base model stays the reference (said once)."""
     kl = cfg.get("kl")
     if not kl or float(kl.get("coef") or 0) <= 0 or kl.get("reference", "served") != "served":
         return None
-    if not OmegaConf.select(cfg, "publish.gate.enabled", default=False):
-        log.info("kl.reference=served with publish.gate.enabled=false: the KL term pulls toward the base model (no "
-                 "gate checks a served adapter's language against it)")  # fmt: skip
+    if not gate_measures(cfg):
+        log.info("kl.reference=served, but no gate measures what is served: the KL term pulls toward the base model "
+                 "(publish.gate, docs/learning.md \"What the KL term pulls toward\")")  # fmt: skip
         return None
     return ServedAnchor(cfg.run_dir)
 

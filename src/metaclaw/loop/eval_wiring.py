@@ -71,6 +71,17 @@ def simulated_agents(cfg: DictConfig) -> dict[str, dict[str, Any]]:
     return out
 
 
+def gate_measures(cfg: DictConfig) -> bool:
+    """Whether the publish gate measures each candidate before it is served, as `build_evaluator` sets it up: the
+    gate on, and a verifier, or judged held-out turns of a live rollout, to measure with. The same answer on every
+    rank (the config's), where the evaluator itself exists on rank 0 only."""
+    if not (cfg.publish.get("gate") or {}).get("enabled", False):
+        return False
+    if has_verifier(cfg):
+        return True
+    return bool(heldout_share(cfg) and cfg.rollout.get("proxy") and cfg.method.get("needs_reward"))
+
+
 def build_evaluator(cfg: DictConfig) -> LiveEvaluator | None:
     """The `LiveEvaluator` callback when `eval.enabled` (or `publish.gate.enabled`) and a verifier exists, or,
     without one, when `eval.judge_fallback.heldout_share` > 0 on a rollout whose turns the judge scores (the gate
