@@ -193,8 +193,7 @@ def _train(cfg: DictConfig) -> tuple[dict[str, Any], dict[str, Any]]:
     if control:
         control.rewind = rewind
     trainer = build_trainer(cfg, agents, publisher.files.adapters, [
-        RewindCallback(rewind, cfg.store_path),  # before the publisher: a rewind comes before the step's publish
-        served_anchor(cfg),  # kl.reference=served: the KL term's reference follows the served pointer
+        RewindCallback(rewind, cfg.store_path), served_anchor(cfg),  # rewinds before the publisher; kl.reference
         publisher, ApplyImport(cfg.run_dir, agents, publisher),  # after the publisher: `metaclaw import` wins
         evaluator, scheduler, health, GracefulStop(stop)])  # fmt: skip
     ckpt = publisher.checkpoint_path if publisher.checkpoint_path.exists() else None
