@@ -37,6 +37,7 @@ from torch import Tensor
 from torchmetrics import MeanMetric
 
 from metaclaw import profiling
+from metaclaw.losses.kl import KLPenalty
 from metaclaw.modules import distill_rows as distilled
 from metaclaw.modules.agent_state import ADAPTERS_KEY, remap_optimizer_state, same_adapter
 from metaclaw.modules.policy import LoraPolicy
@@ -91,7 +92,7 @@ class OnlineRLModule(L.LightningModule):
         loss: PolicyLoss,
         advantage: AdvantageEstimator,
         optimizer: Callable[..., torch.optim.Optimizer],
-        kl: torch.nn.Module | None = None,
+        kl: KLPenalty | None = None,
         distill_loss: PolicyLoss | None = None,
         distill_weight: float = 1.0,
         distill_top_k: int = 0,
@@ -212,7 +213,7 @@ class OnlineRLModule(L.LightningModule):
         (`kl.reference=served`: `LoraPolicy.anchored`, the base model until one is served) or the base model."""
         if self.kl is None or self.kl.coef <= 0 or not bool(mask.any()):
             return None
-        served = getattr(self.kl, "reference", "base") == "served"
+        served = self.kl.reference == "served"
         with torch.no_grad(), self.policy.anchored() if served else self.policy.reference(), \
                 profiling.phase("kl_reference"):  # fmt: skip
             return self._logprobs(batch)
