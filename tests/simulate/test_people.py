@@ -167,3 +167,21 @@ def test_people_in_human_mode_skip_react_late_and_send_no_verdict_messages(proxy
     assert all(t["next_message"] in next_states for t in late)  # each late reaction reached the turn it answers
     with pytest.raises(ValueError, match="react_share"):
         People(f"{url}/v1", PreferenceKind.load("number"), react_share=1.5)
+
+
+def test_a_person_keeps_talking_while_conversations_wait_for_a_late_reaction_and_comes_back_to_each(proxy):
+    """People who mean to react late start other conversations meanwhile (a bound of 2 open ones kept each person
+    idle for minutes: 39 turns in 10 minutes of a human-mode run). Once out of new conversations they come back to
+    every one left open, so every late reaction is still sent."""
+    url, _ = proxy
+    people = People(f"{url}/v1", PreferenceKind.load("number"), people=1, api_key="k", max_conversations=3, seed=2,
+                    react_share=1.0, late_share=1.0, late_s=(3.0, 3.5))  # fmt: skip
+    people.start()
+    people.join(120)
+    people.stop()
+    summary, turns = people.summary(), people.turn_records()
+    assert summary["errors"] == 0 and summary["conversations"] == 3
+    assert len(turns) == 12 and summary["late"] == 9  # every reaction came late, and each was sent
+    first_turns = max(t["sent_at"] for t in turns if t["index"] == 0)
+    first_late = min(t["replied_at"] + t["late_s"] for t in turns if t["late_s"] > 0)
+    assert first_turns < first_late  # all three conversations opened before the first late reaction was due

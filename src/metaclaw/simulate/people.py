@@ -50,7 +50,12 @@ POOLS = Path(__file__).with_name("people.yaml")
 PHRASINGS = ("train", "heldout", "all")
 PACES = ("machine", "human")
 SESSION_HEADERS = ("x-session-id", "x-turn-type", "x-session-done", "x-agent-id")
-MAX_PARKED = 2  # conversations a person leaves open to react late; at this many they wait for the first
+MAX_PARKED = 32
+"""Conversations a person leaves open to react late (the bound of `People._parked`; at this many they wait for the
+first to come due). Meanwhile they start other conversations, as people do. At machine pace, with `human_mode()`
+(an eighth of the replies parked for 330-600 s), a person has about 12 open on average. A bound of 2 (sessions 17-22)
+kept each person idle for minutes at a time. Two people then sent 39 turns in the first 10 minutes of a 40-minute
+run, against about 250 with every reaction at once, so the bench starved the learner instead of measuring it."""
 JOINERS = ("\n\n", " ", "\n", "\n\nAlso, ", " Next: ", " Anyway. ", " Another one: ", "\n\nok, ")
 
 
@@ -269,7 +274,8 @@ class People:
         self._lock = threading.Lock()
         self._mine: dict[int, tuple[Any, Any]] = {}  # each person's clients
         self.driver = Driver("person", people, self._converse, seed, max_conversations, per_worker=True,
-                             pause=lambda person, rng: self._think(person, rng, self.pause_s), retry_s=2.0)  # fmt: skip
+                             pause=lambda person, rng: self._think(person, rng, self.pause_s), retry_s=2.0,
+                             finish=self._finish_parked)  # fmt: skip
 
     @property
     def headers(self) -> Counter[str]:
@@ -315,6 +321,16 @@ class People:
             self._talk(person, rng, self._mine[person], due[0])
             return
         self.conversation(person, rng, self._mine[person], number)
+
+    def _finish_parked(self, person: int, rng: random.Random) -> None:
+        """A person who has started all their conversations comes back to each one left open, when it is due."""
+        parked = self._parked.get(person, [])
+        while parked and not self.driver.stopping.is_set():
+            first = min(parked, key=lambda p: p.due)
+            if self.driver.stopping.wait(max(0.0, first.due - time.time())):
+                return
+            parked.remove(first)
+            self._talk(person, rng, self._mine[person], first)
 
     def conversation(self, person: int, rng: random.Random, clients: tuple[Any, Any], number: int) -> None:
         sdk = "anthropic" if rng.random() < self.anthropic_share else "openai"
