@@ -32,8 +32,6 @@ class Driver:
         pause: called between a worker's conversations (e.g. a person's pause); None: none.
         max_ahead: no new conversation starts while this many captured turns wait to be trained (`backlog`).
         retry_s: how long a worker waits after a failed conversation.
-        finish: called once by a worker that met its bound of conversations, before it ends (e.g. a person comes
-            back to the conversations they left open); not on `stop()`. None: none.
     """
 
     def __init__(
@@ -47,13 +45,12 @@ class Driver:
         pause: Callable[[int, random.Random], None] | None = None,
         max_ahead: int | None = None,
         retry_s: float = 1.0,
-        finish: Callable[[int, random.Random], None] | None = None,
     ) -> None:
         if workers < 1:
             raise ValueError(f"{name}: need >= 1 worker, got {workers}")
         self.name, self.workers, self.converse, self.seed, self.pause = name, workers, converse, seed, pause
-        self.max_conversations, self.per_worker, self.max_ahead, self.retry_s, self.finish = (
-            max_conversations, per_worker, max_ahead, retry_s, finish)  # fmt: skip
+        self.max_conversations, self.per_worker, self.max_ahead, self.retry_s = (
+            max_conversations, per_worker, max_ahead, retry_s)  # fmt: skip
         self.backlog: Callable[[], int] | None = None  # captured turns not yet trained (the live loop's store)
         self.stopping = threading.Event()
         self.lock = threading.Lock()
@@ -95,8 +92,6 @@ class Driver:
             self._wait_for_training()
             index = self._next(done)
             if index is None:
-                if self.finish is not None:
-                    self.finish(w, rng)
                 return
             try:
                 self.converse(w, rng, index)

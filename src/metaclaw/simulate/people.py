@@ -274,8 +274,7 @@ class People:
         self._lock = threading.Lock()
         self._mine: dict[int, tuple[Any, Any]] = {}  # each person's clients
         self.driver = Driver("person", people, self._converse, seed, max_conversations, per_worker=True,
-                             pause=lambda person, rng: self._think(person, rng, self.pause_s), retry_s=2.0,
-                             finish=self._finish_parked)  # fmt: skip
+                             pause=lambda person, rng: self._think(person, rng, self.pause_s), retry_s=2.0)  # fmt: skip
 
     @property
     def headers(self) -> Counter[str]:
@@ -319,8 +318,11 @@ class People:
         if due:  # come back to a conversation left to react late
             parked.remove(due[0])
             self._talk(person, rng, self._mine[person], due[0])
-            return
-        self.conversation(person, rng, self._mine[person], number)
+        else:
+            self.conversation(person, rng, self._mine[person], number)
+        bound = self.driver.max_conversations
+        if bound is not None and number + 1 >= bound:  # the person's last turn at the driver: no new conversation
+            self._finish_parked(person, rng)
 
     def _finish_parked(self, person: int, rng: random.Random) -> None:
         """A person who has started all their conversations comes back to each one left open, when it is due."""
