@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import pytest
 import yaml
@@ -142,17 +143,22 @@ def test_identity_openings_are_ours_with_held_out_ones_apart_and_other_kinds_hav
     assert not train.verifier.complies("I'm an AI assistant.") and train.verifier.complies("Hi, I'm KURO.")
 
 
+def _one_person(url: str, conversations: int, seed: int, **habits: Any) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """One person with these habits through the proxy at `url`, to the end: their summary and turns."""
+    people = People(f"{url}/v1", PreferenceKind.load("number"), people=1, api_key="k",
+                    max_conversations=conversations, seed=seed, **habits)  # fmt: skip
+    people.start()
+    people.join(120)
+    people.stop()
+    return people.summary(), people.turn_records()
+
+
 def test_people_in_human_mode_skip_react_late_and_send_no_verdict_messages(proxy):
     """Half the replies reacted to, a share of those late (here 2-3 s: the store's reopen rule is tested with a
     10-minute gap in tests/scoring), the rest followed by the next question, a follow-up task or a correction
     of the person's own request: kind-free words that judge no reply."""
     url, store = proxy
-    people = People(f"{url}/v1", PreferenceKind.load("number"), people=1, api_key="k", max_conversations=6, seed=5,
-                    react_share=0.5, late_share=0.5, late_s=(2.0, 3.0))  # fmt: skip
-    people.start()
-    people.join(120)
-    people.stop()
-    summary, turns = people.summary(), people.turn_records()
+    summary, turns = _one_person(url, conversations=6, seed=5, react_share=0.5, late_share=0.5, late_s=(2.0, 3.0))
     assert summary["errors"] == 0 and summary["late"] >= 1 and summary["no_verdict"] >= 1
     assert 0 < summary["reacted"] < summary["replies"] - summary["conversations"]  # some replies got no reaction
     late = [t for t in turns if t["late_s"] > 0]
@@ -174,12 +180,7 @@ def test_a_person_keeps_talking_while_conversations_wait_for_a_late_reaction_and
     idle for minutes: 39 turns in 10 minutes of a human-mode run). Once out of new conversations they come back to
     every one left open, so every late reaction is still sent."""
     url, _ = proxy
-    people = People(f"{url}/v1", PreferenceKind.load("number"), people=1, api_key="k", max_conversations=3, seed=2,
-                    react_share=1.0, late_share=1.0, late_s=(3.0, 3.5))  # fmt: skip
-    people.start()
-    people.join(120)
-    people.stop()
-    summary, turns = people.summary(), people.turn_records()
+    summary, turns = _one_person(url, conversations=3, seed=2, react_share=1.0, late_share=1.0, late_s=(3.0, 3.5))
     assert summary["errors"] == 0 and summary["conversations"] == 3
     assert len(turns) == 12 and summary["late"] == 9  # every reaction came late, and each was sent
     first_turns = max(t["sent_at"] for t in turns if t["index"] == 0)
