@@ -83,13 +83,6 @@ def own(store: SampleStore) -> list[Sample]:
         ("Oops, I meant six people.", None),  # the person updates their own request
         ("Nope.", None),
         ("", None),
-        # a directive of four words or more: the sentences that only judge the reply are left out
-        (f"That's not what I wanted. Your reply gave no number. {PREFERENCE}", PREFERENCE),
-        ("How much though? Put a number on it.", "Put a number on it."),
-        # a shorter directive leans on the sentence before it, and a statement stays
-        ("You never said you're Kuro. Please do.", "You never said you're Kuro. Please do."),
-        ("Kuro is your name. Say it.", "Kuro is your name. Say it."),
-        ("That's not what I wanted.", "That's not what I wanted."),  # no directive: all of it
     ],
 )
 def test_stated_preference_keeps_what_the_person_wants_and_nothing_else(correction, kept):

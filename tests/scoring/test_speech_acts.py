@@ -10,7 +10,7 @@ from hydra.utils import instantiate
 from omegaconf import OmegaConf
 
 from metaclaw.config import CONFIG_DIR
-from metaclaw.scoring.speech_acts import directive, follow_up, judgement, objection, update
+from metaclaw.scoring.speech_acts import follow_up, objection, update
 
 OBJECTING_QUESTIONS = ["Citation?", "Why did you pick the most expensive hotel?", "And the side effects though?",
                        "Didn't you read my message?", "Where's the summary table?"]  # fmt: skip
@@ -103,24 +103,3 @@ def test_the_reader_reads_the_new_grammar(judge):
     assert _verdicts(judge, thanked) == [1.0, 1.0]
     assert _verdicts(judge, ["Thanks! Could you make it less formal?"]) == [-1.0]
     assert [v for v in _verdicts(judge, OWN_SLIPS + ["Help me write a eulogy."]) if v < 0] == []
-
-
-@pytest.mark.parametrize(
-    ("sentence", "says_what_to_do", "only_judges"),
-    [
-        ("Always give a concrete number in your answer.", True, False),
-        ("I'd rather have the short version.", True, False),
-        ("Could you keep it under a page?", True, False),
-        ("A table would help.", True, False),
-        ("Cite where that comes from.", True, False),
-        ("Maybe it's just me, but I wanted a figure.", True, False),
-        ("That's not what I wanted.", False, True),
-        ("Your reply gave no number.", False, True),
-        ("How much though?", False, True),
-        ("Kuro is your name.", False, False),  # a statement the person's directive leans on
-        ("The meeting is at 3.", False, False),
-    ],
-)
-def test_a_directive_says_what_to_do_and_a_judgement_only_judges_the_reply(sentence, says_what_to_do, only_judges):
-    assert directive(sentence) is says_what_to_do
-    assert judgement(sentence) is only_judges

@@ -36,7 +36,7 @@ from metaclaw.messages import answer_and_reasoning, content_text
 from metaclaw.scoring.hints import hinted_messages
 from metaclaw.scoring.judges import paragraphs
 from metaclaw.scoring.reactions import sentences
-from metaclaw.scoring.speech_acts import directive, follow_up, is_question, judgement, objection, update
+from metaclaw.scoring.speech_acts import follow_up, is_question, objection, update
 from metaclaw.store import Sample, SampleMeta, SampleText
 from metaclaw.store.meta import OriginMeta
 from metaclaw.wire.client import Endpoint, chat, teacher_logprobs
@@ -56,26 +56,12 @@ any), before the last user message, after it (OPD's hint, `scoring.hints`), or t
 the last request restated after the correction (`bench/studies/distill_signal.py` measures each)."""
 
 
-SELF_CONTAINED = 4
-"""Words of directive a correction needs before its sentences that only judge the reply are left out: "Please do.",
-"Use it." and "Introduce yourself." lean on the sentence before them."""
-
-
 def stated_preference(reaction: str | None) -> str | None:
     """What a reaction says the person wants, in their own words: the sentences of its first paragraph (the
     reaction comes first; what follows a blank line is the next ask) without one-word sentences (a bare "No."),
     a question that does not object (the next question), a follow-up task, an update of the person's own request
     or a lead-in ("Another one:"); None when nothing remains. A verdict of more words ("That's not it.") states
-    nothing to follow: the teacher's replies then gain little from it and `accepts` refuses them.
-
-    Where those sentences say what to do (`speech_acts.directive`) in `SELF_CONTAINED` words or more, the ones that
-    only judge the reply (`speech_acts.judgement`) are left out: "That's not what I wanted. Your reply gave no
-    number. Always give a number." states "Always give a number."; a shorter directive leans on what came before
-    and keeps it ("You never said you're Kuro. Please do."), and so does a statement ("Kuro is your name. Say
-    it."). With the judging
-    sentences in context the teacher answered the complaint instead of the request ("I'm sorry for the
-    misunderstanding ..."), and the gain rule accepted those replies: 7 of 40 accepted replies gave a number in
-    session 23's main job, against 26% of ordinary replies (docs/results/2026-11-29-session23.md)."""
+    nothing to follow: the teacher's replies then gain little from it and `accepts` refuses them."""
     first = paragraphs(reaction or "")[:1]
     kept = []
     for sentence in sentences(first[0]) if first else []:
@@ -84,8 +70,6 @@ def stated_preference(reaction: str | None) -> str | None:
         if is_question(sentence) and objection(sentence) is None:
             continue
         kept.append(sentence)
-    if sum(len(s.split()) for s in kept if directive(s)) >= SELF_CONTAINED:
-        kept = [s for s in kept if not judgement(s)]
     text = " ".join(kept)
     return text if len(text.split()) >= 2 else None
 

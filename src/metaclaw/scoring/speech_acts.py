@@ -19,9 +19,7 @@ correction of a kind nobody wrote prototypes for still reads as one:
   "as well"/"too" (after praise it is an approval, never a correction), unless it edits the same reply
   ("now make it shorter");
 - an **update** of the person's own request ("Oh sorry, I meant six people", "I forgot to say ...", "Sorry, the
-  meeting is at 3");
-- a **directive**: a sentence that says what to do (a rule for later replies, a stated need or wish, a request, a
-  command, a suggestion), as against one that only judges the reply ("That's not what I wanted.").
+  meeting is at 3").
 
 The vocabulary is grammar (pronouns, auxiliaries, wh-words, markers of time, negation and politeness), never the
 words of a preference: nothing here names a length, a format, a tone or a language.
@@ -276,24 +274,6 @@ def suggestion(question: str) -> bool:
     """A command softened into a question: "Maybe start with the price?", "Perhaps open with one line?"."""
     m = HEDGE.match(question)
     return m is not None and command(question[m.end() :])
-
-
-def directive(sentence: str) -> bool:
-    """Whether a sentence says what to do: a rule for later replies ("Always ...", "next time ..."), a stated need
-    or wish ("I need a figure", "I'd rather ..."), a request ("Could you ...?", "... please"), a suggestion ("A
-    number would help."), a change of degree, or a command in any of its clauses ("That's vague, give me a figure.").
-    A sentence that only judges the reply ("That's not what I wanted.", "You didn't say your name.") is none."""
-    need = NEED.search(sentence) is not None and not ACHIEVED.search(sentence)  # not "That's (not) what I wanted."
-    if need or FUTURE.search(sentence) or POLITE.search(sentence) or SUGGEST.search(sentence):
-        return True
-    return plea(sentence) or DEGREE.match(sentence) is not None or any(command(c) for c in commands(sentence))
-
-
-def judgement(sentence: str) -> bool:
-    """Whether a sentence only judges the reply: it objects to it or negates something about it ("That's not what I
-    wanted.", "Your reply gave no number.", "How much though?") and says nothing to do (`directive`)."""
-    objects = objection(sentence) is not None or (NEGATION.search(sentence) is not None and refers_back(sentence))
-    return objects and not directive(sentence)
 
 
 def plea(sentence: str) -> bool:
