@@ -103,3 +103,36 @@ def test_the_reader_reads_the_new_grammar(judge):
     assert _verdicts(judge, thanked) == [1.0, 1.0]
     assert _verdicts(judge, ["Thanks! Could you make it less formal?"]) == [-1.0]
     assert [v for v in _verdicts(judge, OWN_SLIPS + ["Help me write a eulogy."]) if v < 0] == []
+
+
+# Session 24: self-repairs and follow-up questions that today's main read as corrections (-1). None is in a labelled
+# set (`test_new_phrasings_are_in_no_labelled_set` checks these lists too).
+SELF_REPAIRS = ["I should have said it's a diesel.", "I left out that my landlord pays the water bill.",
+                "Scratch that, the party moved to Sunday.", "To be more specific, it's the upstairs bathroom.",
+                "Turns out my passport expires in May.", "Hmm, I typed the year wrong, it's 1998.",
+                "Ah wait, our garage has no power socket.", "Heads up, my brother is joining us."]  # fmt: skip
+FOLLOW_UP_QUESTIONS = ["What should I bring to that?", "How do I explain this to my landlord?",
+                       "Could you draft a text message about it?", "Could you make a rota from that?"]  # fmt: skip
+STILL_CORRECTIONS = ["By the way, your total is wrong.", "Actually, I need it in metric.",
+                     "How long does this take?", "Could you make that shorter?"]  # fmt: skip
+
+
+def test_a_self_repair_is_an_update_unless_it_objects_to_the_reply():
+    assert [s for s in SELF_REPAIRS if not update(s)] == []
+    assert [s for s in STILL_CORRECTIONS if update(s)] == []
+
+
+def test_the_reader_reads_self_repairs_and_follow_up_questions_as_no_verdict(judge):
+    no_verdict = SELF_REPAIRS + FOLLOW_UP_QUESTIONS
+    assert [t for t, v in zip(no_verdict, _verdicts(judge, no_verdict), strict=True) if v == -1] == []
+    assert [t for t, v in zip(STILL_CORRECTIONS, _verdicts(judge, STILL_CORRECTIONS), strict=True) if v != -1] == []
+
+
+def test_session_24_phrasings_are_in_no_labelled_set():
+    import json
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    files = [*root.glob("bench/data/reactions*.jsonl"), root / "src/metaclaw/scoring/reaction_prototypes.jsonl"]
+    seen = {json.loads(line)["text"].casefold() for f in files for line in f.read_text().splitlines() if line.strip()}
+    assert [s for s in SELF_REPAIRS + FOLLOW_UP_QUESTIONS + STILL_CORRECTIONS if s.casefold() in seen] == []

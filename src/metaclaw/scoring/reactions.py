@@ -154,8 +154,9 @@ CONTENT = re.compile(
     r"(?i)\babout\b|^\W*(?:what|why|how|when|where|which|who|whose)\b(?!\s+about\s+(?:a\s+)?(?:shorter|bullets?|a\s+"
     r"table|putting|starting|leading))|\b(?:list|table|summary|overview|example|recipe|poem|story|number)s?\s+of\s+"
     r"(?!it\b|that\b|this\b|them\b|the\s+(?:answer|reply|response|result)s?\b)"
-    r"|^\W*(?:please\s+)?(?:write|compose|draft|create|generate|suggest|recommend|plan|find|name)\s+(?:me\s+)?"
-    r"(?:a|an|some|\d+)\s+(?!(?:list|table|one[- ]liner|summary|short\s+version|bullet)\b)"
+    r"|^\W*(?:please\s+|(?:can|could|would|will)\s+you\s+(?:please\s+)?)?(?:write|compose|draft|create|generate|"
+    r"suggest|recommend|plan|find|name|make)\s+(?:me\s+|us\s+)?"  # a new thing asked for: "Could you make a rota?"
+    r"(?:a|an|some|\d+)\s+(?!(?:list|table|one[- ]liner|summary|short\s+version|bullet|version)\b|\w+er\b)"
     r"|^\W*(?:please\s+)?(?:translate|explain|describe|summari[sz]e|compare|define)\s+(?!it\b|that\b|this\b|them\b)"
 )
 # Approval of the form as it was: "same format", "keep it like this", "more of this".

@@ -19,7 +19,10 @@ correction of a kind nobody wrote prototypes for still reads as one:
   "as well"/"too" (after praise it is an approval, never a correction), unless it edits the same reply
   ("now make it shorter");
 - an **update** of the person's own request ("Oh sorry, I meant six people", "I forgot to say ...", "Sorry, the
-  meeting is at 3").
+  meeting is at 3", "I should have mentioned ...", "Scratch that, ...", "Turns out ...").
+
+A question that points at the reply with a pronoun as its subject ("How long will this take?") is about the reply;
+with the pronoun as an object ("How do I explain this to my boss?"), only when it asks no new content.
 
 The vocabulary is grammar (pronouns, auxiliaries, wh-words, markers of time, negation and politeness), never the
 words of a preference: nothing here names a length, a format, a tone or a language.
@@ -105,6 +108,34 @@ EDIT = re.compile(
     r"(?i)\b(?:make|keep|get)\s+(?:it|this|that|them)\s+(?:\w+\s+)?(?:more|less|\w+er)\b|"
     r"\b(?:say|put|write|give)\s+(?:it|this|that|them)\b|\b(?:try|redo|rewrite|rephrase)\b"
 )
+# The speaker owns a slip or an omission in what THEY said: "I should have mentioned ...", "I got the date wrong",
+# "I wasn't clear", "my fault".
+SELF_SLIP = re.compile(
+    r"(?i)\bi\s+(?:should\s+have|should['’]ve|shoulda)\s+(?:said|mentioned|specified|added|told|given|explained|"
+    r"included|asked|written|clarified)\b|"
+    r"\bi\s+(?:got|had|typed|wrote|put|gave\s+you)\s+(?:the|that|it|my|a)\s+(?:\w+\s+){0,2}wrong\b|"
+    r"\bi\s+(?:left\s+out|misspoke|mistyped|mixed\s+up|wasn['’]?t\s+clear|was\s+unclear|asked\s+(?:that|it)\s+badly|"
+    r"(?:phrased|worded)\s+(?:that|it)\s+badly|just\s+remembered|(?:just\s+)?found\s+out|need\s+to\s+amend)\b|"
+    r"\bmy\s+(?:fault|error|apologies)\b|\b(?:from|on)\s+my\s+(?:side|end)\b"
+)
+# A discourse marker of self-repair or of news about the speaker's situation ("Scratch that", "To clarify",
+# "Turns out ...", "For context", "by the way"); an update only when the sentence does not address the reply ("By
+# the way, your total is wrong" objects).
+SELF_MARK = re.compile(
+    r"(?i)(?:^|[.!,;]\s*)(?:scratch\s+that|to\s+clarify|let\s+me\s+(?:clarify|rephrase|restate|reword|put\s+it\s+"
+    r"(?:another|differently))|to\s+be\s+(?:more\s+)?(?:precise|specific)|rewording|correction\s*:|edit\s*:|"
+    r"p\.?s\.?\s*[:,]|(?:small\s+|slight\s+|quick\s+)?change\s+of\s+plans?|turns\s+out|heads\s+up|"
+    r"for\s+(?:some\s+)?context|(?:some\s+)?background|forgot\s+(?:a|one)\s+(?:detail|thing)|"
+    r"one\s+(?:detail|thing)\s+i\s+(?:left\s+out|forgot)|by\s+the\s+way|btw|fyi)\b"
+)
+SECOND_PERSON = re.compile(r"(?i)\b(?:you|your|yours|you['’]\w+)\b")
+# News about the speaker after a marker of surprise or correction: "Ah wait, my kid is seven", "Actually, I'm in
+# Canada" (not a need: "Actually, I need metric" objects).
+OWN_NEWS = re.compile(
+    r"(?i)^\W*(?:oh|ah|wait|actually|oops|hmm+|hold\s+on)\W+(?:(?:oh|ah|wait|actually)\W+)?(?:my|our|we['’]re|we\s+are|"
+    r"we\s+have|i['’]m|i\s+am|i\s+have|i['’]ve|i\s+live|i\s+work)\b(?!\s+(?:asking|looking)\b)(?![^.?!]*\b(?:need|want|wanted|"
+    r"asked|said|told)\b)"
+)
 # The person updates their own request: "Oh sorry, I meant ...", "I forgot to say ...", "Update: ...".
 UPDATE = re.compile(
     r"(?i)^\W*(?:(?:oh|ah|oops|wait|sorry|actually|hold\s+on|just\s+reali[sz]ed|also|and)\W+)*"
@@ -114,7 +145,7 @@ UPDATE = re.compile(
     r"forgot\s+to\s+mention|i\s+(?:just\s+)?realised|i\s+just\s+realized))|\b(?:on\s+my\s+(?:side|end)|"
     r"my\s+(?:plans|boss|client)\s+(?:just\s+)?changed)\b"
     # the speaker apologises for their own slip ("Sorry, the deadline is Monday"), but not "Sorry, I don't follow"
-    r"|^\W*(?:oops|whoops|sorry|my\s+bad)\W+(?!(?:but|though|what|i|i['’]\w+|to|that|this|it|you|your)\b)\w"
+    r"|^\W*(?:oops|whoops|sorry|apologies|my\s+bad)\W+(?!(?:but|though|what|i|i['’]\w+|to|that|this|it|you|your)\b)\w"
 )
 # Grammar words a command never starts with (a sentence that starts with one is no command).
 NOT_COMMAND = re.compile(
@@ -175,7 +206,12 @@ DEMONSTRATIVE = re.compile(
     r"(?i)(?:^\W*(?:\w+\W+){0,1}|[,;]\s*)(?:what|how|why|when|where|which|who|is|are|was|will|would|does|do)\b"
     r"[^?？]*?"
     r"\b(?:this|that)\b(?=\s+(?:is|was|will|would|does|do|mean|means|look|looks|take|takes|work|works|cost|costs|"
-    r"a|an|the|in|into|for|with|on|to)\b|\s*[?？])"
+    r"a|an|the)\b)"
+)
+# The same pronoun as an object ("What's the history behind this?", "How do I explain this to my boss?"): about the
+# reply only in a question that asks no new content; "What should I do after that?" is new work on it.
+DEMONSTRATIVE_OBJECT = re.compile(
+    DEMONSTRATIVE.pattern.split("(?=")[0] + r"(?=\s+(?:in|into|for|with|on|to)\b|\s*[?？])"
 )
 # A question about the reply itself: a demonstrative pronoun, an anaphoric "other"/"else"/"instead", "each", or
 # the reply's words quoted back ("What does 'idempotent' mean?").
@@ -206,8 +242,13 @@ def follow_up(sentence: str) -> bool:
 
 
 def update(sentence: str) -> bool:
-    """Whether the person updates their own request ("Oh sorry, I meant ...", "Forgot to mention ...")."""
-    return bool(UPDATE.search(sentence))
+    """Whether the person updates their own request ("Oh sorry, I meant ...", "Forgot to mention ...") or repairs
+    what they said themselves: a slip of their own (`SELF_SLIP`: "I should have mentioned ..."), news about their
+    situation after "oh"/"wait"/"actually" (`OWN_NEWS`), or a marker of self-repair in a sentence that does not
+    address the reply (`SELF_MARK`: "Scratch that, ...", "Turns out ...")."""
+    if UPDATE.search(sentence) or SELF_SLIP.search(sentence) or OWN_NEWS.match(sentence):
+        return True
+    return SELF_MARK.search(sentence) is not None and SECOND_PERSON.search(sentence) is None
 
 
 def command(sentence: str) -> bool:
@@ -254,7 +295,11 @@ def _question(sentence: str, new_content: bool) -> str | None:
     bare = 0 < len(words) <= 3 and not (QUESTION_WORD.match(sentence) or NOT_COMMAND.match(sentence))
     if CHALLENGE.search(sentence) or FUTURE.search(sentence) or (bare and not CJK.search(sentence)):
         return "strong"
-    if ABOUT_REPLY.search(sentence) or ANY.match(sentence):
+    if (
+        ABOUT_REPLY.search(sentence)
+        or ANY.match(sentence)
+        or (not new_content and DEMONSTRATIVE_OBJECT.search(sentence))
+    ):
         return "weak"  # about the reply itself, or whether it has more: no new content
     if new_content:
         return None
