@@ -15,7 +15,7 @@ from metaclaw.store import Sample, SampleStore, SampleText, SessionLog
 
 # The mechanisms as seed 002 states them (+1 at least once, closing turns judged); the product's rules are
 # ScoringWorker's defaults (off, drop): tests/test_configs.py
-SeedRulesWorker = partial(ScoringWorker, at_least_one=True, no_next_state="score")
+SeedRulesWorker = partial(ScoringWorker, at_least_one=True, no_next_state="score", no_verdict="score")
 
 
 def add_session(store: SampleStore, session: str, next_states: list[str | None]) -> list[int]:
@@ -101,6 +101,29 @@ def test_a_turn_nothing_reacted_to_is_dropped_when_told(tmp_path):
     done(kept, "s")
     asyncio.run(SeedRulesWorker(kept, RuleJudge(), needs_reward=True, at_least_one=False).run_once())
     assert (kept.select()[0].status, kept.select()[0].reward) == ("ready", 0.0)  # the default: the judge scores it
+
+
+def test_a_next_message_that_judges_nothing_is_no_verdict_and_never_trained(tmp_path):
+    """Session 24: the next question alone, a follow-up task or the person's own update gave the turn reward 0, and
+    centred over a batch a 0 among corrections is a push towards the reply. By default (`no_verdict: drop`) such a
+    turn is settled `dropped: no_verdict`; explicit feedback makes it trainable; `score` trains it at 0."""
+    store = SampleStore(tmp_path / "s.sqlite")
+    add_session(store, "s", ["that's wrong", "What about in winter?", "thanks, works", "Sorry, I meant two people."])
+    turns = add_session(store, "f", ["How long does it keep?", "ok"])
+    asyncio.run(ScoringWorker(store, RuleJudge(), needs_reward=True).run_once())
+    wrong, winter, thanks, update = store.select()[:4]
+    assert [(t.status, t.reward) for t in (wrong, thanks)] == [("ready", -1.0), ("ready", 1.0)]
+    assert [(t.status, t.meta.get("dropped")) for t in (winter, update)] == [("dropped", "no_verdict")] * 2
+    assert store.add_feedback(turns[0], {"score": 1.0}) == (
+        "dropped",
+        "pending",
+    )  # the person's own score is evidence: reopened, trained
+    asyncio.run(ScoringWorker(store, RuleJudge(), needs_reward=True).run_once())
+    assert (store.get(turns[0]).status, store.get(turns[0]).reward) == ("ready", 1.0)
+    kept = SampleStore(tmp_path / "k.sqlite")
+    add_session(kept, "s", ["What about in winter?", "ok"])
+    asyncio.run(ScoringWorker(kept, RuleJudge(), needs_reward=True, no_verdict="score").run_once())
+    assert (kept.select()[0].status, kept.select()[0].reward) == ("ready", 0.0)
 
 
 def test_idle_sessions_count_as_finished(tmp_path):

@@ -92,6 +92,7 @@ class ScoringPolicy:
     at_least_one: bool
     heldout_share: float
     drop_unanswered: bool  # `no_next_state=drop`: a turn nothing reacted to is settled `dropped`
+    drop_no_verdict: bool = True  # `no_verdict=drop`: a turn whose next message judges nothing is settled `dropped`
 
 
 @dataclass(frozen=True)
@@ -147,6 +148,12 @@ class ScoringWorker:
             reason `no_next_state` (`drop`, the default: the judge has no evidence, and a made-up 0
             centred over a batch of corrected turns is a push towards the unreacted reply). A reaction that
             arrives later reopens such a turn (the store: `LATE_REACTION_MAX_AGE_S`) and it is scored then.
+        no_verdict: a turn whose next message says nothing about it (the judge's reward is exactly 0: the next
+            question alone, a follow-up task, an update of the person's own request; no feedback, no teacher signal)
+            is settled `dropped` with reason `no_verdict` (`drop`, the default), or trained with reward 0 (`score`).
+            Centred over a step's batch, a 0 among corrections is a push towards that reply, and one among approvals
+            a push away from it: a verdict the person never gave (session 24's human-mode run of `summary_first`
+            trained 243 such zeros among 506 turns). A turn lifted by `at_least_one` or held out settles as before.
         clock: the monotonic clock of session idleness (tests pass their own).
         distiller: learning from the words (`distill`, `scoring.distill`): a turn read as a correction whose
             correction states what the person wants gets a second, new sample: the teacher's reply with that
@@ -176,17 +183,21 @@ class ScoringWorker:
         feedback: FeedbackRule | Any = FEEDBACK,
         heldout_share: float = 0.0,
         no_next_state: str = "drop",
+        no_verdict: str = "drop",
         clock: Callable[[], float] = time.monotonic,
         distiller: ContextDistiller | Any = None,
     ) -> None:
         if not 0.0 <= heldout_share < 1.0:
             raise ValueError(f"eval.judge_fallback.heldout_share must be in [0, 1), got {heldout_share}")
-        if no_next_state not in ("score", "drop"):
-            raise ValueError(f"rollout.scoring.no_next_state must be 'score' or 'drop', got {no_next_state!r}")
+        for key, value in (("no_next_state", no_next_state), ("no_verdict", no_verdict)):
+            if value not in ("score", "drop"):
+                raise ValueError(f"rollout.scoring.{key} must be 'score' or 'drop', got {value!r}")
         if needs_teacher and (teacher is None or render_teacher_prompt is None):
             raise ValueError("a method that needs teacher logprobs needs a teacher client and a prompt renderer")
         self.store, self.judge, self.teacher, self.render = store, judge, teacher, render_teacher_prompt
-        self.policy = ScoringPolicy(needs_reward, needs_teacher, at_least_one, heldout_share, no_next_state == "drop")
+        self.policy = ScoringPolicy(
+            needs_reward, needs_teacher, at_least_one, heldout_share, no_next_state == "drop", no_verdict == "drop"
+        )
         self.pace = ScoringPace(poll_s, session_idle_s, timeout_s, max_attempts, concurrency)
         self.clock = clock
         self.evolution = EvolutionScheduler(evolver, evolve_every_n_turns) if evolver is not None else None
@@ -373,6 +384,8 @@ class ScoringWorker:
         elif usable and is_heldout(s.session_id, self.policy.heldout_share):  # evaluation data: never trained on
             meta["dropped"], usable = "heldout", False
             self.stats["heldout"] += 1
+        elif self._no_verdict(reward, teacher, score):
+            meta["dropped"], usable = "no_verdict", False  # the next message judged nothing: no evidence either way
         elif score.failed:
             meta["dropped"] = "judge_failed"
         elif not usable:
@@ -392,6 +405,12 @@ class ScoringWorker:
         self.stats["ready" if usable else "dropped"] += 1
         if score.preference is not None and usable and self.progress.distill.push(s, score.preference):
             self.stats["distill_backlog_dropped"] += 1  # queued; the oldest waiting correction made room
+
+    def _no_verdict(self, reward: float | None, teacher: Any, score: TurnScore) -> bool:
+        """Whether a scored turn carries no verdict (`no_verdict`): reward exactly 0, from the judge alone (no
+        feedback, no teacher signal, not lifted by `at_least_one`)."""
+        lifted = "at_least_one" in score.meta
+        return self.policy.drop_no_verdict and reward == 0 and teacher is None and score.feedback is None and not lifted
 
     def _store_distilled(self, source: Sample, new: list[Sample]) -> None:
         """Store the distilled samples (`ready`; the store's privacy screen applies as to any captured turn)."""

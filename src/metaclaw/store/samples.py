@@ -72,7 +72,7 @@ REPLAY_COLUMNS = (
 # A store written by an older version is migrated when opened (`metaclaw.store.migrations`, PRAGMA user_version).
 # Explicit feedback (`/v1/feedback`) may reopen a scored sample that was not trained on: ready ones, and ones
 # dropped only because the judge gave no signal or failed (the feedback is a signal).
-REOPENABLE_DROPS = ("no_hint", "no_reward", "no_next_state", "judge_failed")
+REOPENABLE_DROPS = ("no_hint", "no_reward", "no_next_state", "no_verdict", "judge_failed")
 # A reaction (next state) that arrives after its turn was settled `dropped: no_next_state` (its session went idle
 # first: `rollout.scoring` `session_idle_s`) reopens the turn when the reply is at most this old: the scorer then
 # judges the late reaction like any other. Older turns stay dropped (their adapter version is long gone).
