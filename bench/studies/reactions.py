@@ -10,7 +10,10 @@
 `--kinds` reads the set of 413 reactions over 12 preference kinds nobody tuned the reader on (written and committed
 before the reader was run on it; with `--data`, `reactions_heldout_kinds.jsonl` (4 kinds) or
 `reactions_fresh_kinds.jsonl` (6 kinds, 228 messages, written before session 17 changed a rule: the held-out
-figure; the two others are development sets since)): corrections as commands, questions ("Source?") and
+figure; the two others are development sets since), or `reactions_no_verdict.jsonl` (session 24: 70 messages, the
+held-out half of 140 written before the reader ran on them; `reactions_no_verdict_dev.jsonl` is the half the rules
+were changed on): updates of the person's own request and follow-up questions in new forms, small talk, and
+corrections of six new kinds that open like them): corrections as commands, questions ("Source?") and
 stated needs, praise, follow-up tasks after praise, content corrections, request updates, small talk. It
 reports, per kind, the share of corrections read as -1 and of follow-up tasks NOT read as -1, and
 leave-one-kind-out figures (see `kinds_report`).
