@@ -91,6 +91,7 @@ def test_new_phrasings_are_in_no_labelled_set():
     files = [*root.glob("bench/data/reactions*.jsonl"), root / "src/metaclaw/scoring/reaction_prototypes.jsonl"]
     seen = {json.loads(line)["text"].casefold() for f in files for line in f.read_text().splitlines() if line.strip()}
     mine = CHALLENGES + CANNOT_USE + NAMED_ERRORS + COMMANDS + SUGGESTIONS + ABOUT_THE_REPLY + NOT_COMMANDS + OWN_SLIPS
+    mine += SELF_REPAIRS + FOLLOW_UP_QUESTIONS + STILL_CORRECTIONS  # session 24's, defined below
     assert [s for s in mine if s.casefold() in seen] == []
 
 
@@ -106,7 +107,7 @@ def test_the_reader_reads_the_new_grammar(judge):
 
 
 # Session 24: self-repairs and follow-up questions that today's main read as corrections (-1). None is in a labelled
-# set (`test_new_phrasings_are_in_no_labelled_set` checks these lists too).
+# set (`test_new_phrasings_are_in_no_labelled_set` checks).
 SELF_REPAIRS = ["I should have said it's a diesel.", "I left out that my landlord pays the water bill.",
                 "Scratch that, the party moved to Sunday.", "To be more specific, it's the upstairs bathroom.",
                 "Turns out my passport expires in May.", "Hmm, I typed the year wrong, it's 1998.",
@@ -126,13 +127,3 @@ def test_the_reader_reads_self_repairs_and_follow_up_questions_as_no_verdict(jud
     no_verdict = SELF_REPAIRS + FOLLOW_UP_QUESTIONS
     assert [t for t, v in zip(no_verdict, _verdicts(judge, no_verdict), strict=True) if v == -1] == []
     assert [t for t, v in zip(STILL_CORRECTIONS, _verdicts(judge, STILL_CORRECTIONS), strict=True) if v != -1] == []
-
-
-def test_session_24_phrasings_are_in_no_labelled_set():
-    import json
-    from pathlib import Path
-
-    root = Path(__file__).resolve().parents[2]
-    files = [*root.glob("bench/data/reactions*.jsonl"), root / "src/metaclaw/scoring/reaction_prototypes.jsonl"]
-    seen = {json.loads(line)["text"].casefold() for f in files for line in f.read_text().splitlines() if line.strip()}
-    assert [s for s in SELF_REPAIRS + FOLLOW_UP_QUESTIONS + STILL_CORRECTIONS if s.casefold() in seen] == []

@@ -116,7 +116,7 @@ SELF_SLIP = re.compile(
     r"\bi\s+(?:got|had|typed|wrote|put|gave\s+you)\s+(?:the|that|it|my|a)\s+(?:\w+\s+){0,2}wrong\b|"
     r"\bi\s+(?:left\s+out|misspoke|mistyped|mixed\s+up|wasn['’]?t\s+clear|was\s+unclear|asked\s+(?:that|it)\s+badly|"
     r"(?:phrased|worded)\s+(?:that|it)\s+badly|just\s+remembered|(?:just\s+)?found\s+out|need\s+to\s+amend)\b|"
-    r"\bmy\s+(?:fault|error|apologies)\b|\b(?:from|on)\s+my\s+(?:side|end)\b"
+    r"\bmy\s+(?:fault|error|apologies)\b|\bfrom\s+my\s+(?:side|end)\b"  # "on my side": UPDATE
 )
 # A discourse marker of self-repair or of news about the speaker's situation ("Scratch that", "To clarify",
 # "Turns out ...", "For context", "by the way"); an update only when the sentence does not address the reply ("By
@@ -202,17 +202,17 @@ DEGREE = re.compile(
 HEDGE = re.compile(r"(?i)^\W*(?:maybe|perhaps|possibly|ideally)\W+")
 # A question about the reply itself: a demonstrative pronoun ("How long will this take?", "What would that look
 # like?", "Is this a ten-minute job?"), not a demonstrative before a noun ("this weekend").
-DEMONSTRATIVE = re.compile(
+_POINTS_AT = (  # a question word or auxiliary early in the sentence, then "this"/"that"
     r"(?i)(?:^\W*(?:\w+\W+){0,1}|[,;]\s*)(?:what|how|why|when|where|which|who|is|are|was|will|would|does|do)\b"
-    r"[^?？]*?"
-    r"\b(?:this|that)\b(?=\s+(?:is|was|will|would|does|do|mean|means|look|looks|take|takes|work|works|cost|costs|"
+    r"[^?？]*?\b(?:this|that)\b"
+)
+DEMONSTRATIVE = re.compile(
+    _POINTS_AT + r"(?=\s+(?:is|was|will|would|does|do|mean|means|look|looks|take|takes|work|works|cost|costs|"
     r"a|an|the)\b)"
 )
 # The same pronoun as an object ("What's the history behind this?", "How do I explain this to my boss?"): about the
 # reply only in a question that asks no new content; "What should I do after that?" is new work on it.
-DEMONSTRATIVE_OBJECT = re.compile(
-    DEMONSTRATIVE.pattern.split("(?=")[0] + r"(?=\s+(?:in|into|for|with|on|to)\b|\s*[?？])"
-)
+DEMONSTRATIVE_OBJECT = re.compile(_POINTS_AT + r"(?=\s+(?:in|into|for|with|on|to)\b|\s*[?？])")
 # A question about the reply itself: a demonstrative pronoun, an anaphoric "other"/"else"/"instead", "each", or
 # the reply's words quoted back ("What does 'idempotent' mean?").
 ABOUT_REPLY = re.compile(
