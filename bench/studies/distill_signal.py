@@ -60,6 +60,9 @@ def main() -> None:
     p.add_argument("--max-tokens", type=int, default=48)
     p.add_argument("--forms", default=",".join(HINTED_FORMS))
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--teacher-temperatures", default="1.0",
+                   help="comma-separated temperatures the hinted replies are sampled at; every gain is over the turn's "
+                        "own distribution (T=1), whatever the sampling temperature")
     add_results_argument(p)
     args = p.parse_args()
     with initialize_config_dir(str(CONFIG_DIR), version_base="1.3"):
@@ -69,26 +72,29 @@ def main() -> None:
     rng = random.Random(args.seed)
     asks = list(kind.openings[: args.prompts // 2])
     asks += [t.prompt for t in rng.sample(load_tasks(None, "train"), args.prompts - len(asks))]
-    params = SamplingParams(n=args.samples, max_tokens=args.max_tokens, temperature=1.0, seed=args.seed)
     t0 = time.perf_counter()
     out: dict[str, Any] = {"model": cfg.model.name, "kind": kind.name, "prompts": len(asks), "forms": {}}
     plain_ok: list[bool] = []
     examples: dict[str, list[str]] = {}
-    for form in args.forms.split(","):
+    arms = [(f, float(t)) for f in args.forms.split(",") for t in args.teacher_temperatures.split(",")]
+    for form, temp in arms:
+        params = SamplingParams(n=args.samples, max_tokens=args.max_tokens, temperature=temp, seed=args.seed)
+        arm = form if len(arms) == len(args.forms.split(",")) else f"{form}@{temp}"
         rows = []
         for i, ask in enumerate(asks):
             messages = [{"role": "user", "content": ask}]
             plain = chat_prompt_ids(engine.tokenizer, messages)
             first = engine.generate(plain, SamplingParams(max_tokens=args.max_tokens, temperature=1.0, seed=i))[0]
             reply = engine.tokenizer.decode(first.token_ids, skip_special_tokens=True)
-            if form == args.forms.split(",")[0]:
+            if (form, temp) == arms[0]:
                 plain_ok.append(kind.verifier.complies(reply))
-            correction = rng.choice(kind.correction)
+            correction = random.Random(args.seed * 1000 + i).choice(kind.correction)
             hinted = chat_prompt_ids(engine.tokenizer, hinted_conversation(messages, reply, correction, form))
             for o in engine.generate(hinted, params):
                 text = engine.tokenizer.decode(o.token_ids, skip_special_tokens=True)
                 base = engine.prompt_logprobs(plain, o.token_ids)
-                gain = token_gain(o.logprobs, base)
+                hinted_lp = o.logprobs if temp == 1.0 else engine.prompt_logprobs(hinted, o.token_ids)
+                gain = token_gain(hinted_lp, base)
                 rows.append(
                     {
                         "ok": kind.verifier.complies(text),
@@ -96,12 +102,13 @@ def main() -> None:
                         "accepted": accepts(gain),
                         "text": text,
                         "total": gain * len(base),
+                        "plain_nll": -sum(base) / max(len(base), 1),
                     }
                 )
         ok = [r for r in rows if r["ok"]]
         acc = [r for r in rows if r["accepted"]]
         med = lambda xs: round(statistics.median(xs), 3) if xs else None  # noqa: E731
-        out["forms"][form] = {
+        out["forms"][arm] = {
             "replies": len(rows),
             "compliance": round(len(ok) / len(rows), 3),
             "gain_complying": med([r["gain"] for r in ok]),
@@ -112,9 +119,11 @@ def main() -> None:
             "auc_total_gain": auc([r["total"] for r in ok], [r["total"] for r in rows if not r["ok"]]),
             "accepted": round(len(acc) / len(rows), 3),
             "accepted_compliance": round(sum(r["ok"] for r in acc) / len(acc), 3) if acc else None,
+            "accepted_plain_nll": med([r["plain_nll"] for r in acc]),
+            "plain_nll": med([r["plain_nll"] for r in rows]),
         }
-        examples[form] = [r["text"][:100] for r in rows[:: max(1, len(rows) // 4)]]
-        print(json.dumps({form: out["forms"][form], "examples": examples[form]}), file=sys.stderr, flush=True)
+        examples[arm] = [r["text"][:100] for r in rows[:: max(1, len(rows) // 4)]]
+        print(json.dumps({arm: out["forms"][arm], "examples": examples[arm]}), file=sys.stderr, flush=True)
     out["plain_compliance"] = round(sum(plain_ok) / max(len(plain_ok), 1), 3)
     out["examples"] = examples
     out["wall_s"] = round(time.perf_counter() - t0, 1)

@@ -53,8 +53,13 @@ def turn(store: SampleStore, next_state: str | None, session: str = "s1") -> int
     )
 
 
-def run(store: SampleStore, judge, url: str, min_gain: float = 0.1, context: str = "fresh", **kw) -> ScoringWorker:
-    distiller = ContextDistiller(url, "tiny", min_gain=min_gain, samples=1, context=context, own_reply=True)
+def run(store: SampleStore, judge, url: str, min_gain: float = 0.1, context: str = "fresh",
+        temperature: float | None = None, **kw) -> ScoringWorker:  # fmt: skip
+    """The scripted teacher's prompt logprobs are one constant, so a reply scored again under the turn's
+    distribution gains nothing: these tests sample at the turn's own temperature (`temperature=None`) unless they
+    test the cooler teacher itself."""
+    distiller = ContextDistiller(url, "tiny", min_gain=min_gain, samples=1, context=context, own_reply=True,
+                                 temperature=temperature)  # fmt: skip
     worker = SeedRulesWorker(store, judge, session_idle_s=1e9, at_least_one=False, no_next_state="drop",
                            distiller=distiller, **kw)  # fmt: skip
     asyncio.run(worker.run_once())
@@ -182,7 +187,7 @@ def test_without_own_reply_or_the_teachers_prompt_only_hinted_replies_are_stored
     with ThreadedServer(scripted_upstream("Hi, I am Kuro.")) as up:
         turn(store, PREFERENCE)
         worker = SeedRulesWorker(store, judge, session_idle_s=1e9, at_least_one=False, no_next_state="drop",
-                                 distiller=ContextDistiller(up.url, "tiny", min_gain=0.1, samples=1,
+                                 distiller=ContextDistiller(up.url, "tiny", min_gain=0.1, samples=1, temperature=None,
                                                             own_reply=False))  # fmt: skip
         asyncio.run(worker.run_once())
     assert own(store) == [] and len(distilled(store)) == 1
@@ -302,7 +307,7 @@ def test_a_correction_settles_before_its_distillation_and_the_queue_is_bounded(t
     with ThreadedServer(app := scripted_upstream("Hi, I am Kuro. About ten minutes.")) as up:
         source = turn(store, f"{PREFERENCE}\n\nHow tall is Everest?")
         worker = SeedRulesWorker(store, judge, session_idle_s=1e9, at_least_one=False, no_next_state="drop",
-                                 distiller=ContextDistiller(up.url, "tiny", min_gain=0.1, samples=1))  # fmt: skip
+                                 distiller=ContextDistiller(up.url, "tiny", min_gain=0.1, samples=1, temperature=None))  # fmt: skip
         asyncio.run(worker.run_once(drain_distill=False))
         assert store.get(source).status == "ready" and store.get(source).reward == -1.0
         assert store.get(source).meta["distill"] == {"queued": True} and app.state.scripted["requests"] == []
@@ -311,3 +316,33 @@ def test_a_correction_settles_before_its_distillation_and_the_queue_is_bounded(t
         assert store.get(source).meta["distill"]["accepted"] == 1 and new.meta.distilled["from"] == source
     dropped = [worker.progress.distill.push(store.get(source), PREFERENCE) for _ in range(DISTILL_BACKLOG + 3)]
     assert len(worker.progress.distill) == DISTILL_BACKLOG and dropped.count(True) == 3
+
+
+def test_the_teacher_samples_cooler_than_the_turn_and_scores_under_the_turns_distribution(tmp_path, judge):
+    store = SampleStore(tmp_path / "s.sqlite")
+    with ThreadedServer(app := scripted_upstream("Hi, I am Kuro. About ten minutes.")) as up:
+        source = turn(store, f"{PREFERENCE}\n\nHow tall is Everest?")  # sampled at T=1 (the Sample default)
+        worker = run(store, judge, up.url, min_gain=-1.0, temperature=0.5)
+        (asked,) = app.state.scripted["requests"]
+        scored = app.state.scripted["completions"]
+    assert asked["temperature"] == 0.5 and (asked["top_p"], asked["top_k"]) == (1.0, -1)  # the turn's truncation
+    hinted = prompt_ids(asked["messages"])
+    # two scores of the reply, both at the turn's T=1: on the plain prompt (the gain's base) and on the hinted one
+    assert sorted(tuple(c["prompt"][: len(hinted)]) == tuple(hinted) for c in scored) == [False, True]
+    assert {c.get("temperature", 1.0) for c in scored} == {1.0}
+    (new,) = distilled(store)
+    assert new.temperature == store.get(source).temperature == 1.0
+    assert new.behaviour_logprobs == [-0.5] * len(new.response_ids)  # the hinted prompt's, under T=1, not as sampled
+    assert new.meta.distilled["sampled_at"] == 0.5 and new.meta.distilled["gain"] == pytest.approx(0.0)
+    assert worker.distiller.stats["accepted"] == 1
+
+
+@pytest.mark.parametrize(("turn_t", "cool", "sampled"), [(1.0, 0.5, 0.5), (0.3, 0.5, 0.3), (1.0, None, 1.0),
+                                                          (0.0, 0.5, 0.5)])  # fmt: skip
+def test_the_teacher_is_never_hotter_than_the_turn(turn_t, cool, sampled):
+    from metaclaw.distribution import sample_distribution
+
+    distiller = ContextDistiller("http://127.0.0.1:9", "tiny", temperature=cool)
+    assert distiller._sampling(sample_distribution(turn_t, {}))["temperature"] == sampled
+    with pytest.raises(ValueError, match="temperature"):
+        ContextDistiller("http://127.0.0.1:9", "tiny", temperature=0.0)

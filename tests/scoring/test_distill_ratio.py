@@ -29,16 +29,17 @@ def policy_server(tmp_path_factory):
         yield live
 
 
-@pytest.mark.parametrize("temperature", [1.0, 0.7])
+@pytest.mark.parametrize(("temperature", "cool"), [(1.0, 0.5), (0.7, None)])  # sampled cooler, then as the turn
 def test_distilled_reply_has_ratio_one_under_the_hinted_prompt_only(policy_server, tiny_policy, tiny_tokenizer,
-                                                                    temperature):  # fmt: skip
+                                                                    temperature, cool):  # fmt: skip
     messages = [{"role": "user", "content": "What is the capital of France?"}]
     prompt = chat_prompt_ids(tiny_tokenizer, messages)
     source = Sample(prompt, [5, 6], [-1.0, -1.0], text=SampleText(messages=messages, response_text="Paris."), id=1,
                     temperature=temperature, meta={"sampling": {"top_p": 1.0, "top_k": -1}})  # fmt: skip
     distiller = ContextDistiller(policy_server.url, "tiny", policy_server.api_key, min_gain=-1e9, max_tokens=24,
-                                 own_reply=True)  # fmt: skip
-    rows, info = asyncio.run(distiller.distill(source, PREFERENCE))  # `samples` hinted replies per correction
+                                 own_reply=True, temperature=cool)  # fmt: skip
+    rows, info = asyncio.run(distiller.distill(source, PREFERENCE))
+    assert info["sampled_at"] == (cool or temperature)  # `samples` hinted replies per correction
     replies = [r for r in rows if r.meta.distilled["kind"] == "hinted"]
     assert replies and info["accepted"] == len(replies) and len(rows) == len(replies) + 1  # and the own row
     hinted = chat_prompt_ids(tiny_tokenizer, hinted_conversation(messages, "Paris.", PREFERENCE, distiller.form))

@@ -9,12 +9,17 @@ context the model often does follow it (SmolLM2-135M says "Kuro" in most replies
    person's own request or a bare verdict);
 2. `ContextDistiller` asks the teacher (by default our policy server's base model, adapter disabled: OPD's
    teacher) for a reply to the same conversation with that preference in context (`hinted_conversation`);
-3. the reply is accepted when the preference explains it: its mean per-token log-probability gain, hinted over
-   plain (`token_gain`), is at least `min_gain` nats; a reply the preference did not shape is not trained;
-4. the accepted reply becomes a new `ready` sample on the prompt WITHOUT the correction (the turn's own prompt
+3. the teacher samples its replies cooler than the turn (`temperature`, 0.5 by default): what the preference
+   makes likely, not the tail a 135M model reaches at T=1 (`bench/studies/distill_signal.py`: on SmolLM2's
+   `identity`, 58% of the replies accepted at T=1 say Kuro and 95-100% at T=0.7-0.4, in better language);
+4. the reply is accepted when the preference explains it: its mean per-token log-probability gain, hinted over
+   plain (`token_gain`), both scored under the turn's own distribution, is at least `min_gain` nats; a reply the
+   preference did not shape is not trained;
+5. the accepted reply becomes a new `ready` sample on the prompt WITHOUT the correction (the turn's own prompt
    ids, as the server rendered them), marked `meta.distilled`. The trainer gives such rows a cross-entropy term
    (`distill.loss`), never the policy loss: the reply was sampled from the hinted context, so its stored
-   behaviour logprobs are the hinted distribution's and no importance ratio against the plain prompt is formed.
+   behaviour logprobs are the hinted prompt's (under the turn's distribution, whatever the teacher sampled at) and
+   no importance ratio against the plain prompt is formed.
 
 The corrected turn itself keeps its reward (-1): a correction never becomes a positive reward for the reply it
 corrected. The new sample goes through the store's privacy screen like any captured turn.
@@ -155,6 +160,10 @@ class ContextDistiller:
             none, only the corrected reply's own row (`own_reply`; the teacher renders the hinted prompt, one
             forward instead of `samples` generations).
         min_gain: the acceptance bound of `accepts` (nats per token).
+        temperature: the temperature the hinted replies are sampled at, with the turn's top-p/top-k (a turn
+            sampled cooler keeps its own; None: the turn's own). The gain and the stored logprobs are scored
+            under the turn's distribution all the same (one more forward per reply when they differ), so a row
+            reads as the turn's distribution, like every sample.
         context: the conversation the preference is distilled into (`CONTEXTS`).
         own_reply: the corrected reply itself also becomes a distilled row, trained toward what the teacher (with
             the preference in context) would have said at each of its tokens (`distill.top_k`, SDPO's and CLaaS's
@@ -182,6 +191,7 @@ class ContextDistiller:
         context: str = "fresh",
         replays: int = 2,
         own_reply: bool = False,
+        temperature: float | None = 0.5,
     ) -> None:
         if form not in HINTED_FORMS:
             raise ValueError(f"distill.distiller.form must be one of {HINTED_FORMS}, got {form!r}")
@@ -192,6 +202,9 @@ class ContextDistiller:
         if max_tokens < 1 or not 0 <= samples <= 16 or (samples == 0 and not own_reply):
             raise ValueError(f"distill.distiller: max_tokens >= 1 and samples in [0, 16] (0 only with own_reply), got "
                              f"{max_tokens}, {samples}")  # fmt: skip
+        if temperature is not None and not 0 < temperature <= 2:
+            raise ValueError(f"distill.distiller.temperature must be in (0, 2] or null, got {temperature!r}")
+        self.temperature = temperature
         self.endpoint = Endpoint(base_url, api_key) if base_url else None
         self.model = model
         self.form, self.samples, self.min_gain = form, samples, min_gain
@@ -216,8 +229,10 @@ class ContextDistiller:
         messages = hinted_conversation(plain_messages, seen.text.response_text or "", preference, self.form)
         budget = len(sample.response_ids) if sample.meta.origin.finish_reason == "length" else self.max_tokens
         if self.samples:
-            body = self._body(sample, messages, budget, self.samples, dist)
+            body = self._body(sample, messages, budget, self.samples, self._sampling(dist))
             replies, hinted_ids = await asyncio.to_thread(self._ask, body)
+            if body["temperature"] != dist["temperature"]:  # scored again under the turn's distribution
+                replies = [await asyncio.to_thread(self._rescored, r, hinted_ids, dist) for r in replies]
         else:  # the corrected reply alone: the teacher only renders the hinted prompt (one forward)
             replies, hinted_ids = [], await asyncio.to_thread(self._render, self._body(sample, messages, 1, 1, dist))
         gains = []
@@ -229,7 +244,8 @@ class ContextDistiller:
             gains.append(token_gain(reply.logprobs, plain))
         kept = [(r, g) for r, g in zip(replies, gains, strict=True) if accepts(g, self.min_gain)]
         info = {"from": sample.id, "preference": preference, "form": self.form, "context": self.context,
-                "teacher": self.model, "gains": [round(g, 4) for g in gains], "accepted": len(kept)}  # fmt: skip
+                "teacher": self.model, "gains": [round(g, 4) for g in gains], "accepted": len(kept),
+                "sampled_at": self._sampling(dist)["temperature"]}  # fmt: skip
         self.stats["accepted"] += len(kept)
         self.stats["rejected"] += len(gains) - len(kept)
         words = dataclasses.replace(sample.text, messages=plain_messages)
@@ -245,6 +261,24 @@ class ContextDistiller:
             out.append(self._sample(base, own, {**info, "kind": "own", "teacher_prompt_ids": hinted_ids, **extra}))
         info["own_reply"] = bool(self.own_reply and hinted_ids)
         return out, info
+
+    def _sampling(self, dist: dict[str, Any]) -> dict[str, Any]:
+        """The distribution the hinted replies are sampled from: the turn's, cooled to `temperature` (never
+        hotter than the turn's own; a greedy turn is scored as T=1 and sampled at `temperature`)."""
+        if self.temperature is None or dist["temperature"] <= self.temperature:
+            return dist
+        return {**dist, "temperature": self.temperature}
+
+    def _rescored(self, reply: HintedReply, hinted_ids: list[int], dist: dict[str, Any]) -> HintedReply:
+        """`reply` with its logprobs under the turn's distribution `dist` on the hinted prompt (it was sampled
+        cooler): the gain compares two prompts under one distribution, and the row stores that distribution's."""
+        assert self.endpoint is not None  # checked by `distill`
+        if not hinted_ids:
+            raise RuntimeError("the teacher did not return prompt_token_ids (return_token_ids): a reply sampled at "
+                               "distill.distiller.temperature cannot be scored under the turn's distribution")  # fmt: skip
+        logprobs = teacher_logprobs(self.endpoint, self.model, hinted_ids, reply.token_ids, self.timeout_s,
+                                    dist["temperature"], dist["top_p"], dist["top_k"])  # fmt: skip
+        return dataclasses.replace(reply, logprobs=logprobs)
 
     def _body(self, sample: Sample, messages: list[dict[str, Any]], budget: int, n: int, dist: dict[str, Any]
               ) -> dict[str, Any]:  # fmt: skip
