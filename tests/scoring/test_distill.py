@@ -258,6 +258,26 @@ def test_a_fresh_conversation_is_the_request_alone_without_the_earlier_reaction(
     assert len(EARLIER) == 4 and EARLIER[3]["content"].startswith(PREFERENCE)  # a copy
 
 
+@pytest.mark.parametrize(
+    ("message", "asked"),
+    [
+        ("I told you, sign off as Mika. Right. Which houseplants cope with shade?", "Which houseplants cope with shade?"),
+        ("Use metric units, please.\nHow far is Lyon from Paris?", "How far is Lyon from Paris?"),
+        ("Stop calling it a 'recipe'. Moving on: what wine goes with trout?", "Moving on: what wine goes with trout?"),
+        ("Lovely, that's it. How do I store the leftovers?", "How do I store the leftovers?"),
+        ("How do I store the leftovers?", "How do I store the leftovers?"),  # no reaction to drop
+        ("Sign off as Mika. Draft a note to my landlord.", "Sign off as Mika. Draft a note to my landlord."),  # unsure: kept
+    ],
+)
+def test_a_reaction_in_the_same_paragraph_as_the_next_request_is_left_out(message, asked):
+    """One paragraph holding the reaction to the earlier reply and the next request: the fresh conversation is the
+    request alone (in two runs of CLaaS identity, 18 of 57 later-turn corrections kept the person's earlier
+    correction in the plain prompt this way, and 1 of those 18 was accepted). When the reader cannot tell where the
+    request begins, the message is kept as it is."""
+    later = [*EARLIER[:3], {"role": "user", "content": message}]
+    assert fresh_conversation(later, 1) == [EARLIER[0], {"role": "user", "content": asked}]
+
+
 def test_a_later_turn_is_distilled_into_a_fresh_conversation_and_trained_on_its_plain_prompt(tmp_path, judge):
     """At a later turn the prompt already holds the person's earlier correction, so the preference adds little
     there (1 of 41 later turns accepted in the real-path runs); the fresh conversation has none of it."""

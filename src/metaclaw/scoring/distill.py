@@ -104,10 +104,40 @@ def hinted_conversation(
     return [*out, {"role": "assistant", "content": reply}, {"role": "user", "content": f"{preference}\n\n{request}"}]
 
 
+def _reacts(sentence: str) -> bool:
+    """Whether a sentence that opens a later turn's message belongs to the reaction to the earlier reply: a bare
+    verdict or aside ("Ace.", "Anyway."), a lead-in ("Next:") or a sentence `stated_preference` would keep (a
+    preference, a complaint, praise); not a question that does not object, a follow-up task or the person's update."""
+    if len(sentence.split()) < 2 or sentence.rstrip().endswith((":", "：")):
+        return True
+    return stated_preference(sentence) is not None
+
+
+def without_reaction(message: str) -> str:
+    """A later turn's message without the reaction to the earlier reply that opens it: the paragraphs after the
+    first when there are several; in one paragraph, the text from the first sentence that is not part of the
+    reaction ("You're Kuro. Anyway. What is the population of Canada?" → "What is the population of Canada?").
+    The message as it is when nothing or everything reads as reaction."""
+    parts = paragraphs(message)
+    if len(parts) >= 2:
+        return "\n\n".join(parts[1:])
+    if not parts:
+        return message
+    text, start = parts[0], 0
+    for i, sentence in enumerate(sentences(text)):
+        at = text.find(sentence, start)
+        if not _reacts(sentence):
+            return text[at:].strip() if i else message
+        start = at + len(sentence)
+    return message
+
+
 def fresh_conversation(messages: Sequence[dict[str, Any]], turn_index: int) -> list[dict[str, Any]]:
     """The turn's request as a new conversation: the leading system messages and the last user message; at a later
-    turn (`turn_index` > 0) that message's first paragraph is the reaction to the earlier reply (the scorer reads
-    it so: the reaction comes first) and is left out when a request follows it. A copy; `messages` is unchanged."""
+    turn (`turn_index` > 0) that message opens with the reaction to the earlier reply (the scorer reads it so: the
+    reaction comes first), which is left out when a request follows it (`without_reaction`): a preference the person
+    stated earlier in it would otherwise be in the plain prompt too, and the hinted replies would gain nothing over
+    it. A copy; `messages` is unchanged."""
     out = copy.deepcopy(list(messages))
     system = []
     for m in out:
@@ -117,9 +147,11 @@ def fresh_conversation(messages: Sequence[dict[str, Any]], turn_index: int) -> l
     last = next((m for m in reversed(out) if m.get("role") == "user"), None)
     if last is None:
         return out
-    parts = paragraphs(content_text(last.get("content")))
-    if turn_index > 0 and len(parts) >= 2:
-        last = {"role": "user", "content": "\n\n".join(parts[1:])}
+    if turn_index > 0:
+        text = content_text(last.get("content"))
+        request = without_reaction(text)
+        if request != text:
+            last = {"role": "user", "content": request}
     return [*system, last]
 
 
