@@ -60,9 +60,12 @@ def main() -> None:
     p.add_argument("--max-tokens", type=int, default=48)
     p.add_argument("--forms", default=",".join(HINTED_FORMS))
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--teacher-temperatures", default="1.0",
-                   help="comma-separated temperatures the hinted replies are sampled at; every gain is over the turn's "
-                        "own distribution (T=1), whatever the sampling temperature")
+    p.add_argument(
+        "--teacher-temperatures",
+        default="1.0",
+        help="comma-separated temperatures the hinted replies are sampled at; every gain is over the turn's "
+        "own distribution (T=1), whatever the sampling temperature",
+    )
     add_results_argument(p)
     args = p.parse_args()
     with initialize_config_dir(str(CONFIG_DIR), version_base="1.3"):

@@ -261,12 +261,18 @@ def test_a_fresh_conversation_is_the_request_alone_without_the_earlier_reaction(
 @pytest.mark.parametrize(
     ("message", "asked"),
     [
-        ("I told you, sign off as Mika. Right. Which houseplants cope with shade?", "Which houseplants cope with shade?"),
+        (
+            "I told you, sign off as Mika. Right. Which houseplants cope with shade?",
+            "Which houseplants cope with shade?",
+        ),
         ("Use metric units, please.\nHow far is Lyon from Paris?", "How far is Lyon from Paris?"),
         ("Stop calling it a 'recipe'. Moving on: what wine goes with trout?", "Moving on: what wine goes with trout?"),
         ("Lovely, that's it. How do I store the leftovers?", "How do I store the leftovers?"),
         ("How do I store the leftovers?", "How do I store the leftovers?"),  # no reaction to drop
-        ("Sign off as Mika. Draft a note to my landlord.", "Sign off as Mika. Draft a note to my landlord."),  # unsure: kept
+        (
+            "Sign off as Mika. Draft a note to my landlord.",
+            "Sign off as Mika. Draft a note to my landlord.",
+        ),  # unsure: kept
     ],
 )
 def test_a_reaction_in_the_same_paragraph_as_the_next_request_is_left_out(message, asked):
@@ -327,7 +333,8 @@ def test_a_correction_settles_before_its_distillation_and_the_queue_is_bounded(t
     with ThreadedServer(app := scripted_upstream("Hi, I am Kuro. About ten minutes.")) as up:
         source = turn(store, f"{PREFERENCE}\n\nHow tall is Everest?")
         worker = SeedRulesWorker(store, judge, session_idle_s=1e9, at_least_one=False, no_next_state="drop",
-                                 distiller=ContextDistiller(up.url, "tiny", min_gain=0.1, samples=1, temperature=None))  # fmt: skip
+                                 distiller=ContextDistiller(up.url, "tiny", min_gain=0.1, samples=1,
+                                                            temperature=None))  # fmt: skip
         asyncio.run(worker.run_once(drain_distill=False))
         assert store.get(source).status == "ready" and store.get(source).reward == -1.0
         assert store.get(source).meta["distill"] == {"queued": True} and app.state.scripted["requests"] == []

@@ -306,8 +306,10 @@ class ContextDistiller:
         cooler): the gain compares two prompts under one distribution, and the row stores that distribution's."""
         assert self.endpoint is not None  # checked by `distill`
         if not hinted_ids:
-            raise RuntimeError("the teacher did not return prompt_token_ids (return_token_ids): a reply sampled at "
-                               "distill.distiller.temperature cannot be scored under the turn's distribution")  # fmt: skip
+            raise RuntimeError(
+                "the teacher did not return prompt_token_ids (return_token_ids): a reply sampled at "
+                "distill.distiller.temperature cannot be scored under the turn's distribution"
+            )
         logprobs = teacher_logprobs(self.endpoint, self.model, hinted_ids, reply.token_ids, self.timeout_s,
                                     dist["temperature"], dist["top_p"], dist["top_k"])  # fmt: skip
         return dataclasses.replace(reply, logprobs=logprobs)
