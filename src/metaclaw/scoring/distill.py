@@ -260,10 +260,11 @@ class ContextDistiller:
                 prompt_ids = await asyncio.to_thread(self._render, self._body(sample, fresh, 1, 1, dist))
         messages = hinted_conversation(plain_messages, seen.text.response_text or "", preference, self.form)
         budget = len(sample.response_ids) if sample.meta.origin.finish_reason == "length" else self.max_tokens
+        sampling = self._sampling(dist)
         if self.samples:
-            body = self._body(sample, messages, budget, self.samples, self._sampling(dist))
+            body = self._body(sample, messages, budget, self.samples, sampling)
             replies, hinted_ids = await asyncio.to_thread(self._ask, body)
-            if body["temperature"] != dist["temperature"]:  # scored again under the turn's distribution
+            if sampling["temperature"] != dist["temperature"]:  # scored again under the turn's distribution
                 replies = [await asyncio.to_thread(self._rescored, r, hinted_ids, dist) for r in replies]
         else:  # the corrected reply alone: the teacher only renders the hinted prompt (one forward)
             replies, hinted_ids = [], await asyncio.to_thread(self._render, self._body(sample, messages, 1, 1, dist))
@@ -277,7 +278,7 @@ class ContextDistiller:
         kept = [(r, g) for r, g in zip(replies, gains, strict=True) if accepts(g, self.min_gain)]
         info = {"from": sample.id, "preference": preference, "form": self.form, "context": self.context,
                 "teacher": self.model, "gains": [round(g, 4) for g in gains], "accepted": len(kept),
-                "sampled_at": self._sampling(dist)["temperature"]}  # fmt: skip
+                "sampled_at": sampling["temperature"]}  # fmt: skip
         self.stats["accepted"] += len(kept)
         self.stats["rejected"] += len(gains) - len(kept)
         words = dataclasses.replace(sample.text, messages=plain_messages)
