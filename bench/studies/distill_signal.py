@@ -36,7 +36,7 @@ sys.path[:0] = [str(REPO / "src"), str(REPO)]  # run as `python bench/<kind>/<na
 
 from bench.harness import add_results_argument, publish  # noqa: E402
 from metaclaw.config import CONFIG_DIR  # noqa: E402
-from metaclaw.scoring.distill import HINTED_FORMS, accepts, hinted_conversation, token_gain  # noqa: E402
+from metaclaw.scoring.distill import HINTED_FORMS, accepts, hinted_conversation, token_gain, unasked_conversation  # noqa: E402
 from metaclaw.serving.engines.hf import HFEngine  # noqa: E402
 from metaclaw.serving.sampling import SamplingParams  # noqa: E402
 from metaclaw.simulate.people import PreferenceKind  # noqa: E402
@@ -66,6 +66,7 @@ def main() -> None:
         help="comma-separated temperatures the hinted replies are sampled at; every gain is over the turn's "
         "own distribution (T=1), whatever the sampling temperature",
     )
+    p.add_argument("--rows", type=Path, default=None, help="also write every reply, its gain and relevance (JSONL)")
     add_results_argument(p)
     args = p.parse_args()
     with initialize_config_dir(str(CONFIG_DIR), version_base="1.3"):
@@ -93,16 +94,19 @@ def main() -> None:
                 plain_ok.append(kind.verifier.complies(reply))
             correction = random.Random(args.seed * 1000 + i).choice(kind.correction)
             hinted = chat_prompt_ids(engine.tokenizer, hinted_conversation(messages, reply, correction, form))
+            unasked = chat_prompt_ids(engine.tokenizer, unasked_conversation(messages, reply, correction, form))
             for o in engine.generate(hinted, params):
                 text = engine.tokenizer.decode(o.token_ids, skip_special_tokens=True)
                 base = engine.prompt_logprobs(plain, o.token_ids)
                 hinted_lp = o.logprobs if temp == 1.0 else engine.prompt_logprobs(hinted, o.token_ids)
                 gain = token_gain(hinted_lp, base)
+                relevance = token_gain(hinted_lp, engine.prompt_logprobs(unasked, o.token_ids))
                 rows.append(
                     {
                         "ok": kind.verifier.complies(text),
                         "gain": gain,
                         "accepted": accepts(gain),
+                        "relevance": relevance,
                         "text": text,
                         "total": gain * len(base),
                         "plain_nll": -sum(base) / max(len(base), 1),
@@ -123,8 +127,16 @@ def main() -> None:
             "accepted": round(len(acc) / len(rows), 3),
             "accepted_compliance": round(sum(r["ok"] for r in acc) / len(acc), 3) if acc else None,
             "accepted_plain_nll": med([r["plain_nll"] for r in acc]),
+            "relevance_accepted_complying": med([r["relevance"] for r in acc if r["ok"]]),
+            "relevance_accepted_not": med([r["relevance"] for r in acc if not r["ok"]]),
+            "auc_relevance_accepted": auc(
+                [r["relevance"] for r in acc if r["ok"]], [r["relevance"] for r in acc if not r["ok"]]
+            ),
             "plain_nll": med([r["plain_nll"] for r in rows]),
         }
+        if args.rows is not None:
+            with open(args.rows, "a") as f:
+                f.writelines(json.dumps({"arm": arm, **r}) + "\n" for r in rows)
         examples[arm] = [r["text"][:100] for r in rows[:: max(1, len(rows) // 4)]]
         print(json.dumps({arm: out["forms"][arm], "examples": examples[arm]}), file=sys.stderr, flush=True)
     out["plain_compliance"] = round(sum(plain_ok) / max(len(plain_ok), 1), 3)

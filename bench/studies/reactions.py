@@ -13,10 +13,16 @@ before the reader was run on it; with `--data`, `reactions_heldout_kinds.jsonl` 
 figure; the two others are development sets since), or `reactions_no_verdict.jsonl` (session 24: 70 messages, the
 held-out half of 140 written before the reader ran on them; `reactions_no_verdict_dev.jsonl` is the half the rules
 were changed on): updates of the person's own request and follow-up questions in new forms, small talk, and
-corrections of six new kinds that open like them): corrections as commands, questions ("Source?") and
-stated needs, praise, follow-up tasks after praise, content corrections, request updates, small talk. It
-reports, per kind, the share of corrections read as -1 and of follow-up tasks NOT read as -1, and
-leave-one-kind-out figures (see `kinds_report`).
+corrections of six new kinds that open like them; or `reactions_no_verdict_s26.jsonl` (session 26: 81 messages,
+the held-out half of 163 written before the reader ran on them, split alternately per category and kind;
+`reactions_no_verdict_s26_dev.jsonl` is the half new rules were tried on; none was kept, since the held-out half
+did not move: docs/results/2026-11-30-session26.md): follow-up tasks in many forms
+(extend, transform, a new case, the next step, "what about ...", "and for ...?", "ok now ..."), updates and small
+talk, and corrections of ten new kinds (24-hour times, no markdown, ISO dates, gender-neutral words, type hints,
+numbered steps, local currency, keeping the person's wording, for children, no exclamation marks) that open like
+follow-ups): corrections as commands, questions ("Source?") and stated needs, praise, follow-up tasks after
+praise, content corrections, request updates, small talk. It reports, per kind, the share of corrections read as
+-1 and of follow-up tasks NOT read as -1, and leave-one-kind-out figures (see `kinds_report`).
 
 The labelled set was written after the classifier's prototypes (`metaclaw/scoring/reaction_prototypes.jsonl`) and
 shares none of them (tests/scoring/test_reactions.py checks it); the prototypes were not tuned on it. Reported for

@@ -7,6 +7,7 @@ every hinted reply gains 0.25 nats per token over the plain prompt); the judge i
 from __future__ import annotations
 
 import asyncio
+import threading
 from functools import partial
 
 import pytest
@@ -16,11 +17,14 @@ from metaclaw.privacy import PrivacyPolicy
 from metaclaw.rollout.server import ThreadedServer
 from metaclaw.rollout.testing import prompt_ids, scripted_upstream, word_ids
 from metaclaw.scoring.distill import (
+    YIELD_WINDOW,
     ContextDistiller,
+    accepts,
     fresh_conversation,
     hinted_conversation,
     stated_preference,
     token_gain,
+    unasked_conversation,
 )
 from metaclaw.scoring.judges import RuleJudge
 from metaclaw.scoring.reactions import ReactionJudge
@@ -54,12 +58,12 @@ def turn(store: SampleStore, next_state: str | None, session: str = "s1") -> int
 
 
 def run(store: SampleStore, judge, url: str, min_gain: float = 0.1, context: str = "fresh",
-        temperature: float | None = None, **kw) -> ScoringWorker:  # fmt: skip
+        temperature: float | None = None, min_relevance: float | None = None, **kw) -> ScoringWorker:  # fmt: skip
     """The scripted teacher's prompt logprobs are one constant, so a reply scored again under the turn's
     distribution gains nothing: these tests sample at the turn's own temperature (`temperature=None`) unless they
     test the cooler teacher itself."""
     distiller = ContextDistiller(url, "tiny", min_gain=min_gain, samples=1, context=context, own_reply=True,
-                                 temperature=temperature)  # fmt: skip
+                                 temperature=temperature, min_relevance=min_relevance)  # fmt: skip
     worker = SeedRulesWorker(store, judge, session_idle_s=1e9, at_least_one=False, no_next_state="drop",
                            distiller=distiller, **kw)  # fmt: skip
     asyncio.run(worker.run_once())
@@ -108,6 +112,42 @@ def test_hinted_forms_put_the_preference_in_context_and_leave_the_input_alone():
     with pytest.raises(ValueError, match="form"):
         hinted_conversation(QUESTION, "x", PREFERENCE, "elsewhere")
     assert token_gain([-1.0, -2.0], [-2.0, -2.0]) == pytest.approx(0.5)
+
+
+def test_the_unasked_conversation_is_the_hinted_one_without_the_request():
+    messages = [{"role": "system", "content": "Be brief."}, *QUESTION]
+    assert unasked_conversation(QUESTION, "x", PREFERENCE, "prefix") == [{"role": "user", "content": PREFERENCE}]
+    assert unasked_conversation(messages, "x", PREFERENCE, "system") == [
+        {"role": "system", "content": f"Be brief.\n\n{PREFERENCE}"}, {"role": "user", "content": ""}]  # fmt: skip
+    (suffix,) = unasked_conversation(QUESTION, "x", PREFERENCE, "suffix")
+    assert PREFERENCE in suffix["content"] and "pasta" not in suffix["content"]
+    restate = unasked_conversation(QUESTION, "Ten minutes.", PREFERENCE, "restate")
+    assert restate[-1] == {"role": "user", "content": PREFERENCE} and "pasta" not in restate[0]["content"]
+    assert QUESTION[0]["content"] == "How long should pasta cook?"  # a copy
+    assert accepts(0.6, 0.5) and not accepts(0.4, 0.5)  # no relevance bound: the gain alone
+    assert accepts(0.6, 0.5, 0.2, 0.1) and not accepts(0.6, 0.5, 0.05, 0.1) and not accepts(0.6, 0.5, None, 0.1)
+
+
+@pytest.mark.parametrize(("alone", "kept"), [(-0.25, False), (-0.5, True)])
+def test_a_hinted_reply_the_request_does_not_explain_is_not_trained(tmp_path, judge, alone, kept):
+    """The scripted teacher scores the plain prompt (the request alone) at -0.5 a token and the preference alone at
+    `alone`; the hinted reply was sampled at -0.25. At -0.25 the reply is as likely without the request (it talks
+    about the correction and answers nothing: relevance 0); at -0.5 the request explains 0.25 nats of it."""
+    pasta = set(word_ids("pasta"))
+    app = scripted_upstream("I am Kuro.", prompt_logprob=lambda ids: -0.5 if pasta & set(ids) else alone)
+    store = SampleStore(tmp_path / "s.sqlite")
+    with ThreadedServer(app) as up:
+        turn(store, f"{PREFERENCE}\n\nHow tall is Everest?")
+        worker = run(store, judge, up.url, min_gain=0.2, min_relevance=0.1)
+        asked = [r["messages"] for r in app.state.scripted["requests"]]
+    assert asked[-1] == [{"role": "user", "content": PREFERENCE}]  # the preference alone, rendered for the teacher
+    assert len(distilled(store)) == int(kept)
+    assert worker.distiller.stats["off_request"] == int(not kept)
+    monitor = HealthMonitor(str(store.path))
+    monitor.attach(worker=worker)
+    assert monitor.snapshot()["rollout/distill_off_request"] == float(not kept)  # in the logger and `status`
+    if kept:
+        assert distilled(store)[0].meta.distilled["relevance"] == pytest.approx(0.25)
 
 
 def test_a_correction_with_a_stated_preference_yields_a_sample_on_the_prompt_without_it(tmp_path, judge):
@@ -373,3 +413,57 @@ def test_the_teacher_is_never_hotter_than_the_turn(turn_t, cool, sampled):
     assert distiller._sampling(sample_distribution(turn_t, {}))["temperature"] == sampled
     with pytest.raises(ValueError, match="temperature"):
         ContextDistiller("http://127.0.0.1:9", "tiny", temperature=0.0)
+
+
+def test_the_teachers_time_follows_what_it_yields(tmp_path):
+    """Full rate until a quarter of the window is in, and while at least `target_yield` of the hinted replies is
+    accepted; below, busy in proportion to the yield, never less than `min_share`; the rest after a distillation
+    makes the teacher busy exactly `share()` of the time. (The scripted teacher answers one reply a request.)"""
+    store = SampleStore(tmp_path / "s.sqlite")
+    with ThreadedServer(scripted_upstream("Hi, I am Kuro.")) as up:
+        source = store.get(turn(store, PREFERENCE))
+        refused = ContextDistiller(up.url, "tiny", samples=1, min_gain=10.0, temperature=None)  # gains 0.25
+        for i in range(YIELD_WINDOW // 4):
+            assert refused.share() == 1.0 and refused.rest_s(2.0) == 0.0, i  # too few replies to judge by yet
+            asyncio.run(refused.distill(source, PREFERENCE))
+        assert list(refused.recent) == [False] * (YIELD_WINDOW // 4)
+        assert refused.share() == refused.min_share == 0.25
+        assert refused.rest_s(2.0) == pytest.approx(6.0)  # 2 s busy in 8: a quarter of the time
+        kept = ContextDistiller(up.url, "tiny", samples=1, min_gain=0.1, temperature=None)
+        for _ in range(YIELD_WINDOW // 4):
+            asyncio.run(kept.distill(source, PREFERENCE))
+        assert list(kept.recent) == [True] * (YIELD_WINDOW // 4) and kept.share() == 1.0 and kept.rest_s(2.0) == 0.0
+    kept.recent.extend([False] * (YIELD_WINDOW - len(kept.recent) + 8))  # the window keeps the last 64: 8 accepted
+    assert kept.share() == 1.0  # 8 of 64 accepted: 12.5%, at least the default target of 10%: full rate
+    kept.recent.extend([False] * 4)  # 4 of 64 accepted: 6.25%, under the default target of 10%
+    assert kept.share() == pytest.approx(0.625) and kept.rest_s(1.0) == pytest.approx(0.6)
+    always = ContextDistiller(up.url, "tiny", target_yield=None)
+    always.recent.extend([False] * YIELD_WINDOW)
+    assert always.share() == 1.0
+    with pytest.raises(ValueError, match="target_yield"):
+        ContextDistiller(up.url, "tiny", target_yield=0.0)
+
+
+def test_a_teacher_that_yields_little_rests_between_distillations(tmp_path, judge):
+    """The background loop (`ScoringWorker.start`) rests after each distillation of a teacher whose replies are
+    refused, and says so (`distill_rest_s`, `rollout/distill_share` in `status`)."""
+    store = SampleStore(tmp_path / "s.sqlite")
+    with ThreadedServer(scripted_upstream("Hi, I am Kuro.", delay_s=0.0)) as up:
+        distiller = ContextDistiller(up.url, "tiny", samples=1, min_gain=10.0, temperature=None)
+        distiller.recent.extend([False] * YIELD_WINDOW)  # nothing accepted of late: a quarter of the time
+        worker = SeedRulesWorker(store, judge, session_idle_s=1e9, at_least_one=False, no_next_state="drop",
+                                 distiller=distiller, poll_s=0.05)  # fmt: skip
+        for i in range(3):
+            turn(store, f"{PREFERENCE}\n\nHow tall is Everest?", session=f"s{i}")
+        worker.start()
+        try:
+            for _ in range(400):
+                if worker.stats["distill_rest_s"] > 0:
+                    break
+                threading.Event().wait(0.05)
+        finally:
+            worker.stop()
+    assert distiller.stats["asked"] >= 1 and worker.stats["distill_rest_s"] > 0
+    monitor = HealthMonitor(str(store.path))
+    monitor.attach(worker=worker)
+    assert monitor.snapshot()["rollout/distill_share"] == 0.25

@@ -12,7 +12,7 @@ import asyncio
 import pytest
 import torch
 
-from metaclaw.scoring.distill import ContextDistiller, hinted_conversation
+from metaclaw.scoring.distill import ContextDistiller, hinted_conversation, unasked_conversation
 from metaclaw.store import Sample, SampleText
 from metaclaw.wire.render import chat_prompt_ids
 from tests.serving.conftest import running_server
@@ -37,12 +37,13 @@ def test_distilled_reply_has_ratio_one_under_the_hinted_prompt_only(policy_serve
     source = Sample(prompt, [5, 6], [-1.0, -1.0], text=SampleText(messages=messages, response_text="Paris."), id=1,
                     temperature=temperature, meta={"sampling": {"top_p": 1.0, "top_k": -1}})  # fmt: skip
     distiller = ContextDistiller(policy_server.url, "tiny", policy_server.api_key, min_gain=-1e9, max_tokens=24,
-                                 own_reply=True, temperature=cool)  # fmt: skip
+                                 own_reply=True, temperature=cool, min_relevance=-1e9)  # fmt: skip
     rows, info = asyncio.run(distiller.distill(source, PREFERENCE))
     assert info["sampled_at"] == (cool or temperature)  # `samples` hinted replies per correction
     replies = [r for r in rows if r.meta.distilled["kind"] == "hinted"]
     assert replies and info["accepted"] == len(replies) and len(rows) == len(replies) + 1  # and the own row
     hinted = chat_prompt_ids(tiny_tokenizer, hinted_conversation(messages, "Paris.", PREFERENCE, distiller.form))
+    unasked = chat_prompt_ids(tiny_tokenizer, unasked_conversation(messages, "", PREFERENCE, distiller.form))
     # the top-k teacher reads exactly the prompt the server's teacher sampled under
     (mine,) = [r for r in rows if r.meta.distilled["kind"] == "own"]
     assert mine.meta.distilled["teacher_prompt_ids"] == hinted
@@ -58,4 +59,7 @@ def test_distilled_reply_has_ratio_one_under_the_hinted_prompt_only(policy_serve
         behaviour = torch.tensor(new.behaviour_logprobs)
         ratio = torch.exp(trainer_logprobs(hinted, new.response_ids) - behaviour)
         assert torch.allclose(ratio, torch.ones_like(ratio), atol=1e-4), ratio
+        # the request's relevance compares the same reply under one distribution, with and without the request
+        alone = trainer_logprobs(unasked, new.response_ids)
+        assert new.meta.distilled["relevance"] == pytest.approx(float((behaviour - alone).mean()), abs=1e-3)
         assert not torch.allclose(trainer_logprobs(prompt, new.response_ids), behaviour, atol=1e-3)

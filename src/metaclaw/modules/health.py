@@ -120,6 +120,10 @@ class HealthMonitor(L.Callback):
             out["rollout/judge_errors"] = self.worker.stats.get("errors", 0)
             out["rollout/distilled"] = self.worker.stats.get("distilled", 0)  # learning from the words (distill)
             out["rollout/distill_failures"] = self.worker.stats.get("distill_failed", 0)
+            distiller = getattr(self.worker, "distiller", None)
+            if distiller is not None:  # hinted replies the preference explained but the request did not (`relevance`)
+                out["rollout/distill_off_request"] = getattr(distiller, "stats", {}).get("off_request", 0)
+                out["rollout/distill_share"] = distiller.share()  # the teacher's time, by what it yields
             evolution = getattr(self.worker, "evolution", None)
             if evolution is not None:
                 counted = ("evolutions", "accepted", "unusable", "skipped", "quarantined", "dropped_agents", "deferred")

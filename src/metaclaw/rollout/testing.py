@@ -29,8 +29,11 @@ def scripted_upstream(
     reply: str | Callable[[dict[str, Any]], str] = "Sure, here is the answer.",
     delay_s: float = 0.0,
     base_model: str = "tiny",
+    prompt_logprob: Callable[[list[int]], float] | None = None,
 ) -> FastAPI:
-    """The app; `reply` may be a function of the request body; `delay_s` sleeps between streamed chunks."""
+    """The app; `reply` may be a function of the request body; `delay_s` sleeps between streamed chunks;
+    `prompt_logprob` gives the logprob of every token of a scored prompt (`/v1/completions`) from its ids (default
+    -0.5)."""
     app = FastAPI()
     state: dict[str, Any] = {"version": 0, "adapters": {}, "requests": [], "completions": []}
     app.state.scripted = state
@@ -55,7 +58,8 @@ def scripted_upstream(
         body = await request.json()
         state["completions"].append(body)
         ids = body["prompt"]
-        lps = [None] + [{str(t): {"logprob": -0.5, "rank": 1}} for t in ids[1:]]
+        lp = -0.5 if prompt_logprob is None else prompt_logprob(ids)
+        lps = [None] + [{str(t): {"logprob": lp, "rank": 1}} for t in ids[1:]]
         return {"choices": [{"text": "", "prompt_logprobs": lps, "finish_reason": "length"}], "model": body["model"]}
 
     @app.post("/v1/chat/completions")

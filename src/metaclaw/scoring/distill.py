@@ -14,7 +14,10 @@ context the model often does follow it (SmolLM2-135M says "Kuro" in most replies
    `identity`, 58% of the replies accepted at T=1 say Kuro and 95-100% at T=0.7-0.4, in better language);
 4. the reply is accepted when the preference explains it: its mean per-token log-probability gain, hinted over
    plain (`token_gain`), both scored under the turn's own distribution, is at least `min_gain` nats; a reply the
-   preference did not shape is not trained;
+   preference did not shape is not trained. It must also answer the request (`relevance`): the request must make
+   it at least `min_relevance` nats a token more likely than the preference alone does (`unasked_conversation`).
+   A reply about the correction ("I'm unable to provide a number") is as likely without the request, and
+   training it teaches the model to talk about the correction, not to follow it;
 5. the accepted reply becomes a new `ready` sample on the prompt WITHOUT the correction (the turn's own prompt
    ids, as the server rendered them), marked `meta.distilled`. The trainer gives such rows a cross-entropy term
    (`distill.loss`), never the policy loss: the reply was sampled from the hinted context, so its stored
@@ -32,6 +35,7 @@ import copy
 import dataclasses
 import logging
 import statistics
+from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -49,6 +53,9 @@ from metaclaw.wire.client import Endpoint, chat, teacher_logprobs
 log = logging.getLogger(__name__)
 
 HINTED_FORMS = ("system", "prefix", "suffix", "restate")
+YIELD_WINDOW = 64
+"""The teacher's yield (`ContextDistiller.share`) is the accepted share of its last this-many hinted replies; until
+a quarter of them are in, it works at full rate."""
 CONTEXTS = ("fresh", "turn")
 """Which conversation the preference is distilled into: `fresh`, the turn's request alone as a new conversation (its
 system messages and its last user message, without the reaction to an earlier reply that opens a later turn's
@@ -102,6 +109,23 @@ def hinted_conversation(
         out[last] = {**out[last], "content": f"{preference}\n\n{request}"}
         return out
     return [*out, {"role": "assistant", "content": reply}, {"role": "user", "content": f"{preference}\n\n{request}"}]
+
+
+def unasked_conversation(
+    messages: Sequence[dict[str, Any]], reply: str, preference: str, form: str = "system"
+) -> list[dict[str, Any]]:
+    """`hinted_conversation` with the request left out (the last user message emptied): the preference without
+    anything asked. A hinted reply as likely here as with the request talks about the preference and answers
+    nothing (`relevance`)."""
+    out = copy.deepcopy(list(messages))
+    last = next((i for i in range(len(out) - 1, -1, -1) if out[i].get("role") == "user"), None)
+    if last is not None:
+        out[last] = {**out[last], "content": ""}
+    hinted = hinted_conversation(out, reply, preference, form)
+    for m in hinted:
+        if m.get("role") == "user" and isinstance(m.get("content"), str):
+            m["content"] = m["content"].strip()
+    return hinted
 
 
 def _reacts(sentence: str) -> bool:
@@ -163,10 +187,14 @@ def token_gain(hinted: Sequence[float], plain: Sequence[float]) -> float:
     return statistics.fmean(h - p for h, p in zip(hinted, plain, strict=True))
 
 
-def accepts(gain: float, min_gain: float = 0.5) -> bool:
+def accepts(gain: float, min_gain: float = 0.5, relevance: float | None = None, min_relevance: float | None = None
+            ) -> bool:  # fmt: skip
     """Whether a hinted reply is trained: the preference made its tokens at least `min_gain` nats more likely on
-    average."""
-    return gain >= min_gain
+    average, and (with `min_relevance`) the request made them at least `min_relevance` nats more likely than the
+    preference alone (`relevance`: the reply answers what was asked)."""
+    if gain < min_gain:
+        return False
+    return min_relevance is None or (relevance is not None and relevance >= min_relevance)
 
 
 @dataclass(frozen=True)
@@ -192,6 +220,15 @@ class ContextDistiller:
             none, only the corrected reply's own row (`own_reply`; the teacher renders the hinted prompt, one
             forward instead of `samples` generations).
         min_gain: the acceptance bound of `accepts` (nats per token).
+        min_relevance: the request's bound of `accepts` (nats per token, hinted over `unasked_conversation`; one
+            more forward per reply that passes `min_gain`); None: not checked.
+        target_yield: the teacher's time follows what it yields (`share`): while at least this share of its last
+            `YIELD_WINDOW` hinted replies was accepted it works whenever a correction waits; below, it rests so
+            that it is busy at most `yield / target_yield` of the time, and never less than `min_share`. The
+            teacher's generations take the CPU the rollouts and the trainer need (session 25's main job, 5% of
+            hinted replies accepted: 14-24% fewer steps). None: always at full rate.
+        min_share: the least share of the time the teacher keeps working at any yield (a preference it starts to
+            follow is noticed).
         temperature: the temperature the hinted replies are sampled at, with the turn's top-p/top-k (a turn
             sampled cooler keeps its own; None: the turn's own). The gain and the stored logprobs are scored
             under the turn's distribution all the same (one more forward per reply when they differ), so a row
@@ -224,6 +261,9 @@ class ContextDistiller:
         replays: int = 2,
         own_reply: bool = False,
         temperature: float | None = 0.5,
+        min_relevance: float | None = 0.1,
+        target_yield: float | None = 0.1,
+        min_share: float = 0.25,
     ) -> None:
         if form not in HINTED_FORMS:
             raise ValueError(f"distill.distiller.form must be one of {HINTED_FORMS}, got {form!r}")
@@ -236,13 +276,18 @@ class ContextDistiller:
                              f"{max_tokens}, {samples}")  # fmt: skip
         if temperature is not None and not 0 < temperature <= 2:
             raise ValueError(f"distill.distiller.temperature must be in (0, 2] or null, got {temperature!r}")
+        if (target_yield is not None and not 0 < target_yield <= 1) or not 0 < min_share <= 1:
+            raise ValueError(f"distill.distiller: target_yield in (0, 1] or null and min_share in (0, 1], got "
+                             f"{target_yield!r}, {min_share!r}")  # fmt: skip
         self.temperature = temperature
+        self.target_yield, self.min_share = target_yield, min_share
+        self.recent: deque[bool] = deque(maxlen=YIELD_WINDOW)  # accepted or not, the last hinted replies
         self.endpoint = Endpoint(base_url, api_key) if base_url else None
         self.model = model
-        self.form, self.samples, self.min_gain = form, samples, min_gain
+        self.form, self.samples, self.min_gain, self.min_relevance = form, samples, min_gain, min_relevance
         self.context, self.replays, self.own_reply = context, replays, own_reply
         self.max_tokens, self.timeout_s = max_tokens, timeout_s
-        self.stats = {"asked": 0, "accepted": 0, "rejected": 0, "failed": 0}
+        self.stats = {"asked": 0, "accepted": 0, "rejected": 0, "failed": 0, "off_request": 0}
         self.redact: Callable[[Sample], Sample] | None = None  # set when the teacher is off this machine
 
     async def distill(self, sample: Sample, preference: str) -> tuple[list[Sample], dict[str, Any]]:
@@ -275,25 +320,69 @@ class ContextDistiller:
                 dist["temperature"], dist["top_p"], dist["top_k"],
             )  # fmt: skip
             gains.append(token_gain(reply.logprobs, plain))
-        kept = [(r, g) for r, g in zip(replies, gains, strict=True) if accepts(g, self.min_gain)]
+        relevances = await self._relevances(sample, plain_messages, preference, replies, gains, dist)
+        kept = [(r, g, rel) for r, g, rel in zip(replies, gains, relevances, strict=True)
+                if accepts(g, self.min_gain, rel, self.min_relevance)]  # fmt: skip
         info = {"from": sample.id, "preference": preference, "form": self.form, "context": self.context,
                 "teacher": self.model, "gains": [round(g, 4) for g in gains], "accepted": len(kept),
+                "relevances": [None if r is None else round(r, 4) for r in relevances],
                 "sampled_at": sampling["temperature"]}  # fmt: skip
         self.stats["accepted"] += len(kept)
         self.stats["rejected"] += len(gains) - len(kept)
+        self.recent.extend(any(r is k for k, _, _ in kept) for r in replies)
+        self.stats["off_request"] += sum(
+            accepts(g, self.min_gain) and not accepts(g, self.min_gain, r, self.min_relevance)
+            for g, r in zip(gains, relevances, strict=True)
+        )
         words = dataclasses.replace(sample.text, messages=plain_messages)
         base = dataclasses.replace(sample, prompt_ids=prompt_ids, text=words)
         extra = {"replays_left": self.replays}
         # an accepted reply is trained on its own tokens (cross-entropy): it was selected because the preference
         # explains it, a sharper target than the teacher's whole distribution (session 18: with the teacher's top-k
         # instead, CLaaS identity reached 4.3%, against 28.6-34.3% with its tokens)
-        out = [self._sample(base, reply, {**info, "gain": round(g, 4), "kind": "hinted", **extra}) for reply, g in kept]
+        out = [self._sample(base, reply, {**info, "gain": round(g, 4), "kind": "hinted", **extra,
+                                          "relevance": None if rel is None else round(rel, 4)})
+               for reply, g, rel in kept]  # fmt: skip
         if self.own_reply and hinted_ids:
             own = HintedReply(list(sample.response_ids), list(sample.behaviour_logprobs),
                               seen.text.response_text or "", sample.meta.origin.finish_reason)  # fmt: skip
             out.append(self._sample(base, own, {**info, "kind": "own", "teacher_prompt_ids": hinted_ids, **extra}))
         info["own_reply"] = bool(self.own_reply and hinted_ids)
         return out, info
+
+    def share(self) -> float:
+        """The share of the time the teacher may be busy: 1 while its yield (the accepted share of its last
+        `YIELD_WINDOW` hinted replies) is at least `target_yield` or fewer than a quarter of the window are in;
+        below, in proportion to the yield, never less than `min_share`."""
+        if self.target_yield is None or len(self.recent) < YIELD_WINDOW // 4:
+            return 1.0
+        return max(self.min_share, min(1.0, statistics.fmean(self.recent) / self.target_yield))
+
+    def rest_s(self, busy_s: float) -> float:
+        """How long the teacher rests after a distillation that took `busy_s`, so that it is busy `share()` of the
+        time."""
+        return max(0.0, busy_s) * (1.0 / self.share() - 1.0)
+
+    async def _relevances(self, sample: Sample, plain_messages: list[dict[str, Any]], preference: str,
+                          replies: Sequence[HintedReply], gains: Sequence[float], dist: dict[str, Any]
+                          ) -> list[float | None]:  # fmt: skip
+        """Each reply's `relevance`: mean per-token log-probability, hinted over the preference alone
+        (`unasked_conversation`), under the turn's distribution; None where it is not needed (no `min_relevance`,
+        or the reply fails `min_gain` anyway)."""
+        assert self.endpoint is not None  # checked by `distill`
+        todo = [i for i, g in enumerate(gains) if self.min_relevance is not None and accepts(g, self.min_gain)]
+        out: list[float | None] = [None] * len(replies)
+        if not todo:
+            return out
+        unasked = unasked_conversation(plain_messages, "", preference, self.form)
+        ids = await asyncio.to_thread(self._render, self._body(sample, unasked, 1, 1, dist))
+        for i in todo:
+            lp = await asyncio.to_thread(
+                teacher_logprobs, self.endpoint, self.model, ids, replies[i].token_ids, self.timeout_s,
+                dist["temperature"], dist["top_p"], dist["top_k"],
+            )  # fmt: skip
+            out[i] = token_gain(replies[i].logprobs, lp)
+        return out
 
     def _sampling(self, dist: dict[str, Any]) -> dict[str, Any]:
         """The distribution the hinted replies are sampled from: the turn's, cooled to `temperature` (never

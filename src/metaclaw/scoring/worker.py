@@ -208,7 +208,8 @@ class ScoringWorker:
         self._thread: threading.Thread | None = None
         self.distiller = distiller
         self.stats = {"scored": 0, "ready": 0, "dropped": 0, "errors": 0, "judge_failed": 0, "heldout": 0,
-                      "distilled": 0, "distill_failed": 0, "distill_backlog_dropped": 0}  # fmt: skip
+                      "distilled": 0, "distill_failed": 0, "distill_backlog_dropped": 0,
+                      "distill_rest_s": 0.0}  # fmt: skip
 
     # ---- one pass -----------------------------------------------------------------------------------------
     async def run_once(self, drain_distill: bool = True) -> int:
@@ -426,8 +427,14 @@ class ScoringWorker:
         async def distilling() -> None:
             while not self._stop.is_set():
                 try:
+                    t0 = time.monotonic()
                     if not await self.distill_next():
                         await asyncio.sleep(self.pace.poll_s)
+                        continue
+                    rest = self.distiller.rest_s(time.monotonic() - t0)  # the teacher's time follows its yield
+                    if rest > 0:
+                        self.stats["distill_rest_s"] += rest
+                        await asyncio.sleep(rest)
                 except Exception:  # noqa: BLE001 - keep distilling whatever one correction hit
                     log.exception("Distillation failed")
 
