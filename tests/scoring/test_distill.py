@@ -426,19 +426,20 @@ def test_the_teachers_time_follows_what_it_yields(tmp_path):
         for i in range(YIELD_WINDOW // 4):
             assert refused.share() == 1.0 and refused.rest_s(2.0) == 0.0, i  # too few replies to judge by yet
             asyncio.run(refused.distill(source, PREFERENCE))
-        assert list(refused.recent) == [False] * (YIELD_WINDOW // 4)
-        assert refused.share() == refused.min_share == 0.25
+        assert list(refused.pace.recent) == [False] * (YIELD_WINDOW // 4)
+        assert refused.share() == refused.pace.min_share == 0.25
         assert refused.rest_s(2.0) == pytest.approx(6.0)  # 2 s busy in 8: a quarter of the time
         kept = ContextDistiller(up.url, "tiny", samples=1, min_gain=0.1, temperature=None)
         for _ in range(YIELD_WINDOW // 4):
             asyncio.run(kept.distill(source, PREFERENCE))
-        assert list(kept.recent) == [True] * (YIELD_WINDOW // 4) and kept.share() == 1.0 and kept.rest_s(2.0) == 0.0
-    kept.recent.extend([False] * (YIELD_WINDOW - len(kept.recent) + 8))  # the window keeps the last 64: 8 accepted
+        assert list(kept.pace.recent) == [True] * (YIELD_WINDOW // 4)
+        assert kept.share() == 1.0 and kept.rest_s(2.0) == 0.0
+    kept.pace.recent.extend([False] * (YIELD_WINDOW - len(kept.pace.recent) + 8))  # keeps the last 64: 8 accepted
     assert kept.share() == 1.0  # 8 of 64 accepted: 12.5%, at least the default target of 10%: full rate
-    kept.recent.extend([False] * 4)  # 4 of 64 accepted: 6.25%, under the default target of 10%
+    kept.pace.recent.extend([False] * 4)  # 4 of 64 accepted: 6.25%, under the default target of 10%
     assert kept.share() == pytest.approx(0.625) and kept.rest_s(1.0) == pytest.approx(0.6)
     always = ContextDistiller(up.url, "tiny", target_yield=None)
-    always.recent.extend([False] * YIELD_WINDOW)
+    always.pace.recent.extend([False] * YIELD_WINDOW)
     assert always.share() == 1.0
     with pytest.raises(ValueError, match="target_yield"):
         ContextDistiller(up.url, "tiny", target_yield=0.0)
@@ -450,7 +451,7 @@ def test_a_teacher_that_yields_little_rests_between_distillations(tmp_path, judg
     store = SampleStore(tmp_path / "s.sqlite")
     with ThreadedServer(scripted_upstream("Hi, I am Kuro.", delay_s=0.0)) as up:
         distiller = ContextDistiller(up.url, "tiny", samples=1, min_gain=10.0, temperature=None)
-        distiller.recent.extend([False] * YIELD_WINDOW)  # nothing accepted of late: a quarter of the time
+        distiller.pace.recent.extend([False] * YIELD_WINDOW)  # nothing accepted of late: a quarter of the time
         worker = SeedRulesWorker(store, judge, session_idle_s=1e9, at_least_one=False, no_next_state="drop",
                                  distiller=distiller, poll_s=0.05)  # fmt: skip
         for i in range(3):

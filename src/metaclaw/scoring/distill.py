@@ -197,6 +197,31 @@ def accepts(gain: float, min_gain: float = 0.5, relevance: float | None = None, 
     return min_relevance is None or (relevance is not None and relevance >= min_relevance)
 
 
+class TeacherPace:
+    """How much of the time the distiller's teacher may be busy, by what it yields (`ContextDistiller`'s
+    `target_yield` and `min_share`). `recent`: accepted or not, its last `YIELD_WINDOW` hinted replies."""
+
+    def __init__(self, target_yield: float | None = 0.1, min_share: float = 0.25) -> None:
+        if (target_yield is not None and not 0 < target_yield <= 1) or not 0 < min_share <= 1:
+            raise ValueError(f"distill.distiller: target_yield in (0, 1] or null and min_share in (0, 1], got "
+                             f"{target_yield!r}, {min_share!r}")  # fmt: skip
+        self.target_yield, self.min_share = target_yield, min_share
+        self.recent: deque[bool] = deque(maxlen=YIELD_WINDOW)
+
+    def share(self) -> float:
+        """The share of the time the teacher may be busy: 1 while its yield (the accepted share of `recent`) is at
+        least `target_yield` or fewer than a quarter of the window are in; below, in proportion to the yield,
+        never less than `min_share`."""
+        if self.target_yield is None or len(self.recent) < YIELD_WINDOW // 4:
+            return 1.0
+        return max(self.min_share, min(1.0, statistics.fmean(self.recent) / self.target_yield))
+
+    def rest_s(self, busy_s: float) -> float:
+        """How long the teacher rests after a distillation that took `busy_s`, so that it is busy `share()` of the
+        time."""
+        return max(0.0, busy_s) * (1.0 / self.share() - 1.0)
+
+
 @dataclass(frozen=True)
 class HintedReply:
     """The teacher's reply with the preference in context: its tokens and their logprobs as sampled."""
@@ -276,12 +301,8 @@ class ContextDistiller:
                              f"{max_tokens}, {samples}")  # fmt: skip
         if temperature is not None and not 0 < temperature <= 2:
             raise ValueError(f"distill.distiller.temperature must be in (0, 2] or null, got {temperature!r}")
-        if (target_yield is not None and not 0 < target_yield <= 1) or not 0 < min_share <= 1:
-            raise ValueError(f"distill.distiller: target_yield in (0, 1] or null and min_share in (0, 1], got "
-                             f"{target_yield!r}, {min_share!r}")  # fmt: skip
         self.temperature = temperature
-        self.target_yield, self.min_share = target_yield, min_share
-        self.recent: deque[bool] = deque(maxlen=YIELD_WINDOW)  # accepted or not, the last hinted replies
+        self.pace = TeacherPace(target_yield, min_share)
         self.endpoint = Endpoint(base_url, api_key) if base_url else None
         self.model = model
         self.form, self.samples, self.min_gain, self.min_relevance = form, samples, min_gain, min_relevance
@@ -329,7 +350,7 @@ class ContextDistiller:
                 "sampled_at": sampling["temperature"]}  # fmt: skip
         self.stats["accepted"] += len(kept)
         self.stats["rejected"] += len(gains) - len(kept)
-        self.recent.extend(any(r is k for k, _, _ in kept) for r in replies)
+        self.pace.recent.extend(any(r is k for k, _, _ in kept) for r in replies)
         self.stats["off_request"] += sum(
             accepts(g, self.min_gain) and not accepts(g, self.min_gain, r, self.min_relevance)
             for g, r in zip(gains, relevances, strict=True)
@@ -351,17 +372,12 @@ class ContextDistiller:
         return out, info
 
     def share(self) -> float:
-        """The share of the time the teacher may be busy: 1 while its yield (the accepted share of its last
-        `YIELD_WINDOW` hinted replies) is at least `target_yield` or fewer than a quarter of the window are in;
-        below, in proportion to the yield, never less than `min_share`."""
-        if self.target_yield is None or len(self.recent) < YIELD_WINDOW // 4:
-            return 1.0
-        return max(self.min_share, min(1.0, statistics.fmean(self.recent) / self.target_yield))
+        """The share of the time the teacher may be busy (`TeacherPace.share`)."""
+        return self.pace.share()
 
     def rest_s(self, busy_s: float) -> float:
-        """How long the teacher rests after a distillation that took `busy_s`, so that it is busy `share()` of the
-        time."""
-        return max(0.0, busy_s) * (1.0 / self.share() - 1.0)
+        """How long the teacher rests after a distillation that took `busy_s` (`TeacherPace.rest_s`)."""
+        return self.pace.rest_s(busy_s)
 
     async def _relevances(self, sample: Sample, plain_messages: list[dict[str, Any]], preference: str,
                           replies: Sequence[HintedReply], gains: Sequence[float], dist: dict[str, Any]
