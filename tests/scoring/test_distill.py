@@ -424,23 +424,23 @@ def test_the_teachers_time_follows_what_it_yields(tmp_path):
         source = store.get(turn(store, PREFERENCE))
         refused = ContextDistiller(up.url, "tiny", samples=1, min_gain=10.0, temperature=None)  # gains 0.25
         for i in range(YIELD_WINDOW // 4):
-            assert refused.share() == 1.0 and refused.rest_s(2.0) == 0.0, i  # too few replies to judge by yet
+            assert refused.pace.share() == 1.0 and refused.pace.rest_s(2.0) == 0.0, i  # too few replies to judge by yet
             asyncio.run(refused.distill(source, PREFERENCE))
         assert list(refused.pace.recent) == [False] * (YIELD_WINDOW // 4)
-        assert refused.share() == refused.pace.min_share == 0.25
-        assert refused.rest_s(2.0) == pytest.approx(6.0)  # 2 s busy in 8: a quarter of the time
+        assert refused.pace.share() == refused.pace.min_share == 0.25
+        assert refused.pace.rest_s(2.0) == pytest.approx(6.0)  # 2 s busy in 8: a quarter of the time
         kept = ContextDistiller(up.url, "tiny", samples=1, min_gain=0.1, temperature=None)
         for _ in range(YIELD_WINDOW // 4):
             asyncio.run(kept.distill(source, PREFERENCE))
         assert list(kept.pace.recent) == [True] * (YIELD_WINDOW // 4)
-        assert kept.share() == 1.0 and kept.rest_s(2.0) == 0.0
+        assert kept.pace.share() == 1.0 and kept.pace.rest_s(2.0) == 0.0
     kept.pace.recent.extend([False] * (YIELD_WINDOW - len(kept.pace.recent) + 8))  # keeps the last 64: 8 accepted
-    assert kept.share() == 1.0  # 8 of 64 accepted: 12.5%, at least the default target of 10%: full rate
+    assert kept.pace.share() == 1.0  # 8 of 64 accepted: 12.5%, at least the default target of 10%: full rate
     kept.pace.recent.extend([False] * 4)  # 4 of 64 accepted: 6.25%, under the default target of 10%
-    assert kept.share() == pytest.approx(0.625) and kept.rest_s(1.0) == pytest.approx(0.6)
+    assert kept.pace.share() == pytest.approx(0.625) and kept.pace.rest_s(1.0) == pytest.approx(0.6)
     always = ContextDistiller(up.url, "tiny", target_yield=None)
     always.pace.recent.extend([False] * YIELD_WINDOW)
-    assert always.share() == 1.0
+    assert always.pace.share() == 1.0
     with pytest.raises(ValueError, match="target_yield"):
         ContextDistiller(up.url, "tiny", target_yield=0.0)
 

@@ -122,8 +122,8 @@ class HealthMonitor(L.Callback):
             out["rollout/distill_failures"] = self.worker.stats.get("distill_failed", 0)
             distiller = getattr(self.worker, "distiller", None)
             if distiller is not None:  # hinted replies the preference explained but the request did not (`relevance`)
-                out["rollout/distill_off_request"] = getattr(distiller, "stats", {}).get("off_request", 0)
-                out["rollout/distill_share"] = distiller.share()  # the teacher's time, by what it yields
+                out["rollout/distill_off_request"] = distiller.stats["off_request"]
+                out["rollout/distill_share"] = distiller.pace.share()  # the teacher's time, by what it yields
             evolution = getattr(self.worker, "evolution", None)
             if evolution is not None:
                 counted = ("evolutions", "accepted", "unusable", "skipped", "quarantined", "dropped_agents", "deferred")

@@ -54,7 +54,7 @@ log = logging.getLogger(__name__)
 
 HINTED_FORMS = ("system", "prefix", "suffix", "restate")
 YIELD_WINDOW = 64
-"""The teacher's yield (`ContextDistiller.share`) is the accepted share of its last this-many hinted replies; until
+"""The teacher's yield (`TeacherPace.share`) is the accepted share of its last this-many hinted replies; until
 a quarter of them are in, it works at full rate."""
 CONTEXTS = ("fresh", "turn")
 """Which conversation the preference is distilled into: `fresh`, the turn's request alone as a new conversation (its
@@ -86,6 +86,11 @@ def stated_preference(reaction: str | None) -> str | None:
     return text if len(text.split()) >= 2 else None
 
 
+def _last_user(messages: Sequence[dict[str, Any]]) -> int | None:
+    """The index of the last user message, None without one."""
+    return next((i for i in range(len(messages) - 1, -1, -1) if messages[i].get("role") == "user"), None)
+
+
 def hinted_conversation(
     messages: Sequence[dict[str, Any]], reply: str, preference: str, form: str = "system"
 ) -> list[dict[str, Any]]:
@@ -96,7 +101,7 @@ def hinted_conversation(
     out = copy.deepcopy(list(messages))
     if form == "suffix":
         return hinted_messages(out, preference)
-    last = next((i for i in range(len(out) - 1, -1, -1) if out[i].get("role") == "user"), None)
+    last = _last_user(out)
     if form == "system":
         if out and out[0].get("role") == "system":
             out[0]["content"] = f"{content_text(out[0].get('content'))}\n\n{preference}".strip()
@@ -118,7 +123,7 @@ def unasked_conversation(
     anything asked. A hinted reply as likely here as with the request talks about the preference and answers
     nothing (`relevance`)."""
     out = copy.deepcopy(list(messages))
-    last = next((i for i in range(len(out) - 1, -1, -1) if out[i].get("role") == "user"), None)
+    last = _last_user(out)
     if last is not None:
         out[last] = {**out[last], "content": ""}
     hinted = hinted_conversation(out, reply, preference, form)
@@ -247,9 +252,9 @@ class ContextDistiller:
         min_gain: the acceptance bound of `accepts` (nats per token).
         min_relevance: the request's bound of `accepts` (nats per token, hinted over `unasked_conversation`; one
             more forward per reply that passes `min_gain`); None: not checked.
-        target_yield: the teacher's time follows what it yields (`share`): while at least this share of its last
-            `YIELD_WINDOW` hinted replies was accepted it works whenever a correction waits; below, it rests so
-            that it is busy at most `yield / target_yield` of the time, and never less than `min_share`. The
+        target_yield: the teacher's time follows what it yields (`pace`: `TeacherPace`): while at least this share
+            of its last `YIELD_WINDOW` hinted replies was accepted it works whenever a correction waits; below, it
+            rests so that it is busy at most `yield / target_yield` of the time, and never less than `min_share`. The
             teacher's generations take the CPU the rollouts and the trainer need (session 25's main job, 5% of
             hinted replies accepted: 14-24% fewer steps). None: always at full rate.
         min_share: the least share of the time the teacher keeps working at any yield (a preference it starts to
@@ -341,20 +346,18 @@ class ContextDistiller:
                 dist["temperature"], dist["top_p"], dist["top_k"],
             )  # fmt: skip
             gains.append(token_gain(reply.logprobs, plain))
-        relevances = await self._relevances(sample, plain_messages, preference, replies, gains, dist)
-        kept = [(r, g, rel) for r, g, rel in zip(replies, gains, relevances, strict=True)
-                if accepts(g, self.min_gain, rel, self.min_relevance)]  # fmt: skip
+        reply_text = seen.text.response_text or ""
+        relevances = await self._relevances(sample, plain_messages, reply_text, preference, replies, gains, dist)
+        ok = [accepts(g, self.min_gain, rel, self.min_relevance) for g, rel in zip(gains, relevances, strict=True)]
+        kept = [(r, g, rel) for r, g, rel, y in zip(replies, gains, relevances, ok, strict=True) if y]
         info = {"from": sample.id, "preference": preference, "form": self.form, "context": self.context,
                 "teacher": self.model, "gains": [round(g, 4) for g in gains], "accepted": len(kept),
                 "relevances": [None if r is None else round(r, 4) for r in relevances],
                 "sampled_at": sampling["temperature"]}  # fmt: skip
         self.stats["accepted"] += len(kept)
         self.stats["rejected"] += len(gains) - len(kept)
-        self.pace.recent.extend(any(r is k for k, _, _ in kept) for r in replies)
-        self.stats["off_request"] += sum(
-            accepts(g, self.min_gain) and not accepts(g, self.min_gain, r, self.min_relevance)
-            for g, r in zip(gains, relevances, strict=True)
-        )
+        self.pace.recent.extend(ok)
+        self.stats["off_request"] += sum(rel is not None and not y for rel, y in zip(relevances, ok, strict=True))
         words = dataclasses.replace(sample.text, messages=plain_messages)
         base = dataclasses.replace(sample, prompt_ids=prompt_ids, text=words)
         extra = {"replays_left": self.replays}
@@ -371,17 +374,9 @@ class ContextDistiller:
         info["own_reply"] = bool(self.own_reply and hinted_ids)
         return out, info
 
-    def share(self) -> float:
-        """The share of the time the teacher may be busy (`TeacherPace.share`)."""
-        return self.pace.share()
-
-    def rest_s(self, busy_s: float) -> float:
-        """How long the teacher rests after a distillation that took `busy_s` (`TeacherPace.rest_s`)."""
-        return self.pace.rest_s(busy_s)
-
-    async def _relevances(self, sample: Sample, plain_messages: list[dict[str, Any]], preference: str,
-                          replies: Sequence[HintedReply], gains: Sequence[float], dist: dict[str, Any]
-                          ) -> list[float | None]:  # fmt: skip
+    async def _relevances(self, sample: Sample, plain_messages: list[dict[str, Any]], reply_text: str,
+                          preference: str, replies: Sequence[HintedReply], gains: Sequence[float],
+                          dist: dict[str, Any]) -> list[float | None]:  # fmt: skip
         """Each reply's `relevance`: mean per-token log-probability, hinted over the preference alone
         (`unasked_conversation`), under the turn's distribution; None where it is not needed (no `min_relevance`,
         or the reply fails `min_gain` anyway)."""
@@ -390,7 +385,7 @@ class ContextDistiller:
         out: list[float | None] = [None] * len(replies)
         if not todo:
             return out
-        unasked = unasked_conversation(plain_messages, "", preference, self.form)
+        unasked = unasked_conversation(plain_messages, reply_text, preference, self.form)  # as the hinted one
         ids = await asyncio.to_thread(self._render, self._body(sample, unasked, 1, 1, dist))
         for i in todo:
             lp = await asyncio.to_thread(

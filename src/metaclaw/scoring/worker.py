@@ -431,7 +431,7 @@ class ScoringWorker:
                     if not await self.distill_next():
                         await asyncio.sleep(self.pace.poll_s)
                         continue
-                    rest = self.distiller.rest_s(time.monotonic() - t0)  # the teacher's time follows its yield
+                    rest = self.distiller.pace.rest_s(time.monotonic() - t0)  # the teacher's time follows its yield
                     if rest > 0:
                         self.stats["distill_rest_s"] += rest
                         await asyncio.sleep(rest)
