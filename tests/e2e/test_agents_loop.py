@@ -57,15 +57,16 @@ def _drive(base_url: str, seen: list[tuple[str, dict[str, str]]], errors: list) 
     try:
         wait_for_health(base_url)
         c = openai.OpenAI(base_url=f"{base_url}/v1", api_key="unused", max_retries=0, timeout=60)
-        sent = 0
         for cycle in range(200):
             for agent in ("alice", None, "bob", "carol"):
                 hdr = {"X-Session-Id": f"s{cycle}"} | ({"X-Agent-Id": agent} if agent else {})
                 msgs = [{"role": "user", "content": f"What is the capital of France? ({cycle})"}]
-                # the first turn's reaction alternates: a closing turn is never trained (nothing reacted to it), so
-                # the verdicts a batch centres come from the first turns alone and must differ
-                sent += 1  # every 3rd session corrected: each adapter's batches mix verdicts whatever the order
-                first = "No, that's wrong. It is Paris." if sent % 3 == 0 else "Thanks, perfect."
+                # the first turn's reaction alternates within each adapter's own sequence of sessions: a closing
+                # turn is never trained (nothing reacted to it), so the verdicts a batch of two centres come from
+                # first turns alone and must differ, or the step has advantage 0 and that adapter never trains.
+                # alice's sessions alternate by cycle; the default profile's are default's then carol's each cycle.
+                corrected = agent == "carol" or (agent == "alice" and cycle % 2 == 0)
+                first = "No, that's wrong. It is Paris." if corrected else "Thanks, perfect."
                 for reply, done in ((first, "false"), ("Thanks, perfect.", "true")):
                     r = c.chat.completions.with_raw_response.create(
                         model="metaclaw", messages=msgs, max_tokens=6, extra_headers={**hdr, "X-Session-Done": done}
@@ -98,7 +99,7 @@ def run(tmp_path_factory):
             f"rollout.proxy.port={port}",
             "trainer.max_steps=8",
             "data.batch_size=2",
-            "rollout.min_batch_size=1",
+            "rollout.min_batch_size=2",  # a batch of one has advantage 0 and is skipped (see _drive)
             "rollout.scoring.session_idle_s=600",
             "rollout.wait_timeout_s=120",
             "+agents.alice.mode=rl",
