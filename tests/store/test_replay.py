@@ -71,3 +71,21 @@ def test_a_turn_reopened_by_a_late_reaction_is_as_fresh_as_the_reaction(store):
         c.execute("UPDATE samples SET created_at=?", (time.time() - 660,))
     assert [s.id for s in store.claim_batch(step=0, max_samples=4, max_age_s=600)] == [late]
     assert store.get(plain).meta.dropped.startswith("stale:age")
+
+
+def test_a_distilled_reply_is_bounded_by_age_not_by_the_adapter_versions_since_its_turn(store):
+    """The teacher (the base model) writes a distilled reply minutes after the corrected turn, behind live traffic;
+    the reply is trained by cross-entropy, with no importance ratio, so the adapter versions published meanwhile do
+    not make it stale. Counted in versions, 13 of one identity run's 21 distilled rows were dropped (session 27).
+    A policy sample of the same turn's version is still dropped, and the distilled row still ages out."""
+    policy = store.insert(make(status="ready", adapter_version=3))
+    taught = store.insert(distilled(1, adapter_version=3))
+    batch = store.claim_batch(step=0, max_samples=4, min_adapter_version=20, max_age_s=600)
+    assert [s.id for s in batch] == [taught]
+    assert store.get(policy).meta.dropped == "stale:v3<v20"
+    assert len(store.claim_batch(step=1, max_samples=4, min_adapter_version=30, max_age_s=600)) == 1  # its replay
+    store.insert(distilled(0, adapter_version=3))
+    with sqlite3.connect(store.path) as c:  # another process: an hour passes
+        c.execute("UPDATE samples SET created_at=? WHERE status='ready'", (time.time() - 3600,))
+    assert store.claim_batch(step=2, max_samples=4, min_adapter_version=30, max_age_s=600) == []
+    assert store.dropped_reasons() == {"stale": 2}

@@ -271,8 +271,8 @@ class ContextDistiller:
             20 minutes, session 17's design without it 32.9 and 34.3% with the same seeds).
         replays: each accepted reply is trained this many more times, in the steps after its first (the store
             copies it as it is claimed, `SampleStore.claim_batch`; a copy keeps the original's capture time, so
-            `data.max_age_s` and `data.max_staleness` bound it like any sample). A handful of accepted replies is
-            what a correction yields; one gradient step each moved nothing in 20 minutes.
+            `data.max_age_s` bounds it like any sample; no version bound applies: `store.claims`). A handful of
+            accepted replies is what a correction yields; one gradient step each moved nothing in 20 minutes.
         max_tokens: the reply budget when the turn's own reply was not cut at its budget (then that length).
         timeout_s: per request.
     """

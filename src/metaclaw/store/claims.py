@@ -10,6 +10,12 @@ without a database. The rules (docs/online_loop.md, "Freshness"):
   bounded by `LATE_REACTION_MAX_AGE_S`), is never trained: it is settled `dropped` with reason `stale`
   (kept in the store, counted in `rollout/dropped_stale`). Its behaviour logprobs come from a policy the
   trainer has moved away from, and its reward answers a reply the user no longer gets.
+- **Distilled rows age, they do not lag.** A distilled row (`meta.distilled`: a reply the teacher wrote with the
+  person's stated preference in context, `scoring.distill`) is trained by cross-entropy, never through an
+  importance ratio, and its teacher is the base model, whatever adapter served the corrected turn. The version
+  bound does not apply to it; `max_age_s` does. The teacher works behind the live traffic (it is throttled, and
+  each correction costs it several forwards), so counted in versions its rows arrived stale: with the defaults,
+  13 of 21 in one CLaaS identity run (session 27), and that run learnt nothing.
 - **Too long / old skill generation**: a sample longer than `max_sample_tokens`, or gathered under an agent's
   older skill generation, is dropped too.
 - **Deferred first, never alone.** A batch whose advantages were all zero (four equal rewards) took no step; its
@@ -32,7 +38,8 @@ from typing import Any
 LIGHT_READY_SQL = (
     "SELECT id, agent_id, adapter_version, created_at, (length(prompt_ids) + length(response_ids)) / ? AS n_tokens,"
     " json_extract(meta, '$.skill_generation') AS gen, json_extract(meta, '$.deferred') AS deferred,"
-    " COALESCE(json_extract(meta, '$.late_reaction'), 0) AS late FROM samples"
+    " COALESCE(json_extract(meta, '$.late_reaction'), 0) AS late,"
+    " json_type(meta, '$.distilled') = 'object' AS distilled FROM samples"
     " WHERE status='ready' ORDER BY id DESC"
 )
 # when each agent's samples were last claimed for a step (many adapters: the one trained least recently goes first)
@@ -83,7 +90,7 @@ def plan_claim(
         reason = None
         if max_sample_tokens is not None and r["n_tokens"] > max_sample_tokens:
             reason = f"too_long:{r['n_tokens']}>{max_sample_tokens}"
-        elif floor is not None and r["adapter_version"] < floor:
+        elif floor is not None and r["adapter_version"] < floor and not _flag(r, "distilled"):
             reason = f"stale:v{r['adapter_version']}<v{floor}"
         elif max_age_s is not None and age > max_age_s:
             reason = f"stale:age {age:.0f}s>{max_age_s:g}s"
@@ -113,8 +120,12 @@ def _late(row: Mapping[str, Any]) -> float:
     return float(row["late"] or 0) if "late" in row.keys() else 0.0  # noqa: SIM118 - sqlite3.Row: `in` reads values
 
 
+def _flag(row: Mapping[str, Any], name: str) -> bool:
+    return name in row.keys() and bool(row[name])  # noqa: SIM118 - sqlite3.Row: `in` reads values
+
+
 def _deferred(row: Mapping[str, Any]) -> bool:
-    return "deferred" in row.keys() and bool(row["deferred"])  # noqa: SIM118 - sqlite3.Row: `in` reads values
+    return _flag(row, "deferred")
 
 
 def _fill(rows: Sequence[Mapping[str, Any]], max_samples: int, max_tokens: int | None) -> list[Mapping[str, Any]]:

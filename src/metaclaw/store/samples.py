@@ -559,9 +559,9 @@ class SampleStore:
     def _replay_distilled(c: sqlite3.Connection, ids: Sequence[int], now: float) -> None:
         """Distilled replies (`meta.distilled`, a cross-entropy row: no ratio, no reward) with replays left
         (`distill.distiller.replays`) are copied as `ready` when claimed, with one replay fewer, so each is trained
-        in that many later steps too; the copy keeps the original's capture time (`data.max_age_s` and
-        `data.max_staleness` bound it as they bound the original), and the claimed original keeps none left, so a
-        released claim is never copied twice."""
+        in that many later steps too; the copy keeps the original's capture time (`data.max_age_s` bounds it
+        as it bounds the original; no version bound applies to distilled rows: `store.claims`), and the claimed
+        original keeps none left, so a released claim is never copied twice."""
         marks = ",".join("?" * len(ids))
         left = "CAST(json_extract(meta, '$.distilled.replays_left') AS INTEGER)"
         which = f"id IN ({marks}) AND json_type(meta, '$.distilled') = 'object' AND {left} > 0"
