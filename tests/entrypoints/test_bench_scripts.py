@@ -258,6 +258,24 @@ def test_reactions_bench_scores_a_labelled_set_against_the_rule_judge(tmp_path):
 
 
 @pytest.mark.slow
+def test_reaction_head_bench_reads_each_held_out_set_with_a_head_fitted_on_the_others(tmp_path):
+    train = [("No, that's wrong. Shorter please.", -1, "correction"), ("Perfect, thanks!", 1, "praise"),
+             ("What about the weekend?", 0, "follow_up"), ("Too long, cut it down.", -1, "correction"),
+             ("Great answer, thank you.", 1, "praise"), ("Now do the same for Paris.", 0, "follow_up")]  # fmt: skip
+    held = [("Why is it so long?", -1, "correction"), ("Could you also add a packing list?", 0, "follow_up")]
+    for name, rows in (("reactions_train", train), ("reactions_no_verdict_s26", held)):
+        (tmp_path / f"{name}.jsonl").write_text(
+            "".join(json.dumps({"text": t, "label": y, "kind": "-", "category": c}) + "\n" for t, y, c in rows)
+        )
+    out = _bench("studies/reaction_head.py", "--data-dir", str(tmp_path))
+    assert set(out) == {"reactions_no_verdict_s26"}  # only the held-out sets present; the training set is never one
+    got = out["reactions_no_verdict_s26"]
+    assert got["n"] == 2
+    for reader in ("head", "reader"):
+        assert got[reader]["corrections_as_minus1"] in (0.0, 1.0) and got[reader]["follow_ups_not_minus1"] in (0.0, 1.0)
+
+
+@pytest.mark.slow
 def test_hint_signal_bench_scores_replies_with_and_without_the_hint():
     out = _bench("studies/hint_signal.py", "--model", "tiny", "--prompts", "2", "--samples", "1")
     assert out["replies"] == 2 and 0 <= out["compliance_plain"] <= 1 and out["mean_abs_token_delta"] >= 0
