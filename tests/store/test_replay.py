@@ -76,7 +76,7 @@ def test_a_turn_reopened_by_a_late_reaction_is_as_fresh_as_the_reaction(store):
 def test_a_distilled_reply_is_bounded_by_age_not_by_the_adapter_versions_since_its_turn(store):
     """The teacher (the base model) writes a distilled reply minutes after the corrected turn, behind live traffic;
     the reply is trained by cross-entropy, with no importance ratio, so the adapter versions published meanwhile do
-    not make it stale. Counted in versions, 13 of one identity run's 21 distilled rows were dropped (session 27).
+    not make it stale. Counted in versions, 12 of one identity run's 21 distilled rows were dropped (session 27).
     A policy sample of the same turn's version is still dropped, and the distilled row still ages out."""
     policy = store.insert(make(status="ready", adapter_version=3))
     taught = store.insert(distilled(1, adapter_version=3))

@@ -15,7 +15,7 @@ without a database. The rules (docs/online_loop.md, "Freshness"):
   importance ratio, and its teacher is the base model, whatever adapter served the corrected turn. The version
   bound does not apply to it; `max_age_s` does. The teacher works behind the live traffic (it is throttled, and
   each correction costs it several forwards), so counted in versions its rows arrived stale: with the defaults,
-  13 of 21 in one CLaaS identity run (session 27), and that run learnt nothing.
+  12 of 21 in one CLaaS identity run (session 27), and that run learnt nothing.
 - **Too long / old skill generation**: a sample longer than `max_sample_tokens`, or gathered under an agent's
   older skill generation, is dropped too.
 - **Deferred first, never alone.** A batch whose advantages were all zero (four equal rewards) took no step; its
