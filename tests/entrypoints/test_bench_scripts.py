@@ -270,9 +270,9 @@ def test_reaction_head_bench_reads_each_held_out_set_with_a_head_fitted_on_the_o
     out = _bench("studies/reaction_head.py", "--data-dir", str(tmp_path))
     assert set(out) == {"reactions_no_verdict_s26"}  # only the held-out sets present; the training set is never one
     got = out["reactions_no_verdict_s26"]
-    assert got["n"] == 2
-    for reader in ("head", "reader"):
-        assert got[reader]["corrections_as_minus1"] in (0.0, 1.0) and got[reader]["follow_ups_not_minus1"] in (0.0, 1.0)
+    assert got["n"] == 2  # the held-out set's own rows, none of the fitted set's
+    assert set(got["head"]) == set(got["reader"]) == {"corrections_as_minus1", "follow_ups_not_minus1",
+                                                      "no_verdict_not_minus1", "accuracy"}  # fmt: skip
 
 
 @pytest.mark.slow
