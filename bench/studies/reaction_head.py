@@ -49,12 +49,13 @@ def shares(rows: Sequence[dict[str, Any]], pred: Sequence[int]) -> dict[str, flo
     lab = np.array([r["label"] for r in rows])
     got = np.array(pred)
     follow = np.array([r.get("category") == "follow_up" for r in rows])
+    every = np.ones(len(rows), bool)
 
     def share(mask: np.ndarray, hit: np.ndarray) -> float | None:
         return round(float(hit[mask].mean()), 3) if mask.any() else None
 
     return {"corrections_as_minus1": share(lab == -1, got == -1), "follow_ups_not_minus1": share(follow, got != -1),
-            "no_verdict_not_minus1": share(lab == 0, got != -1), "accuracy": share(np.ones(len(rows), bool), got == lab)}  # fmt: skip
+            "no_verdict_not_minus1": share(lab == 0, got != -1), "accuracy": share(every, got == lab)}  # fmt: skip
 
 
 def main() -> None:
