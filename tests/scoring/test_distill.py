@@ -175,10 +175,27 @@ def test_a_correction_with_a_stated_preference_yields_a_sample_on_the_prompt_wit
     (mine,) = own(store)  # the corrected reply, to be pulled toward the hinted teacher's tokens
     assert mine.prompt_ids == corrected.prompt_ids and mine.response_ids == corrected.response_ids
     assert mine.meta.distilled["teacher_prompt_ids"] == hinted_ids and mine.meta.distilled["kind"] == "own"
-    assert mine.status == "ready" and mine.reward is None and mine.meta.distilled["replays_left"] == 2
+    assert mine.status == "ready" and mine.reward is None and mine.meta.distilled["replays_left"] == 4
     monitor = HealthMonitor(str(store.path))
     monitor.attach(worker=worker)
     assert monitor.snapshot()["rollout/distilled"] == 2.0  # in the logger and `status`, like every loop counter
+
+
+def test_the_same_hinted_reply_twice_is_one_row_scored_once(tmp_path, judge):
+    """A short reply sampled cool often comes back more than once in the teacher's `n`: trained once (its replays
+    repeat it, no more), and the teacher is not asked to score it again."""
+    store = SampleStore(tmp_path / "s.sqlite")
+    with ThreadedServer(app := scripted_upstream("I am Kuro. About ten minutes.", answer_n=True)) as up:
+        turn(store, f"{PREFERENCE}\n\nHow tall is Everest?")
+        distiller = ContextDistiller(up.url, "tiny", min_gain=0.1, samples=3, temperature=None, min_relevance=None)
+        worker = SeedRulesWorker(store, judge, session_idle_s=1e9, at_least_one=False, no_next_state="drop",
+                                 distiller=distiller)  # fmt: skip
+        asyncio.run(worker.run_once())
+        (asked,) = app.state.scripted["requests"]
+        scored = len(app.state.scripted["completions"])
+    (new,) = distilled(store)
+    assert asked["n"] == 3 and distiller.stats["duplicates"] == 2 and scored == 1  # one plain-prompt forward
+    assert new.meta.distilled["gains"] == [pytest.approx(0.25)] and new.meta.distilled["replays_left"] == 4
 
 
 @pytest.mark.parametrize(
@@ -342,7 +359,7 @@ def test_a_later_turn_is_distilled_into_a_fresh_conversation_and_trained_on_its_
     (new,) = distilled(store)
     assert new.prompt_ids == prompt_ids(fresh) != store.get(source).prompt_ids  # trained on the fresh plain prompt
     assert new.text.messages == fresh and new.meta.distilled["context"] == "fresh"
-    assert new.meta.distilled["replays_left"] == 2
+    assert new.meta.distilled["replays_left"] == 4
     (mine,) = own(store)
     assert mine.prompt_ids == new.prompt_ids and mine.response_ids == [11, 3]  # the later reply, on the fresh prompt
 

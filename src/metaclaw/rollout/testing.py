@@ -30,10 +30,11 @@ def scripted_upstream(
     delay_s: float = 0.0,
     base_model: str = "tiny",
     prompt_logprob: Callable[[list[int]], float] | None = None,
+    answer_n: bool = False,
 ) -> FastAPI:
     """The app; `reply` may be a function of the request body; `delay_s` sleeps between streamed chunks;
     `prompt_logprob` gives the logprob of every token of a scored prompt (`/v1/completions`) from its ids (default
-    -0.5)."""
+    -0.5); `answer_n`: a non-streamed chat answer has the request's `n` choices (the same reply each), not one."""
     app = FastAPI()
     state: dict[str, Any] = {"version": 0, "adapters": {}, "requests": [], "completions": []}
     app.state.scripted = state
@@ -71,7 +72,7 @@ def scripted_upstream(
         answer = _answer(body, reply, state["version"] if body.get("model") != base_model else 0)
         headers = {"x-metaclaw-adapter-version": str(answer.version)}
         if not body.get("stream"):
-            return JSONResponse(_completion(answer), headers=headers)
+            return JSONResponse(_completion(answer, int(body.get("n") or 1) if answer_n else 1), headers=headers)
         return StreamingResponse(_chunks(answer, delay_s), media_type="text/event-stream", headers=headers)
 
     return app
@@ -122,8 +123,8 @@ def _answer(body: dict[str, Any], reply: str | Callable[[dict[str, Any]], str], 
     return _Answer(body, text, tool, call, resp_ids, version, body.get("logprobs"), body.get("return_token_ids"))
 
 
-def _completion(a: _Answer) -> dict[str, Any]:
-    """The non-streamed answer (`chat.completion`)."""
+def _completion(a: _Answer, n: int = 1) -> dict[str, Any]:
+    """The non-streamed answer (`chat.completion`), as `n` choices."""
     msg: dict[str, Any] = {"role": "assistant", "content": a.text or None}
     if a.tool:
         msg["tool_calls"] = [a.call]
@@ -140,6 +141,7 @@ def _completion(a: _Answer) -> dict[str, Any]:
     if a.want_ids:
         choice["token_ids"] = a.resp_ids
         out["prompt_token_ids"] = p_ids
+    out["choices"] += [{**choice, "index": i} for i in range(1, n)]
     return out
 
 

@@ -288,7 +288,7 @@ class ContextDistiller:
         max_tokens: int = 256,
         timeout_s: float = 120.0,
         context: str = "fresh",
-        replays: int = 2,
+        replays: int = 4,
         own_reply: bool = False,
         temperature: float | None = 0.5,
         min_relevance: float | None = 0.1,
@@ -313,7 +313,7 @@ class ContextDistiller:
         self.form, self.samples, self.min_gain, self.min_relevance = form, samples, min_gain, min_relevance
         self.context, self.replays, self.own_reply = context, replays, own_reply
         self.max_tokens, self.timeout_s = max_tokens, timeout_s
-        self.stats = {"asked": 0, "accepted": 0, "rejected": 0, "failed": 0, "off_request": 0}
+        self.stats = {"asked": 0, "accepted": 0, "rejected": 0, "failed": 0, "off_request": 0, "duplicates": 0}
         self.redact: Callable[[Sample], Sample] | None = None  # set when the teacher is off this machine
 
     async def distill(self, sample: Sample, preference: str) -> tuple[list[Sample], dict[str, Any]]:
@@ -463,7 +463,7 @@ class ContextDistiller:
         """The teacher's hinted replies and the prompt ids it read (`prompt_token_ids`; empty when the server does
         not return them: the rows then train on their sampled tokens only)."""
         assert self.endpoint is not None  # checked by `distill`
-        replies = []
+        replies, seen = [], set()
         answer = chat(self.endpoint, body, self.timeout_s)
         for choice in answer.get("choices") or []:
             ids = [int(t) for t in choice.get("token_ids") or []]
@@ -472,6 +472,10 @@ class ContextDistiller:
                 self.stats["failed"] += 1
                 raise RuntimeError(f"the teacher's hinted reply has {len(ids)} token ids and {len(logprobs)} "
                                    "logprobs (it must return both: return_token_ids, logprobs)")  # fmt: skip
+            if tuple(ids) in seen:  # the same reply twice (a short one, sampled cool) is one row, scored once
+                self.stats["duplicates"] += 1
+                continue
+            seen.add(tuple(ids))
             text = answer_and_reasoning(choice.get("message") or {})[0]
             replies.append(HintedReply(ids, logprobs, text, choice.get("finish_reason")))
         if not replies:
