@@ -272,7 +272,9 @@ class ContextDistiller:
         replays: each accepted reply is trained this many more times, in the steps after its first (the store
             copies it as it is claimed, `SampleStore.claim_batch`; a copy keeps the original's capture time, so
             `data.max_age_s` bounds it like any sample; no version bound applies: `store.claims`). A handful of
-            accepted replies is what a correction yields; one gradient step each moved nothing in 20 minutes.
+            accepted replies is what a correction yields; one gradient step each moved nothing in 20 minutes. 4
+            (session 29; 2 before): the teacher is the bottleneck, so what it accepts teaches in more steps (CLaaS
+            identity at minute 19, median of 3: 94.3% against 75.7%).
         max_tokens: the reply budget when the turn's own reply was not cut at its budget (then that length).
         timeout_s: per request.
     """
