@@ -465,7 +465,8 @@ class ContextDistiller:
         """The teacher's hinted replies and the prompt ids it read (`prompt_token_ids`; empty when the server does
         not return them: the rows then train on their sampled tokens only)."""
         assert self.endpoint is not None  # checked by `distill`
-        replies, seen = [], set()
+        replies: list[HintedReply] = []
+        seen: set[tuple[int, ...]] = set()
         answer = chat(self.endpoint, body, self.timeout_s)
         for choice in answer.get("choices") or []:
             ids = [int(t) for t in choice.get("token_ids") or []]
