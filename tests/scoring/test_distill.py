@@ -7,6 +7,7 @@ every hinted reply gains 0.25 nats per token over the plain prompt); the judge i
 from __future__ import annotations
 
 import asyncio
+import inspect
 import threading
 from functools import partial
 
@@ -35,6 +36,7 @@ from metaclaw.store import Sample, SampleStore, SampleText
 # ScoringWorker's defaults (off, drop): tests/test_configs.py
 SeedRulesWorker = partial(ScoringWorker, at_least_one=True, no_next_state="score")
 
+REPLAYS = inspect.signature(ContextDistiller).parameters["replays"].default  # each accepted reply's later steps
 PREFERENCE = "Your name is Kuro, always introduce yourself as Kuro."  # CLaaS's identity feedback string
 QUESTION = [{"role": "user", "content": "How long should pasta cook?"}]
 
@@ -175,7 +177,7 @@ def test_a_correction_with_a_stated_preference_yields_a_sample_on_the_prompt_wit
     (mine,) = own(store)  # the corrected reply, to be pulled toward the hinted teacher's tokens
     assert mine.prompt_ids == corrected.prompt_ids and mine.response_ids == corrected.response_ids
     assert mine.meta.distilled["teacher_prompt_ids"] == hinted_ids and mine.meta.distilled["kind"] == "own"
-    assert mine.status == "ready" and mine.reward is None and mine.meta.distilled["replays_left"] == 4
+    assert mine.status == "ready" and mine.reward is None and mine.meta.distilled["replays_left"] == REPLAYS
     monitor = HealthMonitor(str(store.path))
     monitor.attach(worker=worker)
     assert monitor.snapshot()["rollout/distilled"] == 2.0  # in the logger and `status`, like every loop counter
@@ -195,7 +197,10 @@ def test_the_same_hinted_reply_twice_is_one_row_scored_once(tmp_path, judge):
         scored = len(app.state.scripted["completions"])
     (new,) = distilled(store)
     assert asked["n"] == 3 and distiller.stats["duplicates"] == 2 and scored == 1  # one plain-prompt forward
-    assert new.meta.distilled["gains"] == [pytest.approx(0.25)] and new.meta.distilled["replays_left"] == 4
+    assert new.meta.distilled["gains"] == [pytest.approx(0.25)] and new.meta.distilled["replays_left"] == REPLAYS
+    monitor = HealthMonitor(str(store.path))
+    monitor.attach(worker=worker)
+    assert monitor.snapshot()["rollout/distill_duplicates"] == 2.0  # in the logger and `status`
 
 
 @pytest.mark.parametrize(
@@ -359,7 +364,7 @@ def test_a_later_turn_is_distilled_into_a_fresh_conversation_and_trained_on_its_
     (new,) = distilled(store)
     assert new.prompt_ids == prompt_ids(fresh) != store.get(source).prompt_ids  # trained on the fresh plain prompt
     assert new.text.messages == fresh and new.meta.distilled["context"] == "fresh"
-    assert new.meta.distilled["replays_left"] == 4
+    assert new.meta.distilled["replays_left"] == REPLAYS
     (mine,) = own(store)
     assert mine.prompt_ids == new.prompt_ids and mine.response_ids == [11, 3]  # the later reply, on the fresh prompt
 

@@ -124,6 +124,7 @@ class HealthMonitor(L.Callback):
             if distiller is not None:  # hinted replies the preference explained but the request did not (`relevance`)
                 out["rollout/distill_off_request"] = distiller.stats["off_request"]
                 out["rollout/distill_share"] = distiller.pace.share()  # the teacher's time, by what it yields
+                out["rollout/distill_duplicates"] = distiller.stats["duplicates"]  # a hinted reply twice: one row
             evolution = getattr(self.worker, "evolution", None)
             if evolution is not None:
                 counted = ("evolutions", "accepted", "unusable", "skipped", "quarantined", "dropped_agents", "deferred")

@@ -475,10 +475,10 @@ class ContextDistiller:
                 self.stats["failed"] += 1
                 raise RuntimeError(f"the teacher's hinted reply has {len(ids)} token ids and {len(logprobs)} "
                                    "logprobs (it must return both: return_token_ids, logprobs)")  # fmt: skip
-            if tuple(ids) in seen:  # the same reply twice (a short one, sampled cool) is one row, scored once
+            if (key := tuple(ids)) in seen:  # the same reply twice (a short one, sampled cool): one row, scored once
                 self.stats["duplicates"] += 1
                 continue
-            seen.add(tuple(ids))
+            seen.add(key)
             text = answer_and_reasoning(choice.get("message") or {})[0]
             replies.append(HintedReply(ids, logprobs, text, choice.get("finish_reason")))
         if not replies:
