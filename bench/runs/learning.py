@@ -286,6 +286,13 @@ def main() -> None:
         help="all: people react to every reply at once; human: to half of them, a quarter of those minutes late, "
         "the rest followed by no-verdict messages (simulate.people.human_mode)",
     )
+    real.add_argument(
+        "--substance",
+        choices=["on", "off"],
+        default="on",
+        help="on: people also correct a reply that does not answer their question, whatever its form "
+        "(simulate.substance; session 30); off: they react to the form alone (sessions 17-29)",
+    )
     real.add_argument("--anthropic-share", type=float, default=0.25, help="conversations through /v1/messages")
     real.add_argument("--max-tokens", type=int, default=48, help="max_tokens the people's client sends")
     real.add_argument("--eval-every-min", type=float, default=4.0, help="evaluate the newest adapter this often")

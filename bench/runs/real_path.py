@@ -348,6 +348,7 @@ def run_real_path(kind_name: str, method: str, args: Any, out: Path) -> dict[str
             anthropic_share=args.anthropic_share,
             max_tokens=args.max_tokens,
             seed=args.seed,
+            substance=getattr(args, "substance", "on") == "on",
             **(human_mode() if getattr(args, "reactions", "all") == "human" else {}),
         ).start()
         evals.start()

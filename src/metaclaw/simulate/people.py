@@ -41,6 +41,7 @@ import yaml
 
 from metaclaw.simulate.driver import Driver
 from metaclaw.simulate.preferences import PreferenceSet
+from metaclaw.simulate.substance import Substance
 from metaclaw.simulate.tasks import Task, load_tasks
 from metaclaw.wire.client import Endpoint, openai_client
 
@@ -68,7 +69,8 @@ def phrasings() -> dict[str, list[str]]:
     """Every phrasing of `people.yaml` by what it says: `praise` (shared and each kind's) and `correction`."""
     pools = _pools()
     praise = list(pools["praise"]) + [p for k in pools["kinds"].values() for p in k["praise"]]
-    return {"praise": praise, "correction": [p for k in pools["kinds"].values() for p in k["correction"]]}
+    corrections = [p for k in pools["kinds"].values() for p in k["correction"]] + list(pools["off_topic"])
+    return {"praise": praise, "correction": corrections}
 
 
 def kinds() -> tuple[str, ...]:
@@ -93,6 +95,7 @@ class PreferenceKind:
     praise: list[str]
     correction: list[str]
     openings: tuple[str, ...] = ()  # a conversation opens with one of these half the time (none: a task always)
+    off_topic: tuple[str, ...] = ()  # what a person says to a reply that does not answer them (any kind)
 
     @classmethod
     def load(cls, name: str, phrasings: str = "train") -> PreferenceKind:
@@ -104,7 +107,8 @@ class PreferenceKind:
         k = pools["kinds"][name]
         praise = _split(pools["praise"], phrasings) + _split(k["praise"], phrasings)
         openings = tuple(_split(k.get("openings", []), phrasings))
-        return cls(name, k["want"], k["rules"], praise, _split(k["correction"], phrasings), openings)
+        off_topic = tuple(_split(pools["off_topic"], phrasings))
+        return cls(name, k["want"], k["rules"], praise, _split(k["correction"], phrasings), openings, off_topic)
 
     @property
     def verifier(self) -> PreferenceSet:
@@ -126,6 +130,7 @@ class Turn:
     sent_at: float
     replied_at: float
     late_s: float = 0.0  # the reaction was sent this long after the reply
+    answered: bool = True  # the reply was about its question (`Substance`; True when not checked)
 
 
 @dataclass
@@ -235,6 +240,8 @@ class People:
         react_share: share of replies the person reacts to (praise or correction); the others are followed by
             the next question alone, a follow-up task or a correction of their own request (no verdict).
         late_share: share of the reactions sent late, `late_s` (a uniform range, seconds) after the reply.
+        substance: people also check that a reply answers their question (`metaclaw.simulate.substance`) and
+            correct one that does not, whatever its form: True (the offline encoder), a `Substance`, or False.
     """
 
     def __init__(
@@ -254,6 +261,7 @@ class People:
         react_share: float = 1.0,
         late_share: float = 0.0,
         late_s: tuple[float, float] = (330.0, 600.0),
+        substance: Substance | bool = False,
     ) -> None:
         if not (0.0 <= react_share <= 1.0 and 0.0 <= late_share <= 1.0 and 0 <= late_s[0] <= late_s[1]):
             raise ValueError(f"people: react_share and late_share in [0, 1], 0 <= late_s, got {react_share}, "
@@ -268,6 +276,7 @@ class People:
             raise ValueError(f"people: need >= 1 person and a pace in {PACES} for each, got {people} / {pace!r}")
         self.kind, self.paces, self.verifier = kind, paces, kind.verifier
         self.tasks: list[Task] = load_tasks(None, "train")
+        self.substance = Substance([t.prompt for t in self.tasks]) if substance is True else substance or None
         self.anthropic_share, self.think_s, self.pause_s = anthropic_share, think_s, pause_s
         self.clients = PeopleClients(base_url, api_key, max_tokens, timeout_s)
         self.turns: list[Turn] = []
@@ -291,16 +300,21 @@ class People:
         return self.clients.session_headers_sent
 
     # ---- one conversation ------------------------------------------------------------------------------------
-    def reaction(self, rng: random.Random, complied: bool, question: str | None) -> str:
-        """The person's next message: praise or a correction, then the next question (alone on the last turn)."""
-        text = rng.choice(self.kind.praise if complied else self.kind.correction)
+    def reaction(self, rng: random.Random, complied: bool, question: str | None, answered: bool = True) -> str:
+        """The person's next message: praise or a correction, then the next question (alone on the last turn).
+        A reply that does not answer them gets an off-topic correction, whatever its form."""
+        pool = self.kind.off_topic if not answered and self.kind.off_topic else None
+        text = rng.choice(pool or (self.kind.praise if complied else self.kind.correction))
         return text if question is None else f"{text}{rng.choice(JOINERS)}{question}"
 
-    def next_message(self, rng: random.Random, complied: bool, question: str | None) -> tuple[str | None, str | None]:
+    def next_message(
+        self, rng: random.Random, complied: bool, question: str | None, answered: bool = True
+    ) -> tuple[str | None, str | None]:
         """`(what the person says next, what it is)`: a reaction to `react_share` of the replies, otherwise no
         verdict: the next question alone, a follow-up task, or a correction of their own request."""
         if rng.random() < self.habits.react_share:
-            return self.reaction(rng, complied, question), "praise" if complied else "correction"
+            pleased = complied and answered
+            return self.reaction(rng, complied, question, answered), "praise" if pleased else "correction"
         draw = rng.random()
         if draw < 0.25:
             return rng.choice(self.habits.followups), "followup"
@@ -353,15 +367,17 @@ class People:
                 late, reply, messages = False, messages[-1]["content"], messages[:-1]
                 with self._lock:
                     turn = next(t for t in reversed(self.turns) if t.conversation == cid and t.index == i)
-                    nxt = self.reaction(rng, turn.complied, at.questions[i + 1])
+                    nxt = self.reaction(rng, turn.complied, at.questions[i + 1], turn.answered)
                     turn.next_message, turn.late_s = nxt, time.time() - turn.replied_at
             else:
                 sent = time.time()
                 reply = self.clients.ask(clients, at.sdk, messages)
-                complied = not self.verifier.check(reply)
-                nxt, reaction = (None, None) if i == 3 else self.next_message(rng, complied, at.questions[i + 1])
+                complied, answered = not self.verifier.check(reply), self._answered(at.questions[i], messages, reply)
+                nxt, reaction = (None, None) if i == 3 else self.next_message(rng, complied, at.questions[i + 1],
+                                                                             answered)  # fmt: skip
                 with self._lock:
-                    self.turns.append(Turn(person, cid, i, at.sdk, reply, complied, reaction, nxt, sent, time.time()))
+                    self.turns.append(Turn(person, cid, i, at.sdk, reply, complied, reaction, nxt, sent, time.time(),
+                                           answered=answered))  # fmt: skip
                 if reaction in ("praise", "correction") and rng.random() < self.habits.late_share:
                     messages = [*messages, {"role": "assistant", "content": reply}]
                     due = time.time() + rng.uniform(*self.habits.late_s)
@@ -372,6 +388,13 @@ class People:
                 return
             messages = [*messages, {"role": "assistant", "content": reply}, {"role": "user", "content": nxt}]
             self._think(person, rng, self.think_s)
+
+    def _answered(self, question: str | None, messages: list[dict[str, str]], reply: str) -> bool:
+        """Whether the reply answers the person's question: checked (`substance`) when the message it replies to
+        asked one of the people's questions; a greeting, a follow-up or a correction of their own is not checked."""
+        if self.substance is None or not question or question not in messages[-1]["content"]:
+            return True
+        return self.substance.answers(question, reply)
 
     def _think(self, person: int, rng: random.Random, span: tuple[float, float]) -> None:
         if self.paces[person] == "human":
@@ -409,6 +432,8 @@ class People:
             "complied": sum(t.complied for t in reacted),
             "corrected": sum(t.reaction == "correction" for t in reacted),
             "late": sum(t.late_s > 0 for t in reacted),
+            "off_topic": sum(not t.answered for t in turns),
+            "off_topic_corrected": sum(not t.answered for t in reacted),
             "no_verdict": sum(t.reaction in ("followup", "own_correction") for t in turns),
             "anthropic_replies": sum(t.sdk == "anthropic" for t in turns),
             "requests": self.requests,
