@@ -334,3 +334,12 @@ def test_soak_bench_streams_through_the_live_loop(tmp_path):
     out = _bench("runs/soak.py", "--minutes", "0.2", "--streams", "1", "--max-tokens", "4", "--run-dir",
                  str(tmp_path / "run"))  # fmt: skip
     assert out["requests"] >= 1 and out["failed_requests"] == 0 and out["train_exit"] is not None
+
+
+@pytest.mark.slow
+def test_substance_study_reports_each_cut_and_the_swapped_replies():
+    out = _bench("studies/substance.py", "--model", "tiny", "--samples", "1", "--max-tokens", "4", "--tops", "1,5")
+    assert out["replies"] == out["questions"] > 50 and set(out["tops"]) == {"1", "5"}
+    for top in out["tops"].values():
+        assert set(top) == {"whole", "first_1", "first_3", "swapped"} and all(0 <= v <= 1 for v in top.values())
+    assert out["tops"]["1"]["swapped"] <= out["tops"]["5"]["swapped"]
