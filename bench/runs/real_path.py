@@ -34,6 +34,7 @@ from metaclaw.evaluation.evaluator import ComplianceEvaluator
 from metaclaw.lifecycle import set_pdeathsig
 from metaclaw.runfiles.layout import AdapterFolder
 from metaclaw.simulate.people import People, PreferenceKind, human_mode, phrasings
+from metaclaw.skills.embedding import EmbeddingRanker
 from metaclaw.wire.client import Endpoint, load_adapter
 
 COLLAPSE = ("top_opening", "top_opening_share", "opening_entropy", "self_rouge_l")  # eval.jsonl's collapse figures
@@ -52,11 +53,12 @@ SERVER_READY = re.compile(r"Policy server ready on (http://\S+)")
 def sessions_to_stable(turns: list[dict[str, Any]], run: int = 3) -> int | None:
     """OpenClaw-RL's "sessions to a stable effect": how many conversations the people had begun when `run`
     consecutive ones (in the order they began) first complied at their first reply, which no correction of that
-    conversation can have shaped (the weights did); None if that never happened."""
-    firsts = sorted((t["sent_at"], t["complied"]) for t in turns if t["index"] == 0)
+    conversation can have shaped (the weights did), and that reply answered the question (a reply the people
+    read as off-topic is not an effect, whatever its form); None if that never happened."""
+    firsts = sorted((t["sent_at"], t["complied"] and t.get("answered", True)) for t in turns if t["index"] == 0)
     streak = 0
-    for n, (_, complied) in enumerate(firsts, start=1):
-        streak = streak + 1 if complied else 0
+    for n, (_, good) in enumerate(firsts, start=1):
+        streak = streak + 1 if good else 0
         if streak >= run:
             return n
     return None
@@ -348,7 +350,7 @@ def run_real_path(kind_name: str, method: str, args: Any, out: Path) -> dict[str
             anthropic_share=args.anthropic_share,
             max_tokens=args.max_tokens,
             seed=args.seed,
-            substance=getattr(args, "substance", "on") == "on",
+            substance=EmbeddingRanker() if getattr(args, "substance", "on") == "on" else None,
             **(human_mode() if getattr(args, "reactions", "all") == "human" else {}),
         ).start()
         evals.start()

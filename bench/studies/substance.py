@@ -36,6 +36,7 @@ from metaclaw.serving.sampling import SamplingParams  # noqa: E402
 from metaclaw.simulate.preferences import SENTENCE_END  # noqa: E402
 from metaclaw.simulate.substance import Substance  # noqa: E402
 from metaclaw.simulate.tasks import load_tasks  # noqa: E402
+from metaclaw.skills.embedding import EmbeddingRanker  # noqa: E402
 from metaclaw.wire.render import chat_prompt_ids  # noqa: E402
 
 
@@ -71,7 +72,7 @@ def main() -> None:
     cuts = {"whole": replies, "first_1": [first(r, 1) for r in replies], "first_3": [first(r, 3) for r in replies]}
     out: dict[str, Any] = {"model": cfg.model.name, "questions": len(questions), "replies": len(replies),
                            "max_tokens": args.max_tokens, "sampled_s": round(sampled_s, 1), "tops": {}}  # fmt: skip
-    substance = Substance(questions, top=1)
+    substance = Substance(questions, EmbeddingRanker(), top=1)
     ranks = {name: substance.ranks(asked, texts) for name, texts in cuts.items()}
     ranks["swapped"] = substance.ranks(swapped, replies)
     for top in (int(t) for t in args.tops.split(",")):

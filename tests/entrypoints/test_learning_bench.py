@@ -176,3 +176,6 @@ def test_sessions_to_a_stable_effect_counts_conversations_until_three_first_repl
     order = [first(5, True), first(1, False), first(2, True), first(3, False), first(4, True), first(6, True), later]
     assert _real_path().sessions_to_stable(order) == 6  # begun in order 1..6: the run is the 4th, 5th and 6th
     assert _real_path().sessions_to_stable([first(1, True), first(2, True), later]) is None
+    off_topic = {"sent_at": 2, "complied": True, "index": 0, "answered": False}  # the right form, not an answer
+    assert _real_path().sessions_to_stable([first(1, True), off_topic, first(3, True), first(4, True)]) is None
+    assert _real_path().sessions_to_stable([first(1, True), off_topic, *(first(t, True) for t in (3, 4, 5))]) == 5

@@ -33,16 +33,18 @@ def test_a_reply_on_its_question_answers_it_and_one_about_something_else_does_no
     assert not substance.answers(EGG, "   ")
 
 
+class Axes:
+    """A fake encoder: "reply" and the questions in `near` on one axis, every other text on the other."""
+
+    def __init__(self, near: set[str]) -> None:
+        self.near = near
+
+    def encode(self, texts):
+        return np.array([[1.0, 0.0] if t == "reply" or t in self.near else [0.0, 1.0] for t in texts])
+
+
 def test_the_rank_counts_the_other_questions_nearer_the_reply_than_its_own():
-    """A fake encoder that puts the reply nearest to two other questions: rank 2, an answer at top 3, not at 2."""
-
-    class Axes:
-        def __init__(self, near: set[str]) -> None:
-            self.near = near
-
-        def encode(self, texts):
-            return np.array([[1.0, 0.0] if t == "reply" or t in self.near else [0.0, 1.0] for t in texts])
-
+    """The fake encoder puts the reply nearest to two other questions: rank 2, an answer at top 3, not at 2."""
     pool = [f"q{i}" for i in range(10)]
     near = {"q3", "q7"}
     assert Substance(pool, Axes(near), top=3).ranks(["q0", "q3"], ["reply", "reply"]) == [2, 0]  # q3's own: first
@@ -96,6 +98,6 @@ def test_people_correct_a_reply_that_does_not_answer_them_whatever_its_form(off_
 def test_off_topic_words_are_held_out_like_every_pool_and_people_build_the_check_when_asked():
     train, held = PreferenceKind.load("number", "train"), PreferenceKind.load("number", "heldout")
     assert train.off_topic and held.off_topic and set(train.off_topic).isdisjoint(held.off_topic)
-    people = People("http://127.0.0.1:9/v1", PreferenceKind.load("concise"), substance=True)
+    people = People("http://127.0.0.1:9/v1", PreferenceKind.load("concise"), substance=Axes(set()))
     assert isinstance(people.substance, Substance) and set(people.substance.pool) <= set(QUESTIONS)
     assert People("http://127.0.0.1:9/v1", PreferenceKind.load("concise")).substance is None

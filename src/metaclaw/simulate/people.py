@@ -41,7 +41,7 @@ import yaml
 
 from metaclaw.simulate.driver import Driver
 from metaclaw.simulate.preferences import PreferenceSet
-from metaclaw.simulate.substance import Substance
+from metaclaw.simulate.substance import Encoder, Substance
 from metaclaw.simulate.tasks import Task, load_tasks
 from metaclaw.wire.client import Endpoint, openai_client
 
@@ -241,7 +241,8 @@ class People:
             the next question alone, a follow-up task or a correction of their own request (no verdict).
         late_share: share of the reactions sent late, `late_s` (a uniform range, seconds) after the reply.
         substance: people also check that a reply answers their question (`metaclaw.simulate.substance`) and
-            correct one that does not, whatever its form: True (the offline encoder), a `Substance`, or False.
+            correct one that does not, whatever its form: a sentence `Encoder` to check with over the people's own
+            questions (the benches give `metaclaw.skills.embedding.EmbeddingRanker()`), a `Substance`, or None.
     """
 
     def __init__(
@@ -261,7 +262,7 @@ class People:
         react_share: float = 1.0,
         late_share: float = 0.0,
         late_s: tuple[float, float] = (330.0, 600.0),
-        substance: Substance | bool = False,
+        substance: Substance | Encoder | None = None,
     ) -> None:
         if not (0.0 <= react_share <= 1.0 and 0.0 <= late_share <= 1.0 and 0 <= late_s[0] <= late_s[1]):
             raise ValueError(f"people: react_share and late_share in [0, 1], 0 <= late_s, got {react_share}, "
@@ -276,7 +277,11 @@ class People:
             raise ValueError(f"people: need >= 1 person and a pace in {PACES} for each, got {people} / {pace!r}")
         self.kind, self.paces, self.verifier = kind, paces, kind.verifier
         self.tasks: list[Task] = load_tasks(None, "train")
-        self.substance = Substance([t.prompt for t in self.tasks]) if substance is True else substance or None
+        self.substance = (
+            substance
+            if substance is None or isinstance(substance, Substance)
+            else Substance([t.prompt for t in self.tasks], substance)
+        )
         self.anthropic_share, self.think_s, self.pause_s = anthropic_share, think_s, pause_s
         self.clients = PeopleClients(base_url, api_key, max_tokens, timeout_s)
         self.turns: list[Turn] = []
