@@ -192,7 +192,7 @@ class Evaluations:
                            "errors": r.errors, "seconds": round(r.seconds, 1), "ci": [r.ci_low, r.ci_high],
                            **{k: v for k, v in r.as_dict().items() if k in COLLAPSE},
                            "distinct_replies": r.quality.distinct_replies, "also": r.also,
-                           "examples": r.examples})  # fmt: skip
+                           "also_failing": r.also_failing, "examples": r.examples})  # fmt: skip
         self._last_version, self._last_start = version, start
 
     def _run(self) -> None:

@@ -39,11 +39,13 @@ def test_evaluator_scores_base_and_adapter_on_heldout_prompts(served):
     base = ev.score("tiny")
     assert base.n == 6 and base.errors == 0 and base.compliance == 0.0
     assert base.failures == {"starts_with": 1.0} and base.also["same"] == 0.0  # `also`: the same replies
+    assert base.also_failing["same"] == base.examples and len(base.examples) == 3  # every reply broke it: the first 3
     live = LiveEvaluator(ev, run_dir, base_model="tiny", server_url=url)
     live.gatekeeper.load_candidate(good)
     adapted = ev.score(live.gatekeeper.eval_name)
     assert adapted.compliance == 1.0 and all(e.startswith(FIXED_ANSWER[:10]) for e in adapted.examples)
     assert adapted.also == {"same": 1.0, "no_exclamation": 1.0} and adapted.as_dict()["also"] == adapted.also
+    assert adapted.also_failing == {"same": [], "no_exclamation": []}
     assert base.quality.nll is None and base.quality.good is None  # no base model named: no quality figures
 
 

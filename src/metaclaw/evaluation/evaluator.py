@@ -75,6 +75,7 @@ class EvalResult:
     cached: bool = False  # the base model's replies came from the cache (sampled by an earlier run)
     collapse: CollapseStats | None = None  # collapse onto a stock phrase (evaluation.collapse); None: not measured
     also: dict[str, float] = field(default_factory=dict)  # the same replies' compliance with each `also` verifier
+    also_failing: dict[str, list[str]] = field(default_factory=dict)  # per `also` verifier: replies that broke it
 
     def as_dict(self) -> dict[str, Any]:
         """The record as eval.jsonl stores it: one flat object, the quality and collapse figures among the rest."""
@@ -322,6 +323,10 @@ class ComplianceEvaluator:
             ),  # fmt: skip
             collapse=collapse,
             also={name: sum(prefs.complies(r) for r in ok_replies) / n for name, prefs in self.verify.also.items()},
+            also_failing={  # what broke it, read and not only counted (a ° or ™ is a "So" symbol as an emoji is)
+                name: [r for r in ok_replies if not prefs.complies(r)][: self.keep_examples]
+                for name, prefs in self.verify.also.items()
+            },
         )
 
     def _quality(self, model: str, compliant: list[bool], nlls: list[float | None]) -> dict[str, float | None]:
