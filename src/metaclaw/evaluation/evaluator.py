@@ -306,6 +306,8 @@ class ComplianceEvaluator:
             if answered is not None:
                 by_prompt.setdefault(prompt, []).append(answered[0])
         collapse = collapse_stats(list(by_prompt.values()))
+        # each `also` verifier's failing replies, read and not only counted (a ° or ™ is a "So" symbol as an emoji is)
+        also_broken = {name: [r for r in ok_replies if not p.complies(r)] for name, p in self.verify.also.items()}
         low, high = wilson_interval(sum(compliant), n)
         return EvalResult(
             model=model,
@@ -322,11 +324,8 @@ class ComplianceEvaluator:
                 **quality, distinct_2=stats.distinct_2, distinct_replies=stats.distinct_replies, junk=stats.junk
             ),  # fmt: skip
             collapse=collapse,
-            also={name: sum(prefs.complies(r) for r in ok_replies) / n for name, prefs in self.verify.also.items()},
-            also_failing={  # what broke it, read and not only counted (a ° or ™ is a "So" symbol as an emoji is)
-                name: [r for r in ok_replies if not prefs.complies(r)][: self.keep_examples]
-                for name, prefs in self.verify.also.items()
-            },
+            also={name: (n - len(bad)) / n for name, bad in also_broken.items()},
+            also_failing={name: bad[: self.keep_examples] for name, bad in also_broken.items()},
         )
 
     def _quality(self, model: str, compliant: list[bool], nlls: list[float | None]) -> dict[str, float | None]:
