@@ -13,7 +13,7 @@ import httpx
 import openai
 import pytest
 
-from metaclaw.rollout.conversation import loose
+from metaclaw.rollout.conversation import edited, loose
 from tests.conformance.conftest import PROXY_KEY
 from tests.conformance.fixtures import OPENCLAW_HISTORY, TOOLS
 
@@ -181,16 +181,19 @@ def test_codex_requests(rig):
     r = httpx.post(f"{rig.url}/v1/responses", headers=headers, json=codex_body(ask + replay + ran, thread), timeout=120)
     assert r.status_code == 200 and sse_events(r.text)[-1][0] in ("response.completed", "response.incomplete")
     second = trained_turn(rig, n)
+    assert {"role": "tool", "tool_call_id": "call_k2", "content": "# Project\nA readme."} in second.text.messages
     own_call = any(o["type"] != "message" for o in previous)  # this replay sends back its text only
-    if own_call or not any(loose({"role": "assistant", "content": c.get("text", "")}) for r in replay
-                           for c in r["content"]):  # fmt: skip
-        # the random tiny model replied no text, or made a call of its own (which this replay leaves out): what is
-        # sent back is not the reply it got, and an empty reply continues no session (docs/security.md): a new
-        # session, by design
+    got = " ".join(c["text"] for r in replay for c in r["content"])
+    sent = {"role": "assistant", "content": got, "tool_calls": [{"function": {"name": ran[0]["name"],
+                                                                             "arguments": ran[0]["arguments"]}}]}
+    if own_call or not edited(loose({"role": "assistant", "content": got}), loose(sent)):
+        # the random tiny model replied no text, made a call of its own (which this replay leaves out), or a reply
+        # so short that the call this test adds to it more than doubles it: what is sent back is not the reply it
+        # got (not a light edit of it), and an empty reply continues no session (docs/security.md): a new session,
+        # by design
         assert second.session_id != first.session_id
         return
     assert second.session_id == first.session_id and second.turn_index == first.turn_index + 1
-    assert {"role": "tool", "tool_call_id": "call_k2", "content": "# Project\nA readme."} in second.text.messages
 
 
 # OpenClaw with a custom provider (`models.providers.<id>` with `api: "openai-completions"`, `baseUrl`, `apiKey`):
