@@ -184,8 +184,8 @@ def test_codex_requests(rig):
     assert {"role": "tool", "tool_call_id": "call_k2", "content": "# Project\nA readme."} in second.text.messages
     own_call = any(o["type"] != "message" for o in previous)  # this replay sends back its text only
     got = " ".join(c["text"] for r in replay for c in r["content"])
-    sent = {"role": "assistant", "content": got, "tool_calls": [{"function": {"name": ran[0]["name"],
-                                                                             "arguments": ran[0]["arguments"]}}]}
+    call = {"function": {"name": ran[0]["name"], "arguments": ran[0]["arguments"]}}
+    sent = {"role": "assistant", "content": got, "tool_calls": [call]}
     if own_call or not edited(loose({"role": "assistant", "content": got}), loose(sent)):
         # the random tiny model replied no text, made a call of its own (which this replay leaves out), or a reply
         # so short that the call this test adds to it more than doubles it: what is sent back is not the reply it
