@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sqlite3
 
 from tests.entrypoints.test_train import run_cli
 
@@ -43,9 +44,13 @@ def test_main_job_prints_the_summary_and_writes_the_plot(tmp_path):
     assert all(r["nll_threshold"] == rows[0]["nll"] + 1.0 for r in rows)  # eval.quality.nll_margin: 1.0
     assert (tmp_path / "compliance.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     summary = json.loads((tmp_path / "summary.json").read_text())
-    assert summary["steps"] == 2 and summary["samples_trained"] > 0
-    assert summary["ended_early"] is None and summary["unfinished_evaluations"] == []  # ended at max_steps
     user = summary["user"]
+    with sqlite3.connect(tmp_path / "samples.sqlite") as db:
+        consumed = db.execute("SELECT COUNT(*) FROM samples WHERE status = 'consumed'").fetchone()[0]
+    # what the store holds as trained: 0 when both batches carried equal rewards (a random reply often passes the
+    # tiny run's verifier): such a batch takes no gradient and goes back to the store (issue 42)
+    assert summary["steps"] == 2 and summary["samples_trained"] == consumed == summary["store"]["consumed"]
+    assert summary["ended_early"] is None and summary["unfinished_evaluations"] == []  # ended at max_steps
     assert user["replies"] > 0 and user["errors"] == 0
     assert 0 < user["anthropic_sessions"] < user["sessions"]  # both routes: /v1/messages and the openai client
     assert summary["base_compliance"] == rows[0]["compliance"]
