@@ -73,6 +73,26 @@ def test_a_turn_reopened_by_a_late_reaction_is_as_fresh_as_the_reaction(store):
     assert store.get(plain).meta.dropped.startswith("stale:age")
 
 
+def test_a_late_reaction_is_bounded_by_the_age_of_the_reaction_not_by_the_adapter_versions_since_its_turn(store):
+    """On the real path the trainer publishes a version every 20-30 s on a CPU, so a turn reacted to 5-10 minutes
+    late is 10-30 versions behind when it is scored: with the version bound (8) none of 131 late reactions of a
+    human-mode run trained (session 32). A plain sample of the same version is still dropped, and the late one still
+    ages out, counted from the reaction."""
+    plain = store.insert(make(status="ready", reward=1.0, adapter_version=3))
+    late = store.insert(make(status="ready", reward=-1.0, adapter_version=3,
+                             meta=SampleMeta(extra={"late_reaction": 500.0})))  # fmt: skip
+    with sqlite3.connect(store.path) as c:  # captured 9 minutes ago, reacted to 40 s ago
+        c.execute("UPDATE samples SET created_at=?", (time.time() - 540,))
+    assert [s.id for s in store.claim_batch(step=0, max_samples=4, min_adapter_version=20, max_age_s=600)] == [late]
+    assert store.get(plain).meta.dropped == "stale:v3<v20"
+    older = store.insert(make(status="ready", reward=-1.0, adapter_version=3,
+                              meta=SampleMeta(extra={"late_reaction": 60.0})))  # fmt: skip
+    with sqlite3.connect(store.path) as c:  # reacted to 11 minutes ago: aged out like any sample
+        c.execute("UPDATE samples SET created_at=? WHERE id=?", (time.time() - 720, older))
+    assert store.claim_batch(step=1, max_samples=4, min_adapter_version=30, max_age_s=600) == []
+    assert store.get(older).meta.dropped.startswith("stale:age")
+
+
 def test_a_distilled_reply_is_bounded_by_age_not_by_the_adapter_versions_since_its_turn(store):
     """The teacher (the base model) writes a distilled reply minutes after the corrected turn, behind live traffic;
     the reply is trained by cross-entropy, with no importance ratio, so the adapter versions published meanwhile do

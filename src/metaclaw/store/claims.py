@@ -16,6 +16,12 @@ without a database. The rules (docs/online_loop.md, "Freshness"):
   bound does not apply to it; `max_age_s` does. The teacher works behind the live traffic (it is throttled, and
   each correction costs it several forwards), so counted in versions its rows arrived stale: with the defaults,
   12 of 21 in one CLaaS identity run (session 27), and that run learnt nothing.
+- **A late reaction ages from the reaction; it does not lag.** A turn the person reacted to after its session went
+  idle (`meta.late_reaction`, reopened by the store within `LATE_REACTION_MAX_AGE_S`) was served minutes ago, so
+  counted in versions it is stale by the time it is scored: in a 40-minute human-mode run all 131 late reactions
+  were scored and none trained, 99 of them dropped by the version bound (session 32). The version bound does not
+  apply to it; `max_age_s`, counted from the reaction, does. Its importance weight is bounded like every sample's
+  (`loss.max_ratio`), which is what keeps the old behaviour's lag from blowing the step up.
 - **Too long / old skill generation**: a sample longer than `max_sample_tokens`, or gathered under an agent's
   older skill generation, is dropped too.
 - **Deferred first, never alone.** A batch whose advantages were all zero (four equal rewards) took no step; its
@@ -90,7 +96,7 @@ def plan_claim(
         reason = None
         if max_sample_tokens is not None and r["n_tokens"] > max_sample_tokens:
             reason = f"too_long:{r['n_tokens']}>{max_sample_tokens}"
-        elif floor is not None and r["adapter_version"] < floor and not _flag(r, "distilled"):
+        elif floor is not None and r["adapter_version"] < floor and not (_flag(r, "distilled") or _late(r)):
             reason = f"stale:v{r['adapter_version']}<v{floor}"
         elif max_age_s is not None and age > max_age_s:
             reason = f"stale:age {age:.0f}s>{max_age_s:g}s"
